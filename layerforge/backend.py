@@ -1,0 +1,34 @@
+"""One array module for CPU and GPU code: layers call ``xp = get_array_module(x)``.
+
+numpy is always available; cupy is used only when the caller already holds cupy
+arrays, so CPU use never imports cupy.
+"""
+import sys
+
+import numpy
+
+
+def get_array_module(*arrays):
+    """Return ``cupy`` if any argument is a cupy array, else ``numpy``."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        for a in arrays:
+            if isinstance(a, cupy.ndarray):
+                return cupy
+    return numpy
+
+
+def to_numpy(a):
+    """A host (numpy) copy or view of ``a``, whichever module it lives in."""
+    if isinstance(a, numpy.ndarray):
+        return a
+    get = getattr(a, "get", None)
+    return get() if get is not None else numpy.asarray(a)
+
+
+def dtype_of(name):
+    """``"float32"`` / ``"float64"`` (or a numpy dtype) -> numpy dtype; anything else is an error."""
+    dt = numpy.dtype(name)
+    if dt not in (numpy.float32, numpy.float64):
+        raise ValueError(f"unsupported dtype {dt}; use float32 or float64")
+    return dt

@@ -1,0 +1,44 @@
+"""Errors that reach the user as one line (the CLI prints ``error: <line>`` and exits 2)."""
+
+
+class LayerforgeError(Exception):
+    """Base of every error caused by the user's input (config, data, files)."""
+
+
+class ConfigError(LayerforgeError):
+    """A problem in a net or solver definition.
+
+    The message names, where known, the file and YAML line, the layer (name and type) and the key:
+    ``configs/net.yaml:12: layer 'conv1' (Convolution): key 'num_ouput': unknown key; did you mean 'num_output'?``
+    """
+
+    def __init__(self, message, path=None, line=None, layer=None, layer_type=None, key=None):
+        self.message, self.path, self.line = message, path, line
+        self.layer, self.layer_type, self.key = layer, layer_type, key
+        super().__init__(self.format())
+
+    def format(self):
+        parts = []
+        if self.path is not None:
+            parts.append(f"{self.path}:{self.line}:" if self.line is not None else f"{self.path}:")
+        if self.layer is not None:
+            parts.append(f"layer '{self.layer}'" + (f" ({self.layer_type}):" if self.layer_type else ":"))
+        if self.key is not None:
+            parts.append(f"key '{self.key}':")
+        parts.append(self.message)
+        return " ".join(parts)
+
+
+class ShapeError(LayerforgeError):
+    """Raised by a layer's ``reshape`` when its bottoms cannot connect; the Net adds file, line and producers.
+
+    ``key`` names the parameter or bottom the problem is about, when there is one.
+    """
+
+    def __init__(self, message, key=None):
+        self.message, self.key = message, key
+        super().__init__(message)
+
+
+class DataError(LayerforgeError):
+    """Unreadable or corrupted input data; the message names the source (path, database) and the record key."""

@@ -1,0 +1,39 @@
+"""Layer types, registered by their Caffe type names in ``LAYER_REGISTRY``."""
+import numpy
+
+from .base import LAYER_REGISTRY, Layer, register_layer
+
+# Importing a module registers its layer types.
+from . import (  # noqa: F401,E402
+    accuracy,
+    batch_norm,
+    concat,
+    conv,
+    dropout,
+    eltwise,
+    inner_product,
+    input,
+    loss,
+    lrn,
+    neuron,
+    pooling,
+    scale,
+    shape,
+    softmax,
+)
+
+
+def create_layer(definition, phase="TRAIN", dtype=numpy.float32, xp=numpy):
+    """Validate one layer definition (a dict as in the YAML ``layers`` list) and instantiate it.
+
+    ``create_layer({"name": "c1", "type": "Convolution", "convolution": {"num_output": 8, "kernel_size": 3}})``
+    returns a Layer that is not yet set up (call ``layer.setup(bottom, top)`` with Blobs).
+    """
+    from ..netdef import parse_layer
+    definition = dict(definition)
+    definition.setdefault("name", definition.get("type", "layer").lower())
+    lp = parse_layer(definition)
+    return LAYER_REGISTRY[lp.type](lp, phase=phase, dtype=dtype, xp=xp)
+
+
+__all__ = ["LAYER_REGISTRY", "Layer", "register_layer", "create_layer"]

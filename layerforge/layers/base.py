@@ -1,0 +1,105 @@
+"""The layer contract (Caffe's Layer): count checks -> layer_setup -> reshape, then forward / backward.
+
+A layer reads its parameters from ``self.layer_param`` (``self.layer_param.convolution.num_output``),
+keeps learnable parameters in ``self.blobs`` (each a Blob with ``data`` and ``diff``), writes its
+tops in ``forward(bottom, top)`` and, in ``backward(top, propagate_down, bottom)``, *assigns* bottom
+diffs and *adds* to parameter diffs (parameter diffs accumulate because a shared parameter, or
+``iter_size`` > 1, collects gradients from several passes).
+"""
+import numpy
+
+from ..blob import Blob
+from ..errors import ConfigError
+from ..fillers import fill
+from ..schema import FILLER, Field, LOSS  # noqa: F401  (re-exported for layer files)
+
+LAYER_REGISTRY = {}
+
+
+def register_layer(type_name):
+    """Class decorator: make a Layer class available under its Caffe type name."""
+
+    def decorate(cls):
+        if type_name in LAYER_REGISTRY:
+            raise ValueError(f"layer type {type_name!r} registered twice")
+        cls.type = type_name
+        LAYER_REGISTRY[type_name] = cls
+        return cls
+
+    return decorate
+
+
+class Layer:
+    """Base class of every layer.
+
+    Class attributes a subclass sets:
+        param_blocks: ``{block_name: {key: Field}}``, the type-specific YAML blocks it accepts.
+        num_bottom, num_top: ``(min, max)`` blob counts; ``max`` None means unbounded.
+        default_loss_weight: loss weight of top 0 when the YAML gives none (1 for loss layers).
+        backward_reads: which of ``"bottom"`` / ``"top"`` data backward reads (lets the net free the rest).
+        has_backward: False for layers that never propagate (data, Accuracy).
+    """
+
+    type = None
+    param_blocks = {}
+    num_bottom = (1, 1)
+    num_top = (1, 1)
+    default_loss_weight = 0.0
+    backward_reads = ("bottom", "top")
+    has_backward = True
+
+    def __init__(self, layer_param, phase="TRAIN", dtype=numpy.float32, xp=numpy):
+        self.layer_param = layer_param
+        self.name = layer_param.name
+        self.phase = phase
+        self.dtype = numpy.dtype(dtype)
+        self.xp = xp
+        self.blobs = []
+
+    # -- the fixed sequence -------------------------------------------------------------------
+    def setup(self, bottom, top):
+        """Check blob counts, run ``layer_setup`` once, then ``reshape``."""
+        self.check_blob_counts(self.layer_param, len(bottom), len(top))
+        self.layer_setup(bottom, top)
+        self.reshape(bottom, top)
+
+    @classmethod
+    def check_blob_counts(cls, lp, n_bottom, n_top):
+        for what, n, (lo, hi) in (("bottom", n_bottom, cls.num_bottom), ("top", n_top, cls.num_top)):
+            if n < lo or (hi is not None and n > hi):
+                want = f"exactly {lo}" if lo == hi else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
+                raise ConfigError(f"{cls.type} takes {want} {what} blob(s), got {n}",
+                                  lp.path, lp.line_of(what), lp.name, lp.type, what)
+
+    def layer_setup(self, bottom, top):
+        """One-time setup: read parameters, create ``self.blobs``."""
+
+    def reshape(self, bottom, top):
+        """Set top shapes (and internal buffers) from bottom shapes; raise ShapeError when they cannot connect."""
+        raise NotImplementedError
+
+    def forward(self, bottom, top):
+        raise NotImplementedError
+
+    def backward(self, top, propagate_down, bottom):
+        """Write ``bottom[i].diff`` for each i with ``propagate_down[i]``; add into ``self.blobs[j].diff``."""
+        raise NotImplementedError
+
+    # -- hooks the net and tools use ------------------------------------------------------------
+    def allow_force_backward(self, bottom_index):
+        """False for bottoms that can never take a gradient (labels of a loss)."""
+        return True
+
+    def multiply_adds(self, bottom, top):
+        """Forward multiply-accumulate count for the current shapes (conv and fc count; others 0)."""
+        return 0
+
+    # -- helpers for subclasses ---------------------------------------------------------------
+    def make_param(self, shape, filler):
+        """A new parameter Blob of ``shape`` filled as ``filler`` (a FILLER block) says."""
+        blob = Blob(shape, self.dtype, self.xp)
+        fill(blob.data, filler)
+        return blob
+
+    def __repr__(self):
+        return f"<{type(self).__name__} '{self.name}'>"

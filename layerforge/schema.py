@@ -1,0 +1,288 @@
+"""Declarative parameter schemas and a YAML loader that remembers line numbers.
+
+A layer class declares its parameter blocks as ``{block_name: {key: Field}}``; ``validate_block``
+checks a user's mapping against it (unknown keys with a suggestion, types, ranges, enum values) and
+returns a :class:`Params` namespace with defaults filled in. Every error is a one-line
+:class:`~layerforge.errors.ConfigError` naming file, line, layer and key.
+"""
+import difflib
+
+import yaml
+
+from .errors import ConfigError
+
+REQUIRED = object()
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML with line numbers (safe_load semantics: only plain scalars, lists and mappings)
+
+class LineDict(dict):
+    """A dict from YAML that knows its own line (``.line``) and each key's line (``.key_lines``)."""
+
+    line = None
+    key_lines = None
+
+    def line_of(self, key):
+        return (self.key_lines or {}).get(key, self.line)
+
+
+class LineList(list):
+    """A list from YAML that knows its line (``.line``)."""
+
+    line = None
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader, node):
+    loader.flatten_mapping(node)
+    d = LineDict()
+    d.line = node.start_mark.line + 1
+    d.key_lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in d:
+            raise ConfigError(f"duplicate key '{key}'", getattr(loader, "path", None), key_node.start_mark.line + 1)
+        d[key] = loader.construct_object(value_node, deep=True)
+        d.key_lines[key] = key_node.start_mark.line + 1
+    return d
+
+
+def _construct_sequence(loader, node):
+    lst = LineList(loader.construct_object(child, deep=True) for child in node.value)
+    lst.line = node.start_mark.line + 1
+    return lst
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+
+
+def load_yaml(path):
+    """Read a YAML file into LineDict/LineList values; syntax errors become one-line ConfigErrors."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read file: {e.strerror}", str(path)) from None
+    return load_yaml_text(text, str(path))
+
+
+def load_yaml_text(text, path="<string>"):
+    loader = _LineLoader(text)
+    loader.path = path
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else None
+        raise ConfigError(f"invalid YAML: {e.problem or e.context}", path, line) from None
+    finally:
+        loader.dispose()
+
+
+def with_lines(obj):
+    """Turn plain dicts/lists (from a Python caller) into LineDict/LineList without lines."""
+    if isinstance(obj, dict) and not isinstance(obj, LineDict):
+        d = LineDict((k, with_lines(v)) for k, v in obj.items())
+        d.key_lines = {}
+        return d
+    if isinstance(obj, dict):
+        for k in obj:
+            obj[k] = with_lines(obj[k])
+        return obj
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, LineList):
+        return LineList(with_lines(v) for v in obj)
+    return obj
+
+
+def suggest(word, choices):
+    """``"; did you mean 'x'?"`` for the nearest choice, or an empty string."""
+    near = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean '{near[0]}'?" if near else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Fields
+
+class Params:
+    """Validated parameters of one block, as attributes (``p.num_output``); ``p.given(key)`` tells user-set keys."""
+
+    def __init__(self, values, given=()):
+        self.__dict__.update(values)
+        self._given = frozenset(given)
+
+    def given(self, key):
+        return key in self._given
+
+    def as_dict(self):
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def __repr__(self):
+        return f"Params({self.as_dict()})"
+
+
+class Field:
+    """One key of a parameter block.
+
+    Args:
+        kind: ``int``, ``float``, ``bool``, ``str``, ``enum``, ``ints`` (an int or a list of ints),
+            ``floats``, ``strs``, ``shapes`` (a shape or a list of shapes; a shape is a list of ints or
+            ``{dim: [...]}``), a nested schema dict (a sub-block), or ``[schema]`` (a list of sub-blocks).
+        default: value when the key is absent; ``REQUIRED`` makes it mandatory.
+        choices: allowed values for ``enum`` (upper-case names; user input is matched case-insensitively).
+        min, max: inclusive bounds for numbers (each element for lists).
+        doc: one line for the docs.
+    """
+
+    def __init__(self, kind, default=None, choices=None, min=None, max=None, doc=""):
+        self.kind, self.default, self.choices = kind, default, choices
+        self.min, self.max, self.doc = min, max, doc
+
+
+def _check_number(value, kind, field, err):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        err(f"expected {'an integer' if kind == 'int' else 'a number'}, got {_describe(value)}")
+    if kind == "int":
+        if isinstance(value, float):
+            if not value.is_integer():
+                err(f"expected an integer, got {value}")
+            value = int(value)
+    else:
+        value = float(value)
+    if field.min is not None and value < field.min:
+        err(f"must be >= {field.min}, got {value}")
+    if field.max is not None and value > field.max:
+        err(f"must be <= {field.max}, got {value}")
+    return value
+
+
+def _describe(value):
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "nothing"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _convert(value, field, err, ctx):
+    kind = field.kind
+    if isinstance(kind, dict):
+        if not isinstance(value, dict):
+            err(f"expected a mapping, got {_describe(value)}")
+        return validate_block(value, kind, ctx)
+    if isinstance(kind, list):
+        items = value if isinstance(value, list) else [value]
+        out = []
+        for item in items:
+            if not isinstance(item, dict):
+                err(f"expected a mapping or a list of mappings, got {_describe(item)}")
+            out.append(validate_block(item, kind[0], ctx))
+        return out
+    if kind in ("int", "float"):
+        return _check_number(value, kind, field, err)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            err(f"expected true or false, got {_describe(value)}")
+        return value
+    if kind == "str":
+        if not isinstance(value, str):
+            err(f"expected a string, got {_describe(value)}")
+        return value
+    if kind == "enum":
+        if not isinstance(value, str) or value.upper() not in field.choices:
+            err(f"expected one of {', '.join(field.choices)}, got {value!r}{suggest(str(value).upper(), field.choices)}")
+        return value.upper()
+    if kind in ("ints", "floats", "strs"):
+        items = value if isinstance(value, list) else [value]
+        scalar = {"ints": "int", "floats": "float", "strs": "str"}[kind]
+        return [_convert(v, Field(scalar, min=field.min, max=field.max), err, ctx) for v in items]
+    if kind == "shapes":
+        return _convert_shapes(value, err)
+    raise AssertionError(f"unknown field kind {kind!r}")
+
+
+def _convert_shapes(value, err):
+    def one(shape):
+        if isinstance(shape, dict):
+            if set(shape) != {"dim"}:
+                err(f"a shape mapping takes only 'dim', got {sorted(shape)}")
+            shape = shape["dim"]
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            err(f"expected a shape (a list of non-negative integers), got {_describe(shape)}")
+        return tuple(shape)
+
+    if isinstance(value, dict):
+        return [one(value)]
+    if not isinstance(value, list) or not value:
+        err(f"expected a shape or a list of shapes, got {_describe(value)}")
+    if all(isinstance(v, int) for v in value):
+        return [one(value)]
+    return [one(v) for v in value]
+
+
+class Context:
+    """Where a block sits: file, layer name and type, and a key prefix (``convolution.``)."""
+
+    def __init__(self, path=None, layer=None, layer_type=None, prefix=""):
+        self.path, self.layer, self.layer_type, self.prefix = path, layer, layer_type, prefix
+
+    def error(self, message, key=None, line=None):
+        return ConfigError(message, self.path, line, self.layer, self.layer_type,
+                           None if key is None else self.prefix + str(key))
+
+    def nested(self, key):
+        return Context(self.path, self.layer, self.layer_type, f"{self.prefix}{key}.")
+
+
+def validate_block(mapping, schema, ctx):
+    """Check ``mapping`` against ``schema`` ({key: Field}) and return a :class:`Params`."""
+    mapping = with_lines(mapping) if not isinstance(mapping, LineDict) else mapping
+    for key in mapping:
+        if key not in schema:
+            raise ctx.error(f"unknown key{suggest(key, schema)}", key, mapping.line_of(key))
+    values = {}
+    for key, field in schema.items():
+        line = mapping.line_of(key)
+
+        def err(message, key=key, line=line):
+            raise ctx.error(message, key, line)
+
+        if key in mapping:
+            values[key] = _convert(mapping[key], field, err, ctx.nested(key))
+        elif field.default is REQUIRED:
+            raise ctx.error("required key is missing", key, mapping.line)
+        elif isinstance(field.kind, dict):
+            values[key] = validate_block(LineDict(), field.kind, ctx.nested(key)) if field.default is None else field.default
+        else:
+            values[key] = list(field.default) if isinstance(field.default, (list, tuple)) else field.default
+    return Params(values, given=[k for k in mapping])
+
+
+# ---------------------------------------------------------------------------------------------
+# Schemas shared by several layers
+
+FILLER = {
+    "type": Field("enum", "CONSTANT", choices=("CONSTANT", "UNIFORM", "GAUSSIAN", "XAVIER", "MSRA", "BILINEAR"),
+                  doc="filler type"),
+    "value": Field("float", 0.0, doc="CONSTANT: the value"),
+    "min": Field("float", 0.0, doc="UNIFORM: lower bound"),
+    "max": Field("float", 1.0, doc="UNIFORM: upper bound"),
+    "mean": Field("float", 0.0, doc="GAUSSIAN: mean"),
+    "std": Field("float", 1.0, min=0.0, doc="GAUSSIAN: standard deviation"),
+    "sparse": Field("int", -1, doc="GAUSSIAN: expected non-zeros per output unit (-1: dense)"),
+    "variance_norm": Field("enum", "FAN_IN", choices=("FAN_IN", "FAN_OUT", "AVERAGE"),
+                           doc="XAVIER/MSRA: which fan normalises the variance"),
+}
+
+LOSS = {
+    "ignore_label": Field("int", None, doc="label value that contributes neither loss nor gradient"),
+    "normalization": Field("enum", "VALID", choices=("FULL", "VALID", "BATCH_SIZE", "NONE"),
+                           doc="divide the summed loss by: all positions, non-ignored positions, the batch size, or 1"),
+    "normalize": Field("bool", None, doc="legacy Caffe flag: true = VALID, false = BATCH_SIZE"),
+}
