@@ -13,6 +13,7 @@ from .errors import LayerforgeError
 COMMANDS = {
     "check": "check",
     "summary": "summary",
+    "time": "time",
 }
 
 

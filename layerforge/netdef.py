@@ -31,7 +31,7 @@ LAYER_KEYS = {
     "top": Field("strs", []),
     "param": Field([PARAM_SPEC], []),
     "loss_weight": Field("floats", []),
-    "propagate_down": Field("strs", []),  # validated below: booleans
+    "propagate_down": Field("bools", []),
     "include": Field([STATE_RULE], []),
     "exclude": Field([STATE_RULE], []),
 }
@@ -90,14 +90,8 @@ def parse_layer(mapping, path=None, index=0, registry=None):
     common = validate_block(LineDict((k, v) for k, v in mapping.items() if k in LAYER_KEYS), LAYER_KEYS, ctx)
     if common.include and common.exclude:
         raise ctx.error("give either 'include' or 'exclude' rules, not both", "include", mapping.line_of("exclude"))
-    propagate_down = []
-    for v in mapping.get("propagate_down", []) if isinstance(mapping.get("propagate_down"), list) else (
-            [mapping["propagate_down"]] if "propagate_down" in mapping else []):
-        if not isinstance(v, bool):
-            raise ctx.error(f"expected true or false, got {v!r}", "propagate_down", mapping.line_of("propagate_down"))
-        propagate_down.append(v)
-    if propagate_down and len(propagate_down) != len(common.bottom):
-        raise ctx.error(f"has {len(propagate_down)} entries for {len(common.bottom)} bottoms",
+    if common.propagate_down and len(common.propagate_down) != len(common.bottom):
+        raise ctx.error(f"has {len(common.propagate_down)} entries for {len(common.bottom)} bottoms",
                         "propagate_down", mapping.line_of("propagate_down"))
     blocks = {}
     for block, schema in cls.param_blocks.items():
@@ -105,9 +99,7 @@ def parse_layer(mapping, path=None, index=0, registry=None):
         if not isinstance(sub, dict):
             raise ctx.error("expected a mapping of parameters", block, mapping.line_of(block))
         blocks[block] = validate_block(sub, schema, ctx.nested(block))
-    values = common.as_dict()
-    values["propagate_down"] = propagate_down
-    lp = LayerParameter(path=path, line=line, source=mapping, **values, **blocks)
+    lp = LayerParameter(path=path, line=line, source=mapping, **common.as_dict(), **blocks)
     validate = getattr(cls, "validate_params", None)
     if validate is not None:
         validate(lp)
@@ -168,11 +160,6 @@ def load_net_def(source):
     if not isinstance(force_backward, bool):
         raise ConfigError("expected true or false", path, mapping.line_of("force_backward"), key="force_backward")
     layers = _legacy_inputs(mapping, path) + [parse_layer(m, path, i) for i, m in enumerate(raw_layers)]
-    seen = {}
-    for lp in layers:
-        if lp.name in seen:
-            raise lp.error(f"layer name '{lp.name}' is already used at line {seen[lp.name]}", "name")
-        seen[lp.name] = lp.line
     state = validate_block(mapping.get("state", LineDict()),
                            {"phase": Field("enum", None, choices=("TRAIN", "TEST")), "level": Field("int", 0),
                             "stage": Field("strs", [])}, Context(path, prefix="state."))
@@ -199,3 +186,18 @@ def _legacy_inputs(mapping, path):
     layer.line = mapping.line_of(shape_key)
     layer.key_lines = {"input": layer.line, "top": mapping.line_of("input")}
     return [parse_layer(layer, path)]
+
+
+def set_batch_size(netdef, batch):
+    """Change the batch size of every Input, DummyData and data layer of a NetParameter (in place)."""
+    for lp in netdef.layers:
+        if lp.type == "Input":
+            lp.input.shape = [(batch,) + tuple(s[1:]) for s in lp.input.shape]
+        elif lp.type == "DummyData":
+            lp.dummy_data.shape = [(batch,) + tuple(s[1:]) for s in lp.dummy_data.shape]
+        else:
+            for block in ("data", "image_data"):
+                p = getattr(lp, block, None)
+                if p is not None and hasattr(p, "batch_size"):
+                    p.batch_size = batch
+    return netdef

@@ -130,7 +130,7 @@ class Field:
 
     Args:
         kind: ``int``, ``float``, ``bool``, ``str``, ``enum``, ``ints`` (an int or a list of ints),
-            ``floats``, ``strs``, ``shapes`` (a shape or a list of shapes; a shape is a list of ints or
+            ``floats``, ``strs``, ``bools``, ``shapes`` (a shape or a list of shapes; a shape is a list of ints or
             ``{dim: [...]}``), a nested schema dict (a sub-block), or ``[schema]`` (a list of sub-blocks).
         default: value when the key is absent; ``REQUIRED`` makes it mandatory.
         choices: allowed values for ``enum`` (upper-case names; user input is matched case-insensitively).
@@ -198,9 +198,9 @@ def _convert(value, field, err, ctx):
         if not isinstance(value, str) or value.upper() not in field.choices:
             err(f"expected one of {', '.join(field.choices)}, got {value!r}{suggest(str(value).upper(), field.choices)}")
         return value.upper()
-    if kind in ("ints", "floats", "strs"):
+    if kind in ("ints", "floats", "strs", "bools"):
         items = value if isinstance(value, list) else [value]
-        scalar = {"ints": "int", "floats": "float", "strs": "str"}[kind]
+        scalar = {"ints": "int", "floats": "float", "strs": "str", "bools": "bool"}[kind]
         return [_convert(v, Field(scalar, min=field.min, max=field.max), err, ctx) for v in items]
     if kind == "shapes":
         return _convert_shapes(value, err)

@@ -38,6 +38,8 @@ class Layer:
         default_loss_weight: loss weight of top 0 when the YAML gives none (1 for loss layers).
         backward_reads: which of ``"bottom"`` / ``"top"`` data backward reads (lets the net free the rest).
         has_backward: False for layers that never propagate (data, Accuracy).
+        learnable: False when ``self.blobs`` hold running statistics rather than weights (BatchNorm):
+            the net gives them lr_mult 0 and does not count them as learnable parameters.
     """
 
     type = None
@@ -47,6 +49,7 @@ class Layer:
     default_loss_weight = 0.0
     backward_reads = ("bottom", "top")
     has_backward = True
+    learnable = True
 
     def __init__(self, layer_param, phase="TRAIN", dtype=numpy.float32, xp=numpy):
         self.layer_param = layer_param

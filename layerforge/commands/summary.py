@@ -1,0 +1,56 @@
+"""``layerforge summary NET.yaml``: one row per layer with top shapes, parameters and multiply-adds."""
+from ..net import Net
+
+HELP = "print each layer's type, top shapes, parameter count and forward multiply-adds, with totals"
+
+
+def add_arguments(parser):
+    parser.add_argument("net", help="net YAML file")
+    parser.add_argument("--phase", choices=("train", "test"), default="test")
+
+
+def summarize(net):
+    """Rows ``(name, type, [top shapes], params, multiply_adds)`` and totals for a built Net.
+
+    A shared parameter counts once, against the first layer that owns it; running statistics
+    (BatchNorm) are not learnable and not counted.
+    """
+    rows, seen = [], set()
+    total_macs = 0
+    for i, layer in enumerate(net.layers):
+        params = 0
+        if layer.learnable:
+            for b in layer.blobs:
+                if id(b) not in seen:
+                    seen.add(id(b))
+                    params += b.count
+        macs = int(layer.multiply_adds(net.bottom_blobs(i), net.top_blobs(i)))
+        total_macs += macs
+        rows.append((layer.name, layer.type, [tuple(b.shape) for b in net.top_blobs(i)], params, macs))
+    return rows, net.num_learnable, total_macs
+
+
+def run(args):
+    net = Net(args.net, phase=args.phase)
+    rows, total_params, total_macs = summarize(net)
+    header = ("layer", "type", "top shape", "params", "multiply-adds")
+    table = [(n, t, " ".join("x".join(map(str, s)) for s in shapes), f"{p:,}", f"{m:,}") for n, t, shapes, p, m in rows]
+    widths = [max(len(r[k]) for r in table + [header]) for k in range(5)]
+    fmt = "  ".join(f"{{:{'<' if k < 3 else '>'}{w}}}" for k, w in enumerate(widths))
+    print(fmt.format(*header))
+    print("  ".join("-" * w for w in widths))
+    for r in table:
+        print(fmt.format(*r))
+    batch = _batch_size(net)
+    print(f"total learnable parameters: {total_params:,}")
+    per_image = f" ({total_macs / batch:,.0f} per image)" if batch > 1 else ""
+    print(f"total multiply-adds (forward, batch {batch}): {total_macs:,}{per_image}")
+    return 0
+
+
+def _batch_size(net):
+    for i in range(len(net.layers)):
+        for b in net.top_blobs(i):
+            if b.data.ndim:
+                return max(1, b.shape[0])
+    return 1

@@ -1,0 +1,464 @@
+"""Net: builds the layer graph of a net definition and runs forward and backward over it (Caffe's Net).
+
+Build steps, all before any array is allocated: filter layers by phase/level/stage, bind every bottom to
+the blob *version* it reads (an in-place layer makes a new version of the same name), insert Split layers
+where one version feeds several layers (their diffs are summed), and order the layers topologically.
+Then layers are created and set up in that order, parameters are shared by name, and the backward-need
+analysis decides which layers and bottoms take part in backward.
+"""
+import collections
+
+import numpy
+
+from . import backend
+from .blob import Blob
+from .errors import ConfigError, LayerforgeError, ShapeError
+from .layers import LAYER_REGISTRY
+from .netdef import LayerParameter, layer_included, load_net_def
+from .npz import load_npz, save_npz_atomic
+from .schema import Params, suggest
+
+
+class _Version:
+    """One value of a named blob: what produced it, who reads it, and whether it has a loss weight."""
+
+    def __init__(self, name, producer, producer_name, top_index, is_split_output=False):
+        self.name, self.producer, self.producer_name, self.top_index = name, producer, producer_name, top_index
+        self.is_split_output = is_split_output
+        self.consumers = []  # (layer index, bottom index)
+        self.blob = None
+
+
+class Net:
+    """A net built from a YAML path or a dict, pycaffe style.
+
+    Args:
+        source: path of a net YAML file, or a dict of the same structure.
+        phase: ``"train"`` or ``"test"`` (layers are filtered by their include/exclude rules).
+        level, stages: Caffe's NetState level and stages for the rules.
+        dtype: ``"float32"`` (default) or ``"float64"`` for every blob and parameter.
+        weights: optional ``.npz`` of weights to copy in (as :meth:`copy_from`).
+
+    Attributes:
+        blobs: ordered ``{name: Blob}`` of every blob (``.data`` / ``.diff``, shape N x C x H x W ...).
+        params: ordered ``{layer name: [Blob, ...]}`` for layers that have parameters.
+        layers: the Layer objects in execution order (auto-inserted Split layers included).
+        inputs / outputs: names of input blobs (tops of Input layers) and of blobs no layer consumes.
+        loss: total weighted loss of the last forward pass (a float).
+    """
+
+    def __init__(self, source, phase="train", level=0, stages=(), dtype="float32", weights=None, xp=numpy):
+        self.netdef = load_net_def(source)
+        self.path = self.netdef.path
+        self.name = self.netdef.name
+        self.phase = str(phase).upper()
+        if self.phase not in ("TRAIN", "TEST"):
+            raise LayerforgeError(f"phase must be 'train' or 'test', got {phase!r}")
+        self.dtype = backend.dtype_of(dtype)
+        self.xp = xp
+        self.loss = 0.0
+        included = [lp for lp in self.netdef.layers if layer_included(lp, self.phase, level, tuple(stages))]
+        excluded = [lp for lp in self.netdef.layers if lp not in included]
+        seen = {}
+        for lp in included:  # one name may serve several phases (Caffe's two "mnist" data layers)
+            if lp.name in seen:
+                raise lp.error(f"layer name '{lp.name}' is already used at line {seen[lp.name]}", "name")
+            seen[lp.name] = lp.line
+        self._build(self._resolve_graph(included, excluded))
+        if weights is not None:
+            self.copy_from(weights)
+
+    # ------------------------------------------------------------------------------------------
+    # graph resolution (no arrays yet)
+
+    def _resolve_graph(self, lps, excluded):
+        latest = {}        # name -> version produced so far in list order
+        final = {}         # name -> last version overall (for bottoms that refer to later layers)
+        tops = []          # per layer: list of versions it produces
+        producers = {}     # name -> first (non in-place) producing layer
+        for i, lp in enumerate(lps):
+            row = []
+            for j, name in enumerate(lp.top):
+                if name in lp.top[:j]:
+                    raise lp.error(f"top '{name}' is listed twice", "top")
+                in_place = name in lp.bottom
+                if not in_place and name in producers:
+                    other = lps[producers[name]]
+                    raise lp.error(f"top '{name}' is already produced by layer '{other.name}' (line {other.line}); "
+                                   "only an in-place layer (same name as bottom and top) may write it again", "top")
+                if not in_place:
+                    producers[name] = i
+                v = _Version(name, i, lp.name, j)
+                row.append(v)
+                final[name] = v
+            tops.append(row)
+        bottoms = []
+        for i, lp in enumerate(lps):
+            row = []
+            for j, name in enumerate(lp.bottom):
+                v = latest.get(name) or final.get(name)
+                if v is None:
+                    hint = [e.name for e in excluded if name in e.top]
+                    if hint:
+                        msg = f"bottom '{name}' is produced only by layer '{hint[0]}', which is not in phase {self.phase}"
+                    else:
+                        msg = f"bottom '{name}' is not produced by any layer{suggest(name, list(final))}"
+                    raise lp.error(msg, "bottom")
+                row.append(v)
+            bottoms.append(row)
+            for v in tops[i]:
+                latest[v.name] = v
+        order = self._topological_order(lps, bottoms)
+        return [(lps[i], bottoms[i], tops[i]) for i in order]
+
+    def _topological_order(self, lps, bottoms):
+        # Kahn's algorithm that keeps the written order wherever the dependencies allow it
+        # a layer that depends on itself (reads its own top) never becomes ready: reported as a cycle
+        remaining = {i: {v.producer for v in row} for i, row in enumerate(bottoms)}
+        done, order = set(), []
+        while len(order) < len(lps):
+            ready = [i for i in sorted(remaining) if remaining[i] <= done]
+            if not ready:
+                cycle = self._find_cycle(remaining, done)
+                lp = lps[cycle[0]]
+                path = " -> ".join(f"'{lps[k].name}'" for k in cycle + [cycle[0]])
+                raise lp.error(f"the layers form a cycle: {path}", "bottom")
+            i = ready[0]
+            order.append(i)
+            done.add(i)
+            del remaining[i]
+        return order
+
+    @staticmethod
+    def _find_cycle(remaining, done):
+        start = min(remaining)
+        seen, path, node = {}, [], start
+        while node not in seen:
+            seen[node] = len(path)
+            path.append(node)
+            node = min(d for d in remaining[node] if d not in done)
+        return path[seen[node]:]
+
+    # ------------------------------------------------------------------------------------------
+    # building layers and blobs
+
+    def _build(self, resolved):
+        # Count consumers of every version and the loss weight of every top.
+        entries = []  # (LayerParameter, layer class, [bottom versions], [top versions], [loss weights])
+        for lp, bottom_versions, top_versions in resolved:
+            cls = LAYER_REGISTRY[lp.type]
+            cls.check_blob_counts(lp, len(lp.bottom), len(lp.top))
+            weights = list(lp.loss_weight)
+            if weights and len(weights) != len(lp.top):
+                raise lp.error(f"has {len(weights)} loss weights for {len(lp.top)} tops", "loss_weight")
+            if not weights:
+                weights = [cls.default_loss_weight if j == 0 else 0.0 for j in range(len(lp.top))]
+            entries.append([lp, cls, list(bottom_versions), list(top_versions), weights])
+        for k, (lp, cls, bvs, tvs, lw) in enumerate(entries):
+            for j, v in enumerate(bvs):
+                v.consumers.append((k, j))
+        entries = self._insert_splits(entries)
+
+        self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights = [], [], [], []
+        self.blobs = collections.OrderedDict()
+        self._layer_params = []
+        for lp, cls, bvs, tvs, lw in entries:
+            layer = cls(lp, phase=self.phase, dtype=self.dtype, xp=self.xp)
+            bottom = [v.blob for v in bvs]
+            top = []
+            for j, v in enumerate(tvs):
+                source = bvs[lp.bottom.index(v.name)] if v.name in lp.bottom else None
+                if source is not None and len(source.consumers) == 1 and not source.is_split_output:
+                    v.blob = source.blob  # in place: same storage
+                else:
+                    v.blob = Blob((), self.dtype, self.xp)
+                top.append(v.blob)
+                self.blobs[v.name] = v.blob
+            self._setup_layer(layer, bottom, top, bvs)
+            self.layers.append(layer)
+            self._layer_params.append(lp)
+            self._bottom_vecs.append(bottom)
+            self._top_vecs.append(top)
+            self._loss_weights.append(lw)
+        self._entries = entries
+        self._share_params()
+        self._analyse_backward(entries)
+        self.inputs = [v.name for (lp, cls, bvs, tvs, lw) in entries if lp.type == "Input" for v in tvs]
+        consumed = {id(v) for e in entries for v in e[2]}
+        self.outputs = [v.name for e in entries for v in e[3] if id(v) not in consumed and self.blobs[v.name] is v.blob]
+        self._layer_index = {layer.name: i for i, layer in enumerate(self.layers)}
+
+    def _insert_splits(self, entries):
+        out = []
+        for lp, cls, bvs, tvs, lw in entries:
+            out.append([lp, cls, bvs, tvs, lw])
+            for j, v in enumerate(tvs):
+                loss_reader = lw[j] != 0
+                if len(v.consumers) + loss_reader <= 1:
+                    continue
+                # Caffe's names: <blob>_<producer>_<top index>_split[_k]
+                split_name = f"{v.name}_{lp.name}_{j}_split"
+                n = len(v.consumers) + loss_reader
+                split_tops = [f"{split_name}_{k}" for k in range(n)]
+                split_lp = LayerParameter(
+                    name=split_name, type="Split", bottom=[v.name], top=split_tops, param=[], loss_weight=[],
+                    propagate_down=[], include=[], exclude=[], path=lp.path, line=lp.line, source=None)
+                split_versions = [_Version(t, None, split_name, k, is_split_output=True) for k, t in enumerate(split_tops)]
+                weights = [0.0] * n
+                if loss_reader:
+                    weights[0], lw[j] = lw[j], 0.0
+                consumers, v.consumers = v.consumers, []
+                for k, sv in enumerate(split_versions):
+                    c = consumers[k - loss_reader] if k >= loss_reader else None
+                    if c is not None:
+                        layer_k, bottom_j = c
+                        entries[layer_k][2][bottom_j] = sv
+                        sv.consumers.append(c)
+                v.consumers.append(("split", 0))
+                out.append([split_lp, LAYER_REGISTRY["Split"], [v], split_versions, weights])
+        return out
+
+    def _setup_layer(self, layer, bottom, top, bottom_versions):
+        lp = layer.layer_param
+        try:
+            layer.setup(bottom, top)
+        except ShapeError as e:
+            inputs = ", ".join(
+                f"'{v.name}' {tuple(b.shape)} from layer '{v.producer_name}'" for v, b in zip(bottom_versions, bottom))
+            where = f" (bottoms: {inputs})" if inputs else ""
+            raise ConfigError(e.message + where, lp.path, lp.line_of(e.key.split(".")[0]) if e.key else lp.line,
+                              lp.name, lp.type, e.key) from None
+
+    def _share_params(self):
+        owners = {}  # param name -> (layer index, param index, spec)
+        self.learnable_params, self.params_lr, self.params_weight_decay = [], [], []
+        self.params = collections.OrderedDict()
+        for i, layer in enumerate(self.layers):
+            lp = self._layer_params[i]
+            if len(lp.param) > len(layer.blobs):
+                raise lp.error(f"has {len(lp.param)} 'param' entries but {lp.type} has {len(layer.blobs)} parameter blob(s)",
+                               "param")
+            for j, blob in enumerate(layer.blobs):
+                spec = lp.param[j] if j < len(lp.param) else Params({"name": None, "lr_mult": 1.0, "decay_mult": 1.0})
+                if not layer.learnable:
+                    spec = Params({"name": spec.name, "lr_mult": 0.0, "decay_mult": 0.0})
+                if spec.name and spec.name in owners:
+                    oi, oj, ospec = owners[spec.name]
+                    owner_blob = self.layers[oi].blobs[oj]
+                    if tuple(owner_blob.shape) != tuple(blob.shape):
+                        raise lp.error(f"shared parameter '{spec.name}' has shape {tuple(blob.shape)} here but "
+                                       f"{tuple(owner_blob.shape)} in layer '{self.layers[oi].name}'", "param")
+                    for key in ("lr_mult", "decay_mult"):
+                        if spec.given(key) and getattr(spec, key) != getattr(ospec, key):
+                            raise lp.error(f"shared parameter '{spec.name}' sets {key} {getattr(spec, key)} but its "
+                                           f"owner '{self.layers[oi].name}' has {getattr(ospec, key)}", "param")
+                    layer.blobs[j] = owner_blob
+                    continue
+                if spec.name:
+                    owners[spec.name] = (i, j, spec)
+                self.learnable_params.append(blob)
+                self.params_lr.append(spec.lr_mult)
+                self.params_weight_decay.append(spec.decay_mult)
+            if layer.blobs:
+                self.params[layer.name] = layer.blobs
+        learnable_ids = {id(b) for layer in self.layers if layer.learnable for b in layer.blobs}
+        self.num_learnable = sum(b.count for b in self.learnable_params if id(b) in learnable_ids)
+
+    def _analyse_backward(self, entries):
+        # Caffe's Net::Init: forward pass for "some input needs a gradient", backward pass for "feeds a loss"
+        need = {}  # id(version) -> bool
+        lr_of = {id(b): lr for b, lr in zip(self.learnable_params, self.params_lr)}
+        n = len(self.layers)
+        self.layer_need_backward = [False] * n
+        self.bottom_need_backward = []
+        for i, (lp, cls, bvs, tvs, lw) in enumerate(entries):
+            layer = self.layers[i]
+            pd = lp.propagate_down or [True] * len(bvs)
+            row = [need.get(id(v), False) and pd[j] for j, v in enumerate(bvs)]
+            params_need = any(lr_of.get(id(b), 0) != 0 for b in layer.blobs)
+            layer_need = layer.has_backward and (any(row) or params_need)
+            for v in tvs:
+                need[id(v)] = layer_need
+            self.layer_need_backward[i] = layer_need
+            self.bottom_need_backward.append(row)
+        under_loss, skip = set(), set()
+        for i in reversed(range(n)):
+            lp, cls, bvs, tvs, lw = entries[i]
+            contributes = any(lw[j] != 0 or id(v) in under_loss for j, v in enumerate(tvs))
+            skip_propagate = all(id(v) in skip for v in tvs) if tvs else True
+            if self.layer_need_backward[i] and skip_propagate:
+                self.layer_need_backward[i] = False
+                self.bottom_need_backward[i] = [False] * len(bvs)
+            if not contributes:
+                self.layer_need_backward[i] = False
+            for j, v in enumerate(bvs):
+                if contributes:
+                    under_loss.add(id(v))
+                else:
+                    self.bottom_need_backward[i][j] = False
+                if not self.bottom_need_backward[i][j]:
+                    skip.add(id(v))
+        if self.netdef.force_backward:
+            for i, (lp, cls, bvs, tvs, lw) in enumerate(entries):
+                layer = self.layers[i]
+                if not layer.has_backward:
+                    continue
+                self.layer_need_backward[i] = True
+                pd = lp.propagate_down or [True] * len(bvs)
+                self.bottom_need_backward[i] = [
+                    pd[j] and layer.allow_force_backward(j) for j in range(len(bvs))]
+
+    # ------------------------------------------------------------------------------------------
+    # running
+
+    def _range(self, start, end):
+        lo = 0 if start is None else self._index_of(start)
+        hi = len(self.layers) - 1 if end is None else self._index_of(end)
+        return lo, hi
+
+    def _index_of(self, name):
+        if isinstance(name, int):
+            return name
+        if name not in self._layer_index:
+            raise LayerforgeError(f"no layer named '{name}'{suggest(name, self._layer_index)}")
+        return self._layer_index[name]
+
+    def set_inputs(self, **inputs):
+        """Copy arrays into input blobs by name, then reshape the net once if any shape changed."""
+        changed = False
+        for name, array in inputs.items():
+            if name not in self.inputs:
+                raise LayerforgeError(f"'{name}' is not an input of net '{self.name}' "
+                                      f"(inputs: {', '.join(self.inputs) or 'none'})")
+            blob = self.blobs[name]
+            array = self.xp.asarray(array, dtype=self.dtype)
+            if tuple(array.shape) != tuple(blob.shape):
+                blob.reshape(array.shape)
+                changed = True
+            blob.data[...] = array
+        if changed:
+            self.reshape()
+
+    def reshape(self):
+        """Propagate changed input shapes through every layer (Caffe's Net::Reshape)."""
+        for i, layer in enumerate(self.layers):
+            layer.reshape(self._bottom_vecs[i], self._top_vecs[i])
+
+    def forward(self, start=None, end=None, **inputs):
+        """Run the layers from ``start`` to ``end`` (names; default all) after copying ``inputs`` into input blobs.
+
+        Returns:
+            ``{name: data array}`` for the net's output blobs. The weighted loss is in ``self.loss``.
+        """
+        if inputs:
+            self.set_inputs(**inputs)
+        lo, hi = self._range(start, end)
+        loss = 0.0
+        for i in range(lo, hi + 1):
+            loss += self.forward_layer(i)
+        self.loss = loss
+        return {name: self.blobs[name].data for name in self.outputs}
+
+    def forward_layer(self, i):
+        """Run layer ``i``'s forward; returns its weighted loss contribution."""
+        top = self._top_vecs[i]
+        self.layers[i].forward(self._bottom_vecs[i], top)
+        loss = 0.0
+        for j, w in enumerate(self._loss_weights[i]):
+            if w:
+                loss += w * float(top[j].data.sum())
+        return loss
+
+    def backward(self, start=None, end=None):
+        """Back-propagate from the loss: set loss-top diffs to their weights, run backward in reverse.
+
+        Parameter diffs accumulate (call :meth:`clear_param_diffs` between iterations).
+
+        Returns:
+            ``{name: diff array}`` for the input blobs.
+        """
+        lo, hi = self._range(start, end)
+        for i in range(hi, lo - 1, -1):
+            self.backward_layer(i)
+        return {name: self.blobs[name].diff for name in self.inputs}
+
+    def backward_layer(self, i):
+        """Run layer ``i``'s backward if it takes part in backward."""
+        if not self.layer_need_backward[i]:
+            return
+        top = self._top_vecs[i]
+        for j, w in enumerate(self._loss_weights[i]):
+            if w:
+                top[j].diff[...] = w
+        self.layers[i].backward(top, self.bottom_need_backward[i], self._bottom_vecs[i])
+
+    def forward_backward(self):
+        """One forward and one backward pass; returns the loss."""
+        self.forward()
+        self.backward()
+        return self.loss
+
+    def clear_param_diffs(self):
+        for blob in self.learnable_params:
+            blob.diff[...] = 0
+
+    # ------------------------------------------------------------------------------------------
+    # introspection
+
+    @property
+    def layer_dict(self):
+        return collections.OrderedDict((layer.name, layer) for layer in self.layers)
+
+    def bottom_names(self, i):
+        return [v.name for v in self._entries[i][2]]
+
+    def top_names(self, i):
+        return [v.name for v in self._entries[i][3]]
+
+    def top_blobs(self, i):
+        return self._top_vecs[i]
+
+    def bottom_blobs(self, i):
+        return self._bottom_vecs[i]
+
+    def loss_weights(self, i):
+        return list(self._loss_weights[i])
+
+    # ------------------------------------------------------------------------------------------
+    # weights
+
+    def state_arrays(self):
+        """``{"<layer>/<index>": array}`` of every layer's parameter blobs (host arrays)."""
+        return {f"{name}/{j}": backend.to_numpy(b.data) for name, blobs in self.params.items() for j, b in enumerate(blobs)}
+
+    def save(self, path):
+        """Write all parameter blobs to ``path`` (.npz, atomically)."""
+        save_npz_atomic(path, self.state_arrays())
+
+    def load(self, path):
+        """Load weights saved by :meth:`save`; every parameter of this net must be in the file."""
+        arrays = load_npz(path)
+        missing = [k for k in self.state_arrays() if k not in arrays]
+        if missing:
+            raise LayerforgeError(f"{path}: has no weights for {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        self._copy_arrays(arrays, path)
+
+    def copy_from(self, path_or_arrays):
+        """Copy weights by layer name (Caffe's CopyTrainedLayersFrom): layers absent from the file keep theirs."""
+        arrays = load_npz(path_or_arrays) if not isinstance(path_or_arrays, dict) else path_or_arrays
+        self._copy_arrays(arrays, path_or_arrays if not isinstance(path_or_arrays, dict) else "<weights>")
+
+    def _copy_arrays(self, arrays, source):
+        for name, blobs in self.params.items():
+            for j, blob in enumerate(blobs):
+                key = f"{name}/{j}"
+                if key not in arrays:
+                    continue
+                a = arrays[key]
+                if tuple(a.shape) != tuple(blob.shape):
+                    raise LayerforgeError(f"{source}: layer '{name}' parameter {j} has shape {tuple(a.shape)} in the file "
+                                          f"but {tuple(blob.shape)} in the net")
+                blob.data[...] = self.xp.asarray(a, dtype=self.dtype)
+
+    def __repr__(self):
+        return f"<Net '{self.name}' phase={self.phase} layers={len(self.layers)}>"

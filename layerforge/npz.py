@@ -1,0 +1,46 @@
+"""Arrays to and from ``.npz`` files: written atomically, read without pickle."""
+import os
+import tempfile
+import zipfile
+
+import numpy
+
+from .errors import LayerforgeError
+
+
+def save_npz_atomic(path, arrays):
+    """Write ``{name: array}`` to ``path`` so that a reader sees the old file or the new one, never half of one.
+
+    The data goes to a temporary file in the same directory, is fsync'ed, then renamed over ``path``.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            numpy.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_npz(path):
+    """Read every array of an ``.npz`` file into a dict (allow_pickle=False); bad files raise LayerforgeError."""
+    path = os.fspath(path)
+    try:
+        with numpy.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except FileNotFoundError:
+        raise LayerforgeError(f"{path}: no such file") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+        raise LayerforgeError(f"{path}: not a readable .npz file ({e})") from None
