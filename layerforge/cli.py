@@ -12,6 +12,7 @@ from .errors import LayerforgeError
 # command name -> module under layerforge.commands
 COMMANDS = {
     "check": "check",
+    "layers": "layers",
     "summary": "summary",
     "time": "time",
 }

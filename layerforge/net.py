@@ -274,7 +274,7 @@ class Net:
         for i, (lp, cls, bvs, tvs, lw) in enumerate(entries):
             layer = self.layers[i]
             pd = lp.propagate_down or [True] * len(bvs)
-            row = [need.get(id(v), False) and pd[j] for j, v in enumerate(bvs)]
+            row = [need.get(id(v), False) and pd[j] and layer.allow_force_backward(j) for j, v in enumerate(bvs)]
             params_need = any(lr_of.get(id(b), 0) != 0 for b in layer.blobs)
             layer_need = layer.has_backward and (any(row) or params_need)
             for v in tvs:

@@ -130,7 +130,8 @@ class Field:
 
     Args:
         kind: ``int``, ``float``, ``bool``, ``str``, ``enum``, ``ints`` (an int or a list of ints),
-            ``floats``, ``strs``, ``bools``, ``shapes`` (a shape or a list of shapes; a shape is a list of ints or
+            ``floats``, ``strs``, ``bools``, ``dims`` (a list of ints that may be 0 or -1, or ``{dim: [...]}``),
+            ``shapes`` (a shape or a list of shapes; a shape is a list of ints or
             ``{dim: [...]}``), a nested schema dict (a sub-block), or ``[schema]`` (a list of sub-blocks).
         default: value when the key is absent; ``REQUIRED`` makes it mandatory.
         choices: allowed values for ``enum`` (upper-case names; user input is matched case-insensitively).
@@ -204,6 +205,12 @@ def _convert(value, field, err, ctx):
         return [_convert(v, Field(scalar, min=field.min, max=field.max), err, ctx) for v in items]
     if kind == "shapes":
         return _convert_shapes(value, err)
+    if kind == "dims":
+        if isinstance(value, dict):
+            if set(value) != {"dim"}:
+                err(f"a shape mapping takes only 'dim', got {sorted(value)}")
+            value = value["dim"]
+        return _convert(value, Field("ints", min=field.min, max=field.max), err, ctx)
     raise AssertionError(f"unknown field kind {kind!r}")
 
 

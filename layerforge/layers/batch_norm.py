@@ -1,1 +1,88 @@
-"""(being written)"""
+"""BatchNorm: per-channel normalisation with running statistics, exactly as Caffe's BatchNormLayer."""
+from ..blob import Blob
+from ..errors import ShapeError
+from .base import Field, Layer, register_layer
+
+
+@register_layer("BatchNorm")
+class BatchNorm(Layer):
+    """y = (x - mu_c) / sqrt(var_c + eps) per channel c = axis 1, over N and the spatial axes; no affine.
+
+    x: (N, C, ...) -> y of the same shape (a 1-D x is treated as (N, 1)); works in place. Follow it by
+    a Scale layer with ``bias_term: true`` for Caffe's learnable gamma and beta.
+
+    Blobs (running statistics, not weights, so ``learnable`` is False and the net gives them lr_mult 0):
+    ``blobs[0]`` sum of means (C,), ``blobs[1]`` sum of variances (C,), ``blobs[2]`` the scale factor (1,).
+    With batch statistics (TRAIN by default), each forward uses the batch's mu and biased var and then
+    updates, with f = ``moving_average_fraction`` and m = N * spatial size::
+
+        blobs[0] = f * blobs[0] + mu;  blobs[1] = f * blobs[1] + m / (m - 1) * var;  blobs[2] = f * blobs[2] + 1
+
+    With global statistics (``use_global_stats``, TEST by default) mu = blobs[0] / blobs[2] and
+    var = blobs[1] / blobs[2] (0 while blobs[2] is 0), and y is a per-channel affine map of x.
+
+    Backward, with s = sqrt(var + eps) and means over N and spatial axes: batch statistics
+    gx = (gy - mean(gy) - mean(gy * y) * y) / s; global statistics gx = gy / s.
+    """
+
+    param_blocks = {"batch_norm": {
+        "use_global_stats": Field("bool", None, doc="normalise with the running statistics "
+                                                    "(default: false in TRAIN, true in TEST)"),
+        "moving_average_fraction": Field("float", 0.999, min=0.0, max=1.0, doc="decay of the running statistics"),
+        "eps": Field("float", 1e-5, min=0.0, doc="added to the variance before the square root"),
+    }}
+    backward_reads = ()  # it keeps its own copy of y and s: in place, top data may be overwritten downstream
+    learnable = False
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.batch_norm
+        self.use_global_stats = (self.phase == "TEST") if p.use_global_stats is None else p.use_global_stats
+        self.channels = bottom[0].shape[1] if len(bottom[0].shape) > 1 else 1
+        self.blobs = [Blob(shape, self.dtype, self.xp) for shape in ((self.channels,), (self.channels,), (1,))]
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        channels = shape[1] if len(shape) > 1 else 1
+        if len(shape) == 0 or channels != self.channels:
+            raise ShapeError(f"bottom shape {shape} has {channels if shape else 'no'} channels on axis 1, but the "
+                             f"layer was set up for {self.channels}", key="bottom[0]")
+        top[0].reshape(shape)
+
+    def _view(self, a):
+        # (N, C, S): the statistics run over axes 0 and 2
+        return a.reshape(a.shape[0], self.channels, -1)
+
+    def forward(self, bottom, top):
+        xp = self.xp
+        p = self.layer_param.batch_norm
+        x = self._view(bottom[0].data)
+        if self.use_global_stats:
+            sf = float(self.blobs[2].data[0])
+            sf = 0.0 if sf == 0 else 1.0 / sf
+            mean, var = sf * self.blobs[0].data, sf * self.blobs[1].data
+            xc = x - mean[None, :, None]
+        else:
+            mean = x.mean(axis=(0, 2))
+            xc = x - mean[None, :, None]
+            var = (xc * xc).mean(axis=(0, 2))
+            f = p.moving_average_fraction
+            m = x.shape[0] * x.shape[2]
+            self.blobs[2].data *= f
+            self.blobs[2].data += 1
+            self.blobs[0].data[...] = f * self.blobs[0].data + mean
+            self.blobs[1].data[...] = f * self.blobs[1].data + (m / (m - 1) if m > 1 else 1.0) * var
+        self.std = xp.sqrt(var + p.eps).astype(self.dtype, copy=False)
+        self.x_norm = (xc / self.std[None, :, None]).astype(self.dtype, copy=False)
+        top[0].data[...] = self.x_norm.reshape(top[0].shape)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        gy = self._view(top[0].diff)
+        if self.use_global_stats:
+            gx = gy / self.std[None, :, None]
+        else:
+            y = self.x_norm
+            gx = gy - gy.mean(axis=(0, 2), keepdims=True) - (gy * y).mean(axis=(0, 2), keepdims=True) * y
+            gx /= self.std[None, :, None]
+        bottom[0].diff[...] = gx.reshape(bottom[0].shape)

@@ -1,1 +1,50 @@
-"""(being written)"""
+"""Dropout (Caffe's inverted dropout)."""
+from .. import rng
+from ..backend import get_array_module
+from .base import Field, register_layer
+from .neuron import NeuronLayer
+
+
+@register_layer("Dropout")
+class Dropout(NeuronLayer):
+    """TRAIN: y = x * m / (1 - p) with m ~ Bernoulli(1 - p) per element; TEST: y = x.
+
+    Scaling at train time keeps E[y] = x, so the TEST net needs no rescaling. The mask is drawn from
+    the process stream (``layerforge.rng``), so a seed reproduces it. Shapes: y has x's shape; in place allowed.
+    Backward: dx = dy * m / (1 - p) in TRAIN, dx = dy in TEST.
+    """
+
+    param_blocks = {"dropout": {
+        "dropout_ratio": Field("float", 0.5, min=0.0, max=1.0, doc="probability p of dropping an element, in [0, 1)"),
+    }}
+    backward_reads = ()
+
+    @classmethod
+    def validate_params(cls, lp):
+        if lp.dropout.dropout_ratio >= 1.0:
+            raise lp.error(f"must be < 1 (1 would drop everything), got {lp.dropout.dropout_ratio}",
+                           "dropout.dropout_ratio")
+
+    def layer_setup(self, bottom, top):
+        self.ratio = self.layer_param.dropout.dropout_ratio
+        self.scale = 1.0 / (1.0 - self.ratio)
+        self.mask = None
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        if self.phase != "TRAIN":
+            if top[0].data is not x:
+                top[0].data[...] = x
+            return
+        keep = rng.get_rng().random(x.shape) >= self.ratio
+        self.mask = get_array_module(x).asarray(keep * self.scale, dtype=x.dtype)
+        top[0].data[...] = x * self.mask
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        gy = top[0].diff
+        if self.phase == "TRAIN":
+            bottom[0].diff[...] = gy * self.mask
+        elif bottom[0].diff is not gy:
+            bottom[0].diff[...] = gy

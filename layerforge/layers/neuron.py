@@ -1,1 +1,165 @@
-"""(being written)"""
+"""Element-wise activations (Caffe's neuron layers): one bottom, one top of the same shape, in place allowed."""
+from ..backend import get_array_module
+from ..errors import ShapeError
+from ..schema import Params
+from .base import FILLER, Field, Layer, register_layer
+
+
+class NeuronLayer(Layer):
+    """Base of element-wise layers: top has the bottom's shape; ``bottom[0] is top[0]`` (in place) is allowed.
+
+    Layers whose backward needs the input call ``self.save_input(bottom, top)`` in forward and
+    ``self.saved_input(bottom)`` in backward: in place the bottom data has been overwritten by then,
+    so a copy is kept (Caffe's ``bottom_memory_``).
+    """
+
+    _input_copy = None
+
+    def reshape(self, bottom, top):
+        top[0].reshape(bottom[0].shape)
+
+    def save_input(self, bottom, top):
+        in_place = bottom[0] is top[0] or bottom[0].data is top[0].data
+        self._input_copy = bottom[0].data.copy() if in_place else None
+
+    def saved_input(self, bottom):
+        return bottom[0].data if self._input_copy is None else self._input_copy
+
+
+@register_layer("ReLU")
+class ReLU(NeuronLayer):
+    """y = max(x, 0) + negative_slope * min(x, 0); dy/dx = 1 where x > 0, else negative_slope.
+
+    With negative_slope >= 0, x > 0 exactly where y > 0, so backward reads only the top (in place is free);
+    a negative slope breaks that, so forward keeps the mask x > 0 instead.
+    """
+
+    param_blocks = {"relu": {"negative_slope": Field("float", 0.0, doc="slope for x <= 0 (leaky ReLU)")}}
+    backward_reads = ("top",)
+
+    def layer_setup(self, bottom, top):
+        self.negative_slope = self.layer_param.relu.negative_slope
+        self.positive = None
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        xp = get_array_module(x)
+        if self.negative_slope < 0:
+            self.positive = x > 0
+        top[0].data[...] = xp.where(x > 0, x, x * self.negative_slope)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        positive = self.positive if self.negative_slope < 0 else top[0].data > 0
+        gy = top[0].diff
+        bottom[0].diff[...] = get_array_module(gy).where(positive, gy, gy * self.negative_slope)
+
+
+@register_layer("Sigmoid")
+class Sigmoid(NeuronLayer):
+    """y = 1 / (1 + exp(-x)); dy/dx = y (1 - y)."""
+
+    backward_reads = ("top",)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        xp = get_array_module(x)
+        # 0.5 tanh(x/2) + 0.5 is the logistic function without overflow in exp(-x) for very negative x
+        top[0].data[...] = 0.5 * xp.tanh(0.5 * x) + 0.5
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            y = top[0].data
+            bottom[0].diff[...] = top[0].diff * y * (1 - y)
+
+
+@register_layer("TanH")
+class TanH(NeuronLayer):
+    """y = tanh(x); dy/dx = 1 - y^2."""
+
+    backward_reads = ("top",)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = get_array_module(bottom[0].data).tanh(bottom[0].data)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            y = top[0].data
+            bottom[0].diff[...] = top[0].diff * (1 - y * y)
+
+
+@register_layer("ELU")
+class ELU(NeuronLayer):
+    """y = x for x > 0, alpha (exp(x) - 1) otherwise; dy/dx = 1 for x > 0, y + alpha otherwise."""
+
+    param_blocks = {"elu": {"alpha": Field("float", 1.0, doc="scale of the negative part")}}
+
+    def layer_setup(self, bottom, top):
+        self.alpha = self.layer_param.elu.alpha
+
+    def forward(self, bottom, top):
+        self.save_input(bottom, top)
+        x = bottom[0].data
+        xp = get_array_module(x)
+        # exp of min(x, 0) so large positive inputs do not overflow in the branch where() discards
+        top[0].data[...] = xp.where(x > 0, x, self.alpha * xp.expm1(xp.minimum(x, 0)))
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        x, y, gy = self.saved_input(bottom), top[0].data, top[0].diff
+        bottom[0].diff[...] = get_array_module(x).where(x > 0, gy, gy * (y + self.alpha))
+
+
+@register_layer("PReLU")
+class PReLU(NeuronLayer):
+    """y = max(x, 0) + a_c min(x, 0) with a learnable slope per channel (axis 1), or one shared slope.
+
+    Shapes: x, y (N, C, ...); ``blobs[0]`` is (C,), or () with ``channel_shared``.
+    Gradients: dx = dy (1 if x > 0 else a_c); da_c += sum over all but axis 1 of dy x [x <= 0].
+    """
+
+    param_blocks = {"prelu": {
+        "filler": Field(FILLER, None, doc="slope initialiser (default constant 0.25)"),
+        "channel_shared": Field("bool", False, doc="one slope for all channels"),
+    }}
+    backward_reads = ("bottom",)
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.prelu
+        self.channel_shared = p.channel_shared
+        filler = p.filler if p.given("filler") else Params({**p.filler.as_dict(), "type": "CONSTANT", "value": 0.25})
+        channels = bottom[0].shape[1] if len(bottom[0].shape) >= 2 else 0  # reshape rejects < 2 axes
+        self.blobs = [self.make_param(() if self.channel_shared else (channels,), filler)]
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        if len(shape) < 2:
+            raise ShapeError(f"PReLU needs a bottom of at least 2 axes (N, C, ...), got shape {shape}", key="bottom")
+        if not self.channel_shared and shape[1] != self.blobs[0].count:
+            raise ShapeError(f"PReLU has {self.blobs[0].count} channel slopes but the bottom has shape {shape}",
+                             key="bottom")
+        top[0].reshape(shape)
+
+    def _slope(self, x):
+        a = self.blobs[0].data
+        return a if self.channel_shared else a.reshape((1, -1) + (1,) * (x.ndim - 2))
+
+    def forward(self, bottom, top):
+        self.save_input(bottom, top)
+        x = bottom[0].data
+        xp = get_array_module(x)
+        top[0].data[...] = xp.where(x > 0, x, x * self._slope(x))
+
+    def backward(self, top, propagate_down, bottom):
+        x, gy = self.saved_input(bottom), top[0].diff
+        xp = get_array_module(x)
+        negative = x <= 0
+        ga = gy * x * negative
+        if self.channel_shared:
+            self.blobs[0].diff += ga.sum()
+        else:
+            self.blobs[0].diff += ga.sum(axis=tuple(i for i in range(x.ndim) if i != 1))
+        if propagate_down[0]:
+            bottom[0].diff[...] = gy * xp.where(negative, self._slope(x), 1.0)
