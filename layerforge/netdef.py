@@ -52,8 +52,14 @@ class LayerParameter:
         self.__dict__.update(kw)
 
     def line_of(self, key):
-        src = self.source
-        return src.line_of(key) if isinstance(src, LineDict) else None
+        """The YAML line of ``key``; a dotted key (``convolution.group``) is followed into its block."""
+        node, line = self.source, None
+        for part in str(key).split("."):
+            if not isinstance(node, LineDict):
+                break
+            line = node.line_of(part) if part in node else (line or node.line)
+            node = node.get(part)
+        return line
 
     def error(self, message, key=None):
         return ConfigError(message, self.path, self.line_of(key) if key else self.line, self.name, self.type, key)

@@ -1,1 +1,69 @@
-"""(being written)"""
+"""LRN (Caffe's local response normalisation)."""
+from ..errors import ShapeError
+from .base import Field, Layer, register_layer
+
+
+def window_sum(a, n, axes):
+    """Sum of ``a`` over a centred window of odd length ``n`` along each of ``axes`` (zeros outside)."""
+    for axis in axes:
+        out = a.copy()
+        for d in range(1, (n - 1) // 2 + 1):
+            lo, hi = [slice(None)] * a.ndim, [slice(None)] * a.ndim
+            lo[axis], hi[axis] = slice(None, -d), slice(d, None)
+            out[tuple(hi)] += a[tuple(lo)]
+            out[tuple(lo)] += a[tuple(hi)]
+        a = out
+    return a
+
+
+@register_layer("LRN")
+class LRN(Layer):
+    """``y = x * scale^(-beta)``, ``scale = k + alpha / n * sum_window x^2``.
+
+    ACROSS_CHANNELS: the window is the n channels centred on each channel (clipped at the ends).
+    WITHIN_CHANNEL: the window is the n x n spatial patch around each pixel (zero padded), alpha is divided
+    by n^2 and, as in Caffe, 1 takes the place of k. Shapes: bottom (N, C, H, W) -> top of the same shape.
+    Backward: ``gx = gy scale^(-beta) - (2 alpha' beta) x sum_window(gy y / scale)`` with alpha' = alpha/n
+    (or alpha/n^2).
+    """
+
+    param_blocks = {"lrn": {
+        "local_size": Field("int", 5, min=1, doc="window length n (odd)"),
+        "alpha": Field("float", 1.0, doc="scaling of the sum of squares"),
+        "beta": Field("float", 0.75, doc="exponent"),
+        "norm_region": Field("enum", "ACROSS_CHANNELS", choices=("ACROSS_CHANNELS", "WITHIN_CHANNEL"),
+                             doc="window across channels or within each channel's plane"),
+        "k": Field("float", 1.0, doc="additive constant (ACROSS_CHANNELS only)"),
+    }}
+    backward_reads = ("bottom", "top")
+
+    @classmethod
+    def validate_params(cls, lp):
+        if lp.lrn.local_size % 2 == 0:
+            raise lp.error(f"local_size must be odd, got {lp.lrn.local_size}", "lrn.local_size")
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.lrn
+        self.n, self.beta = p.local_size, p.beta
+        if p.norm_region == "ACROSS_CHANNELS":
+            self.axes, self.alpha_n, self.shift = (1,), p.alpha / p.local_size, p.k
+        else:
+            self.axes, self.alpha_n, self.shift = (2, 3), p.alpha / p.local_size ** 2, 1.0
+        self.scale = None
+
+    def reshape(self, bottom, top):
+        if len(bottom[0].shape) != 4:
+            raise ShapeError(f"LRN needs a 4-D bottom (N, C, H, W), got shape {bottom[0].shape}", key="bottom")
+        top[0].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        self.scale = self.shift + self.alpha_n * window_sum(x * x, self.n, self.axes)
+        top[0].data[...] = x * self.scale ** -self.beta
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        x, y, gy = bottom[0].data, top[0].data, top[0].diff
+        ratio = window_sum(gy * y / self.scale, self.n, self.axes)
+        bottom[0].diff[...] = gy * self.scale ** -self.beta - (2 * self.alpha_n * self.beta) * x * ratio

@@ -1,1 +1,104 @@
-"""(being written)"""
+"""Pooling (Caffe's PoolingLayer): MAX and AVE with Caffe's ceil-mode output size."""
+from ..errors import ShapeError
+from ..kernels import pooling as kernels
+from ..kernels.im2col import pooling_output_size
+from .base import Field, Layer, register_layer
+from .conv import read_pair
+
+
+@register_layer("Pooling")
+class Pooling(Layer):
+    """Max or average over kh x kw windows taken every (sy, sx) over the zero-padded bottom.
+
+    Shapes: bottom (N, C, H, W) -> top (N, C, Hout, Wout) with Caffe's
+    ``Hout = ceil((H + 2 ph - kh) / sy) + 1`` (``round_mode: FLOOR`` takes the floor), minus one when the
+    last window would start in the bottom padding. MAX ignores padding; a second top receives Caffe's
+    mask, the flat index ``h * W + w`` of each maximum. AVE sums the window and divides by its size
+    clipped to the padded image (so padding counts). ``global_pooling`` takes the whole H x W plane.
+    """
+
+    param_blocks = {"pooling": {
+        "pool": Field("enum", "MAX", choices=("MAX", "AVE", "STOCHASTIC"), doc="MAX or AVE (STOCHASTIC unsupported)"),
+        "pad": Field("int", 0, min=0, doc="padding on each side"),
+        "pad_h": Field("int", 0, min=0), "pad_w": Field("int", 0, min=0),
+        "kernel_size": Field("int", None, min=1, doc="square window size"),
+        "kernel_h": Field("int", None, min=1), "kernel_w": Field("int", None, min=1),
+        "stride": Field("int", 1, min=1, doc="step between windows"),
+        "stride_h": Field("int", None, min=1), "stride_w": Field("int", None, min=1),
+        "global_pooling": Field("bool", False, doc="pool each whole plane to 1 x 1"),
+        "round_mode": Field("enum", "CEIL", choices=("CEIL", "FLOOR"), doc="rounding of the output size"),
+    }}
+    num_top = (1, 2)
+    backward_reads = ()
+
+    @classmethod
+    def validate_params(cls, lp):
+        p = lp.pooling
+        if p.pool == "STOCHASTIC":
+            raise lp.error("pool STOCHASTIC is not supported; use MAX or AVE", "pooling.pool")
+        if len(lp.top) > 1 and p.pool != "MAX":
+            raise lp.error(f"only MAX pooling has a second (mask) top; pool is {p.pool}", "top")
+        cls.read_geometry(lp)
+
+    @staticmethod
+    def read_geometry(lp):
+        """``(kh, kw, sy, sx, ph, pw)``; kh and kw are None with ``global_pooling`` (the bottom decides)."""
+        p = lp.pooling
+        (ph, pw), (sy, sx) = read_pair(lp, "pooling", "pad", 0), read_pair(lp, "pooling", "stride", 1)
+        if p.global_pooling:
+            for key in ("kernel_size", "kernel_h", "kernel_w"):
+                if p.given(key):
+                    raise lp.error("global_pooling takes the whole plane; give no kernel size", f"pooling.{key}")
+            if (ph, pw, sy, sx) != (0, 0, 1, 1):
+                raise lp.error("global_pooling needs pad 0 and stride 1", "pooling.global_pooling")
+            return None, None, 1, 1, 0, 0
+        kh, kw = read_pair(lp, "pooling", "kernel_size")
+        if ph >= kh or pw >= kw:
+            raise lp.error(f"pad {ph}x{pw} must be smaller than the kernel {kh}x{kw}", "pooling.pad")
+        return kh, kw, sy, sx, ph, pw
+
+    def layer_setup(self, bottom, top):
+        self.pool = self.layer_param.pooling.pool
+        self.ceil_mode = self.layer_param.pooling.round_mode == "CEIL"
+        self.kh, self.kw, self.sy, self.sx, self.ph, self.pw = self.read_geometry(self.layer_param)
+        self.global_pooling = self.kh is None
+        self.argmax = None
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        if len(shape) != 4:
+            raise ShapeError(f"Pooling needs a 4-D bottom (N, C, H, W), got shape {shape}", key="bottom")
+        if self.global_pooling:
+            self.kh, self.kw = shape[2:]
+        if self.kh > shape[2] + 2 * self.ph or self.kw > shape[3] + 2 * self.pw:
+            raise ShapeError(f"kernel {self.kh}x{self.kw} (pad {self.ph}x{self.pw}) is larger than "
+                             f"bottom shape {shape}",
+                             key="pooling.kernel_size")
+        self.out_h = pooling_output_size(shape[2], self.kh, self.sy, self.ph, self.ceil_mode)
+        self.out_w = pooling_output_size(shape[3], self.kw, self.sx, self.pw, self.ceil_mode)
+        for t in top:
+            t.reshape(shape[0], shape[1], self.out_h, self.out_w)
+
+    def _geometry(self):
+        return self.kh, self.kw, self.sy, self.sx, self.ph, self.pw
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        if self.pool == "MAX":
+            y, self.argmax = kernels.max_pooling_forward(x, *self._geometry(), self.out_h, self.out_w)
+            if len(top) > 1:
+                top[1].data[...] = kernels.argmax_to_mask(self.argmax, x.shape, self.kw, self.sy, self.sx,
+                                                          self.ph, self.pw)
+        else:
+            y = kernels.average_pooling_forward(x, *self._geometry(), self.out_h, self.out_w)
+        top[0].data[...] = y
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        gy = top[0].diff
+        if self.pool == "MAX":
+            gx = kernels.max_pooling_backward(gy, self.argmax, bottom[0].shape, *self._geometry())
+        else:
+            gx = kernels.average_pooling_backward(gy, bottom[0].shape, *self._geometry())
+        bottom[0].diff[...] = gx

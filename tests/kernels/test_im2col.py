@@ -1,0 +1,92 @@
+import numpy
+import pytest
+
+from layerforge.backend import to_numpy
+from layerforge.kernels.im2col import col2im, conv_output_size, im2col, im2col_cpu, pooling_output_size
+
+
+def naive_im2col(x, kh, kw, sy, sx, ph, pw, dy, dx):
+    n, c, h, w = x.shape
+    out_h, out_w = conv_output_size(h, kh, sy, ph, dy), conv_output_size(w, kw, sx, pw, dx)
+    col = numpy.zeros((c, kh, kw, n, out_h, out_w), x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            for y in range(out_h):
+                for xo in range(out_w):
+                    r, s = y * sy - ph + i * dy, xo * sx - pw + j * dx
+                    if 0 <= r < h and 0 <= s < w:
+                        col[:, i, j, :, y, xo] = x[:, :, r, s].T
+    return col
+
+
+GEOMETRIES = [  # kh, kw, sy, sx, ph, pw, dy, dx
+    (3, 3, 1, 1, 0, 0, 1, 1),
+    (3, 3, 2, 2, 1, 1, 1, 1),
+    (1, 1, 1, 1, 0, 0, 1, 1),
+    (2, 3, 1, 2, 1, 0, 1, 1),
+    (3, 3, 1, 1, 2, 2, 2, 2),
+    (3, 2, 3, 1, 0, 2, 2, 1),
+]
+
+
+@pytest.mark.parametrize("size", [(7, 7), (6, 9)])
+@pytest.mark.parametrize("geom", GEOMETRIES)
+def test_im2col_matches_naive_gather(xp, geom, size):
+    x = numpy.random.default_rng(0).standard_normal((2, 3) + size)
+    col = im2col(xp.asarray(x), *geom)
+    numpy.testing.assert_array_equal(to_numpy(col), naive_im2col(x, *geom))
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES)
+def test_col2im_is_the_adjoint_of_im2col(xp, geom):
+    rng = numpy.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 7, 6))
+    col = im2col(xp.asarray(x), *geom)
+    c = rng.standard_normal(col.shape)
+    kh, kw, sy, sx, ph, pw, dy, dx = geom
+    back = col2im(xp.asarray(c), sy, sx, ph, pw, 7, 6, dy, dx)
+    assert back.shape == x.shape
+    lhs = float((col * xp.asarray(c)).sum())
+    rhs = float((xp.asarray(x) * back).sum())
+    assert lhs == pytest.approx(rhs, rel=1e-12)
+
+
+def test_im2col_hand_values():
+    x = numpy.arange(9, dtype=numpy.float32).reshape(1, 1, 3, 3)
+    col = im2col_cpu(x, 2, 2, 1, 1, 0, 0)
+    assert col.shape == (1, 2, 2, 1, 2, 2) and col.dtype == numpy.float32
+    numpy.testing.assert_array_equal(col[0, 0, 0, 0], [[0, 1], [3, 4]])
+    numpy.testing.assert_array_equal(col[0, 1, 1, 0], [[4, 5], [7, 8]])
+    padded = im2col_cpu(x, 3, 3, 2, 2, 1, 1)  # 3x3/2 pad 1 -> 2x2 outputs
+    numpy.testing.assert_array_equal(padded[0, 0, 0, 0], [[0, 0], [0, 4]])
+    numpy.testing.assert_array_equal(padded[0, 1, 1, 0], [[0, 2], [6, 8]])
+    # col2im counts how many windows touch each pixel
+    counts = col2im(numpy.ones_like(col), 1, 1, 0, 0, 3, 3)
+    numpy.testing.assert_array_equal(counts[0, 0], [[1, 2, 1], [2, 4, 2], [1, 2, 1]])
+
+
+@pytest.mark.parametrize("args, expected", [
+    ((5, 3, 1, 0, 1), 3), ((7, 3, 2, 1, 1), 4), ((7, 3, 1, 0, 2), 3), ((227, 11, 4, 0, 1), 55),
+    ((224, 7, 2, 3, 1), 112), ((6, 3, 2, 0, 1), 2), ((5, 1, 2, 0, 1), 3),
+])
+def test_conv_output_size_floor(args, expected):
+    assert conv_output_size(*args) == expected
+
+
+@pytest.mark.parametrize("args, expected", [
+    ((6, 3, 2, 0), 3),      # ceil: Caffe's 3x3/2 on 6x6 gives 3x3 (floor would give 2)
+    ((55, 3, 2, 0), 27),    # AlexNet pool1
+    ((112, 3, 2, 0), 56),   # GoogLeNet pool1 (ceil((112-3)/2)+1)
+    ((7, 3, 2, 0), 3),
+    ((3, 2, 2, 1), 2),      # ceil gives 3, but the third window would start in the pad: dropped
+    ((4, 2, 2, 1), 3),
+    ((5, 5, 1, 0), 1),
+    ((3, 3, 1, 1), 3),
+])
+def test_pooling_output_size_caffe_ceil(args, expected):
+    assert pooling_output_size(*args) == expected
+
+
+def test_pooling_output_size_floor_mode():
+    assert pooling_output_size(6, 3, 2, 0, ceil_mode=False) == 2
+    assert pooling_output_size(7, 3, 2, 0, ceil_mode=False) == 3

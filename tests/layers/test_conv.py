@@ -1,0 +1,182 @@
+import numpy
+import pytest
+
+from layerforge.backend import to_numpy
+from layerforge.blob import Blob
+from layerforge.errors import ConfigError, ShapeError
+from layerforge.layers import create_layer
+from layerforge.testing import check_gradient, make_blob
+
+GAUSS = {"type": "GAUSSIAN", "std": 0.5}
+
+
+def conv_layer(dtype=numpy.float64, xp=numpy, **param):
+    param.setdefault("weight_filler", GAUSS)
+    param.setdefault("bias_filler", GAUSS)
+    return create_layer({"type": "Convolution", "convolution": param}, dtype=dtype, xp=xp)
+
+
+def caffe_conv(x, W, b, kh, kw, sy, sx, ph, pw, dy, dx, group):
+    """Caffe's caffe_conv test reference: every output element as an explicit loop."""
+    n, c, h, w = x.shape
+    cout = W.shape[0]
+    out_h = (h + 2 * ph - (dy * (kh - 1) + 1)) // sy + 1
+    out_w = (w + 2 * pw - (dx * (kw - 1) + 1)) // sx + 1
+    y = numpy.zeros((n, cout, out_h, out_w))
+    cin_g, cout_g = c // group, cout // group
+    for img in range(n):
+        for o in range(cout):
+            g = o // cout_g
+            for r in range(out_h):
+                for s in range(out_w):
+                    acc = 0.0 if b is None else b[o]
+                    for ci in range(cin_g):
+                        for p in range(kh):
+                            for q in range(kw):
+                                yy, xx = r * sy - ph + p * dy, s * sx - pw + q * dx
+                                if 0 <= yy < h and 0 <= xx < w:
+                                    acc += W[o, ci, p, q] * x[img, g * cin_g + ci, yy, xx]
+                    y[img, o, r, s] = acc
+    return y
+
+
+CASES = [  # param block, bottom shape
+    ({"num_output": 3, "kernel_size": 3}, (2, 2, 5, 5)),
+    ({"num_output": 4, "kernel_size": 3, "stride": 2, "pad": 1}, (2, 3, 6, 5)),
+    ({"num_output": 2, "kernel_size": 1}, (2, 3, 4, 4)),
+    ({"num_output": 4, "kernel_size": 3, "group": 2, "pad": 1}, (1, 4, 5, 4)),
+    ({"num_output": 3, "kernel_size": 3, "dilation": 2, "pad": 2}, (2, 2, 6, 6)),
+    ({"num_output": 2, "kernel_h": 2, "kernel_w": 3, "stride_h": 2, "stride_w": 1, "pad_h": 1, "pad_w": 0},
+     (1, 2, 5, 6)),
+    ({"num_output": 3, "kernel_size": [3, 2], "dilation": [1, 2], "bias_term": False}, (2, 2, 5, 6)),
+    ({"num_output": 6, "kernel_size": 2, "group": 3, "stride": [1, 2], "bias_term": False}, (1, 3, 4, 5)),
+]
+
+
+def geometry(layer):
+    return layer.geometry + (layer.group,)
+
+
+@pytest.mark.parametrize("param, shape", CASES)
+def test_forward_matches_naive_reference(xp, param, shape):
+    layer = conv_layer(xp=xp, **param)
+    x = numpy.random.default_rng(0).standard_normal(shape)
+    bottom, top = [Blob(shape, numpy.float64, xp)], [Blob((), numpy.float64, xp)]
+    bottom[0].data[...] = xp.asarray(x)
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    b = None if len(layer.blobs) == 1 else to_numpy(layer.blobs[1].data)
+    expected = caffe_conv(x, to_numpy(layer.blobs[0].data), b, *geometry(layer))
+    got = to_numpy(top[0].data)
+    assert got.shape == expected.shape
+    numpy.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("param, shape", CASES)
+def test_forward_and_gradients_match_torch(param, shape):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    layer = conv_layer(**param)
+    rng = numpy.random.default_rng(1)
+    bottom, top = [make_blob(rng.standard_normal(shape))], [Blob((), numpy.float64)]
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    top[0].diff[...] = rng.standard_normal(top[0].shape)
+    layer.backward(top, [True], bottom)
+
+    kh, kw, sy, sx, ph, pw, dy, dx, group = geometry(layer)
+    x = torch.tensor(bottom[0].data, requires_grad=True)
+    W = torch.tensor(layer.blobs[0].data, requires_grad=True)
+    b = torch.tensor(layer.blobs[1].data, requires_grad=True) if len(layer.blobs) > 1 else None
+    y = F.conv2d(x, W, b, stride=(sy, sx), padding=(ph, pw), dilation=(dy, dx), groups=group)
+    (y * torch.tensor(top[0].diff)).sum().backward()
+    numpy.testing.assert_allclose(top[0].data, y.detach().numpy(), rtol=1e-10, atol=1e-12)
+    numpy.testing.assert_allclose(bottom[0].diff, x.grad.numpy(), rtol=1e-10, atol=1e-12)
+    numpy.testing.assert_allclose(layer.blobs[0].diff, W.grad.numpy(), rtol=1e-10, atol=1e-12)
+    if b is not None:
+        numpy.testing.assert_allclose(layer.blobs[1].diff, b.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("param, shape", [CASES[1], CASES[3], CASES[4], CASES[6]])
+def test_gradient_check(param, shape):
+    layer = conv_layer(**param)
+    bottom = [make_blob(numpy.random.default_rng(2).standard_normal(shape))]
+    assert check_gradient(layer, bottom, [Blob((), numpy.float64)]) > 0
+
+
+def test_hand_computed_values_and_parameter_diffs_accumulate():
+    layer = conv_layer(num_output=1, kernel_size=2, stride=1,
+                       weight_filler={"type": "CONSTANT", "value": 1.0}, bias_filler={"type": "CONSTANT", "value": 0.5})
+    bottom, top = [make_blob(numpy.arange(9.0).reshape(1, 1, 3, 3))], [Blob((), numpy.float64)]
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    numpy.testing.assert_array_equal(top[0].data[0, 0], [[8.5, 12.5], [20.5, 24.5]])
+    top[0].diff[...] = 1.0
+    layer.backward(top, [True], bottom)
+    numpy.testing.assert_array_equal(bottom[0].diff[0, 0], [[1, 2, 1], [2, 4, 2], [1, 2, 1]])
+    numpy.testing.assert_array_equal(layer.blobs[0].diff[0, 0], [[8, 12], [20, 24]])
+    assert layer.blobs[1].diff.tolist() == [4.0]
+    layer.backward(top, [False], bottom)  # parameter diffs add up; the bottom diff is left alone
+    numpy.testing.assert_array_equal(layer.blobs[0].diff[0, 0], [[16, 24], [40, 48]])
+    assert layer.blobs[1].diff.tolist() == [8.0]
+
+
+def test_shapes_dtype_and_multiply_adds():
+    layer = conv_layer(dtype=numpy.float32, num_output=8, kernel_size=3, pad=1, stride=2, group=2)
+    bottom, top = [make_blob(numpy.ones((4, 6, 9, 7)), numpy.float32)], [Blob()]
+    layer.setup(bottom, top)
+    assert layer.blobs[0].shape == (8, 3, 3, 3) and layer.blobs[1].shape == (8,)
+    assert top[0].shape == (4, 8, 5, 4)
+    layer.forward(bottom, top)
+    assert top[0].data.dtype == numpy.float32
+    assert layer.multiply_adds(bottom, top) == 4 * 8 * 5 * 4 * 3 * 3 * 3
+
+
+def test_several_bottoms_share_the_filters():
+    rng = numpy.random.default_rng(4)
+    bottom = [make_blob(rng.standard_normal((1, 2, 4, 4))) for _ in range(2)]
+    top = [Blob((), numpy.float64) for _ in range(2)]
+    layer = create_layer({"type": "Convolution", "bottom": ["a", "b"], "top": ["c", "d"],
+                          "convolution": {"num_output": 2, "kernel_size": 3, "weight_filler": GAUSS}},
+                         dtype=numpy.float64)
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    single = conv_layer(num_output=2, kernel_size=3)
+    t = [Blob((), numpy.float64)]
+    single.setup([bottom[1]], t)
+    single.blobs[0].data[...] = layer.blobs[0].data
+    single.blobs[1].data[...] = layer.blobs[1].data
+    single.forward([bottom[1]], t)
+    numpy.testing.assert_allclose(top[1].data, t[0].data)
+    assert check_gradient(layer, bottom, top) > 0
+
+
+@pytest.mark.parametrize("param, message", [
+    ({"kernel_size": 3}, "num_output"),
+    ({"num_output": 4}, "kernel_size"),
+    ({"num_output": 4, "kernel_size": 3, "kernel_h": 3, "kernel_w": 3}, "not both"),
+    ({"num_output": 4, "kernel_h": 3}, "kernel_w"),
+    ({"num_output": 4, "kernel_size": [3, 3, 3]}, "2-D only"),
+    ({"num_output": 5, "kernel_size": 3, "group": 2}, "not divisible by group"),
+    ({"num_output": 4, "kernel_size": 3, "engine": "CUDNN"}, "DEFAULT, IM2COL"),
+])
+def test_config_errors(param, message):
+    with pytest.raises(ConfigError, match=message):
+        create_layer({"type": "Convolution", "convolution": param})
+
+
+@pytest.mark.parametrize("param, shape, message", [
+    ({"num_output": 4, "kernel_size": 3, "group": 2}, (1, 3, 5, 5), "not divisible by group 2"),
+    ({"num_output": 4, "kernel_size": 7}, (1, 3, 5, 5), r"does not fit bottom shape \(1, 3, 5, 5\)"),
+    ({"num_output": 4, "kernel_size": 3}, (3, 5), "4-D bottom"),
+])
+def test_shape_errors(param, shape, message):
+    with pytest.raises(ShapeError, match=message):
+        conv_layer(**param).setup([Blob(shape)], [Blob()])
+
+
+def test_channel_change_after_setup_is_a_shape_error():
+    layer = conv_layer(num_output=2, kernel_size=1)
+    layer.setup([Blob((1, 3, 4, 4))], [Blob()])
+    with pytest.raises(ShapeError, match="expect 3"):
+        layer.reshape([Blob((1, 4, 4, 4))], [Blob()])

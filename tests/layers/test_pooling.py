@@ -1,0 +1,144 @@
+import numpy
+import pytest
+
+from layerforge.backend import to_numpy
+from layerforge.blob import Blob
+from layerforge.errors import ConfigError, ShapeError
+from layerforge.layers import create_layer
+from layerforge.testing import check_gradient, make_blob
+
+
+def pool_layer(top=("top",), xp=numpy, **param):
+    return create_layer({"type": "Pooling", "top": list(top), "pooling": param}, dtype=numpy.float64, xp=xp)
+
+
+def run(layer, x, n_top=1, xp=numpy):
+    bottom = [Blob(x.shape, numpy.float64, xp)]
+    bottom[0].data[...] = xp.asarray(x)
+    top = [Blob((), numpy.float64, xp) for _ in range(n_top)]
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    return bottom, top
+
+
+def test_caffe_forward_max_with_mask(xp):
+    # Caffe's test_pooling_layer.cpp TestForwardMax: 2x2 windows, stride 1, on a 3x5 plane
+    plane = numpy.array([[1, 2, 5, 2, 3], [9, 4, 1, 4, 8], [1, 2, 5, 2, 3]], numpy.float64)
+    x = numpy.broadcast_to(plane, (2, 2, 3, 5)).copy()
+    layer = pool_layer(top=("y", "mask"), xp=xp, pool="MAX", kernel_size=2, stride=1)
+    _, top = run(layer, x, 2, xp)
+    assert top[0].shape == (2, 2, 2, 4)
+    numpy.testing.assert_array_equal(to_numpy(top[0].data)[1, 1], [[9, 5, 5, 8], [9, 5, 5, 8]])
+    numpy.testing.assert_array_equal(to_numpy(top[1].data)[0, 1], [[5, 2, 2, 9], [5, 12, 12, 9]])
+
+
+def test_caffe_forward_max_padded():
+    # Caffe's TestForwardMaxPadded: 3x3 windows, stride 2, pad 2 -> 3x3 output
+    x = numpy.array([[1, 2, 4], [2, 3, 2], [4, 2, 1]], numpy.float64).reshape(1, 1, 3, 3)
+    _, top = run(pool_layer(pool="MAX", kernel_size=3, stride=2, pad=2), x)
+    numpy.testing.assert_array_equal(top[0].data[0, 0], [[1, 4, 4], [4, 4, 4], [4, 4, 1]])
+
+
+def test_caffe_forward_ave_padded_divides_by_the_padded_window(xp):
+    # Caffe's TestForwardAve: 3x3 windows, stride 1, pad 1 on a constant 2: corners 8/9, edges 12/9, centre 2
+    layer = pool_layer(xp=xp, pool="AVE", kernel_size=3, stride=1, pad=1)
+    _, top = run(layer, numpy.full((1, 1, 3, 3), 2.0), xp=xp)
+    e = 4.0 / 3
+    numpy.testing.assert_allclose(to_numpy(top[0].data)[0, 0], [[8 / 9, e, 8 / 9], [e, 2, e], [8 / 9, e, 8 / 9]])
+
+
+def test_ave_window_past_the_edge_divides_by_its_clipped_size():
+    # 3x3/2 on 6x6 (ceil -> 3x3): the last row/column of windows covers 2 image rows/columns only
+    x = numpy.arange(36.0).reshape(1, 1, 6, 6)
+    _, top = run(pool_layer(pool="AVE", kernel_size=3, stride=2), x)
+    assert top[0].data[0, 0, 2, 2] == pytest.approx((28 + 29 + 34 + 35) / 4)
+    assert top[0].data[0, 0, 0, 2] == pytest.approx((4 + 5 + 10 + 11 + 16 + 17) / 6)
+    assert top[0].data[0, 0, 0, 0] == pytest.approx((0 + 1 + 2 + 6 + 7 + 8 + 12 + 13 + 14) / 9)
+
+
+@pytest.mark.parametrize("param, shape, out", [
+    ({"kernel_size": 3, "stride": 2}, (2, 3, 6, 5), (2, 3, 3, 2)),            # Caffe TestSetup
+    ({"kernel_size": 3, "stride": 2, "pad": 1}, (2, 3, 6, 5), (2, 3, 4, 3)),  # Caffe TestSetupPadded
+    ({"kernel_size": 3, "stride": 2, "round_mode": "FLOOR"}, (1, 1, 6, 6), (1, 1, 2, 2)),
+    ({"kernel_size": 2, "stride": 2, "pad": 1}, (1, 1, 3, 3), (1, 1, 2, 2)),  # third window would start in the pad
+    ({"kernel_h": 3, "kernel_w": 2, "stride_h": 1, "stride_w": 2}, (1, 2, 5, 5), (1, 2, 3, 3)),
+    ({"global_pooling": True}, (2, 3, 6, 5), (2, 3, 1, 1)),
+])
+def test_output_shapes(param, shape, out):
+    _, top = run(pool_layer(**param), numpy.zeros(shape))
+    assert top[0].shape == out
+
+
+@pytest.mark.parametrize("pool", ["MAX", "AVE"])
+def test_global_pooling_hand_values(pool):
+    x = numpy.arange(24.0).reshape(1, 2, 3, 4)
+    _, top = run(pool_layer(pool=pool, global_pooling=True), x)
+    expected = [11.0, 23.0] if pool == "MAX" else [5.5, 17.5]
+    numpy.testing.assert_allclose(top[0].data.ravel(), expected)
+
+
+@pytest.mark.parametrize("param", [
+    {"kernel_size": 3, "stride": 2},
+    {"kernel_size": 3, "stride": 2, "pad": 1},
+    {"kernel_size": 2, "stride": 2},
+    {"kernel_size": 3, "stride": 1, "pad": 1},
+    {"kernel_h": 3, "kernel_w": 2, "stride_h": 2, "stride_w": 1, "pad_h": 1, "pad_w": 1},
+    {"kernel_size": 4, "stride": 3},
+])
+@pytest.mark.parametrize("shape", [(2, 3, 7, 7), (1, 2, 6, 9)])
+@pytest.mark.parametrize("pool", ["MAX", "AVE"])
+def test_matches_torch_ceil_mode(pool, param, shape):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = numpy.random.default_rng(0)
+    x = rng.standard_normal(shape)
+    layer = pool_layer(top=("y", "mask") if pool == "MAX" else ("y",), pool=pool, **param)
+    bottom, top = run(layer, x, 2 if pool == "MAX" else 1)
+    top[0].diff[...] = rng.standard_normal(top[0].shape)
+    layer.backward(top, [True], bottom)
+    k, s, p = (layer.kh, layer.kw), (layer.sy, layer.sx), (layer.ph, layer.pw)
+    xt = torch.tensor(x, requires_grad=True)
+    if pool == "MAX":
+        y, idx = F.max_pool2d(xt, k, s, p, ceil_mode=True, return_indices=True)
+        numpy.testing.assert_array_equal(top[1].data, idx.numpy())
+    else:
+        y = F.avg_pool2d(xt, k, s, p, ceil_mode=True, count_include_pad=True)
+    (y * torch.tensor(top[0].diff)).sum().backward()
+    numpy.testing.assert_allclose(top[0].data, y.detach().numpy(), rtol=1e-12)
+    numpy.testing.assert_allclose(bottom[0].diff, xt.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("param", [
+    {"kernel_size": 3, "stride": 2},
+    {"kernel_size": 3, "stride": 2, "pad": 2},
+    {"kernel_size": 2, "stride": 1, "pad": 1},
+    {"global_pooling": True},
+])
+@pytest.mark.parametrize("pool", ["MAX", "AVE"])
+def test_gradient_check(pool, param):
+    # distinct values 0.05 apart, so the finite-difference step never changes which element wins
+    x = numpy.random.default_rng(2).permutation(2 * 2 * 6 * 5).reshape(2, 2, 6, 5) * 0.05
+    layer = pool_layer(pool=pool, **param)
+    assert check_gradient(layer, [make_blob(x)], [Blob((), numpy.float64)]) > 0
+
+
+@pytest.mark.parametrize("param, top, message", [
+    ({"pool": "STOCHASTIC", "kernel_size": 2}, ("y",), "STOCHASTIC is not supported"),
+    ({"pool": "AVE", "kernel_size": 2}, ("y", "mask"), "only MAX pooling has a second"),
+    ({"global_pooling": True, "kernel_size": 2}, ("y",), "give no kernel size"),
+    ({"global_pooling": True, "stride": 2}, ("y",), "stride 1"),
+    ({"kernel_size": 2, "pad": 2}, ("y",), "smaller than the kernel"),
+    ({"stride": 2}, ("y",), "required: kernel_size"),
+    ({"kernel_h": 2}, ("y",), "give both kernel_h and kernel_w"),
+    ({"kernel_size": 2, "stride": 2, "stride_h": 2, "stride_w": 2}, ("y",), "not both"),
+])
+def test_config_errors(param, top, message):
+    with pytest.raises(ConfigError, match=message):
+        pool_layer(top=top, **param)
+
+
+def test_shape_errors():
+    with pytest.raises(ShapeError, match="4-D bottom"):
+        pool_layer(kernel_size=2).setup([Blob((2, 3))], [Blob()])
+    with pytest.raises(ShapeError, match=r"larger than bottom shape \(1, 1, 3, 3\)"):
+        pool_layer(kernel_size=5).setup([Blob((1, 1, 3, 3))], [Blob()])
