@@ -12,6 +12,8 @@ from .errors import LayerforgeError
 # command name -> module under layerforge.commands
 COMMANDS = {
     "check": "check",
+    "compute_image_mean": "compute_image_mean",
+    "convert_imageset": "convert_imageset",
     "layers": "layers",
     "summary": "summary",
     "time": "time",

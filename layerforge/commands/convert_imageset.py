@@ -46,6 +46,8 @@ def _records(entries, root, source, args, shapes):
             yield encode_image_record(numpy.fromfile(full, dtype=numpy.uint8).tobytes(), image.shape, label)
         else:
             ok, data = cv2.imencode("." + args.encode_type, image[0] if args.gray else image.transpose(1, 2, 0))
+            if not ok:
+                raise DataError(f"{source}: image '{full}': cannot encode it as {args.encode_type}")
             yield encode_image_record(data.tobytes(), image.shape, label)
 
 

@@ -34,7 +34,7 @@ def run(args):
     net = Net(args.net, phase=args.phase)
     rows, total_params, total_macs = summarize(net)
     header = ("layer", "type", "top shape", "params", "multiply-adds")
-    table = [(n, t, " ".join("x".join(map(str, s)) for s in shapes), f"{p:,}", f"{m:,}") for n, t, shapes, p, m in rows]
+    table = [(n, t, " ".join(format_shape(s) for s in shapes), f"{p:,}", f"{m:,}") for n, t, shapes, p, m in rows]
     widths = [max(len(r[k]) for r in table + [header]) for k in range(5)]
     fmt = "  ".join(f"{{:{'<' if k < 3 else '>'}{w}}}" for k, w in enumerate(widths))
     print(fmt.format(*header))
@@ -46,6 +46,11 @@ def run(args):
     per_image = f" ({total_macs / batch:,.0f} per image)" if batch > 1 else ""
     print(f"total multiply-adds (forward, batch {batch}): {total_macs:,}{per_image}")
     return 0
+
+
+def format_shape(shape):
+    """``(64, 3, 32, 32)`` -> ``64x3x32x32``; a 0-d blob (a loss) -> ``scalar``."""
+    return "x".join(map(str, shape)) if len(shape) else "scalar"
 
 
 def _batch_size(net):

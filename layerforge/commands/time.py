@@ -8,6 +8,7 @@ import time
 
 from ..net import Net
 from ..netdef import load_net_def, set_batch_size
+from .summary import format_shape
 
 HELP = "time each layer's forward and backward passes and print a table with totals"
 
@@ -74,7 +75,7 @@ def run(args):
         print(json.dumps(result, indent=1))
         return 0
     header = ("layer", "type", "top shape", "forward ms", "backward ms", "share", "fwd GFLOP/s", "bwd GFLOP/s")
-    table = [(r["layer"], r["type"], " ".join("x".join(map(str, s)) for s in r["top_shape"]),
+    table = [(r["layer"], r["type"], " ".join(format_shape(s) for s in r["top_shape"]),
               f"{r['forward_ms']:.3f}", f"{r['backward_ms']:.3f}", f"{100 * r['share']:.1f}%",
               f"{r['forward_gflops']:.2f}" if r["forward_gflops"] else "-",
               f"{r['backward_gflops']:.2f}" if r["backward_gflops"] else "-") for r in result["layers"]]

@@ -9,6 +9,7 @@ from . import (  # noqa: F401,E402
     batch_norm,
     concat,
     conv,
+    data,
     dropout,
     eltwise,
     inner_product,

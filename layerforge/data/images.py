@@ -1,0 +1,87 @@
+"""Image files listed in a text file of ``path label`` lines (Caffe's ImageData / convert_imageset input)."""
+import os
+
+import numpy
+
+from ..errors import DataError
+
+
+def load_image(path, height=0, width=0, is_color=True):
+    """An image file as a (C, H, W) uint8 array (BGR, or one channel), resized when height and width are set.
+
+    Returns None when OpenCV cannot read the file.
+    """
+    import cv2
+    try:  # imdecode of the bytes, unlike imread, prints no warnings for unreadable files
+        data = numpy.fromfile(path, dtype=numpy.uint8)
+    except OSError:
+        return None
+    image = cv2.imdecode(data, cv2.IMREAD_COLOR if is_color else cv2.IMREAD_GRAYSCALE) if data.size else None
+    if image is None:
+        return None
+    if height > 0 and width > 0 and image.shape[:2] != (height, width):
+        image = cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
+    return image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
+
+
+def read_list_file(list_file):
+    """``[(path, label, line_number), ...]`` from a list file; a path may contain spaces (the label is last)."""
+    try:
+        with open(list_file, "r", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise DataError(f"{list_file}: cannot read the image list: {e.strerror}") from None
+    entries = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        parts = line.strip().rsplit(None, 1)
+        try:
+            entries.append((parts[0], int(parts[1]), number))
+        except (IndexError, ValueError):
+            raise DataError(f"{list_file}:{number}: expected 'path label' with an integer label, "
+                            f"got {line.strip()!r}") from None
+    if not entries:
+        raise DataError(f"{list_file}: the image list is empty")
+    return entries
+
+
+def folder_entries(root):
+    """``([(relative path, label, 0), ...], class_names)`` for an image folder whose subfolders are classes."""
+    if not os.path.isdir(root):
+        raise DataError(f"{root}: not a folder")
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    if not classes:
+        raise DataError(f"{root}: no class subfolders")
+    entries = []
+    for label, name in enumerate(classes):
+        for dirpath, _, files in sorted(os.walk(os.path.join(root, name))):
+            for f in sorted(files):
+                entries.append((os.path.relpath(os.path.join(dirpath, f), root), label, 0))
+    return entries, classes
+
+
+class ImageList:
+    """Random access to the images of a list file: ``len()``, ``read_many(indices)``, ``name_of(index)``."""
+
+    def __init__(self, list_file, root_folder="", height=0, width=0, is_color=True):
+        self.list_file, self.root_folder = str(list_file), root_folder or ""
+        self.height, self.width, self.is_color = height, width, is_color
+        self.entries = read_list_file(self.list_file)
+
+    def __len__(self):
+        return len(self.entries)
+
+    def name_of(self, index):
+        path, _, number = self.entries[index]
+        return f"{self.list_file}:{number}: image '{os.path.join(self.root_folder, path)}'"
+
+    def read_many(self, indices):
+        out = []
+        for i in indices:
+            path, label, _ = self.entries[i]
+            image = load_image(os.path.join(self.root_folder, path), self.height, self.width, self.is_color)
+            if image is None:
+                raise DataError(f"{self.name_of(i)}: cannot read the image (missing, or not an image)")
+            out.append((numpy.ascontiguousarray(image), label))
+        return out

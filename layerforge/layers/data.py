@@ -1,0 +1,179 @@
+"""Data layers: ``Data`` (an LMDB database) and ``ImageData`` (a list file of images), with Caffe's transform.
+
+Both produce, each forward, a batch ``data`` (N, C, h, w) and optionally ``label`` (N,), read by a
+background thread (``prefetch`` batches ahead) and transformed as the ``transform`` block says. Which
+records make up each batch is decided by layerforge.data.batches.BatchStream; ``get_state()`` /
+``set_state()`` save and restore the read position and shuffle seed so a resumed run reads exactly the
+batches an uninterrupted run would.
+"""
+import itertools
+import weakref
+
+from .. import rng
+from ..data import mnist
+from ..data.batches import BatchStream
+from ..data.images import ImageList
+from ..data.lmdb_io import LMDBReader, lmdb_exists
+from ..data.prefetch import Prefetcher
+from ..data.transform import TRANSFORM, DataTransformer, resolve_path
+from ..errors import DataError
+from ..schema import REQUIRED
+from .base import Field, Layer, register_layer
+
+COMMON = {
+    "rand_skip": Field("int", 0, min=0, doc="start at a random record in [0, rand_skip) (decorrelates workers)"),
+    "prefetch": Field("int", 4, min=0, doc="batches a background thread prepares ahead; 0 reads in forward"),
+    "rank": Field("int", 0, min=0, doc="read shard `rank` of `world_size` (records rank, rank + world_size, ...)"),
+    "world_size": Field("int", 1, min=1, doc="number of disjoint shards the source is split into"),
+}
+
+
+def _close_all(prefetchers):
+    while prefetchers:
+        prefetchers.pop().close()
+
+
+class BaseData(Layer):
+    """Shared machinery: a record source, a BatchStream over it and an optional Prefetcher."""
+
+    num_bottom = (0, 0)
+    num_top = (1, 2)
+    backward_reads = ()
+    has_backward = False
+    block = None
+    default_shuffle = False
+
+    @classmethod
+    def validate_params(cls, lp):
+        p = getattr(lp, cls.block)
+        if p.rank >= p.world_size:
+            raise lp.error(f"rank {p.rank} must be less than world_size {p.world_size}", f"{cls.block}.rank")
+
+    def open_source(self, p):
+        """The record source: ``len()``, ``read_many(indices)``, ``name_of(index)``."""
+        raise NotImplementedError
+
+    def layer_setup(self, bottom, top):
+        p = getattr(self.layer_param, self.block)
+        self.records = self.open_source(p)
+        self.batch_size, self.prefetch = p.batch_size, p.prefetch
+        shape = self.records.read_many([0])[0][0].shape
+        self.transformer = DataTransformer(self.layer_param.transform, self.phase, self.dtype,
+                                           source=f"layer '{self.name}' ({self.type})")
+        self.top_shape = (p.batch_size,) + self.transformer.output_shape(shape)
+        shuffle = self.default_shuffle if p.shuffle is None else p.shuffle
+        self.stream = BatchStream(self.records.read_many, len(self.records), p.batch_size, self.transformer,
+                                  shuffle, rng.get_rng().integers(2 ** 63), p.rank, p.world_size,
+                                  shape, self.records.name_of)
+        if p.rand_skip:
+            self.stream.position = int(rng.get_rng().integers(p.rand_skip))
+        self._prefetchers = []  # at most one; a list so the finalizer can stop it without holding self
+        weakref.finalize(self, _close_all, self._prefetchers)
+
+    def reshape(self, bottom, top):
+        top[0].reshape(self.top_shape)
+        if len(top) > 1:
+            top[1].reshape(self.batch_size)
+
+    def next_batch(self):
+        """The next ``(data, labels)`` as host arrays; advances the read position."""
+        if self.prefetch == 0:
+            batch = self.stream.batch(self.stream.position)
+        else:
+            if not self._prefetchers:
+                jobs = itertools.count(self.stream.position, self.batch_size)
+                self._prefetchers.append(Prefetcher(self.stream.batch, jobs, self.prefetch, name=self.name))
+            batch = self._prefetchers[0].get()
+        self.stream.position += self.batch_size
+        return batch
+
+    def forward(self, bottom, top):
+        data, labels = self.next_batch()
+        xp = self.xp
+        top[0].data[...] = xp.asarray(data)
+        if len(top) > 1:
+            top[1].data[...] = xp.asarray(labels, dtype=self.dtype)
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+    def get_state(self):
+        """The read position and shuffle seed: a JSON-able dict for snapshots."""
+        return dict(self.stream.get_state(), type=self.type)
+
+    def set_state(self, state):
+        """Resume reading where ``get_state()`` was taken (batches already prefetched are dropped)."""
+        self.close()
+        self.stream.set_state(state)
+
+    def close(self):
+        """Stop the prefetch thread (it restarts on the next forward)."""
+        _close_all(self._prefetchers)
+
+
+@register_layer("Data")
+class Data(BaseData):
+    """Reads an LMDB database of records (see layerforge/data/lmdb_io.py and docs/data.md).
+
+    Tops: ``data`` (N, C, h, w) in the layer's dtype, transformed; optional ``label`` (N,).
+    ``shuffle`` (default: true in TRAIN, false in TEST) draws a new record order each epoch. The
+    sources ``data/mnist/mnist_{train,test}_lmdb`` are created from the bundled MNIST digits when
+    they do not exist.
+    """
+
+    block = "data"
+    param_blocks = {
+        "data": dict(COMMON, **{
+            "source": Field("str", REQUIRED, doc="path of the LMDB directory"),
+            "batch_size": Field("int", REQUIRED, min=1, doc="records per batch"),
+            "backend": Field("enum", "LMDB", choices=("LMDB",), doc="database kind (only LMDB)"),
+            "shuffle": Field("bool", None, doc="reshuffle every epoch (default: true in TRAIN, false in TEST)"),
+        }),
+        "transform": TRANSFORM,
+    }
+
+    @property
+    def default_shuffle(self):
+        return self.phase == "TRAIN"
+
+    def open_source(self, p):
+        path = resolve_path(p.source)
+        if not lmdb_exists(path):
+            path = mnist.default_source(p.source) or path
+        try:
+            return LMDBReader(path)
+        except DataError as e:
+            raise DataError(f"layer '{self.name}' (Data): data.source '{p.source}': {e}") from None
+
+
+@register_layer("ImageData")
+class ImageData(BaseData):
+    """Reads the images of a list file of ``path label`` lines (paths relative to ``root_folder``).
+
+    Images are decoded with OpenCV (BGR, or grey with ``is_color: false``) and resized to
+    new_height x new_width when both are set; all must then have one size. Tops as for ``Data``.
+    """
+
+    block = "image_data"
+    param_blocks = {
+        "image_data": dict(COMMON, **{
+            "source": Field("str", REQUIRED, doc="the list file: one 'path label' per line"),
+            "root_folder": Field("str", "", doc="prefix of every image path"),
+            "batch_size": Field("int", 1, min=1, doc="images per batch"),
+            "shuffle": Field("bool", False, doc="reshuffle every epoch"),
+            "new_height": Field("int", 0, min=0, doc="resize to this height (with new_width)"),
+            "new_width": Field("int", 0, min=0, doc="resize to this width (with new_height)"),
+            "is_color": Field("bool", True, doc="decode as 3-channel BGR (false: 1-channel grey)"),
+        }),
+        "transform": TRANSFORM,
+    }
+
+    @classmethod
+    def validate_params(cls, lp):
+        super().validate_params(lp)
+        p = lp.image_data
+        if (p.new_height > 0) != (p.new_width > 0):
+            raise lp.error("give both new_height and new_width, or neither", "image_data.new_height")
+
+    def open_source(self, p):
+        return ImageList(resolve_path(p.source), p.root_folder, p.new_height, p.new_width, p.is_color)

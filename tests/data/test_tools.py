@@ -1,0 +1,91 @@
+"""convert_imageset and compute_image_mean (the command modules, and the tools/ wrappers)."""
+import argparse
+import os
+import subprocess
+import sys
+
+import cv2
+import numpy
+import pytest
+
+from layerforge.commands import compute_image_mean, convert_imageset
+from layerforge.data.lmdb_io import LMDBReader
+from layerforge.errors import DataError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run(module, argv):
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    return module.run(parser.parse_args(argv))
+
+
+def make_folder(root, sizes=((4, 6), (4, 6), (4, 6))):
+    for i, (h, w) in enumerate(sizes):
+        folder = root / ("cat" if i % 2 else "ant")
+        folder.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(folder / f"{i}.png"), numpy.full((h, w, 3), (i, 10 * i, 20 * i), numpy.uint8))
+    (root / "ant" / "notes.txt").write_text("not an image")
+
+
+def test_list_file_to_lmdb_and_mean(tmp_path, capsys):
+    make_folder(tmp_path / "img")
+    (tmp_path / "list.txt").write_text("ant/0.png 5\ncat/1.png 6\nant/2.png 7\n")
+    assert run(convert_imageset, [str(tmp_path / "img"), str(tmp_path / "list.txt"), str(tmp_path / "db")]) == 0
+    reader = LMDBReader(tmp_path / "db")
+    records = reader.read_many(range(3))
+    assert [label for _, label in records] == [5, 6, 7]
+    numpy.testing.assert_array_equal(records[2][0][:, 0, 0], [2, 20, 40])  # B, G, R
+    assert "wrote 3 images (3x4x6)" in capsys.readouterr().out
+    assert run(compute_image_mean, [str(tmp_path / "db"), str(tmp_path / "mean.npy")]) == 0
+    mean = numpy.load(tmp_path / "mean.npy")
+    assert mean.shape == (3, 4, 6) and mean.dtype == numpy.float32
+    numpy.testing.assert_allclose(mean[:, 1, 1], [1, 10, 20])
+    assert run(compute_image_mean, [str(tmp_path / "db"), str(tmp_path / "mean.npz")]) == 0
+    numpy.testing.assert_array_equal(numpy.load(tmp_path / "mean.npz")["mean"], mean)
+
+
+@pytest.mark.parametrize("encoded", [False, True])
+def test_class_folders_resize_gray_shuffle(tmp_path, encoded):
+    make_folder(tmp_path / "img", sizes=((4, 6), (9, 5), (7, 7)))
+    argv = [str(tmp_path / "img"), "-", str(tmp_path / "db"), "--resize-height", "3", "--resize-width", "2",
+            "--gray", "--shuffle"] + (["--encoded"] if encoded else [])
+    assert run(convert_imageset, argv) == 0
+    records = LMDBReader(tmp_path / "db").read_many(range(3))
+    assert all(a.shape == (1, 3, 2) for a, _ in records)
+    assert sorted(label for _, label in records) == [0, 0, 1]  # ant: 0.png, 2.png; cat: 1.png
+    assert (tmp_path / "db" / "labels.txt").read_text() == "0 ant\n1 cat\n"
+
+
+def test_encoded_keeps_original_bytes(tmp_path):
+    make_folder(tmp_path / "img")
+    assert run(convert_imageset, [str(tmp_path / "img"), "-", str(tmp_path / "db"), "--encoded"]) == 0
+    reader = LMDBReader(tmp_path / "db")
+    array, label = reader.read(0)
+    assert label == 0 and array.shape == (3, 4, 6)
+    with reader.env.begin() as txn:
+        assert txn.get(b"00000000")[24:] == (tmp_path / "img" / "ant" / "0.png").read_bytes()
+
+
+def test_unreadable_image_and_existing_db(tmp_path):
+    make_folder(tmp_path / "img")
+    (tmp_path / "list.txt").write_text("ant/0.png 0\nant/missing.png 1\n")
+    with pytest.raises(DataError) as e:
+        run(convert_imageset, [str(tmp_path / "img"), str(tmp_path / "list.txt"), str(tmp_path / "db")])
+    assert str(e.value) == (f"{tmp_path / 'list.txt'}:2: image '{tmp_path / 'img' / 'ant' / 'missing.png'}': "
+                            "cannot read the image (missing, or not an image)")
+    assert not (tmp_path / "db").exists()
+    run(convert_imageset, [str(tmp_path / "img"), "-", str(tmp_path / "db")])
+    with pytest.raises(DataError, match="already exists"):
+        run(convert_imageset, [str(tmp_path / "img"), "-", str(tmp_path / "db")])
+
+
+def test_tools_wrappers(tmp_path):
+    make_folder(tmp_path / "img")
+    out = subprocess.run([sys.executable, os.path.join(REPO, "tools", "convert_imageset"), str(tmp_path / "img"),
+                          "-", str(tmp_path / "db")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "wrote 3 images" in out.stdout
+    out = subprocess.run([sys.executable, os.path.join(REPO, "tools", "compute_image_mean"), str(tmp_path / "nodb"),
+                          str(tmp_path / "m.npy")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr == f"error: {tmp_path / 'nodb'}: no LMDB database there (no data.mdb)\n"
