@@ -11,12 +11,15 @@ from .errors import LayerforgeError
 
 # command name -> module under layerforge.commands
 COMMANDS = {
+    "bench-allreduce": "bench_allreduce",
     "check": "check",
     "compute_image_mean": "compute_image_mean",
     "convert_imageset": "convert_imageset",
     "layers": "layers",
     "summary": "summary",
+    "test": "test",
     "time": "time",
+    "train": "train",
 }
 
 

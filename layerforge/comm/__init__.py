@@ -1,0 +1,17 @@
+"""Communication for data-parallel training over MPI (mpi4py, buffer-based calls only).
+
+    from layerforge.comm import Communicator
+    comm = Communicator()                       # COMM_WORLD, groups = shared-memory nodes
+    comm.allreduce(grad, algorithm="topology")  # in place, sum over ranks
+    comm.mean(grad)                             # average, algorithm chosen by the cost model
+
+Algorithms (``ALGORITHMS``): recursive (Rabenseifner), topology (swCaffe's round-robin mapping), ring,
+doubling, mpi (the library's own), nccl (cupy), auto. See docs/distributed.md.
+"""
+from .algorithms import ALGORITHMS, available_algorithms, get_algorithm
+from .communicator import Communicator, as_communicator, discover_groups
+from .cost_model import CostParams
+from .guard import abort, guarded, launch_guard
+
+__all__ = ["ALGORITHMS", "Communicator", "CostParams", "abort", "as_communicator", "available_algorithms",
+           "discover_groups", "get_algorithm", "guarded", "launch_guard"]

@@ -1,0 +1,168 @@
+"""The alpha-beta-gamma cost model of Thakur, Rabenseifner & Gropp (2005), calibrated on the running job.
+
+alpha is the latency of one message, beta the time per byte sent (``beta_intra`` inside a group,
+``beta_inter`` between groups), gamma the time per byte reduced. For n bytes, p ranks (pof2 = the largest
+power of two <= p, L = log2 pof2, r = p - pof2), groups of q (G = pof2/q groups):
+
+    doubling   L alpha + n (log2 q beta_intra + log2 G beta_inter) + L n gamma                + fold
+    recursive  2L alpha + 2n (q-1)/P beta_intra + 2n (P-q)/P beta_inter + n (P-1)/P gamma     + fold
+    topology   2L alpha + 2n (P-P/q)/P beta_intra + 2n (P/q-1)/P beta_inter + n (P-1)/P gamma + fold
+    ring       2(p-1) alpha + 2n (p-1)/p beta_slowest + n (p-1)/p gamma
+    fold       (r > 0) 2 alpha + 2n beta_intra + n gamma
+
+with P = pof2. ``mpi`` is modelled as what MPICH picks (doubling for short vectors, else Rabenseifner with
+the distance-1-first order, whose crossings on a group-by-group layout are those of ``topology``).
+``auto`` takes the cheapest of :data:`AUTO_CANDIDATES` for each message size.
+"""
+import dataclasses
+import json
+import os
+import time
+
+import numpy
+from mpi4py import MPI
+
+from .ring import ring_order
+from .topology import round_robin_order
+
+AUTO_CANDIDATES = ("doubling", "topology", "recursive", "ring")
+CACHE_ENV = "LAYERFORGE_COMM_CALIBRATION"
+
+
+@dataclasses.dataclass(frozen=True)
+class CostParams:
+    """alpha [s], beta_intra / beta_inter [s per byte sent], gamma [s per byte reduced]."""
+
+    alpha: float
+    beta_intra: float
+    beta_inter: float
+    gamma: float
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        beta = d.get("beta")
+        return cls(float(d["alpha"]), float(d.get("beta_intra", beta)), float(d.get("beta_inter", beta)),
+                   float(d["gamma"]))
+
+
+def _shape(p, q):
+    pof2 = 1 << (p.bit_length() - 1)
+    q = max(1, min(q, pof2))
+    return pof2, pof2.bit_length() - 1, q, max(pof2 // q, 1)
+
+
+def predict(algorithm, nbytes, p, q, params):
+    """Predicted seconds for one allreduce of ``nbytes`` over ``p`` ranks in groups of ``q``."""
+    a, bi, bx, g = params.alpha, params.beta_intra, params.beta_inter, params.gamma
+    n = float(nbytes)
+    if p <= 1:
+        return 0.0
+    P, L, q, G = _shape(p, q)
+    fold = (2 * a + 2 * n * bi + n * g) if p > P else 0.0
+    if algorithm == "doubling":
+        return L * a + n * (numpy.log2(q) * bi + numpy.log2(G) * bx) + L * n * g + fold
+    if algorithm == "recursive":
+        return 2 * L * a + 2 * n * ((q - 1) * bi + (P - q) * bx) / P + n * (P - 1) / P * g + fold
+    if algorithm == "topology":
+        return 2 * L * a + 2 * n * ((P - P / q) * bi + (P / q - 1) * bx) / P + n * (P - 1) / P * g + fold
+    if algorithm in ("ring", "nccl"):
+        slowest = bx if G > 1 or p > P else bi
+        return 2 * (p - 1) * a + 2 * n * (p - 1) / p * slowest + n * (p - 1) / p * g
+    if algorithm == "mpi":
+        return min(predict("doubling", nbytes, p, q, params), predict("topology", nbytes, p, q, params))
+    raise KeyError(f"no cost formula for allreduce algorithm {algorithm!r}")
+
+
+def choose(nbytes, p, q, params, candidates=AUTO_CANDIDATES):
+    """The candidate with the lowest predicted time (the first one on ties)."""
+    return min(candidates, key=lambda name: predict(name, nbytes, p, q, params))
+
+
+def _pair_time(comm, order, nbytes, reps):
+    """Max over ranks of the mean time of one Sendrecv with the partner at logical distance 1 in ``order``."""
+    me = order.index(comm.rank)
+    partner = order[me ^ 1] if (me ^ 1) < len(order) else None
+    send, recv = numpy.zeros(nbytes, numpy.uint8), numpy.empty(nbytes, numpy.uint8)
+    comm.comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps if partner is not None else 0):
+        comm.comm.Sendrecv(send, partner, 99, recv, partner, 99)
+    dt = numpy.array([(time.perf_counter() - t0) / reps])
+    comm.comm.Allreduce(MPI.IN_PLACE, dt, op=MPI.MAX)
+    return float(dt[0])
+
+
+def calibrate(comm, nbytes=1 << 22, reps=(50, 4)):
+    """Measure alpha, beta_intra, beta_inter and gamma with a short collective benchmark (~0.1-1 s)."""
+    x = numpy.ones(nbytes // 4, numpy.float32)
+    t0 = time.perf_counter()
+    for _ in range(reps[1]):
+        numpy.add(x, x, out=x)
+    gamma = (time.perf_counter() - t0) / reps[1] / nbytes
+    if comm.size == 1:
+        return CostParams(1e-6, 2 * gamma, 2 * gamma, gamma)
+    intra, inter = ring_order(comm.group_of), round_robin_order(comm.group_of)
+    alpha = _pair_time(comm, intra, 8, reps[0])
+    beta_intra = max(_pair_time(comm, intra, nbytes, reps[1]) - alpha, 0.0) / nbytes
+    beta_inter = beta_intra
+    if comm.num_groups > 1:
+        beta_inter = max(_pair_time(comm, inter, nbytes, reps[1]) - alpha, 0.0) / nbytes
+    return CostParams(alpha, beta_intra, beta_inter, gamma)
+
+
+def cache_path():
+    return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "layerforge",
+                                                     "comm_calibration.json")
+
+
+def cache_key(comm):
+    version = MPI.Get_library_version().splitlines()[0].strip()
+    return f"{MPI.Get_processor_name()}|p={comm.size}|groups={comm.num_groups}x{comm.group_size}|{version}"
+
+
+def load_or_calibrate(comm, path=None):
+    """Rank 0's cached parameters for this job shape, or a fresh calibration written to the cache.
+
+    Rank 0 decides and broadcasts (buffer-based), so every rank models with the same numbers and ``auto``
+    picks the same algorithm everywhere.
+    """
+    path = path or cache_path()
+    key = cache_key(comm)
+    found = numpy.zeros(5)
+    if comm.rank == 0:
+        try:
+            with open(path) as f:
+                p = CostParams.from_dict(json.load(f)[key])
+            found[:] = (1.0, p.alpha, p.beta_intra, p.beta_inter, p.gamma)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    comm.comm.Bcast(found, root=0)
+    if found[0]:
+        return CostParams(*map(float, found[1:]))
+    params = calibrate(comm)
+    values = numpy.array([params.alpha, params.beta_intra, params.beta_inter, params.gamma])
+    comm.comm.Bcast(values, root=0)  # rank 0's measurement is the one everybody uses
+    params = CostParams(*map(float, values))
+    if comm.rank == 0:
+        _store(path, key, params)
+    return params
+
+
+def _store(path, key, params):
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except (OSError, ValueError):
+        table = {}
+    table[key] = params.to_dict()
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(table, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache only costs a recalibration next time

@@ -1,0 +1,65 @@
+"""Launch guard: an uncaught error on any rank ends the whole MPI job instead of leaving the others hanging.
+
+``python -m mpi4py`` arranges the same: a rank that dies in Python while its peers wait in a collective
+would otherwise deadlock the job (or hang in MPI_Finalize). The guard prints ``rank R: <reason>`` on stderr
+and calls ``MPI_Abort``, so ``mpiexec`` kills every rank and exits non-zero.
+"""
+import contextlib
+import functools
+import sys
+import traceback
+
+from ..errors import LayerforgeError
+
+
+def abort(reason, code=1, comm=None):
+    """Print ``rank R: reason`` and abort ``comm`` (default COMM_WORLD) with exit ``code``."""
+    from mpi4py import MPI
+
+    comm = comm or MPI.COMM_WORLD
+    sys.stdout.flush()
+    print(f"rank {comm.Get_rank()}: {reason}", file=sys.stderr, flush=True)
+    comm.Abort(code)
+
+
+@contextlib.contextmanager
+def launch_guard(comm=None):
+    """Context for a distributed entry point; on a single rank errors propagate unchanged.
+
+    Example::
+
+        with launch_guard():
+            train(args)
+    """
+    from mpi4py import MPI
+
+    comm = comm or MPI.COMM_WORLD
+    try:
+        yield comm
+    except SystemExit as e:
+        if e.code in (None, 0) or comm.Get_size() == 1:
+            raise
+        abort(f"exit status {e.code}", e.code if isinstance(e.code, int) else 1, comm)
+    except BaseException as e:  # noqa: BLE001 - every escape must reach MPI_Abort
+        if comm.Get_size() == 1:
+            raise
+        if isinstance(e, LayerforgeError):
+            abort(f"error: {e}", 2, comm)
+        if isinstance(e, KeyboardInterrupt):
+            abort("interrupted", 130, comm)
+        traceback.print_exc()
+        abort(f"{type(e).__name__}: {e}", 1, comm)
+
+
+def guarded(fn):
+    """Decorator form of :func:`launch_guard`; a non-zero return on one rank of several also aborts."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with launch_guard() as comm:
+            code = fn(*args, **kwargs)
+            if code and comm.Get_size() > 1:
+                abort(f"exit status {code}", int(code), comm)
+            return code
+
+    return wrapper

@@ -1,0 +1,58 @@
+"""NCCL allreduce through ``cupy.cuda.nccl``, for device buffers; importing this module never needs cupy.
+
+The NCCL unique id is made on rank 0 and broadcast as raw bytes over MPI once per Communicator. Host
+(numpy) buffers are copied to the device and back, so the algorithm can be benchmarked like the others.
+NCCL's traffic is not visible here: it adds nothing to the byte counters.
+"""
+import sys
+
+import numpy
+
+from .buffers import DTYPES
+
+
+def available():
+    """True when cupy with NCCL and a CUDA device can be used."""
+    try:
+        import cupy
+        from cupy.cuda import nccl  # noqa: F401
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - no cupy, no NCCL build, no driver: not available
+        return False
+
+
+def _nccl_comm(comm):
+    nc = getattr(comm, "_nccl", None)
+    if nc is None:
+        from cupy.cuda import nccl
+
+        uid = numpy.zeros(128, numpy.int8)  # NCCL_UNIQUE_ID_BYTES
+        if comm.rank == 0:
+            uid[:] = nccl.get_unique_id()
+        comm.bcast(uid)
+        nc = comm._nccl = nccl.NcclCommunicator(comm.size, tuple(int(x) for x in uid), comm.rank)
+    return nc
+
+
+def allreduce_nccl(comm, sendbuf, recvbuf=None):
+    """``ncclAllReduce`` (sum) on the current stream; in place when ``recvbuf`` is None; returns the result."""
+    cupy = sys.modules.get("cupy")
+    if cupy is None or not available():
+        raise RuntimeError("the nccl allreduce needs cupy with NCCL and a CUDA device")
+    from cupy.cuda import nccl
+
+    out = sendbuf if recvbuf is None else recvbuf
+    if out.dtype not in DTYPES:
+        raise TypeError(f"allreduce payloads are float16/float32/float64, got {out.dtype}")
+    dev = out if isinstance(out, cupy.ndarray) else cupy.asarray(out)
+    in_place = sendbuf is out or not hasattr(sendbuf, "dtype")  # also MPI.IN_PLACE
+    src = dev if in_place else cupy.asarray(sendbuf)
+    kind = {numpy.dtype(numpy.float16): nccl.NCCL_FLOAT16, numpy.dtype(numpy.float32): nccl.NCCL_FLOAT32,
+            numpy.dtype(numpy.float64): nccl.NCCL_FLOAT64}[numpy.dtype(out.dtype)]
+    stream = cupy.cuda.get_current_stream()
+    _nccl_comm(comm).allReduce(src.data.ptr, dev.data.ptr, dev.size, kind, nccl.NCCL_SUM, stream.ptr)
+    stream.synchronize()
+    if dev is not out:
+        out[...] = dev.get()
+    return out

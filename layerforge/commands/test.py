@@ -1,0 +1,45 @@
+"""``layerforge test --model NET --weights W``: score a trained net on its TEST data (Caffe's ``caffe test``)."""
+import logging
+
+from .. import backend
+from ..logs import setup_logging
+from ..net import Net
+
+HELP = "run a net's TEST phase for N batches with given weights and print per-batch and mean outputs"
+
+log = logging.getLogger("layerforge")
+
+
+def add_arguments(parser):
+    parser.add_argument("--model", required=True, help="net YAML file")
+    parser.add_argument("--weights", required=True, help="weights .npz (from training or a snapshot)")
+    parser.add_argument("--iterations", type=int, default=50, help="number of batches (default 50)")
+    parser.add_argument("--phase", choices=("train", "test"), default="test")
+
+
+def score(net, iterations):
+    """Run ``iterations`` forward passes; returns ``{output name: mean value}`` (Caffe averages each element)."""
+    sums = {}
+    for i in range(iterations):
+        out = net.forward()
+        for name, value in out.items():
+            v = backend.to_numpy(value).astype(float)
+            sums[name] = sums.get(name, 0.0) + v
+            if v.size == 1:
+                log.info("Batch %d, %s = %s", i, name, format(float(v.reshape(-1)[0]), ".6g"))
+    return {name: s / iterations for name, s in sums.items()}
+
+
+def run(args):
+    setup_logging()
+    net = Net(args.model, phase=args.phase, weights=args.weights)
+    means = score(net, args.iterations)
+    weights = {net.top_names(i)[j]: w for i in range(len(net.layers)) for j, w in enumerate(net.loss_weights(i))}
+    for name, value in means.items():
+        if value.size != 1:
+            continue
+        v = float(value.reshape(-1)[0])
+        w = weights.get(name, 0.0)
+        suffix = f" (* {format(w, '.6g')} = {format(w * v, '.6g')} loss)" if w else ""
+        log.info("%s = %s%s", name, format(v, ".6g"), suffix)
+    return 0

@@ -1,0 +1,48 @@
+"""``layerforge train --solver S``: train a net as its solver file describes (Caffe's ``caffe train``)."""
+import sys
+
+from ..logs import ProgressBar, setup_logging
+
+HELP = "train a net from a solver YAML (resume with --snapshot, fine-tune with --weights)"
+
+
+def add_arguments(parser):
+    parser.add_argument("--solver", required=True, help="solver YAML file")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--snapshot", metavar="FILE", help="resume from a .solverstate.npz snapshot")
+    start.add_argument("--weights", metavar="FILE", help="start from these weights (.npz), e.g. to fine-tune")
+    parser.add_argument("--gpu", type=int, metavar="N", help="train on GPU N (overrides solver_mode/device_id)")
+    parser.add_argument("--max-iter", type=int, metavar="N", help="override the solver's max_iter")
+    parser.add_argument("--sigint-effect", choices=("snapshot", "stop", "none"), default="snapshot",
+                        help="what Ctrl-C / SIGTERM does: snapshot then stop (default), stop, or nothing")
+    parser.add_argument("--sighup-effect", choices=("snapshot", "stop", "none"), default="snapshot",
+                        help="what SIGHUP does (default: snapshot and go on)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+
+
+def solver_overrides(args):
+    overrides = {}
+    if args.gpu is not None:
+        overrides.update(solver_mode="GPU", device_id=args.gpu)
+    if getattr(args, "max_iter", None) is not None:
+        overrides["max_iter"] = args.max_iter
+    return overrides
+
+
+def run(args):
+    from ..solvers import get_solver
+
+    setup_logging()
+    solver = get_solver(args.solver, **solver_overrides(args))
+    if args.weights:
+        solver.load_weights(args.weights)
+    bar = None
+    if sys.stdout.isatty() and sys.stderr.isatty() and not args.no_progress:
+        bar = ProgressBar(solver.param.max_iter)
+        solver.callbacks.append(lambda iteration, loss: bar.update(iteration + 1, loss))
+    try:
+        solver.solve(resume_file=args.snapshot, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect)
+    finally:
+        if bar is not None:
+            bar.close()
+    return 0
