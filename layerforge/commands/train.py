@@ -13,8 +13,9 @@ def add_arguments(parser):
     start.add_argument("--weights", metavar="FILE", help="start from these weights (.npz), e.g. to fine-tune")
     parser.add_argument("--gpu", type=int, metavar="N", help="train on GPU N (overrides solver_mode/device_id)")
     parser.add_argument("--max-iter", type=int, metavar="N", help="override the solver's max_iter")
-    parser.add_argument("--sigint-effect", choices=("snapshot", "stop", "none"), default="snapshot",
-                        help="what Ctrl-C / SIGTERM does: snapshot then stop (default), stop, or nothing")
+    parser.add_argument("--sigint-effect", choices=("snapshot", "stop", "none"), default="stop",
+                        help="what Ctrl-C / SIGTERM does (Caffe's meanings): stop = end training, writing the final "
+                             "snapshot (default); snapshot = snapshot and go on; none = ignore")
     parser.add_argument("--sighup-effect", choices=("snapshot", "stop", "none"), default="snapshot",
                         help="what SIGHUP does (default: snapshot and go on)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
@@ -33,9 +34,10 @@ def run(args):
     from ..solvers import get_solver
 
     setup_logging()
-    solver = get_solver(args.solver, **solver_overrides(args))
+    overrides = solver_overrides(args)
     if args.weights:
-        solver.load_weights(args.weights)
+        overrides["weights"] = args.weights
+    solver = get_solver(args.solver, **overrides)
     bar = None
     if sys.stdout.isatty() and sys.stderr.isatty() and not args.no_progress:
         bar = ProgressBar(solver.param.max_iter)

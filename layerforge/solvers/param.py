@@ -1,0 +1,211 @@
+"""Solver definitions: YAML (or a dict) -> a validated SolverParameter, and the learning-rate policies.
+
+Caffe's SolverParameter semantics; docs/solvers.md lists every key. Errors are one-line ConfigErrors
+with file, line and key, as for net definitions (``solver.yaml:4: key 'lr_polcy': unknown key; did you
+mean 'lr_policy'?``).
+"""
+import math
+import os
+
+from ..errors import ConfigError
+from ..schema import Context, Field, LineDict, load_yaml, suggest, validate_block, with_lines
+
+STATE = {
+    "level": Field("int", 0, doc="NetState level for include/exclude rules"),
+    "stage": Field("strs", [], doc="NetState stages for include/exclude rules"),
+}
+
+INLINE_KEYS = ("net_param", "train_net_param", "test_net_param")
+LR_POLICIES = ("FIXED", "STEP", "EXP", "INV", "MULTISTEP", "POLY", "SIGMOID")
+
+SOLVER_KEYS = {
+    # nets
+    "net": Field("str", None, doc="net YAML used for training and (with test_iter) testing; relative to this file"),
+    "net_param": Field("str", None, doc="the net definition inline (a mapping)"),
+    "train_net": Field("str", None, doc="net YAML for training only"),
+    "train_net_param": Field("str", None, doc="the training net inline (a mapping)"),
+    "test_net": Field("strs", [], doc="net YAML(s) for testing, one per test net"),
+    "test_net_param": Field("str", None, doc="test net definitions inline (a mapping or a list of them)"),
+    "train_state": Field(STATE, None, doc="level/stage of the training net"),
+    "test_state": Field([STATE], [], doc="level/stage of each test net"),
+    # update rule
+    "type": Field("str", "SGD", doc="SGD, Nesterov, AdaGrad, RMSProp, AdaDelta or Adam"),
+    "base_lr": Field("float", 0.01, min=0.0, doc="base learning rate"),
+    "lr_policy": Field("enum", "FIXED", choices=LR_POLICIES, doc="learning-rate schedule"),
+    "gamma": Field("float", None, doc="step/exp/inv/multistep/sigmoid parameter"),
+    "power": Field("float", None, doc="inv/poly parameter"),
+    "stepsize": Field("int", None, min=1, doc="step: iterations per step; sigmoid: centre"),
+    "stepvalue": Field("ints", [], min=0, doc="multistep: increasing iterations at which lr *= gamma"),
+    "warmup_iter": Field("int", 0, min=0, doc="linear warm-up length in iterations (Goyal et al.)"),
+    "warmup_start_lr_factor": Field("float", 0.0, min=0.0, max=1.0, doc="warm-up starts at this fraction of lr"),
+    "momentum": Field("float", 0.0, min=0.0, doc="SGD/Nesterov momentum; AdaDelta decay; Adam beta1"),
+    "momentum2": Field("float", 0.999, min=0.0, max=1.0, doc="Adam beta2"),
+    "delta": Field("float", 1e-8, min=0.0, doc="AdaGrad/RMSProp/AdaDelta/Adam epsilon"),
+    "rms_decay": Field("float", 0.99, min=0.0, max=1.0, doc="RMSProp decay of the squared-gradient average"),
+    "weight_decay": Field("float", 0.0, min=0.0, doc="regularisation strength (times each param's decay_mult)"),
+    "regularization_type": Field("enum", "L2", choices=("L2", "L1"), doc="L2: += wd * w; L1: += wd * sign(w)"),
+    "iter_size": Field("int", 1, min=1, doc="forward/backward passes accumulated per update"),
+    "clip_gradients": Field("float", -1.0, doc="scale diffs down to this global L2 norm (< 0: off)"),
+    # loop, logging, testing
+    "max_iter": Field("int", 0, min=0, doc="iterations to train"),
+    "display": Field("int", 0, min=0, doc="log every this many iterations (0: never)"),
+    "average_loss": Field("int", 1, min=1, doc="the displayed loss is the mean over this many iterations"),
+    "test_iter": Field("ints", [], min=1, doc="batches per test, one entry per test net"),
+    "test_interval": Field("int", 0, min=0, doc="test every this many iterations (0: never)"),
+    "test_initialization": Field("bool", True, doc="also test before the first iteration"),
+    "test_compute_loss": Field("bool", False, doc="log the mean test loss too"),
+    # snapshots
+    "snapshot": Field("int", 0, min=0, doc="snapshot every this many iterations (0: never)"),
+    "snapshot_prefix": Field("str", None, doc="path prefix of snapshot files, relative to the working directory"),
+    "snapshot_after_train": Field("bool", True, doc="snapshot when training ends (or is stopped)"),
+    "weights": Field("strs", [], doc="weights file(s) to start from (copied by layer name; relative to the cwd)"),
+    # environment
+    "random_seed": Field("int", -1, doc="seed of the process random stream (< 0: leave it as it is)"),
+    "solver_mode": Field("enum", "CPU", choices=("CPU", "GPU")),
+    "device_id": Field("int", 0, min=0, doc="GPU ordinal in GPU mode"),
+    "dtype": Field("enum", "FLOAT32", choices=("FLOAT32", "FLOAT64"), doc="dtype of every blob"),
+    # reserved for data-parallel training
+    "allreduce": Field("enum", "AUTO", choices=("AUTO", "RABENSEIFNER", "TOPOLOGY", "RING", "MPI", "NCCL"),
+                       doc="gradient allreduce algorithm (distributed training)"),
+    "sync": Field("enum", "TREE", choices=("TREE", "HOST"), doc="how ranks synchronise (distributed training)"),
+}
+
+
+class SolverParameter:
+    """A validated solver: one attribute per key of ``SOLVER_KEYS`` plus ``path`` (the file, or None).
+
+    ``net``/``train_net``/``test_net`` paths are resolved against the solver file's directory.
+    ``lr_policy``, ``regularization_type``, ``solver_mode``, ``dtype``, ``allreduce`` and ``sync`` are
+    upper-case; ``type`` is the registered spelling (``"Adam"``).
+    """
+
+    def __init__(self, params, path, source):
+        self.__dict__.update(params.as_dict())
+        self._params, self.path, self.source = params, path, source
+
+    def given(self, key):
+        return self._params.given(key)
+
+    def line_of(self, key):
+        return self.source.line_of(key) if isinstance(self.source, LineDict) else None
+
+    def error(self, message, key=None):
+        return ConfigError(message, self.path, self.line_of(key) if key else getattr(self.source, "line", None),
+                           key=key)
+
+    def resolve(self, path):
+        """A net path from the file, relative to the solver file's directory."""
+        if path is None or self.path is None or os.path.isabs(path):
+            return path
+        return os.path.join(os.path.dirname(os.path.abspath(self.path)), path)
+
+    def as_dict(self):
+        return self._params.as_dict()
+
+
+def load_solver_param(source, registry, **overrides):
+    """A path to a solver YAML file, or a dict (+ key overrides) -> SolverParameter; ConfigError on problems."""
+    if isinstance(source, SolverParameter):
+        source = source.source if source.path is None else source.path
+    if isinstance(source, (str, os.PathLike)):
+        path, mapping = str(source), load_yaml(str(source))
+    elif isinstance(source, dict):
+        path, mapping = None, with_lines(dict(source))
+    else:
+        raise TypeError(f"a solver is a YAML path or a dict, not {type(source).__name__}")
+    if not isinstance(mapping, dict):
+        raise ConfigError("a solver definition must be a mapping of keys", path, getattr(mapping, "line", 1))
+    merged = LineDict(mapping)
+    merged.line, merged.key_lines = mapping.line, dict(mapping.key_lines or {})
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        merged[key] = with_lines(value)
+        merged.key_lines[key] = None  # an override has no line in the file
+    for key in ("net_param", "train_net_param"):
+        if key in merged and not isinstance(merged[key], dict):
+            raise ConfigError("expected a mapping (a net definition)", path, merged.line_of(key), key=key)
+    tnp = merged.get("test_net_param", [])
+    if not isinstance(tnp, (dict, list)) or (isinstance(tnp, list) and not all(isinstance(t, dict) for t in tnp)):
+        raise ConfigError("expected a net definition or a list of them", path, merged.line_of("test_net_param"),
+                          key="test_net_param")
+    # inline nets are validated by the Net; the schema lists them only so unknown keys get suggestions
+    plain = LineDict((k, v) for k, v in merged.items() if k not in INLINE_KEYS)
+    plain.line, plain.key_lines = merged.line, merged.key_lines
+    checked = validate_block(plain, SOLVER_KEYS, Context(path))
+    checked.__dict__.update(net_param=merged.get("net_param"), train_net_param=merged.get("train_net_param"),
+                            test_net_param=[tnp] if isinstance(tnp, dict) else list(tnp))
+    checked._given = frozenset(merged)
+    sp = SolverParameter(checked, path, merged)
+    _check(sp, registry)
+    return sp
+
+
+def _check(sp, registry):
+    names = {n.upper(): n for n in registry}
+    if sp.type.upper() not in names:
+        near = suggest(sp.type.upper(), list(names))
+        near = f"; did you mean '{names[near.split(chr(39))[1]]}'?" if near else ""
+        raise sp.error(f"unknown solver type '{sp.type}'; expected one of {', '.join(registry)}{near}", "type")
+    sp.type = names[sp.type.upper()]
+    train = [k for k in ("net", "net_param", "train_net", "train_net_param") if getattr(sp, k) is not None]
+    if len(train) != 1:
+        raise sp.error("give exactly one of net, net_param, train_net, train_net_param"
+                       + (f" (got {', '.join(train)})" if train else ""), train[1] if len(train) > 1 else None)
+    n_specific = len(sp.test_net) + len(sp.test_net_param)
+    generic = train[0] in ("net", "net_param")
+    n_test = max(n_specific, len(sp.test_iter)) if generic else n_specific
+    if len(sp.test_iter) != n_test:
+        raise sp.error(f"test_iter has {len(sp.test_iter)} entries for {n_test} test net(s); give one per test net",
+                       "test_iter")
+    if sp.test_state and len(sp.test_state) != n_test:
+        raise sp.error(f"test_state has {len(sp.test_state)} entries for {n_test} test net(s)", "test_state")
+    sp.num_test_nets = n_test
+    policy = sp.lr_policy
+    need = {"STEP": ("gamma", "stepsize"), "EXP": ("gamma",), "INV": ("gamma", "power"), "MULTISTEP": ("gamma",),
+            "POLY": ("power",), "SIGMOID": ("gamma", "stepsize")}.get(policy, ())
+    for key in need:
+        if getattr(sp, key) is None:
+            raise sp.error(f"lr_policy {policy.lower()} needs '{key}'", key if sp.given(key) else "lr_policy")
+    if policy == "MULTISTEP":
+        if not sp.stepvalue:
+            raise sp.error("lr_policy multistep needs 'stepvalue' (a list of iterations)", "lr_policy")
+        if any(b <= a for a, b in zip(sp.stepvalue, sp.stepvalue[1:])):
+            raise sp.error(f"must be strictly increasing, got {sp.stepvalue}", "stepvalue")
+    if policy == "POLY" and sp.max_iter <= 0:
+        raise sp.error("lr_policy poly needs max_iter > 0 (lr reaches 0 at max_iter)", "max_iter")
+    validate = getattr(registry[sp.type], "validate_params", None)
+    if validate is not None:
+        validate(sp)
+
+
+def policy_rate(sp, it):
+    """Caffe's SGDSolver::GetLearningRate at iteration ``it`` (before warm-up)."""
+    p, base = sp.lr_policy, sp.base_lr
+    if p == "FIXED":
+        return base
+    if p == "STEP":
+        return base * sp.gamma ** (it // sp.stepsize)
+    if p == "EXP":
+        return base * sp.gamma ** it
+    if p == "INV":
+        return base * (1.0 + sp.gamma * it) ** (-sp.power)
+    if p == "MULTISTEP":
+        return base * sp.gamma ** sum(1 for v in sp.stepvalue if it >= v)
+    if p == "POLY":
+        return base * max(0.0, 1.0 - it / sp.max_iter) ** sp.power  # 0 past max_iter (a resumed longer run)
+    if p == "SIGMOID":
+        return base * (1.0 / (1.0 + math.exp(-sp.gamma * (it - sp.stepsize))))
+    raise AssertionError(p)
+
+
+def learning_rate(sp, it):
+    """The rate of iteration ``it``: the policy's rate, times a linear warm-up factor while ``it < warmup_iter``.
+
+    warm-up factor = f + (1 - f) * it / warmup_iter with f = ``warmup_start_lr_factor`` (Goyal et al. 2017).
+    """
+    rate = policy_rate(sp, it)
+    if it < sp.warmup_iter:
+        f = sp.warmup_start_lr_factor
+        rate *= f + (1.0 - f) * it / sp.warmup_iter
+    return rate

@@ -1,0 +1,519 @@
+"""The solver loop (Caffe's Solver + SGDSolver): one fixed sequence per iteration; rules override compute_update.
+
+One iteration (:meth:`Solver.step`), in this order::
+
+    clear parameter diffs
+    test, when iter % test_interval == 0 (and iter > 0 or test_initialization)
+    iter_size x (feed inputs -> forward -> backward)      diffs accumulate; loss = mean of the passes
+    gradient_hooks                                        e.g. an allreduce across ranks
+    rate = learning_rate(iter)
+    normalise: diff /= iter_size
+    clip: scale all diffs by c / ||g|| when the global L2 norm ||g|| > clip_gradients = c
+    per parameter: regularise (diff += wd * decay_mult * w, or * sign(w) for L1), compute_update (the rule)
+    apply: data -= diff
+    iter += 1; callbacks(iteration, loss); snapshot when iter % snapshot == 0 or a signal asks
+
+Caffe clips before it normalises; normalising first makes the clip threshold mean the same for every
+iter_size, so ``iter_size: k`` with batch b stays equivalent to batch k*b even with clipping.
+"""
+import collections
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+
+import numpy
+
+from .. import backend, rng
+from ..errors import LayerforgeError
+from ..net import Net
+from ..npz import load_npz, save_npz_atomic
+from .param import SolverParameter, learning_rate, load_solver_param
+
+log = logging.getLogger("layerforge")
+
+SOLVER_REGISTRY = {}
+EFFECTS = ("snapshot", "stop", "none")
+
+
+def register_solver(type_name):
+    """Class decorator: make a Solver subclass available as solver ``type: <type_name>``."""
+
+    def decorate(cls):
+        if type_name in SOLVER_REGISTRY:
+            raise ValueError(f"solver type {type_name!r} registered twice")
+        cls.type = type_name
+        SOLVER_REGISTRY[type_name] = cls
+        return cls
+
+    return decorate
+
+
+def get_solver(source, **overrides):
+    """Build the solver a YAML file (or dict) describes; ``overrides`` replace keys of the file (``max_iter=10``).
+
+    Returns:
+        An instance of the class registered for the solver's ``type`` (SGD when absent).
+    """
+    sp = load_solver_param(source, SOLVER_REGISTRY, **overrides)
+    return SOLVER_REGISTRY[sp.type](sp)
+
+
+class NonFiniteError(LayerforgeError):
+    """The loss (or a parameter) became NaN or infinite; training stopped without a snapshot of the bad state."""
+
+
+def _g(x):
+    # C++ ostream's default float format, which Caffe's log lines use
+    return format(float(x), ".6g")
+
+
+def _finite(a):
+    return bool(backend.get_array_module(a).isfinite(a).all())
+
+
+class Solver:
+    """Trains ``net`` with the loop above; a subclass supplies only :meth:`compute_update`.
+
+    Args:
+        param: a solver YAML path, a dict, or a SolverParameter. ``overrides`` replace keys.
+
+    Attributes:
+        net: the TRAIN net. test_nets: TEST nets, sharing the train net's parameter arrays.
+        iter: number of updates done. history: per-rule state arrays, Caffe's layout
+            (``history[k * n + i]`` is the k-th state of learnable parameter i, n parameters).
+        feed: optional ``feed(iteration, pass_index) -> {input name: array}`` called before every train
+            forward pass, for nets whose data come from Input layers (pycaffe users write ``net.blobs``).
+        gradient_hooks: ``fn(solver)`` run after the iter_size passes, before normalise/clip/update, with
+            the summed diffs in ``net.learnable_params[i].diff`` (data-parallel allreduce plugs in here).
+        callbacks: ``fn(iteration, loss)`` run after each update (``iteration`` is the index of the
+            iteration that just finished, ``loss`` its mean loss over the iter_size passes).
+        root: False on non-root ranks: no testing, display or snapshots there.
+        test_scores: the mean outputs of the last test of each test net.
+    """
+
+    type = None
+    history_per_param = 1
+
+    def __init__(self, param, **overrides):
+        sp = param if isinstance(param, SolverParameter) and not overrides else \
+            load_solver_param(param, SOLVER_REGISTRY, **overrides)
+        validate = getattr(type(self), "validate_params", None)
+        if validate is not None:
+            validate(sp)
+        self.param = sp
+        self.xp = self._array_module(sp)
+        if sp.random_seed >= 0:
+            rng.seed(sp.random_seed)
+        dtype = sp.dtype.lower()
+        state = sp.train_state
+        source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
+        self.net = Net(source, phase="train", dtype=dtype, xp=self.xp,
+                       level=state.level if state else 0, stages=state.stage if state else ())
+        sources = list(sp.test_net_param) + [sp.resolve(p) for p in sp.test_net]
+        sources += [sp.resolve(sp.net) or sp.net_param] * (sp.num_test_nets - len(sources))
+        self.test_nets = []
+        for k, src in enumerate(sources):
+            st = sp.test_state[k] if sp.test_state else None
+            tn = Net(src, phase="test", dtype=dtype, xp=self.xp,
+                     level=st.level if st else 0, stages=st.stage if st else ())
+            self._share_weights(tn)
+            self.test_nets.append(tn)
+        n = len(self.net.learnable_params)
+        self.history = [self.xp.zeros_like(self.net.learnable_params[i].data)
+                        for _ in range(self.history_per_param) for i in range(n)]
+        self.iter = 0
+        self.losses = collections.deque(maxlen=sp.average_loss)
+        self.smoothed_loss = 0.0
+        self.feed, self.gradient_hooks, self.callbacks = None, [], []
+        self.root = True
+        self.requested_early_exit = False
+        self.last_snapshot = None
+        self.test_scores = [None] * len(self.test_nets)
+        self._pending = []  # (signal number, effect) requested by signal handlers
+        self.snapshot_prefix = sp.snapshot_prefix or (
+            os.path.splitext(os.path.basename(sp.path))[0] if sp.path else "solver")
+        for w in sp.weights:
+            self.load_weights(w)
+
+    @staticmethod
+    def _array_module(sp):
+        if sp.solver_mode != "GPU":
+            return numpy
+        try:
+            import cupy
+            cupy.cuda.Device(sp.device_id).use()
+            return cupy
+        except Exception as e:  # noqa: BLE001 - any cupy/driver failure is one user-facing line
+            raise LayerforgeError(f"solver_mode GPU (device_id {sp.device_id}) needs cupy and a CUDA device: "
+                                  f"{type(e).__name__}: {e}") from None
+
+    def _share_weights(self, test_net):
+        # Caffe's ShareTrainedLayersWith: same layer name -> same data arrays, so updates need no copying
+        for name, blobs in test_net.params.items():
+            source = self.net.params.get(name)
+            if source is None:
+                continue
+            shapes = [tuple(b.shape) for b in blobs]
+            if [tuple(b.shape) for b in source] != shapes:
+                raise LayerforgeError(f"layer '{name}' has parameter shapes {shapes} in test net '{test_net.name}' "
+                                      f"but {[tuple(b.shape) for b in source]} in the train net")
+            for b, s in zip(blobs, source):
+                b.data = s.data
+
+    def add_callback(self, fn):
+        """Call ``fn(iteration, loss)`` after every update (see ``callbacks``)."""
+        self.callbacks.append(fn)
+
+    @classmethod
+    def validate_params(cls, sp):
+        """Rule-specific checks of a SolverParameter; raise ``sp.error(message, key)``."""
+
+    # ------------------------------------------------------------------------------------------
+    # the loop
+
+    def step(self, iters):
+        """Run ``iters`` iterations (fewer if a signal asks to stop)."""
+        sp = self.param
+        stop_iter = self.iter + int(iters)
+        self._timer, self._iter_last = time.perf_counter(), self.iter
+        while self.iter < stop_iter:
+            self.net.clear_param_diffs()
+            if (sp.test_interval and self.iter % sp.test_interval == 0 and (self.iter > 0 or sp.test_initialization)
+                    and self.root):
+                self.test_all()
+                if self.requested_early_exit:
+                    break
+            display = self.root and sp.display and self.iter % sp.display == 0
+            loss = sum(self._forward_backward(k) for k in range(sp.iter_size)) / sp.iter_size
+            self._update_smoothed_loss(loss)
+            if display:
+                self._log_train()
+            for hook in self.gradient_hooks:
+                hook(self)
+            self.apply_update(display)
+            self.iter += 1
+            for fn in self.callbacks:
+                fn(self.iter - 1, loss)
+            request = self._requested_action()
+            if (sp.snapshot and self.iter % sp.snapshot == 0) or request == "snapshot":
+                self.snapshot()
+            if request == "stop":
+                self.requested_early_exit = True
+                break
+
+    def solve(self, resume_file=None, sigint_effect="stop", sighup_effect="snapshot"):
+        """Train to ``max_iter`` (Caffe's Solver::Solve), optionally resuming from a ``.solverstate.npz``.
+
+        Signals (checked once per iteration): SIGINT and SIGTERM do ``sigint_effect``, SIGHUP
+        ``sighup_effect``: ``"stop"`` ends training (and, with ``snapshot_after_train``, the usual final
+        snapshot is written: so Ctrl-C snapshots then returns normally), ``"snapshot"`` writes a snapshot
+        and goes on, ``"none"`` installs no handler (the signal keeps its usual effect). A second Ctrl-C
+        before the first is handled raises KeyboardInterrupt. The previous handlers are restored on return.
+        """
+        sp = self.param
+        log.info("Solving %s", self.net.name)
+        log.info("Learning Rate Policy: %s", sp.lr_policy.lower())
+        if resume_file:
+            self.restore(resume_file)
+        self.requested_early_exit = False
+        with self._signal_handlers(sigint_effect, sighup_effect):
+            self.step(sp.max_iter - self.iter)
+            if sp.snapshot_after_train and (not sp.snapshot or self.iter % sp.snapshot != 0):
+                self.snapshot()
+            if self.requested_early_exit:
+                log.info("Optimization stopped early.")
+                return
+            if self.root and sp.display and self.iter % sp.display == 0:
+                # Caffe's extra forward so the log shows the loss of the final weights
+                self._feed(0)
+                self.net.forward()
+                self._update_smoothed_loss(self.net.loss)
+                log.info("Iteration %d, loss = %s", self.iter, _g(self.smoothed_loss))
+            if self.root and sp.test_interval and self.iter % sp.test_interval == 0:
+                self.test_all()
+        log.info("Optimization Done.")
+
+    def _feed(self, k):
+        if self.feed is not None:
+            self.net.set_inputs(**self.feed(self.iter, k))
+
+    def _forward_backward(self, k):
+        self._feed(k)
+        self.net.forward()
+        loss = self.net.loss
+        if not math.isfinite(loss):
+            raise self._non_finite_error(f"loss is {loss}")
+        self.net.backward()
+        return loss
+
+    def _update_smoothed_loss(self, loss):
+        # the mean of the last average_loss losses (kept across step() calls and snapshots)
+        self.losses.append(float(loss))
+        self.smoothed_loss = sum(self.losses) / len(self.losses)
+
+    def _log_train(self):
+        sp, net = self.param, self.net
+        lapse = time.perf_counter() - self._timer
+        per_s = (self.iter - self._iter_last) / (lapse or 1.0)
+        log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, _g(per_s), _g(lapse), sp.display,
+                 _g(self.smoothed_loss))
+        self._timer, self._iter_last = time.perf_counter(), self.iter
+        weights = _output_weights(net)
+        k = 0
+        for name in net.outputs:
+            w = weights.get(name, 0.0)
+            for v in backend.to_numpy(net.blobs[name].data).reshape(-1):
+                extra = f" (* {_g(w)} = {_g(w * v)} loss)" if w else ""
+                log.info("    Train net output #%d: %s = %s%s", k, name, _g(v), extra)
+                k += 1
+
+    # ------------------------------------------------------------------------------------------
+    # the update
+
+    def get_learning_rate(self):
+        """The rate of the current iteration (lr policy and warm-up; see :func:`learning_rate`)."""
+        return learning_rate(self.param, self.iter)
+
+    def apply_update(self, display=False):
+        """Learning rate -> normalise -> clip -> regularise -> compute_update -> data -= diff."""
+        rate = self.get_learning_rate()
+        if display:
+            log.info("Iteration %d, lr = %s", self.iter, _g(rate))
+        self.normalize()
+        self.clip_gradients()
+        for i in range(len(self.net.learnable_params)):
+            self.regularize(i)
+            self.compute_update(i, rate)
+        for p in self.net.learnable_params:
+            p.data -= p.diff
+
+    def normalize(self):
+        if self.param.iter_size > 1:
+            for p in self.net.learnable_params:
+                p.diff *= 1.0 / self.param.iter_size
+
+    def clip_gradients(self):
+        c = self.param.clip_gradients
+        if c < 0:
+            return
+        norm = math.sqrt(sum(float((p.diff * p.diff).sum()) for p in self.net.learnable_params))
+        if norm > c:
+            scale = c / norm
+            log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
+                     _g(norm), _g(c), _g(scale))
+            for p in self.net.learnable_params:
+                p.diff *= scale
+
+    def regularize(self, i):
+        decay = self.param.weight_decay * self.net.params_weight_decay[i]
+        if not decay:
+            return
+        p = self.net.learnable_params[i]
+        if self.param.regularization_type == "L2":
+            p.diff += decay * p.data
+        else:
+            p.diff += decay * self.xp.sign(p.data)
+
+    def compute_update(self, i, rate):
+        """Turn ``learnable_params[i].diff`` into the step to subtract; use ``rate * net.params_lr[i]``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------
+    # testing
+
+    def test_all(self):
+        for k in range(len(self.test_nets)):
+            if self.requested_early_exit:
+                break
+            log.info("Iteration %d, Testing net (#%d)", self.iter, k)
+            self.test(k)
+        return self.test_scores
+
+    def test(self, k=0):
+        """Forward test net ``k`` test_iter[k] times; log and return ``{output: mean value}``."""
+        sp, net, n = self.param, self.test_nets[k], self.param.test_iter[k]
+        sums, loss = None, 0.0
+        for _ in range(n):
+            request = self._requested_action()
+            while request != "none":
+                if request == "snapshot":
+                    self.snapshot()
+                else:
+                    self.requested_early_exit = True
+                request = self._requested_action()
+            if self.requested_early_exit:
+                log.info("Test interrupted.")
+                return None
+            net.forward()
+            loss += net.loss
+            values = [backend.to_numpy(net.blobs[name].data).astype(numpy.float64).reshape(-1) for name in net.outputs]
+            sums = values if sums is None else [s + v for s, v in zip(sums, values)]
+        if sp.test_compute_loss:
+            log.info("Test loss: %s", _g(loss / n))
+        weights, scores, idx = _output_weights(net), collections.OrderedDict(), 0
+        for name, total in zip(net.outputs, sums or []):
+            mean = total / n
+            w = weights.get(name, 0.0)
+            for v in mean:
+                extra = f" (* {_g(w)} = {_g(w * v)} loss)" if w else ""
+                log.info("    Test net output #%d: %s = %s%s", idx, name, _g(v), extra)
+                idx += 1
+            scores[name] = float(mean[0]) if mean.size == 1 else mean
+        self.test_scores[k] = scores
+        return scores
+
+    # ------------------------------------------------------------------------------------------
+    # weights, snapshots, resuming
+
+    def load_weights(self, path):
+        """Start from trained weights (Caffe's ``-weights``): copied by layer name into every net."""
+        for p in str(path).split(","):
+            self.net.copy_from(p)
+            for tn in self.test_nets:
+                tn.copy_from(p)
+
+    def snapshot(self):
+        """Write PREFIX_iter_N.npz (weights) and PREFIX_iter_N.solverstate.npz, each atomically.
+
+        Returns the solver-state path (None on non-root ranks). Non-finite weights are never written.
+        """
+        if not self.root:
+            return None
+        for layer in self.net.layers:
+            if not all(_finite(b.data) for b in layer.blobs):
+                raise self._non_finite_error(f"the parameters of layer '{layer.name}' ({layer.type}) became "
+                                             "non-finite in the update; no snapshot of them is written", scan=False)
+        base = f"{self.snapshot_prefix}_iter_{self.iter}"
+        weights, state = base + ".npz", base + ".solverstate.npz"
+        log.info("Snapshotting to binary proto file %s", weights)
+        self.net.save(weights)
+        log.info("Snapshotting solver state to binary proto file %s", state)
+        save_npz_atomic(state, self.state_arrays(os.path.basename(weights)))
+        self.last_snapshot = state
+        return state
+
+    def state_arrays(self, learned_net=""):
+        """The solver state as ``{name: array}`` (no pickles: JSON strings in 0-d arrays)."""
+        arrays = {
+            "iter": numpy.array(self.iter, dtype=numpy.int64),
+            "type": numpy.array(self.type or ""),
+            "learned_net": numpy.array(learned_net),
+            "rng": numpy.array(json.dumps(rng.get_state())),
+            "data_state": numpy.array(json.dumps(self._data_states(), default=_jsonable)),
+            "losses": numpy.array(list(self.losses), dtype=numpy.float64),
+        }
+        for i, h in enumerate(self.history):
+            arrays[f"history/{i}"] = backend.to_numpy(h)
+        return arrays
+
+    def _nets(self):
+        return [("train", self.net)] + [(f"test/{k}", tn) for k, tn in enumerate(self.test_nets)]
+
+    def _data_states(self):
+        return {key: {layer.name: layer.get_state() for layer in net.layers if hasattr(layer, "get_state")}
+                for key, net in self._nets()}
+
+    def restore(self, path):
+        """Resume from a ``.solverstate.npz``: weights, iteration, history, random stream, data positions."""
+        path = str(path)
+        log.info("Restoring previous solver status from %s", path)
+        arrays = load_npz(path)
+        if "iter" not in arrays or "learned_net" not in arrays:
+            hint = ""
+            if path.endswith(".npz") and os.path.exists(path[:-4] + ".solverstate.npz"):
+                hint = f"; did you mean '{path[:-4]}.solverstate.npz'?"
+            raise LayerforgeError(f"{path}: not a solver state (weights alone start training with 'weights'){hint}")
+        n = len(self.history)
+        kept = sum(1 for k in arrays if k.startswith("history/"))
+        if kept != n:
+            raise LayerforgeError(f"{path}: holds {kept} history arrays ({arrays['type'].item() or 'unknown'} solver) "
+                                  f"but this {self.type} solver has {n}")
+        for i, h in enumerate(self.history):
+            a = arrays[f"history/{i}"]
+            if tuple(a.shape) != tuple(h.shape):
+                raise LayerforgeError(f"{path}: history/{i} has shape {tuple(a.shape)}, the net's parameter "
+                                      f"{tuple(h.shape)}; was it written for another net?")
+            h[...] = self.xp.asarray(a, dtype=h.dtype)
+        weights = arrays["learned_net"].item()
+        if weights and not os.path.isabs(weights):
+            weights = os.path.join(os.path.dirname(path), weights)
+        self.net.load(weights)
+        self.iter = int(arrays["iter"])
+        rng.set_state(json.loads(arrays["rng"].item()))
+        states = json.loads(arrays["data_state"].item())
+        for key, net in self._nets():
+            for layer in net.layers:
+                saved = states.get(key, {}).get(layer.name)
+                if saved is not None and hasattr(layer, "set_state"):
+                    layer.set_state(saved)
+        self.losses = collections.deque((float(v) for v in arrays["losses"]), maxlen=self.param.average_loss)
+        self.smoothed_loss = sum(self.losses) / len(self.losses) if self.losses else 0.0
+
+    # ------------------------------------------------------------------------------------------
+    # signals and non-finite values
+
+    @contextlib.contextmanager
+    def _signal_handlers(self, sigint_effect, sighup_effect):
+        for name, effect in (("sigint_effect", sigint_effect), ("sighup_effect", sighup_effect)):
+            if effect not in EFFECTS:
+                raise LayerforgeError(f"{name} must be one of {', '.join(EFFECTS)}, got {effect!r}")
+        wanted = {signal.SIGINT: sigint_effect, signal.SIGTERM: sigint_effect}
+        if hasattr(signal, "SIGHUP"):
+            wanted[signal.SIGHUP] = sighup_effect
+        wanted = {s: e for s, e in wanted.items() if e != "none"}
+        if threading.current_thread() is not threading.main_thread():
+            wanted = {}  # Python delivers signals to the main thread only
+
+        def handler(signum, frame):
+            if signum == signal.SIGINT and any(s == signum for s, _ in self._pending):
+                raise KeyboardInterrupt
+            self._pending.append((signum, wanted[signum]))
+
+        old = {s: signal.signal(s, handler) for s in wanted}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            self._pending.clear()
+
+    def _requested_action(self):
+        return self._pending.pop(0)[1] if self._pending else "none"
+
+    def _non_finite_error(self, what, scan=True):
+        # after the fact, an in-place chain (ip1 -> relu1 in place) shows its last writer's values under
+        # the first layer's name: the report names the chain's producer
+        culprit = ""
+        net = self.net
+        for i, layer in enumerate(net.layers if scan else []):
+            if not all(_finite(b.data) for b in layer.blobs):
+                culprit = f"; the parameters of layer '{layer.name}' ({layer.type}) are non-finite"
+                break
+            bad = [n for n, b in zip(net.top_names(i), net.top_blobs(i)) if not _finite(b.data)]
+            if bad:
+                culprit = f"; first layer with a non-finite output: '{layer.name}' ({layer.type}), top '{bad[0]}'"
+                break
+        kept = f"the last good snapshot is {self.last_snapshot}" if self.last_snapshot else "no snapshot was written"
+        return NonFiniteError(f"iteration {self.iter}: {what}{culprit}; training stopped ({kept})")
+
+
+def _output_weights(net):
+    weights = {}
+    for i in range(len(net.layers)):
+        for name, w in zip(net.top_names(i), net.loss_weights(i)):
+            if w:
+                weights[name] = w
+    return weights
+
+
+def _jsonable(value):
+    if isinstance(value, numpy.generic):
+        return value.item()
+    if isinstance(value, numpy.ndarray):
+        return value.tolist()
+    raise TypeError(f"data layer state value {value!r} is not JSON-serialisable")
