@@ -14,7 +14,10 @@ COMMANDS = {
     "bench-allreduce": "bench_allreduce",
     "check": "check",
     "compute_image_mean": "compute_image_mean",
+    "convert": "convert",
     "convert_imageset": "convert_imageset",
+    "draw": "draw",
+    "expand": "expand",
     "layers": "layers",
     "summary": "summary",
     "test": "test",
@@ -23,11 +26,14 @@ COMMANDS = {
 }
 
 
-def build_parser():
+def build_parser(only=None):
+    """The argument parser; with ``only``, just that command's module is imported."""
     parser = argparse.ArgumentParser(prog="layerforge", description="Caffe-style deep learning from YAML configs.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module_name in COMMANDS.items():
+        if only is not None and name != only:
+            continue
         module = importlib.import_module(f"layerforge.commands.{module_name}")
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
@@ -36,7 +42,8 @@ def build_parser():
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     try:
         return int(args.run(args) or 0)
     except LayerforgeError as e:

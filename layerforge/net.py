@@ -14,7 +14,7 @@ from . import backend
 from .blob import Blob
 from .errors import ConfigError, LayerforgeError, ShapeError
 from .layers import LAYER_REGISTRY
-from .netdef import LayerParameter, layer_included, load_net_def
+from .netdef import LayerParameter, layer_included, load_net_def, set_shard
 from .npz import load_npz, save_npz_atomic
 from .schema import Params, suggest
 
@@ -38,6 +38,7 @@ class Net:
         level, stages: Caffe's NetState level and stages for the rules.
         dtype: ``"float32"`` (default) or ``"float64"`` for every blob and parameter.
         weights: optional ``.npz`` of weights to copy in (as :meth:`copy_from`).
+        shard: ``(rank, world_size)``: data layers read only that shard of their source.
 
     Attributes:
         blobs: ordered ``{name: Blob}`` of every blob (``.data`` / ``.diff``, shape N x C x H x W ...).
@@ -47,8 +48,11 @@ class Net:
         loss: total weighted loss of the last forward pass (a float).
     """
 
-    def __init__(self, source, phase="train", level=0, stages=(), dtype="float32", weights=None, xp=numpy):
+    def __init__(self, source, phase="train", level=0, stages=(), dtype="float32", weights=None, xp=numpy,
+                 shard=None):
         self.netdef = load_net_def(source)
+        if shard is not None:
+            set_shard(self.netdef, *shard)
         self.path = self.netdef.path
         self.name = self.netdef.name
         self.phase = str(phase).upper()

@@ -7,6 +7,7 @@ describes the format with a full example.
 """
 import os
 
+from .blocks import annotate, expand_blocks
 from .errors import ConfigError
 from .schema import Context, Field, LineDict, LineList, Params, load_yaml, suggest, validate_block, with_lines
 
@@ -36,7 +37,7 @@ LAYER_KEYS = {
     "exclude": Field([STATE_RULE], []),
 }
 
-NET_KEYS = ("name", "input", "input_shape", "input_dim", "force_backward", "state", "layers", "layer")
+NET_KEYS = ("name", "input", "input_shape", "input_dim", "force_backward", "state", "layers", "layer", "blocks")
 
 
 class LayerParameter:
@@ -153,6 +154,7 @@ def load_net_def(source):
         raise TypeError(f"a net is a YAML path or a dict, not {type(source).__name__}")
     if not isinstance(mapping, dict):
         raise ConfigError("a net definition must be a mapping with a 'layers' list", path, getattr(mapping, "line", 1))
+    mapping = expand_blocks(mapping, path)  # reusable blocks (layerforge/blocks.py) -> flat layers
     for key in mapping:
         if key not in NET_KEYS:
             raise ConfigError(f"unknown top-level key '{key}'{suggest(key, NET_KEYS)}", path, mapping.line_of(key), key=key)
@@ -165,7 +167,10 @@ def load_net_def(source):
     force_backward = mapping.get("force_backward", False)
     if not isinstance(force_backward, bool):
         raise ConfigError("expected true or false", path, mapping.line_of("force_backward"), key="force_backward")
-    layers = _legacy_inputs(mapping, path) + [parse_layer(m, path, i) for i, m in enumerate(raw_layers)]
+    try:
+        layers = _legacy_inputs(mapping, path) + [parse_layer(m, path, i) for i, m in enumerate(raw_layers)]
+    except ConfigError as e:
+        raise annotate(e, raw_layers) from None  # names the block instance a bad layer came from
     state = validate_block(mapping.get("state", LineDict()),
                            {"phase": Field("enum", None, choices=("TRAIN", "TEST")), "level": Field("int", 0),
                             "stage": Field("strs", [])}, Context(path, prefix="state."))
@@ -206,4 +211,14 @@ def set_batch_size(netdef, batch):
                 p = getattr(lp, block, None)
                 if p is not None and hasattr(p, "batch_size"):
                     p.batch_size = batch
+    return netdef
+
+
+def set_shard(netdef, rank, world_size):
+    """Make every data layer of a NetParameter read shard ``rank`` of ``world_size`` (in place)."""
+    for lp in netdef.layers:
+        for block in ("data", "image_data"):
+            p = getattr(lp, block, None)
+            if p is not None and hasattr(p, "world_size"):
+                p.rank, p.world_size = int(rank), int(world_size)
     return netdef

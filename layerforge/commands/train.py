@@ -19,6 +19,8 @@ def add_arguments(parser):
     parser.add_argument("--sighup-effect", choices=("snapshot", "stop", "none"), default="snapshot",
                         help="what SIGHUP does (default: snapshot and go on)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    parser.add_argument("--allreduce", choices=("auto", "recursive", "topology", "ring", "doubling", "mpi", "nccl"),
+                        help="gradient allreduce under mpiexec (overrides the solver's allreduce)")
 
 
 def solver_overrides(args):
@@ -27,19 +29,46 @@ def solver_overrides(args):
         overrides.update(solver_mode="GPU", device_id=args.gpu)
     if getattr(args, "max_iter", None) is not None:
         overrides["max_iter"] = args.max_iter
+    if getattr(args, "allreduce", None):
+        overrides["allreduce"] = args.allreduce
+    if getattr(args, "weights", None):
+        overrides["weights"] = args.weights
     return overrides
 
 
 def run(args):
+    from ..distributed import mpi_world_size
+
+    if mpi_world_size() > 1:
+        from ..comm import launch_guard
+
+        with launch_guard() as mpi_comm:
+            return train(args, mpi_comm)
+    return train(args)
+
+
+def train(args, mpi_comm=None):
+    """Build the solver (data parallel over ``mpi_comm`` when given) and solve; returns the exit code."""
+    import logging
+
     from ..solvers import get_solver
 
     setup_logging()
     overrides = solver_overrides(args)
-    if args.weights:
-        overrides["weights"] = args.weights
-    solver = get_solver(args.solver, **overrides)
+    if mpi_comm is None:
+        solver = get_solver(args.solver, **overrides)
+    else:
+        from ..comm import Communicator
+        from ..distributed import config_digest, make_data_parallel
+
+        rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+        if rank != 0:
+            logging.getLogger("layerforge").setLevel(logging.WARNING)  # rank 0 logs for the job
+        solver = get_solver(args.solver, shard=(rank, size), **overrides)
+        comm = Communicator(mpi_comm, group_size=solver.param.group_size or None)
+        make_data_parallel(solver, comm, digest=config_digest(solver.param, overrides))
     bar = None
-    if sys.stdout.isatty() and sys.stderr.isatty() and not args.no_progress:
+    if solver.root and sys.stdout.isatty() and sys.stderr.isatty() and not args.no_progress:
         bar = ProgressBar(solver.param.max_iter)
         solver.callbacks.append(lambda iteration, loss: bar.update(iteration + 1, loss))
     try:

@@ -4,7 +4,12 @@ The column buffer is laid out ``(C, kh, kw, N, out_h, out_w)``: channel-major, b
 ``col.reshape(C * kh * kw, N * out_h * out_w)`` is one GEMM operand for the whole minibatch (and a
 reshape to ``(group, C / group * kh * kw, N * out_h * out_w)`` one batched GEMM for grouped
 convolution). The bodies loop over the kh * kw kernel positions only; each step copies one strided
-slice of the padded image for every image and channel at once.
+slice of the image for every image and channel at once.
+
+:func:`im2col_tile` / :func:`col2im_tile` are the workhorses of the convolution engines: they write
+into (or add from) a caller's reused buffer, any strided view of the six axes, for a tile of images and
+output rows. Padding is never materialised: each kernel position copies only the output positions whose
+input lies inside the image and zeroes the rest.
 
 As in ``chainer/utils/conv.py``: ``im2col_cpu`` / ``col2im_cpu`` are the xp slicing bodies, ``im2col``
 / ``col2im`` dispatch by array type. Raw CUDA kernels (``im2col_gpu`` / ``col2im_gpu``) come with the
@@ -40,6 +45,59 @@ def _strided(start, stride, count):
     return slice(start, start + stride * (count - 1) + 1, stride)
 
 
+def _valid(size, offset, s, lo, hi):
+    """Output positions ``[a, b)`` within ``[lo, hi)`` whose input ``p s + offset`` lies in ``[0, size)``."""
+    a = max(lo, (-offset + s - 1) // s if offset < 0 else 0)
+    b = min(hi, (size - 1 - offset) // s + 1)
+    return a, max(a, b)
+
+
+def _taps(h, w, kh, kw, sy, sx, ph, pw, dy, dx, r0, rows, out_w):
+    # per kernel position: (i, j, output rows [a, b) relative to r0, output cols [a2, b2), input row/col slices)
+    for i in range(kh):
+        oy = i * dy - ph
+        a, b = _valid(h, oy, sy, r0, r0 + rows)
+        for j in range(kw):
+            ox = j * dx - pw
+            a2, b2 = _valid(w, ox, sx, 0, out_w)
+            yield (i, j, a - r0, b - r0, a2, b2,
+                   _strided(a * sy + oy, sy, b - a) if b > a else None,
+                   _strided(a2 * sx + ox, sx, b2 - a2) if b2 > a2 else None)
+
+
+def im2col_tile(xt, col, kh, kw, sy, sx, ph, pw, dy=1, dx=1, r0=0):
+    """Write columns of ``xt`` (C, n, H, W) into ``col`` (C, kh, kw, n, rows, out_w) for output rows ``r0 ..``.
+
+    ``col`` may be any strided view (the engines pass transposed views of their own layouts); every
+    element is written, so a reused buffer needs no clearing.
+    """
+    c, n, h, w = xt.shape
+    rows, out_w = col.shape[4:]
+    for i, j, a, b, a2, b2, ys, xs in _taps(h, w, kh, kw, sy, sx, ph, pw, dy, dx, r0, rows, out_w):
+        dst = col[:, i, j]
+        if ys is None or xs is None:
+            dst[...] = 0
+            continue
+        if a > 0:
+            dst[:, :, :a] = 0
+        if b < rows:
+            dst[:, :, b:] = 0
+        if a2 > 0:
+            dst[:, :, a:b, :a2] = 0
+        if b2 < out_w:
+            dst[:, :, a:b, b2:] = 0
+        dst[:, :, a:b, a2:b2] = xt[:, :, ys, xs]
+
+
+def col2im_tile(col, gxt, kh, kw, sy, sx, ph, pw, dy=1, dx=1, r0=0):
+    """Add ``col`` (C, kh, kw, n, rows, out_w) into ``gxt`` (C, n, H, W): the adjoint of :func:`im2col_tile`."""
+    c, n, h, w = gxt.shape
+    rows, out_w = col.shape[4:]
+    for i, j, a, b, a2, b2, ys, xs in _taps(h, w, kh, kw, sy, sx, ph, pw, dy, dx, r0, rows, out_w):
+        if ys is not None and xs is not None:
+            gxt[:, :, ys, xs] += col[:, i, j, :, a:b, a2:b2]
+
+
 def im2col_cpu(x, kh, kw, sy, sx, ph, pw, dy=1, dx=1):
     """Columns of ``x`` (N, C, H, W) for a kh x kw kernel: an array (C, kh, kw, N, out_h, out_w).
 
@@ -49,16 +107,8 @@ def im2col_cpu(x, kh, kw, sy, sx, ph, pw, dy=1, dx=1):
     n, c, h, w = x.shape
     out_h = conv_output_size(h, kh, sy, ph, dy)
     out_w = conv_output_size(w, kw, sx, pw, dx)
-    if ph or pw:
-        img = xp.zeros((c, n, h + 2 * ph, w + 2 * pw), dtype=x.dtype)
-        img[:, :, ph:ph + h, pw:pw + w] = x.transpose(1, 0, 2, 3)
-    else:
-        img = x.transpose(1, 0, 2, 3)
     col = xp.empty((c, kh, kw, n, out_h, out_w), dtype=x.dtype)
-    for i in range(kh):
-        rows = _strided(i * dy, sy, out_h)
-        for j in range(kw):
-            col[:, i, j] = img[:, :, rows, _strided(j * dx, sx, out_w)]
+    im2col_tile(x.transpose(1, 0, 2, 3), col, kh, kw, sy, sx, ph, pw, dy, dx)
     return col
 
 
@@ -66,12 +116,9 @@ def col2im_cpu(col, sy, sx, ph, pw, h, w, dy=1, dx=1):
     """The adjoint of :func:`im2col_cpu`: sum columns (C, kh, kw, N, out_h, out_w) back into (N, C, h, w)."""
     xp = get_array_module(col)
     c, kh, kw, n, out_h, out_w = col.shape
-    img = xp.zeros((c, n, h + 2 * ph, w + 2 * pw), dtype=col.dtype)
-    for i in range(kh):
-        rows = _strided(i * dy, sy, out_h)
-        for j in range(kw):
-            img[:, :, rows, _strided(j * dx, sx, out_w)] += col[:, i, j]
-    return xp.ascontiguousarray(img[:, :, ph:ph + h, pw:pw + w].transpose(1, 0, 2, 3))
+    gx = xp.zeros((n, c, h, w), dtype=col.dtype)
+    col2im_tile(col, gx.transpose(1, 0, 2, 3), kh, kw, sy, sx, ph, pw, dy, dx)
+    return gx
 
 
 def im2col(x, kh, kw, sy, sx, ph, pw, dy=1, dx=1):

@@ -2,9 +2,12 @@
 
 Window (y, x) covers padded rows ``[y sy - ph, y sy - ph + kh)`` and the matching columns. Each body
 loops over the kh * kw kernel positions and handles every image, channel and output pixel of that
-position in one strided slice. Output sizes come from the caller (``pooling_output_size``), so a
-ceil-mode window may reach past the padded image: the padded buffer is made large enough, and the
-part beyond the image counts as -inf (MAX) or contributes nothing (AVE).
+position in one strided slice, with in-place ufuncs (``out=``) so no step allocates. Output sizes come
+from the caller (``pooling_output_size``), so a ceil-mode window may reach past the padded image: the
+padded buffer is made large enough, and the part beyond the image counts as -inf (MAX) or contributes
+nothing (AVE). Without padding, when every window lies inside the image (LeNet's 2x2/2, VGG's), the
+windows are slices of x itself; when they are also disjoint, backward assigns each window's share
+instead of accumulating into a cleared buffer.
 """
 from ..backend import get_array_module
 
@@ -26,39 +29,72 @@ def _pad(x, value, kh, kw, sy, sx, ph, pw, out_h, out_w):
     return img
 
 
-def max_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w):
-    """Max over each window.
+def _direct(shape, kh, kw, sy, sx, ph, pw, out_h, out_w):
+    # no padding and every window inside the image: windows are slices of x itself, no padded copy
+    return ph == 0 and pw == 0 and (out_h - 1) * sy + kh <= shape[2] and (out_w - 1) * sx + kw <= shape[3]
+
+
+def _disjoint(shape, kh, kw, sy, sx, ph, pw, out_h, out_w):
+    # windows neither overlap nor reach outside the image: each input element has at most one window, so
+    # backward assigns instead of accumulating (and skips clearing when the windows tile the image)
+    return sy >= kh and sx >= kw and _direct(shape, kh, kw, sy, sx, ph, pw, out_h, out_w)
+
+
+def _result(out, shape, dtype, xp):
+    return xp.empty(shape, dtype=dtype) if out is None else out
+
+
+def max_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
+    """Max over each window (written into ``out`` when given).
 
     Returns:
         ``(y, argmax)``: y (N, C, out_h, out_w) and, per output, the kernel position ``i * kw + j``
-        (int32) of the first maximum in raster order, the element Caffe's strict ``>`` keeps.
+        (uint8, or int32 beyond 255 positions) of the first maximum in raster order, the element
+        Caffe's strict ``>`` keeps.
     """
     xp = get_array_module(x)
-    img = _pad(x, -xp.inf, kh, kw, sy, sx, ph, pw, out_h, out_w)
-    y = img[_window(0, 0, sy, sx, out_h, out_w)].copy()
-    argmax = xp.zeros(y.shape, dtype=xp.int32)
+    img = x if _direct(x.shape, kh, kw, sy, sx, ph, pw, out_h, out_w) else \
+        _pad(x, -xp.inf, kh, kw, sy, sx, ph, pw, out_h, out_w)
+    y = _result(out, (x.shape[0], x.shape[1], out_h, out_w), x.dtype, xp)
+    y[...] = img[_window(0, 0, sy, sx, out_h, out_w)]
+    argmax = xp.zeros(y.shape, dtype=xp.uint8 if kh * kw <= 256 else xp.int32)
+    better = xp.empty(y.shape, dtype=bool)
     for i in range(kh):
         for j in range(kw):
             if i == 0 and j == 0:
                 continue
             v = img[_window(i, j, sy, sx, out_h, out_w)]
-            better = v > y
-            y = xp.where(better, v, y)
-            argmax = xp.where(better, xp.int32(i * kw + j), argmax)
+            xp.greater(v, y, out=better)
+            xp.maximum(y, v, out=y)
+            xp.copyto(argmax, argmax.dtype.type(i * kw + j), where=better)
     return y, argmax
 
 
-def max_pooling_backward(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw):
+def max_pooling_backward(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out=None):
     """Route each output gradient to the input element that won its window (sums where windows overlap)."""
     xp = get_array_module(gy)
     n, c, out_h, out_w = gy.shape
     h, w = x_shape[2:]
+    hit = xp.empty(gy.shape, dtype=bool)
+    if _disjoint(x_shape, kh, kw, sy, sx, ph, pw, out_h, out_w):
+        gx = _result(out, x_shape, gy.dtype, xp)
+        if out_h * sy != h or out_w * sx != w or sy != kh or sx != kw:
+            gx[...] = 0
+        for i in range(kh):
+            for j in range(kw):
+                xp.equal(argmax, i * kw + j, out=hit)
+                xp.multiply(gy, hit, out=gx[_window(i, j, sy, sx, out_h, out_w)])
+        return gx
     gimg = xp.zeros(_padded_shape(x_shape, kh, kw, sy, sx, ph, pw, out_h, out_w), dtype=gy.dtype)
-    zero = gy.dtype.type(0)
+    part = xp.empty(gy.shape, dtype=gy.dtype)
     for i in range(kh):
         for j in range(kw):
-            gimg[_window(i, j, sy, sx, out_h, out_w)] += xp.where(argmax == i * kw + j, gy, zero)
-    return xp.ascontiguousarray(gimg[:, :, ph:ph + h, pw:pw + w])
+            xp.equal(argmax, i * kw + j, out=hit)
+            xp.multiply(gy, hit, out=part)
+            gimg[_window(i, j, sy, sx, out_h, out_w)] += part
+    gx = _result(out, x_shape, gy.dtype, xp)
+    gx[...] = gimg[:, :, ph:ph + h, pw:pw + w]
+    return gx
 
 
 def argmax_to_mask(argmax, x_shape, kw, sy, sx, ph, pw):
@@ -80,26 +116,45 @@ def average_pool_size(h, w, kh, kw, sy, sx, ph, pw, out_h, out_w, xp, dtype):
     return (extent(h, kh, sy, ph, out_h)[:, None] * extent(w, kw, sx, pw, out_w)[None, :]).astype(dtype)
 
 
-def average_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w):
+def average_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
     """Sum of the image elements in each window divided by :func:`average_pool_size` (padding adds zeros)."""
     xp = get_array_module(x)
-    img = _pad(x, 0, kh, kw, sy, sx, ph, pw, out_h, out_w)
-    y = xp.zeros((x.shape[0], x.shape[1], out_h, out_w), dtype=x.dtype)
+    direct = _direct(x.shape, kh, kw, sy, sx, ph, pw, out_h, out_w)
+    img = x if direct else _pad(x, 0, kh, kw, sy, sx, ph, pw, out_h, out_w)
+    y = _result(out, (x.shape[0], x.shape[1], out_h, out_w), x.dtype, xp)
+    y[...] = img[_window(0, 0, sy, sx, out_h, out_w)]
     for i in range(kh):
         for j in range(kw):
-            y += img[_window(i, j, sy, sx, out_h, out_w)]
-    y /= average_pool_size(x.shape[2], x.shape[3], kh, kw, sy, sx, ph, pw, out_h, out_w, xp, x.dtype)
+            if i or j:
+                y += img[_window(i, j, sy, sx, out_h, out_w)]
+    if direct:  # every window is whole: one divisor
+        y *= x.dtype.type(1.0 / (kh * kw))
+    else:
+        y /= average_pool_size(x.shape[2], x.shape[3], kh, kw, sy, sx, ph, pw, out_h, out_w, xp, x.dtype)
     return y
 
 
-def average_pooling_backward(gy, x_shape, kh, kw, sy, sx, ph, pw):
+def average_pooling_backward(gy, x_shape, kh, kw, sy, sx, ph, pw, out=None):
     """Spread each output gradient / pool size evenly over its window; padding takes its share away."""
     xp = get_array_module(gy)
     n, c, out_h, out_w = gy.shape
     h, w = x_shape[2:]
-    g = gy / average_pool_size(h, w, kh, kw, sy, sx, ph, pw, out_h, out_w, xp, gy.dtype)
+    if _direct(x_shape, kh, kw, sy, sx, ph, pw, out_h, out_w):
+        g = gy * gy.dtype.type(1.0 / (kh * kw))
+    else:
+        g = gy / average_pool_size(h, w, kh, kw, sy, sx, ph, pw, out_h, out_w, xp, gy.dtype)
+    if _disjoint(x_shape, kh, kw, sy, sx, ph, pw, out_h, out_w):
+        gx = _result(out, x_shape, gy.dtype, xp)
+        if out_h * sy != h or out_w * sx != w or sy != kh or sx != kw:
+            gx[...] = 0
+        for i in range(kh):
+            for j in range(kw):
+                gx[_window(i, j, sy, sx, out_h, out_w)] = g
+        return gx
     gimg = xp.zeros(_padded_shape(x_shape, kh, kw, sy, sx, ph, pw, out_h, out_w), dtype=gy.dtype)
     for i in range(kh):
         for j in range(kw):
             gimg[_window(i, j, sy, sx, out_h, out_w)] += g
-    return xp.ascontiguousarray(gimg[:, :, ph:ph + h, pw:pw + w])
+    gx = _result(out, x_shape, gy.dtype, xp)
+    gx[...] = gimg[:, :, ph:ph + h, pw:pw + w]
+    return gx

@@ -1,9 +1,14 @@
-"""Convolution (Caffe's ConvolutionLayer): 2-D, grouped, dilated, by explicit im2col + GEMM."""
-from ..backend import get_array_module
+"""Convolution (Caffe's ConvolutionLayer): 2-D, grouped, dilated; explicit im2col or implicit GEMM, autotuned."""
+import logging
+import time
+
 from ..errors import ShapeError
-from ..kernels.im2col import col2im, conv_output_size, im2col
+from ..kernels.im2col import conv_output_size
+from ..kernels.implicit_gemm import ENGINES
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
+
+logger = logging.getLogger("layerforge")
 
 
 def read_pair(lp, block, name, default=None):
@@ -32,38 +37,39 @@ def read_pair(lp, block, name, default=None):
     return values[0], values[-1]
 
 
-def _im2col_forward(layer, x):
-    xp = get_array_module(x)
-    n, c, h, w = x.shape
-    g, (kh, kw, sy, sx, ph, pw, dy, dx) = layer.group, layer.geometry
-    col = im2col(x, kh, kw, sy, sx, ph, pw, dy, dx)
-    out_h, out_w = col.shape[4:]
-    W = layer.blobs[0].data.reshape(g, layer.num_output // g, -1)
-    y = xp.matmul(W, col.reshape(g, W.shape[2], n * out_h * out_w))
-    return y.reshape(layer.num_output, n, out_h, out_w).transpose(1, 0, 2, 3)
+class AutoChoice:
+    """Times each engine over the first calls of one direction and keeps the fastest (swCaffe's per-layer choice).
+
+    Calls go round-robin over the engines: ``warmup`` rounds untimed (first-touch allocation of workspaces),
+    then ``trials`` timed rounds; the engine with the smallest time wins (the minimum is the figure least
+    disturbed by other work on the machine). Every call computes the full result with some engine, so the
+    choice can only change results by float rounding.
+    """
+
+    def __init__(self, names, warmup=1, trials=2):
+        self.names, self.warmup, self.trials = tuple(names), warmup, trials
+        self.calls, self.choice = 0, None
+        self.times = {name: [] for name in self.names}
+
+    def next(self):
+        return self.choice or self.names[self.calls % len(self.names)]
+
+    def record(self, name, seconds):
+        """Note one call's time; returns True when this call settled the choice."""
+        if self.choice is not None:
+            return False
+        if self.calls >= self.warmup * len(self.names):
+            self.times[name].append(seconds)
+        self.calls += 1
+        if self.calls < (self.warmup + self.trials) * len(self.names):
+            return False
+        self.choice = min(self.names, key=lambda k: min(self.times[k]))
+        return True
 
 
-def _im2col_backward(layer, x, gy, need_gx):
-    # Caffe recomputes the columns rather than keeping a buffer per bottom alive between passes.
-    xp = get_array_module(x)
-    n, c, h, w = x.shape
-    g, (kh, kw, sy, sx, ph, pw, dy, dx) = layer.group, layer.geometry
-    out_h, out_w = gy.shape[2:]
-    col = im2col(x, kh, kw, sy, sx, ph, pw, dy, dx).reshape(g, -1, n * out_h * out_w)
-    gy_t = xp.ascontiguousarray(gy.transpose(1, 0, 2, 3)).reshape(g, layer.num_output // g, -1)
-    gW = xp.matmul(gy_t, col.transpose(0, 2, 1))
-    gx = None
-    if need_gx:
-        W = layer.blobs[0].data.reshape(g, layer.num_output // g, -1)
-        gcol = xp.matmul(W.transpose(0, 2, 1), gy_t).reshape(c, kh, kw, n, out_h, out_w)
-        gx = col2im(gcol, sy, sx, ph, pw, h, w, dy, dx)
-    return gW, gx
-
-
-# engine -> (forward(layer, x) -> y without bias, backward(layer, x, gy, need_gx) -> (gW, gx or None));
-# "DEFAULT" in the config means DEFAULT_ENGINE.
-ENGINES = {"IM2COL": (_im2col_forward, _im2col_backward)}
-DEFAULT_ENGINE = "IM2COL"
+# engine name in the config -> the engines it may run; DEFAULT (Caffe's CAFFE/DEFAULT after import) means AUTO
+ENGINE_CHOICES = {"AUTO": ("IM2COL", "IMPLICIT"), "DEFAULT": ("IM2COL", "IMPLICIT"),
+                  "IM2COL": ("IM2COL",), "IMPLICIT": ("IMPLICIT",)}
 
 
 @register_layer("Convolution")
@@ -75,7 +81,10 @@ class Convolution(Layer):
 
     Shapes: bottom (N, Cin, H, W) -> top (N, Cout, Hout, Wout), ``Hout = (H + 2 ph - (dy (kh - 1) + 1)) // sy + 1``.
     Parameters: W (Cout, Cin / G, kh, kw), b (Cout,) when ``bias_term``. Several bottoms (each with its own
-    top) share the parameters. The IM2COL engine runs one GEMM per group for the whole minibatch.
+    top) share the parameters. Engines (``layerforge.kernels.implicit_gemm``): IM2COL runs one GEMM per
+    group for the whole minibatch over a full column buffer; IMPLICIT lowers bounded tiles; AUTO times
+    both over the first calls, separately for forward and backward, and keeps the faster
+    (``engine_choice``; logged on the "layerforge" logger).
     """
 
     param_blocks = {"convolution": {
@@ -91,7 +100,9 @@ class Convolution(Layer):
         "group": Field("int", 1, min=1, doc="split channels and filters into this many independent groups"),
         "weight_filler": Field(FILLER, doc="filler of W"),
         "bias_filler": Field(FILLER, doc="filler of b"),
-        "engine": Field("enum", "DEFAULT", choices=("DEFAULT", "IM2COL"), doc="implementation (DEFAULT: IM2COL)"),
+        "engine": Field("enum", "AUTO", choices=tuple(ENGINE_CHOICES),
+                        doc="IM2COL (full column buffer), IMPLICIT (bounded tiles) or AUTO/DEFAULT (time both, "
+                            "keep the faster per direction)"),
     }}
     num_bottom = (1, None)
     num_top = (1, None)
@@ -116,8 +127,9 @@ class Convolution(Layer):
         p = self.layer_param.convolution
         self.num_output, self.group, self.bias_term = p.num_output, p.group, p.bias_term
         self.geometry = self.read_geometry(self.layer_param)
-        engine = DEFAULT_ENGINE if p.engine == "DEFAULT" else p.engine
-        self._forward, self._backward = ENGINES[engine]
+        self.engine = "AUTO" if p.engine == "DEFAULT" else p.engine
+        self.engines = {}
+        self._tuned_shape = None
         channels = self._check_bottom(bottom[0])
         kh, kw = self.geometry[:2]
         self.blobs = [self.make_param((self.num_output, channels // self.group, kh, kw), p.weight_filler)]
@@ -149,21 +161,46 @@ class Convolution(Layer):
                 raise ShapeError(f"kernel {kh}x{kw} (dilation {dy}x{dx}, pad {ph}x{pw}) does not fit bottom shape "
                                  f"{b.shape}", key="convolution.kernel_size")
             t.reshape(b.shape[0], self.num_output, out_h, out_w)
+        if first != self._tuned_shape:  # a new shape may favour the other engine: choose again
+            self._tuned_shape = first
+            names = ENGINE_CHOICES[self.engine]
+            self.engines = {name: ENGINES[name](self.geometry, self.group) for name in names}
+            self.tuning = {d: AutoChoice(names) for d in ("forward", "backward")}
+
+    @property
+    def engine_choice(self):
+        """``{"forward": name, "backward": name}``; None for a direction AUTO has not settled yet."""
+        return {d: t.choice for d, t in self.tuning.items()}
+
+    @property
+    def workspace_bytes(self):
+        """Bytes of the engines' reused workspaces (after AUTO settles, only the chosen engines')."""
+        return sum(e.workspace_bytes for e in self.engines.values())
+
+    def _run(self, direction, *args):
+        tune = self.tuning[direction]
+        name = tune.next()
+        t0 = time.perf_counter()
+        getattr(self.engines[name], direction)(*args)
+        if tune.record(name, time.perf_counter() - t0):
+            times = ", ".join(f"{k} {1000 * min(v):.3f} ms" for k, v in tune.times.items())
+            logger.info("%s '%s': %s engine %s (%s)", self.type, self.name, direction, tune.choice, times)
+            chosen = {t.choice for t in self.tuning.values()}
+            if None not in chosen:
+                for k, engine in self.engines.items():
+                    if k not in chosen:
+                        engine.release()
 
     def forward(self, bottom, top):
-        for b, t in zip(bottom, top):
-            t.data[...] = self._forward(self, b.data)
-            if self.bias_term:
-                t.data += self.blobs[1].data[:, None, None]
+        b = self.blobs[1].data if self.bias_term else None
+        for x, y in zip(bottom, top):
+            self._run("forward", x.data, self.blobs[0].data, b, y.data)
 
     def backward(self, top, propagate_down, bottom):
-        for i, (b, t) in enumerate(zip(bottom, top)):
-            gW, gx = self._backward(self, b.data, t.diff, propagate_down[i])
-            self.blobs[0].diff += gW.reshape(self.blobs[0].shape)
-            if self.bias_term:
-                self.blobs[1].diff += t.diff.sum(axis=(0, 2, 3))
-            if propagate_down[i]:
-                b.diff[...] = gx
+        gb = self.blobs[1].diff if self.bias_term else None
+        for i, (x, y) in enumerate(zip(bottom, top)):
+            gx = x.diff if propagate_down[i] else None
+            self._run("backward", x.data, self.blobs[0].data, y.diff, self.blobs[0].diff, gb, gx)
 
     def multiply_adds(self, bottom, top):
         kh, kw = self.geometry[:2]

@@ -85,20 +85,19 @@ class Pooling(Layer):
     def forward(self, bottom, top):
         x = bottom[0].data
         if self.pool == "MAX":
-            y, self.argmax = kernels.max_pooling_forward(x, *self._geometry(), self.out_h, self.out_w)
+            _, self.argmax = kernels.max_pooling_forward(x, *self._geometry(), self.out_h, self.out_w,
+                                                         out=top[0].data)
             if len(top) > 1:
                 top[1].data[...] = kernels.argmax_to_mask(self.argmax, x.shape, self.kw, self.sy, self.sx,
                                                           self.ph, self.pw)
         else:
-            y = kernels.average_pooling_forward(x, *self._geometry(), self.out_h, self.out_w)
-        top[0].data[...] = y
+            kernels.average_pooling_forward(x, *self._geometry(), self.out_h, self.out_w, out=top[0].data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         gy = top[0].diff
         if self.pool == "MAX":
-            gx = kernels.max_pooling_backward(gy, self.argmax, bottom[0].shape, *self._geometry())
+            kernels.max_pooling_backward(gy, self.argmax, bottom[0].shape, *self._geometry(), out=bottom[0].diff)
         else:
-            gx = kernels.average_pooling_backward(gy, bottom[0].shape, *self._geometry())
-        bottom[0].diff[...] = gx
+            kernels.average_pooling_backward(gy, bottom[0].shape, *self._geometry(), out=bottom[0].diff)

@@ -53,14 +53,16 @@ def register_solver(type_name):
     return decorate
 
 
-def get_solver(source, **overrides):
+def get_solver(source, shard=None, **overrides):
     """Build the solver a YAML file (or dict) describes; ``overrides`` replace keys of the file (``max_iter=10``).
+
+    ``shard=(rank, world_size)`` makes every data layer read only its shard (data-parallel training).
 
     Returns:
         An instance of the class registered for the solver's ``type`` (SGD when absent).
     """
     sp = load_solver_param(source, SOLVER_REGISTRY, **overrides)
-    return SOLVER_REGISTRY[sp.type](sp)
+    return SOLVER_REGISTRY[sp.type](sp, shard=shard)
 
 
 class NonFiniteError(LayerforgeError):
@@ -92,14 +94,18 @@ class Solver:
             the summed diffs in ``net.learnable_params[i].diff`` (data-parallel allreduce plugs in here).
         callbacks: ``fn(iteration, loss)`` run after each update (``iteration`` is the index of the
             iteration that just finished, ``loss`` its mean loss over the iter_size passes).
-        root: False on non-root ranks: no testing, display or snapshots there.
+        root: False on non-root ranks: no display or snapshots there (and no testing unless test_reduce is set).
+        test_reduce: ``fn(sums, loss, n) -> (sums, loss, n)`` combining the summed test outputs of all ranks
+            (each rank tests its shard); when set, every rank tests.
+        agree_action: ``fn(action) -> action`` making all ranks act on the same signal request.
+        snapshot_hooks: ``fn(solver)`` run on every rank before a snapshot (e.g. checking ranks agree).
         test_scores: the mean outputs of the last test of each test net.
     """
 
     type = None
     history_per_param = 1
 
-    def __init__(self, param, **overrides):
+    def __init__(self, param, shard=None, **overrides):
         sp = param if isinstance(param, SolverParameter) and not overrides else \
             load_solver_param(param, SOLVER_REGISTRY, **overrides)
         validate = getattr(type(self), "validate_params", None)
@@ -112,14 +118,14 @@ class Solver:
         dtype = sp.dtype.lower()
         state = sp.train_state
         source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
-        self.net = Net(source, phase="train", dtype=dtype, xp=self.xp,
+        self.net = Net(source, phase="train", dtype=dtype, xp=self.xp, shard=shard,
                        level=state.level if state else 0, stages=state.stage if state else ())
         sources = list(sp.test_net_param) + [sp.resolve(p) for p in sp.test_net]
         sources += [sp.resolve(sp.net) or sp.net_param] * (sp.num_test_nets - len(sources))
         self.test_nets = []
         for k, src in enumerate(sources):
             st = sp.test_state[k] if sp.test_state else None
-            tn = Net(src, phase="test", dtype=dtype, xp=self.xp,
+            tn = Net(src, phase="test", dtype=dtype, xp=self.xp, shard=shard,
                      level=st.level if st else 0, stages=st.stage if st else ())
             self._share_weights(tn)
             self.test_nets.append(tn)
@@ -131,6 +137,7 @@ class Solver:
         self.smoothed_loss = 0.0
         self.feed, self.gradient_hooks, self.callbacks = None, [], []
         self.root = True
+        self.test_reduce, self.agree_action, self.snapshot_hooks = None, None, []
         self.requested_early_exit = False
         self.last_snapshot = None
         self.test_scores = [None] * len(self.test_nets)
@@ -184,7 +191,7 @@ class Solver:
         while self.iter < stop_iter:
             self.net.clear_param_diffs()
             if (sp.test_interval and self.iter % sp.test_interval == 0 and (self.iter > 0 or sp.test_initialization)
-                    and self.root):
+                    and (self.root or self.test_reduce is not None)):
                 self.test_all()
                 if self.requested_early_exit:
                     break
@@ -234,7 +241,7 @@ class Solver:
                 self.net.forward()
                 self._update_smoothed_loss(self.net.loss)
                 log.info("Iteration %d, loss = %s", self.iter, _g(self.smoothed_loss))
-            if self.root and sp.test_interval and self.iter % sp.test_interval == 0:
+            if (self.root or self.test_reduce is not None) and sp.test_interval and self.iter % sp.test_interval == 0:
                 self.test_all()
         log.info("Optimization Done.")
 
@@ -353,6 +360,8 @@ class Solver:
             loss += net.loss
             values = [backend.to_numpy(net.blobs[name].data).astype(numpy.float64).reshape(-1) for name in net.outputs]
             sums = values if sums is None else [s + v for s, v in zip(sums, values)]
+        if self.test_reduce is not None:
+            sums, loss, n = self.test_reduce(sums, loss, n)
         if sp.test_compute_loss:
             log.info("Test loss: %s", _g(loss / n))
         weights, scores, idx = _output_weights(net), collections.OrderedDict(), 0
@@ -382,6 +391,8 @@ class Solver:
 
         Returns the solver-state path (None on non-root ranks). Non-finite weights are never written.
         """
+        for hook in self.snapshot_hooks:
+            hook(self)
         if not self.root:
             return None
         for layer in self.net.layers:
@@ -483,7 +494,8 @@ class Solver:
             self._pending.clear()
 
     def _requested_action(self):
-        return self._pending.pop(0)[1] if self._pending else "none"
+        action = self._pending.pop(0)[1] if self._pending else "none"
+        return action if self.agree_action is None else self.agree_action(action)
 
     def _non_finite_error(self, what, scan=True):
         # after the fact, an in-place chain (ip1 -> relu1 in place) shows its last writer's values under

@@ -158,7 +158,7 @@ def test_several_bottoms_share_the_filters():
     ({"num_output": 4, "kernel_h": 3}, "kernel_w"),
     ({"num_output": 4, "kernel_size": [3, 3, 3]}, "2-D only"),
     ({"num_output": 5, "kernel_size": 3, "group": 2}, "not divisible by group"),
-    ({"num_output": 4, "kernel_size": 3, "engine": "CUDNN"}, "DEFAULT, IM2COL"),
+    ({"num_output": 4, "kernel_size": 3, "engine": "CUDNN"}, "AUTO, DEFAULT, IM2COL, IMPLICIT"),
 ])
 def test_config_errors(param, message):
     with pytest.raises(ConfigError, match=message):

@@ -1,0 +1,141 @@
+"""``layerforge draw NET.yaml -o net.svg``: the net as a graph, like Caffe's draw_net.py.
+
+Layers are boxes (name, type and the parameters the YAML sets); edges are blobs, labelled with their name
+and shape from the built net; in-place layers (ReLU, BatchNorm...) appear in the chain of their blob.
+Auto-inserted Split layers are not drawn: their consumers connect to the blob's producer. Output files
+ending in ``.svg``/``.png``/``.pdf`` go through Graphviz's ``dot``; ``.dot`` (or no ``-o``) is DOT text.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+from ..errors import LayerforgeError
+from ..net import Net
+from ..netdef import load_net_def, set_batch_size
+from ..schema import Params
+from .summary import format_shape
+
+HELP = "draw a net as a graph (layers as boxes, blobs with shapes on edges): .svg/.png via Graphviz, or DOT text"
+
+RENDERED = ("svg", "png", "pdf")
+# fillers and file-level details add noise to a box; the rest of the given parameters are shown
+_HIDDEN = {"weight_filler", "bias_filler", "filler", "data_filler", "engine", "prefetch", "rank", "world_size"}
+_COLOURS = {"Convolution": "#f4a582", "InnerProduct": "#92c5de", "Pooling": "#b8e186", "Data": "#fee08b",
+            "ImageData": "#fee08b", "DummyData": "#fee08b", "Input": "#fee08b", "Concat": "#d9d9d9",
+            "Eltwise": "#d9d9d9", "BatchNorm": "#e0e0f8", "Scale": "#e0e0f8", "LRN": "#e0e0f8"}
+
+
+def add_arguments(parser):
+    parser.add_argument("net", help="net YAML file")
+    parser.add_argument("-o", "--output", help="output file: .svg, .png or .pdf (needs Graphviz) or .dot; "
+                                               "default: DOT text on standard output")
+    parser.add_argument("--phase", choices=("train", "test"), default="train")
+    parser.add_argument("--stage", action="append", default=[], help="a NetState stage (repeat for several)")
+    parser.add_argument("--batch", type=int, help="override the batch size of input/data layers")
+    parser.add_argument("--rankdir", choices=("TB", "LR", "BT", "RL"), default="TB", help="graph direction")
+
+
+def _quote(text):
+    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _value(v):
+    if isinstance(v, tuple) and all(isinstance(x, int) for x in v):
+        return format_shape(v)  # a shape
+    if isinstance(v, (list, tuple)):
+        if len(v) == 1:
+            return _value(v[0])
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def key_params(lp, per_line=3):
+    """The scalar parameters a layer's YAML sets, as ``key: value`` lines (fillers left out)."""
+    items = []
+    for block, params in lp.__dict__.items():
+        if not isinstance(params, Params) or block in _HIDDEN:
+            continue
+        for key, v in params.as_dict().items():
+            if not params.given(key) or key in _HIDDEN or isinstance(v, Params) or v is None:
+                continue
+            if isinstance(v, (list, tuple)) and any(isinstance(x, Params) for x in v):
+                continue
+            items.append(f"{key}: {_value(v)}")
+    return ["  ".join(items[k:k + per_line]) for k in range(0, len(items), per_line)]
+
+
+def to_dot(net, rankdir="TB"):
+    """DOT text for a built Net."""
+    lines = [f"digraph {_quote(net.name)} {{", f"  rankdir={rankdir};",
+             '  node [shape=box, style="rounded,filled", fillcolor="#ffffff", fontname="Helvetica", fontsize=10];',
+             '  edge [fontname="Helvetica", fontsize=9];']
+    producer = {}  # id(blob) -> node id of the layer whose value it currently holds
+    consumed = set()
+    for i, layer in enumerate(net.layers):
+        bottoms, tops = net.bottom_blobs(i), net.top_blobs(i)
+        if layer.type == "Split":
+            for t in tops:
+                producer[id(t)] = producer.get(id(bottoms[0]))
+            continue
+        node = f"l{i}"
+        lp = layer.layer_param
+        label = "\n".join([layer.name, f"({layer.type})"] + key_params(lp))
+        colour = _COLOURS.get(layer.type, "#ffffff")
+        lines.append(f"  {node} [label={_quote(label)}, fillcolor={_quote(colour)}];")
+        for name, b in zip(net.bottom_names(i), bottoms):
+            source = producer.get(id(b))
+            consumed.add(id(b))
+            if source is not None:
+                lines.append(f"  {source} -> {node} [label={_quote(_blob_label(name, b))}];")
+        for t in tops:
+            producer[id(t)] = node
+    for k, name in enumerate(net.outputs):
+        b = net.blobs[name]
+        if producer.get(id(b)) is not None:
+            lines.append(f"  o{k} [label={_quote(name)}, shape=ellipse, style=filled, fillcolor=\"#eeeeee\"];")
+            lines.append(f"  {producer[id(b)]} -> o{k} [label={_quote(format_shape(tuple(b.shape)))}];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _blob_label(name, blob):
+    base = name.rsplit("_split_", 1)[0] if "_split_" in name else name
+    return f"{base}\n{format_shape(tuple(blob.shape))}"
+
+
+def render(dot_text, path):
+    """Write ``dot_text`` to ``path``: as it is for .dot, through Graphviz for .svg/.png/.pdf."""
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext in ("dot", "gv"):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(dot_text)
+        return path
+    if ext not in RENDERED:
+        raise LayerforgeError(f"{path}: unknown output format '.{ext}'; use .svg, .png, .pdf or .dot")
+    dot = shutil.which("dot")
+    if dot is None:
+        fallback = os.path.splitext(path)[0] + ".dot"
+        with open(fallback, "w", encoding="utf-8") as f:
+            f.write(dot_text)
+        raise LayerforgeError(f"writing {path} needs Graphviz's 'dot' (not installed): wrote the DOT text to "
+                              f"{fallback} instead (install graphviz, then: dot -T{ext} {fallback} -o {path})")
+    proc = subprocess.run([dot, f"-T{ext}", "-o", path], input=dot_text, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise LayerforgeError(f"dot failed on {path}: {proc.stderr.strip().splitlines()[-1] if proc.stderr else ''}")
+    return path
+
+
+def run(args):
+    netdef = load_net_def(args.net)
+    if args.batch is not None:
+        set_batch_size(netdef, args.batch)
+    net = Net(netdef, phase=args.phase, stages=args.stage)
+    text = to_dot(net, args.rankdir)
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    print(f"wrote {render(text, args.output)}")
+    return 0

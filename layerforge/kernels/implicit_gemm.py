@@ -1,0 +1,214 @@
+"""Convolution by GEMM, two ways: explicit im2col over the whole batch, and implicit GEMM over bounded tiles.
+
+Both engines compute, for W (Cout, Cin/G, kh, kw) and x (N, Cin, H, W) with K = Cin/G kh kw per group,
+
+    forward   y = W_g col_g                    (Cout/G x K) x (K x pixels)
+    backward  gW_g += gy_g col_g^T,  gcol_g = W_g^T gy_g,  gx = col2im(gcol)
+
+and differ in how much of ``col`` exists at once and how it is laid out:
+
+* :class:`Im2colConv` (Caffe's algorithm, batched): one column buffer ``(K, out_h out_w N)`` for the
+  whole minibatch, so every GEMM is one large BLAS call. The price: the buffer is K / Cin times the
+  input, and x, y, gy and gx pass through one transposed copy each between NCHW and the
+  batch-innermost layout (the bias add is fused into the copy of y).
+* :class:`ImplicitGemmConv`: the full column matrix never exists. Tiles of whole images (or, when one
+  image's columns exceed the budget, of output rows of one image) are lowered into a workspace bounded
+  by ``budget`` bytes, laid out per image ``(n, K, P)``: the batched GEMM writes y straight into the
+  NCHW top and reads gy straight from it, and a tile stays in cache between lowering and GEMM.
+
+Workspaces are allocated on first use for a shape and reused; ``workspace_bytes`` reports them, and
+``release()`` drops them (AUTO releases the engine it did not choose).
+"""
+import math
+
+from ..backend import get_array_module
+from .im2col import col2im_tile, conv_output_size, im2col_tile
+
+DEFAULT_BUDGET = 4 << 20  # bytes of column tile for IMPLICIT: a few MiB stays in L2/L3
+
+
+class _GemmConv:
+    name = None
+
+    def __init__(self, geometry, group):
+        self.geometry, self.group = tuple(geometry), group
+        self._buffers = {}
+
+    def _buffer(self, xp, key, shape, dtype, zero=False):
+        buf = self._buffers.get(key)
+        if buf is None or buf.shape != tuple(shape) or buf.dtype != dtype:
+            buf = self._buffers[key] = (xp.zeros if zero else xp.empty)(shape, dtype=dtype)
+        return buf
+
+    @property
+    def workspace_bytes(self):
+        """Bytes held in reused workspaces (column tiles, transposed y / gy)."""
+        return sum(int(b.nbytes) for b in self._buffers.values())
+
+    def release(self):
+        self._buffers = {}
+
+    def _sizes(self, x, W):
+        kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
+        n, c, h, w = x.shape
+        out_h, out_w = conv_output_size(h, kh, sy, ph, dy), conv_output_size(w, kw, sx, pw, dx)
+        g = self.group
+        return n, c, h, w, out_h, out_w, g, W.shape[0] // g, W[0].size
+
+
+def _bias_grad(xp, gy, gb):
+    # a GEMV against ones runs in BLAS; a sum over axes (0, 2, 3) is a slow strided reduction
+    n, cout = gy.shape[:2]
+    p = gy[0, 0].size
+    gb += (gy.reshape(n * cout, p) @ xp.ones(p, dtype=gy.dtype)).reshape(n, cout).sum(axis=0)
+
+
+class Im2colConv(_GemmConv):
+    """Explicit im2col + one GEMM per group for the whole minibatch (workspace K x out_h out_w N).
+
+    The batch is the innermost axis: x is copied once into a zero-bordered (C, Hp, Wp, N) buffer, and
+    each kernel position's columns ``(C, out_h, out_w, N)`` are then copies whose contiguous runs are
+    out_w N (unit stride) or N elements long, where the NCHW layout gives runs of out_w: for small
+    images (LeNet's 8 x 8) that is the difference between memory speed and per-row overhead. The
+    GEMM output (Cout, out_h, out_w, N) goes back to NCHW in one transposed copy with the bias fused in.
+    """
+
+    name = "IM2COL"
+
+    def _taps(self, pad, out_h, out_w):
+        kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
+        for i in range(kh):
+            for j in range(kw):
+                yield i, j, pad[:, i * dy:i * dy + sy * (out_h - 1) + 1:sy, j * dx:j * dx + sx * (out_w - 1) + 1:sx]
+
+    def _columns(self, x, W):
+        xp = get_array_module(x)
+        n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
+        kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
+        # the border stays zero: only the interior is ever written
+        xpad = self._buffer(xp, "xpad", (c, h + 2 * ph, w + 2 * pw, n), x.dtype, zero=True)
+        xpad[:, ph:ph + h, pw:pw + w] = x.transpose(1, 2, 3, 0)
+        col = self._buffer(xp, "col", (c, kh, kw, out_h, out_w, n), x.dtype)
+        for i, j, tap in self._taps(xpad, out_h, out_w):
+            col[:, i, j] = tap
+        return col.reshape(g, kg, out_h * out_w * n)
+
+    def forward(self, x, W, b, y):
+        """Write ``W * x (+ b)`` into ``y`` (N, Cout, out_h, out_w)."""
+        xp = get_array_module(x)
+        n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
+        col = self._columns(x, W)
+        yb = self._buffer(xp, "y", (g, cog, out_h * out_w * n), x.dtype)
+        xp.matmul(W.reshape(g, cog, kg), col, out=yb)
+        src = yb.reshape(g * cog, out_h, out_w, n).transpose(3, 0, 1, 2)
+        if b is None:
+            y[...] = src
+        else:
+            xp.add(src, b[None, :, None, None], out=y)
+
+    def backward(self, x, W, gy, gW, gb, gx):
+        """Add the filter (and bias) gradients into ``gW`` (``gb``); write the data gradient into ``gx``."""
+        xp = get_array_module(x)
+        n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
+        kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
+        gyt = self._buffer(xp, "y", (g, cog, out_h * out_w * n), x.dtype)
+        gyt.reshape(g * cog, out_h, out_w, n)[...] = gy.transpose(1, 2, 3, 0)
+        if gb is not None:
+            gb += gyt.reshape(g * cog, -1) @ xp.ones(gyt.shape[-1], dtype=gy.dtype)
+        col = self._columns(x, W)
+        gW += xp.matmul(gyt, col.transpose(0, 2, 1)).reshape(gW.shape)
+        if gx is None:
+            return
+        xp.matmul(W.reshape(g, cog, kg).transpose(0, 2, 1), gyt, out=col)  # the columns are spent: reuse
+        col6 = col.reshape(c, kh, kw, out_h, out_w, n)
+        gpad = self._buffer(xp, "gxpad", (c, h + 2 * ph, w + 2 * pw, n), x.dtype)
+        gpad[...] = 0
+        for i, j, tap in self._taps(gpad, out_h, out_w):
+            tap += col6[:, i, j]
+        gx[...] = gpad[:, ph:ph + h, pw:pw + w].transpose(3, 0, 1, 2)
+
+
+class ImplicitGemmConv(_GemmConv):
+    """Implicit GEMM: per-tile lowering into a workspace of at most ``budget`` bytes, batched per image."""
+
+    name = "IMPLICIT"
+
+    def __init__(self, geometry, group, budget=DEFAULT_BUDGET):
+        super().__init__(geometry, group)
+        self.budget = budget
+
+    def tiles(self, x_shape, itemsize=4):
+        """``[(n0, n1, r0, r1)]``: image range and output-row range of each tile of ``x_shape`` (N, C, H, W)."""
+        kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
+        n, c, h, w = x_shape
+        out_h, out_w = conv_output_size(h, kh, sy, ph, dy), conv_output_size(w, kw, sx, pw, dx)
+        k = c * kh * kw
+        per_row = k * out_w * itemsize
+        if per_row * out_h <= self.budget:
+            nb = max(1, self.budget // (per_row * out_h))
+            return [(n0, min(n, n0 + nb), 0, out_h) for n0 in range(0, n, nb)]
+        rows = max(1, self.budget // per_row)
+        return [(i, i + 1, r0, min(out_h, r0 + rows)) for i in range(n) for r0 in range(0, out_h, rows)]
+
+    def _lower(self, x, W, n0, n1, r0, r1):
+        xp = get_array_module(x)
+        n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
+        kh, kw = self.geometry[:2]
+        col = self._buffer(xp, "col", (n1 - n0, c, kh, kw, r1 - r0, out_w), x.dtype)
+        im2col_tile(x[n0:n1].transpose(1, 0, 2, 3), col.transpose(1, 2, 3, 0, 4, 5), *self.geometry, r0=r0)
+        return col
+
+    def forward(self, x, W, b, y):
+        xp = get_array_module(x)
+        n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
+        Wg = W.reshape(g, cog, kg)
+        for n0, n1, r0, r1 in self.tiles(x.shape, x.itemsize):
+            nb, pt = n1 - n0, (r1 - r0) * out_w
+            col = self._lower(x, W, n0, n1, r0, r1).reshape(nb, g, kg, pt)
+            if r1 - r0 == out_h:
+                xp.matmul(Wg, col, out=y[n0:n1].reshape(nb, g, cog, pt))
+            else:
+                yt = self._buffer(xp, "y", (nb, g, cog, pt), x.dtype)
+                xp.matmul(Wg, col, out=yt)
+                y[n0:n1, :, r0:r1] = yt.reshape(nb, g * cog, r1 - r0, out_w)
+        if b is not None:
+            y += b[:, None, None]
+
+    def backward(self, x, W, gy, gW, gb, gx):
+        xp = get_array_module(x)
+        n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
+        kh, kw = self.geometry[:2]
+        if gb is not None:
+            _bias_grad(xp, gy, gb)
+        if gx is not None:
+            gx[...] = 0
+        Wg = W.reshape(g, cog, kg)
+        gW4 = gW.reshape(g, cog, kg)
+        for n0, n1, r0, r1 in self.tiles(x.shape, x.itemsize):
+            nb, pt = n1 - n0, (r1 - r0) * out_w
+            col = self._lower(x, W, n0, n1, r0, r1).reshape(nb, g, kg, pt)
+            if r1 - r0 == out_h:
+                gyt = gy[n0:n1].reshape(nb, g, cog, pt)
+            else:
+                gyt = self._buffer(xp, "y", (nb, g, cog, pt), x.dtype)
+                gyt.reshape(nb, g * cog, r1 - r0, out_w)[...] = gy[n0:n1, :, r0:r1]
+            if nb * g * cog * kg * x.itemsize <= self.budget:
+                gW4 += xp.matmul(gyt, col.transpose(0, 1, 3, 2)).sum(axis=0)
+            else:  # one image at a time keeps the partial products within the budget
+                for k in range(nb):
+                    gW4 += xp.matmul(gyt[k], col[k].transpose(0, 2, 1))
+            if gx is not None:
+                xp.matmul(Wg.transpose(0, 2, 1), gyt, out=col)
+                col6 = col.reshape(nb, c, kh, kw, r1 - r0, out_w).transpose(1, 2, 3, 0, 4, 5)
+                col2im_tile(col6, gx[n0:n1].transpose(1, 0, 2, 3), *self.geometry, r0=r0)
+
+
+ENGINES = {"IM2COL": Im2colConv, "IMPLICIT": ImplicitGemmConv}
+
+
+def gemm_shape(x_shape, w_shape, geometry, group):
+    """``(M, N, K)`` of the forward GEMM per group for the whole batch (for rates and SGEMM comparisons)."""
+    kh, kw, sy, sx, ph, pw, dy, dx = geometry
+    n, c, h, w = x_shape
+    out_h, out_w = conv_output_size(h, kh, sy, ph, dy), conv_output_size(w, kw, sx, pw, dx)
+    return w_shape[0] // group, n * out_h * out_w, math.prod(w_shape[1:])
