@@ -19,6 +19,7 @@ COMMANDS = {
     "draw": "draw",
     "expand": "expand",
     "layers": "layers",
+    "plan": "plan",
     "summary": "summary",
     "test": "test",
     "time": "time",

@@ -1,0 +1,112 @@
+"""``layerforge plan --solver S --nodes N --group Q``: predicted data-parallel iteration time per allreduce.
+
+Model (weak scaling, batch b per rank): one iteration = the net's forward-backward time T_c (measured
+here, or read from ``layerforge time --json``) + one allreduce of all gradients, n bytes, whose time the
+alpha-beta-gamma model of layerforge.comm.cost_model predicts for p = N ranks in groups of Q. The
+exchange runs after backward (it is not overlapped), so efficiency = T_c / (T_c + T_allreduce) and the
+speed-up over one rank is p * efficiency.
+"""
+import json
+
+from ..errors import LayerforgeError
+
+HELP = "predict data-parallel iteration time, efficiency and throughput per allreduce algorithm at N ranks"
+
+ALGORITHMS = ("recursive", "topology", "ring", "doubling", "mpi")
+
+
+def add_arguments(parser):
+    parser.add_argument("--solver", required=True, help="solver YAML (its train net and batch size)")
+    parser.add_argument("--nodes", type=int, required=True, help="number of ranks p")
+    parser.add_argument("--group", type=int, default=1, help="ranks per node group q (default 1)")
+    parser.add_argument("--timing", help="`layerforge time --json` output for the train net (default: time it now)")
+    parser.add_argument("--iterations", type=int, default=3, help="timed iterations when timing now")
+    parser.add_argument("--cost", help="alpha,beta_intra,beta_inter,gamma in seconds (per byte for the betas and "
+                                       "gamma); default: the calibration cache written by bench-allreduce/train")
+    parser.add_argument("--json", action="store_true")
+
+
+def load_cost_params(spec):
+    """CostParams from ``"a,bi,bx,g"``, or from the calibration cache (the entry measured with most ranks)."""
+    from ..comm.cost_model import CostParams, cache_path
+
+    if spec:
+        try:
+            values = [float(v) for v in spec.split(",")]
+        except ValueError:
+            values = []
+        if len(values) != 4:
+            raise LayerforgeError(f"--cost '{spec}': give four numbers alpha,beta_intra,beta_inter,gamma")
+        return CostParams(*values), "--cost"
+    path = cache_path()
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except (OSError, ValueError):
+        raise LayerforgeError(f"{path}: no calibration yet: run `mpiexec -n 4 layerforge bench-allreduce` once, "
+                              "or give --cost alpha,beta_intra,beta_inter,gamma") from None
+
+    def ranks(key):
+        part = [p for p in key.split("|") if p.startswith("p=")]
+        return int(part[0][2:]) if part else 0
+
+    key = max(table, key=ranks)
+    return CostParams.from_dict(table[key]), f"{path} [{key}]"
+
+
+def predict_plan(compute_ms, grad_bytes, p, q, params, batch):
+    """Rows ``{algorithm, allreduce_ms, iteration_ms, efficiency, speedup, images_per_s}`` per algorithm."""
+    from ..comm.cost_model import predict
+
+    rows = []
+    for name in ALGORITHMS:
+        ar = predict(name, grad_bytes, p, q, params) * 1000.0
+        it = compute_ms + ar
+        eff = compute_ms / it if it > 0 else 1.0
+        rows.append({"algorithm": name, "allreduce_ms": ar, "iteration_ms": it, "efficiency": eff,
+                     "speedup": p * eff, "images_per_s": p * batch / (it / 1000.0) if it > 0 else 0.0})
+    return rows
+
+
+def run(args):
+    from ..net import Net
+    from ..solvers.param import load_solver_param
+    from ..solvers import SOLVER_REGISTRY
+    from .time import time_net
+
+    if args.nodes < 1 or args.group < 1 or args.group > args.nodes:
+        raise LayerforgeError(f"need 1 <= --group ({args.group}) <= --nodes ({args.nodes})")
+    sp = load_solver_param(args.solver, SOLVER_REGISTRY)
+    source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
+    net = Net(source, phase="train", dtype=sp.dtype.lower())
+    if args.timing:
+        try:
+            with open(args.timing) as f:
+                timing = json.load(f)
+        except (OSError, ValueError) as e:
+            raise LayerforgeError(f"{args.timing}: cannot read the timing JSON: {e}") from None
+    else:
+        timing = time_net(net, args.iterations)
+    compute_ms = float(timing["forward_backward_ms"]) * sp.iter_size
+    itemsize = 2 if sp.allreduce_fp16 else net.dtype.itemsize
+    grad_bytes = sum(b.count for b in net.learnable_params) * itemsize
+    batch = next((b.shape[0] for i in range(len(net.layers)) for b in net.top_blobs(i) if b.data.ndim), 1)
+    params, source_of_params = load_cost_params(args.cost)
+    rows = predict_plan(compute_ms, grad_bytes, args.nodes, args.group, params, batch * sp.iter_size)
+    if args.json:
+        print(json.dumps({"nodes": args.nodes, "group": args.group, "compute_ms": compute_ms,
+                          "gradient_bytes": grad_bytes, "cost_params": params.to_dict(), "rows": rows}, indent=1))
+        return 0
+    print(f"net '{net.name}': forward-backward {compute_ms:.1f} ms per iteration per rank (batch {batch} x iter_size "
+          f"{sp.iter_size}), gradients {grad_bytes / 2 ** 20:.2f} MiB")
+    print(f"p = {args.nodes} ranks in groups of {args.group}; alpha {params.alpha * 1e6:.2f} us, beta_intra "
+          f"{1 / params.beta_intra / 1e9 if params.beta_intra else float('inf'):.2f} GB/s, beta_inter "
+          f"{1 / params.beta_inter / 1e9 if params.beta_inter else float('inf'):.2f} GB/s, gamma "
+          f"{1 / params.gamma / 1e9 if params.gamma else float('inf'):.2f} GB/s (from {source_of_params})")
+    print(f"{'algorithm':10s} {'allreduce ms':>13s} {'iteration ms':>13s} {'efficiency':>11s} {'speed-up':>9s} "
+          f"{'images/s':>10s}")
+    for r in rows:
+        print(f"{r['algorithm']:10s} {r['allreduce_ms']:13.2f} {r['iteration_ms']:13.2f} {100 * r['efficiency']:10.1f}% "
+              f"{r['speedup']:9.1f} {r['images_per_s']:10.1f}")
+    return 0
+

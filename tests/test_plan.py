@@ -1,0 +1,50 @@
+"""`layerforge plan`: the alpha-beta-gamma projection, checked against hand-computed values."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_cli import ROOT
+
+N_BYTES = 431_080 * 4  # LeNet's gradients in float32
+COST = "1e-5,1e-9,4e-9,1e-10"
+
+
+def plan(tmp_path, *extra):
+    timing = tmp_path / "timing.json"
+    timing.write_text(json.dumps({"forward_backward_ms": 100.0}))
+    proc = subprocess.run([sys.executable, "-m", "layerforge", "plan", "--solver", "configs/lenet_solver.yaml",
+                           "--timing", str(timing), "--cost", COST, "--json", *map(str, extra)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_plan_matches_the_cost_formulas(tmp_path):
+    result = plan(tmp_path, "--nodes", 4, "--group", 2)
+    assert result["gradient_bytes"] == N_BYTES
+    rows = {r["algorithm"]: r for r in result["rows"]}
+    n, a, bi, bx, g = N_BYTES, 1e-5, 1e-9, 4e-9, 1e-10
+    recursive = 4 * a + 2 * n * (1 * bi + 2 * bx) / 4 + n * 3 / 4 * g   # P = 4, L = 2, q = 2
+    topology = 4 * a + 2 * n * (2 * bi + 1 * bx) / 4 + n * 3 / 4 * g
+    assert rows["recursive"]["allreduce_ms"] == pytest.approx(recursive * 1e3, rel=1e-9)
+    assert rows["topology"]["allreduce_ms"] == pytest.approx(topology * 1e3, rel=1e-9)
+    eff = 100.0 / (100.0 + topology * 1e3)
+    assert rows["topology"]["efficiency"] == pytest.approx(eff, rel=1e-9)
+    assert rows["topology"]["speedup"] == pytest.approx(4 * eff, rel=1e-9)
+    assert rows["topology"]["images_per_s"] == pytest.approx(4 * 64 / ((100.0 + topology * 1e3) / 1e3), rel=1e-9)
+
+
+def test_plan_at_swcaffe_scale(tmp_path):
+    rows = {r["algorithm"]: r for r in plan(tmp_path, "--nodes", 1024, "--group", 256)["rows"]}
+    # with slower links between groups, keeping the big steps inside groups must win
+    assert rows["topology"]["allreduce_ms"] < rows["recursive"]["allreduce_ms"]
+    assert all(0 < r["efficiency"] <= 1 for r in rows.values())
+
+
+def test_plan_rejects_bad_cost(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "layerforge", "plan", "--solver", "configs/lenet_solver.yaml",
+                           "--nodes", "4", "--cost", "1,2"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: --cost '1,2': give four numbers alpha,beta_intra,beta_inter,gamma"
