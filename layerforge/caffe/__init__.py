@@ -1,0 +1,6 @@
+"""Caffe migration: a protobuf text-format parser and NetParameter / SolverParameter -> layerforge YAML.
+
+``prototxt.parse_file(path)`` reads any .prototxt into a schema-less :class:`~.prototxt.Message`;
+``convert.convert_file(path)`` turns a Caffe net or solver into a layerforge mapping and
+``convert.to_yaml`` writes it. docs/caffe-import.md lists what maps to what.
+"""
