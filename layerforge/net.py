@@ -10,7 +10,7 @@ import collections
 
 import numpy
 
-from . import backend
+from . import backend, memory
 from .blob import Blob
 from .errors import ConfigError, LayerforgeError, ShapeError
 from .layers import LAYER_REGISTRY
@@ -68,6 +68,7 @@ class Net:
             if lp.name in seen:
                 raise lp.error(f"layer name '{lp.name}' is already used at line {seen[lp.name]}", "name")
             seen[lp.name] = lp.line
+        self._memory_plan = None
         self._build(self._resolve_graph(included, excluded))
         if weights is not None:
             self.copy_from(weights)
@@ -230,7 +231,7 @@ class Net:
             inputs = ", ".join(
                 f"'{v.name}' {tuple(b.shape)} from layer '{v.producer_name}'" for v, b in zip(bottom_versions, bottom))
             where = f" (bottoms: {inputs})" if inputs else ""
-            raise ConfigError(e.message + where, lp.path, lp.line_of(e.key.split(".")[0]) if e.key else lp.line,
+            raise ConfigError(e.message + where + lp.origin, lp.path, lp.line_of(e.key.split(".")[0]) if e.key else lp.line,
                               lp.name, lp.type, e.key) from None
 
     def _share_params(self):
@@ -347,6 +348,24 @@ class Net:
         """Propagate changed input shapes through every layer (Caffe's Net::Reshape)."""
         for i, layer in enumerate(self.layers):
             layer.reshape(self._bottom_vecs[i], self._top_vecs[i])
+        if self._memory_plan is not None:
+            self._memory_plan = memory.plan(self)
+
+    def optimize_memory(self, enable=True):
+        """Share storage between activations (data and diffs) whose lives in a training iteration do not overlap.
+
+        See :mod:`layerforge.memory`. Afterwards only inputs, outputs and what backward reads keep their
+        values between passes; intermediate blobs may hold other blobs' values. ``enable=False`` undoes it.
+        """
+        if enable and self._memory_plan is None:
+            self._memory_plan = memory.plan(self)
+        elif not enable and self._memory_plan is not None:
+            memory.unplan(self, self._memory_plan)
+            self._memory_plan = None
+
+    def memory_report(self):
+        """Bytes of activations (as planned, and unplanned), parameters and layer-held arrays; see layerforge.memory."""
+        return memory.memory_report(self)
 
     def forward(self, start=None, end=None, **inputs):
         """Run the layers from ``start`` to ``end`` (names; default all) after copying ``inputs`` into input blobs.

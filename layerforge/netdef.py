@@ -62,8 +62,14 @@ class LayerParameter:
             node = node.get(part)
         return line
 
+    @property
+    def origin(self):
+        """`` (in instance 'x' of block 'b', line n)`` for a layer made by a block, else an empty string."""
+        return getattr(self.source, "origin", "") or ""
+
     def error(self, message, key=None):
-        return ConfigError(message, self.path, self.line_of(key) if key else self.line, self.name, self.type, key)
+        return ConfigError(message + self.origin, self.path, self.line_of(key) if key else self.line, self.name,
+                           self.type, key)
 
 
 def parse_layer(mapping, path=None, index=0, registry=None):

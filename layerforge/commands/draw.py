@@ -73,12 +73,13 @@ def to_dot(net, rankdir="TB"):
              '  node [shape=box, style="rounded,filled", fillcolor="#ffffff", fontname="Helvetica", fontsize=10];',
              '  edge [fontname="Helvetica", fontsize=9];']
     producer = {}  # id(blob) -> node id of the layer whose value it currently holds
-    consumed = set()
+    alias = {}     # id(split output) -> the name of the blob it copies
     for i, layer in enumerate(net.layers):
         bottoms, tops = net.bottom_blobs(i), net.top_blobs(i)
         if layer.type == "Split":
             for t in tops:
                 producer[id(t)] = producer.get(id(bottoms[0]))
+                alias[id(t)] = alias.get(id(bottoms[0]), net.bottom_names(i)[0])
             continue
         node = f"l{i}"
         lp = layer.layer_param
@@ -87,9 +88,9 @@ def to_dot(net, rankdir="TB"):
         lines.append(f"  {node} [label={_quote(label)}, fillcolor={_quote(colour)}];")
         for name, b in zip(net.bottom_names(i), bottoms):
             source = producer.get(id(b))
-            consumed.add(id(b))
             if source is not None:
-                lines.append(f"  {source} -> {node} [label={_quote(_blob_label(name, b))}];")
+                label = f"{alias.get(id(b), name)}\n{format_shape(tuple(b.shape))}"
+                lines.append(f"  {source} -> {node} [label={_quote(label)}];")
         for t in tops:
             producer[id(t)] = node
     for k, name in enumerate(net.outputs):
@@ -99,11 +100,6 @@ def to_dot(net, rankdir="TB"):
             lines.append(f"  {producer[id(b)]} -> o{k} [label={_quote(format_shape(tuple(b.shape)))}];")
     lines.append("}")
     return "\n".join(lines) + "\n"
-
-
-def _blob_label(name, blob):
-    base = name.rsplit("_split_", 1)[0] if "_split_" in name else name
-    return f"{base}\n{format_shape(tuple(blob.shape))}"
 
 
 def render(dot_text, path):

@@ -73,6 +73,11 @@ SOLVER_KEYS = {
     "group_size": Field("int", 0, min=0, doc="ranks per node group for the topology-aware allreduce "
                                               "(0: discover shared-memory nodes)"),
     "sync": Field("enum", "TREE", choices=("TREE", "HOST"), doc="how ranks synchronise (distributed training)"),
+    # several workers/devices on one host (layerforge/parallel, docs/cgdp.md)
+    "chunk_size": Field("str", "1", doc="sync host: layers with parameters per gradient chunk (an int), or auto"),
+    "chunk_search_interval": Field("int", 10, min=2, doc="chunk_size auto: iterations timed per tried size"),
+    "chunk_search_step": Field("int", 1, min=1, doc="chunk_size auto: size increment between tries"),
+    "chunk_search_range": Field("int", 3, min=1, doc="chunk_size auto: stop after this many tries without gain"),
 }
 
 
@@ -115,7 +120,7 @@ def load_solver_param(source, registry, **overrides):
     if isinstance(source, (str, os.PathLike)):
         path, mapping = str(source), load_yaml(str(source))
     elif isinstance(source, dict):
-        path, mapping = None, with_lines(dict(source))
+        path, mapping = None, with_lines(source if isinstance(source, LineDict) else dict(source))
     else:
         raise TypeError(f"a solver is a YAML path or a dict, not {type(source).__name__}")
     if not isinstance(mapping, dict):
@@ -134,6 +139,8 @@ def load_solver_param(source, registry, **overrides):
     if not isinstance(tnp, (dict, list)) or (isinstance(tnp, list) and not all(isinstance(t, dict) for t in tnp)):
         raise ConfigError("expected a net definition or a list of them", path, merged.line_of("test_net_param"),
                           key="test_net_param")
+    if isinstance(merged.get("chunk_size"), int) and not isinstance(merged.get("chunk_size"), bool):
+        merged["chunk_size"] = str(merged["chunk_size"])  # an int or "auto": kept as a string, checked in _check
     # inline nets are validated by the Net; the schema lists them only so unknown keys get suggestions
     plain = LineDict((k, v) for k, v in merged.items() if k not in INLINE_KEYS)
     plain.line, plain.key_lines = merged.line, merged.key_lines
@@ -166,6 +173,10 @@ def _check(sp, registry):
     if sp.test_state and len(sp.test_state) != n_test:
         raise sp.error(f"test_state has {len(sp.test_state)} entries for {n_test} test net(s)", "test_state")
     sp.num_test_nets = n_test
+    size = str(sp.chunk_size).strip().lower()
+    if size != "auto" and not (size.isdigit() and int(size) >= 1):
+        raise sp.error(f"expected a positive integer or auto, got {sp.chunk_size!r}", "chunk_size")
+    sp.chunk_size = size if size == "auto" else int(size)
     policy = sp.lr_policy
     need = {"STEP": ("gamma", "stepsize"), "EXP": ("gamma",), "INV": ("gamma", "power"), "MULTISTEP": ("gamma",),
             "POLY": ("power",), "SIGMOID": ("gamma", "stepsize")}.get(policy, ())

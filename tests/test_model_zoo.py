@@ -1,0 +1,117 @@
+"""The model zoo (configs/): exact parameter counts and multiply-adds of the published nets, `time` and `train`.
+
+Each net is built once at batch 1 (float32) and only its summary is kept, so memory stays low.
+`layerforge time` runs in this file on LeNet, the CIFAR nets, AlexNet and GoogLeNet; VGG-16 and the ResNets
+take 20-45 s each on the busy 2-core machine and run only with LAYERFORGE_ZOO_ALL=1 (docs/model-zoo.md);
+ResNet-50 is exercised anyway by the `train` test.
+"""
+import os
+import pathlib
+
+import pytest
+
+from layerforge import cli
+from layerforge.commands.summary import summarize
+from layerforge.net import Net
+from layerforge.netdef import load_net_def, set_batch_size
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+# learnable parameters of the original Caffe definitions (BatchNorm statistics are not learnable)
+PARAMS = {
+    ("lenet", "test"): 431_080,
+    ("cifar10_quick_net", "test"): 145_578,
+    ("cifar10_full_net", "test"): 89_578,
+    ("alexnet_net", "test"): 60_965_224,
+    ("googlenet_net", "test"): 6_998_552,     # without the auxiliary classifiers
+    ("googlenet_net", "train"): 13_378_280,   # with loss1/* and loss2/*
+    ("vgg16_net", "test"): 138_357_544,
+    ("resnet50_net", "test"): 25_557_096,     # conv1 has a bias (Kaiming He's ResNet-50-deploy)
+    ("resnet101_net", "test"): 44_549_160,
+    ("resnet152_net", "test"): 60_192_808,
+}
+
+# convolution + inner-product multiply-adds per image (docs/model-zoo.md lists the sources)
+MACS = {
+    "alexnet_net": 724.4e6,
+    "googlenet_net": 1.583e9,
+    "vgg16_net": 15.47e9,
+    "resnet50_net": 3.858e9,
+    "resnet152_net": 11.28e9,
+}
+
+ZOO = ["lenet", "cifar10_quick_net", "cifar10_full_net", "alexnet_net", "googlenet_net", "vgg16_net",
+       "resnet50_net", "resnet101_net", "resnet152_net"]
+BIG = {"vgg16_net", "resnet50_net", "resnet101_net", "resnet152_net"}  # ResNet-50 trains below
+
+
+@pytest.fixture(scope="module")
+def summaries():
+    """``{(net, phase): (learnable params, multiply-adds at batch 1)}``, each net built once and dropped."""
+    out = {}
+    for name, phase in PARAMS:
+        net = Net(set_batch_size(load_net_def(CONFIGS / f"{name}.yaml"), 1), phase=phase)
+        _, params, macs = summarize(net)
+        out[name, phase] = (params, macs)
+        del net
+    return out
+
+
+@pytest.mark.parametrize("name,phase", list(PARAMS), ids=[f"{n}-{p}" for n, p in PARAMS])
+def test_learnable_parameters_match_the_original_definitions(summaries, name, phase):
+    assert summaries[name, phase][0] == PARAMS[name, phase]
+
+
+@pytest.mark.parametrize("name", list(MACS))
+def test_multiply_adds_within_half_a_percent_of_the_published_figures(summaries, name):
+    assert summaries[name, "test"][1] == pytest.approx(MACS[name], rel=0.005)
+
+
+def test_exact_multiply_adds_at_batch_1(summaries):
+    # regression values: Caffe's floor convolution / ceil pooling sizes decide these to the last unit
+    assert summaries["alexnet_net", "test"][1] == 724_406_816
+    assert summaries["googlenet_net", "test"][1] == 1_582_671_872
+    assert summaries["resnet50_net", "test"][1] == 3_857_973_248
+    assert summaries["resnet152_net", "test"][1] == 11_282_415_616
+
+
+def test_every_zoo_net_has_a_solver_that_names_it():
+    for name in ZOO:
+        if name == "lenet":
+            continue
+        solver = CONFIGS / (name[:-len("_net")] + ".yaml")
+        assert solver.exists(), solver
+        assert f"net: {name}.yaml" in solver.read_text()
+
+
+def test_resnet152_fits_well_under_200_lines():
+    assert len((CONFIGS / "resnet152_net.yaml").read_text().splitlines()) < 120
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in BIG else n for n in ZOO])
+def test_time_runs_on_every_zoo_net(name, capsys):
+    if name in BIG and not os.environ.get("LAYERFORGE_ZOO_ALL"):
+        pytest.skip("20-45 s each on 2 busy cores: set LAYERFORGE_ZOO_ALL=1")
+    assert cli.main(["time", "--model", str(CONFIGS / f"{name}.yaml"), "--batch", "1", "--iterations", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Average Forward-Backward:" in out
+    assert "Convolution" in out
+
+
+@pytest.mark.slow
+def test_train_resnet50_on_synthetic_data(tmp_path, monkeypatch, capsys):
+    # the README's example, shortened: the solver's own max_iter is the paper's 600,000
+    monkeypatch.chdir(tmp_path)  # snapshots land under ./snapshots
+    assert cli.main(["train", "--solver", str(CONFIGS / "resnet50.yaml"), "--max-iter", "2", "--no-progress"]) == 0
+    assert (tmp_path / "snapshots" / "resnet50_iter_2.npz").exists()
+
+
+def test_real_data_stage_swaps_the_data_layers():
+    netdef = load_net_def(CONFIGS / "cifar10_quick_net.yaml")
+    from layerforge.netdef import layer_included
+    data = [lp for lp in netdef.layers if lp.name == "cifar"]
+    assert [lp.type for lp in data if layer_included(lp, "TRAIN")] == ["DummyData"]
+    assert [lp.type for lp in data if layer_included(lp, "TRAIN", stages=("real",))] == ["Data"]
+    assert [lp.data.source for lp in data if layer_included(lp, "TEST", stages=("real",))] == \
+        ["data/cifar10/cifar10_test_lmdb"]
