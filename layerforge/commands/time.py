@@ -2,10 +2,20 @@
 
 Per-layer figures come from passes with a timer around every layer; the forward / backward totals come
 from separate passes timed as a whole, so they do not include the per-layer timers' own overhead.
+Warm-up runs until every AUTO convolution has chosen its engines, so the timed passes use the choice.
+
+Memory: unless ``--no-reuse``, the net shares activation storage (``Net.optimize_memory``). The peak of a
+training iteration is counted, not sampled: activation arrays (after sharing; the unshared figure
+too) + parameter data and diffs + what layers hold (convolution workspaces and every cached array,
+see ``layerforge.memory``). The process's RSS high-water mark (``ru_maxrss``) is printed beside it: it
+includes the interpreter, numpy, BLAS buffers and temporaries that the count does not see.
 """
 import json
+import resource
+import sys
 import time
 
+from ..memory import layer_bytes
 from ..net import Net
 from ..netdef import load_net_def, set_batch_size
 from .summary import format_shape
@@ -19,14 +29,21 @@ def add_arguments(parser):
     parser.add_argument("--batch", type=int, default=None, help="override the batch size of input/data layers")
     parser.add_argument("--phase", choices=("train", "test"), default="train")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
+    from ..parallel.commands import add_parallel_arguments
+
+    add_parallel_arguments(parser)  # with --workers/--devices: phases and per-chunk exchange times (docs/cgdp.md)
+    parser.add_argument("--no-reuse", action="store_true", help="give every activation its own storage")
 
 
 def time_net(net, iterations):
     """Time ``net``; returns a dict with per-layer rows and totals (milliseconds per iteration)."""
     n = len(net.layers)
     fwd, bwd = [0.0] * n, [0.0] * n
-    net.forward()
-    net.backward()
+    warmups = 0
+    while warmups < 1 or (warmups < 20 and any(None in engine_choice(layer) for layer in net.layers)):
+        net.forward()
+        net.backward()
+        warmups += 1
     clock = time.perf_counter
     for _ in range(iterations):
         for i in range(n):
@@ -59,29 +76,60 @@ def time_net(net, iterations):
             "share": (fwd[i] + bwd[i]) / layer_sum if layer_sum else 0.0,
             "forward_gflops": 2 * macs / (f * 1e6) if f > 0 and macs else 0.0,
             "backward_gflops": 4 * macs / (b * 1e6) if b > 0 and macs and net.layer_need_backward[i] else 0.0,
+            "engine": "/".join(k or "?" for k in engine_choice(layer)),
+            "workspace_bytes": layer_bytes(layer),
         })
-    return {"net": net.name, "iterations": iterations, "layers": rows,
+    memory = net.memory_report()
+    memory.pop("per_layer_bytes")
+    return {"net": net.name, "iterations": iterations, "warmup_iterations": warmups, "layers": rows,
             "forward_ms": total_fwd * ms, "backward_ms": total_bwd * ms,
-            "forward_backward_ms": (total_fwd + total_bwd) * ms}
+            "forward_backward_ms": (total_fwd + total_bwd) * ms, "memory": memory,
+            "max_rss_bytes": max_rss_bytes()}
+
+
+def engine_choice(layer):
+    """``(forward, backward)`` engine names of a layer with engines (None until AUTO settles); () otherwise."""
+    choice = getattr(layer, "engine_choice", None)
+    return (choice["forward"], choice["backward"]) if choice else ()
+
+
+def max_rss_bytes():
+    """The process's resident-set high-water mark (Linux reports KiB, macOS bytes)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+def mib(n):
+    return f"{n / 2 ** 20:.1f} MiB"
 
 
 def run(args):
+    from ..parallel.commands import time_command, wants_parallel
+
+    if wants_parallel(args):
+        return time_command(args)
     netdef = load_net_def(args.model)
     if args.batch is not None:
         set_batch_size(netdef, args.batch)
     net = Net(netdef, phase=args.phase)
+    if not args.no_reuse:
+        net.optimize_memory()
     result = time_net(net, args.iterations)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    header = ("layer", "type", "top shape", "forward ms", "backward ms", "share", "fwd GFLOP/s", "bwd GFLOP/s")
+    header = ("layer", "type", "top shape", "forward ms", "backward ms", "share", "fwd GFLOP/s", "bwd GFLOP/s",
+              "engine fwd/bwd", "workspace")
     table = [(r["layer"], r["type"], " ".join(format_shape(s) for s in r["top_shape"]),
               f"{r['forward_ms']:.3f}", f"{r['backward_ms']:.3f}", f"{100 * r['share']:.1f}%",
               f"{r['forward_gflops']:.2f}" if r["forward_gflops"] else "-",
-              f"{r['backward_gflops']:.2f}" if r["backward_gflops"] else "-") for r in result["layers"]]
+              f"{r['backward_gflops']:.2f}" if r["backward_gflops"] else "-",
+              r["engine"] or "-", mib(r["workspace_bytes"]) if r["workspace_bytes"] else "-")
+             for r in result["layers"]]
     widths = [max(len(row[k]) for row in table + [header]) for k in range(len(header))]
     fmt = "  ".join(f"{{:{'<' if k < 3 else '>'}{w}}}" for k, w in enumerate(widths))
-    print(f"Timing net '{net.name}' ({args.phase}), {args.iterations} iterations after 1 warm-up")
+    print(f"Timing net '{net.name}' ({args.phase}), {args.iterations} iterations after "
+          f"{result['warmup_iterations']} warm-up")
     print(fmt.format(*header))
     print("  ".join("-" * w for w in widths))
     for row in table:
@@ -89,4 +137,10 @@ def run(args):
     print(f"Average Forward pass: {result['forward_ms']:.3f} ms.")
     print(f"Average Backward pass: {result['backward_ms']:.3f} ms.")
     print(f"Average Forward-Backward: {result['forward_backward_ms']:.3f} ms.")
+    m = result["memory"]
+    print(f"Peak memory of a training iteration (counted): {mib(m['peak_bytes'])} = activations "
+          f"{mib(m['activation_bytes'])} ({'shared' if not args.no_reuse else 'not shared'}; unshared "
+          f"{mib(m['unplanned_activation_bytes'])}) + parameters {mib(m['param_bytes'])} + layer caches "
+          f"{mib(m['cache_bytes'])} + shared convolution workspace {mib(m['workspace_bytes'])}.")
+    print(f"Process max RSS: {mib(result['max_rss_bytes'])}.")
     return 0

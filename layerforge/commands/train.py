@@ -21,6 +21,9 @@ def add_arguments(parser):
     parser.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     parser.add_argument("--allreduce", choices=("auto", "recursive", "topology", "ring", "doubling", "mpi", "nccl"),
                         help="gradient allreduce under mpiexec (overrides the solver's allreduce)")
+    from ..parallel.commands import add_parallel_arguments
+
+    add_parallel_arguments(parser)  # --workers/--devices/--sync/--chunk-size: layerforge/parallel (docs/cgdp.md)
 
 
 def solver_overrides(args):
@@ -38,6 +41,11 @@ def solver_overrides(args):
 
 def run(args):
     from ..distributed import mpi_world_size
+    from ..parallel.commands import train_command, wants_parallel
+
+    if wants_parallel(args):  # several workers/devices on this host (and MPI ranks as hosts)
+        setup_logging()
+        return train_command(args, solver_overrides(args))
 
     if mpi_world_size() > 1:
         from ..comm import launch_guard

@@ -1,0 +1,74 @@
+"""Per-iteration phases (the paper's Table 3) and per-chunk transfer times (its Table 4) of a worker.
+
+Phases: ``forward``, ``backward`` (compute, including handing chunks to the copy thread), ``exchange`` (the
+*exposed* exchange time: what the main thread waits for after backward, plus tree mode's broadcast),
+``update`` and the whole ``iteration``. Chunk rows: ``copy_out`` (diffs -> host slot), ``copy_back``
+(accumulated chunk -> diffs); the parent adds ``accumulate``.
+"""
+import threading
+import time
+
+PHASES = ("forward", "backward", "exchange", "update", "iteration")
+
+
+class PhaseTimer:
+    """Collects the phases of every iteration of one worker; :meth:`install` hooks it into a solver."""
+
+    def __init__(self):
+        self.current = dict.fromkeys(PHASES, 0.0)
+        self.rows = []
+        self.chunks = {}  # (kind, chunk name) -> [seconds, count]
+        self.chunk_size = None
+        self.layer_backward = {}  # layer index -> seconds (chunked passes only)
+        self.lock = threading.Lock()
+        self._hook_end = self._iter_start = None
+
+    def add(self, phase, seconds):
+        self.current[phase] += seconds
+
+    def add_chunk(self, kind, name, seconds):
+        with self.lock:
+            rec = self.chunks.setdefault((kind, name), [0.0, 0])
+            rec[0] += seconds
+            rec[1] += 1
+
+    def install(self, solver):
+        """Time forward passes, the update (between the last gradient hook and the first callback), iterations."""
+        net, plain = solver.net, solver.net.forward
+
+        def forward(*args, **kwargs):
+            if self._iter_start is None:
+                self._iter_start = time.perf_counter()
+            t0 = time.perf_counter()
+            out = plain(*args, **kwargs)
+            self.add("forward", time.perf_counter() - t0)
+            return out
+
+        net.forward = forward
+        solver.gradient_hooks.append(self._after_hooks)
+        solver.callbacks.insert(0, self._after_update)
+        solver.callbacks.append(self._end_iteration)
+
+    def _after_hooks(self, solver):
+        self._hook_end = time.perf_counter()
+
+    def _after_update(self, iteration, loss):
+        self.add("update", time.perf_counter() - self._hook_end)
+
+    def _end_iteration(self, iteration, loss):
+        now = time.perf_counter()
+        self.current["iteration"] = now - (self._iter_start or now)
+        self.current["chunk_size"] = self.chunk_size
+        self.rows.append(self.current)
+        self.current = dict.fromkeys(PHASES, 0.0)
+        self._iter_start = None
+
+    def summary(self, skip=1):
+        """Mean phases in ms over the iterations after the first ``skip`` (warm-up), and chunk rows."""
+        rows = self.rows[skip:] or self.rows
+        means = {p: 1000.0 * sum(r[p] for r in rows) / len(rows) for p in PHASES} if rows else {}
+        chunks = {f"{kind}:{name}": 1000.0 * s / n for (kind, name), (s, n) in self.chunks.items() if n}
+        n = len(self.rows) or 1
+        layers = {i: 1000.0 * t / n for i, t in self.layer_backward.items()}
+        return {"phases_ms": means, "chunks_ms": chunks, "iterations": len(rows),
+                "chunk_size": self.chunk_size, "layer_backward_ms": layers}

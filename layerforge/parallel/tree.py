@@ -1,0 +1,62 @@
+"""The baseline (``sync: tree``): after backward, worker 0 gathers and sums, updates, and broadcasts.
+
+This is the shape of Caffe's P2PSync on one host: nothing moves until backward has finished on every
+device; the root then reduces all partial gradients, runs the update alone, and every other replica waits
+for the new parameters. Through shared host memory the gather is flat (each worker copies its whole
+gradient into its slot at once), so the root's reduction costs (G - 1) additions of P values.
+
+Worker g > 0 skips the update (the root's solver state is the only one) and copies the broadcast
+parameters in; the parent only relays "all posted" to worker 0 and "parameters ready" to the others.
+"""
+import time
+
+
+class TreeSync:
+    """Worker side of tree mode; installs a gradient hook and a callback into ``solver``."""
+
+    def __init__(self, solver, link, g, slots, params, mover, timer):
+        self.solver, self.link, self.g, self.slots, self.params = solver, link, g, slots, params
+        self.mover, self.timer = mover, timer
+        self.all = list(range(len(solver.net.learnable_params)))
+        self._wrap_backward()
+        solver.gradient_hooks.append(self.reduce)
+        solver.callbacks.insert(0, self.broadcast)
+        if g != 0:
+            solver.apply_update = lambda display=False: None
+
+    def _wrap_backward(self):
+        net, timer, plain = self.solver.net, self.timer, self.solver.net.backward
+
+        def backward(start=None, end=None):
+            t0 = time.perf_counter()
+            out = plain(start, end)
+            timer.add("backward", time.perf_counter() - t0)
+            return out
+
+        net.backward = backward
+
+    def reduce(self, solver):
+        t0 = time.perf_counter()
+        if self.g != 0:
+            self.mover.to_host(self.all, self.slots[self.g], self.mover.mark())
+            self.link.send(("post_all",))
+        else:
+            self.link.expect("gathered")
+            G = self.slots.shape[0]
+            for p, (off, n) in zip(solver.net.learnable_params, self.mover.offsets):
+                xp_diff = p.diff
+                for g in range(1, G):
+                    xp_diff += solver.xp.asarray(self.slots[g, off:off + n].reshape(p.diff.shape))
+                if G > 1:
+                    xp_diff *= xp_diff.dtype.type(1.0 / G)
+        self.timer.add("exchange", time.perf_counter() - t0)
+
+    def broadcast(self, iteration, loss):
+        t0 = time.perf_counter()
+        if self.g == 0:
+            self.mover.params_to_host(self.params)
+            self.link.send(("params",))
+        else:
+            self.link.expect("params")
+            self.mover.params_from_host(self.params)
+        self.timer.add("exchange", time.perf_counter() - t0)
