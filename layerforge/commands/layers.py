@@ -48,6 +48,8 @@ def markdown():
            "(`name`, `type`, `bottom`, `top`, `param`, `loss_weight`, `propagate_down`, `include`, `exclude`).", ""]
     for name in sorted(LAYER_REGISTRY):
         cls = LAYER_REGISTRY[name]
+        if not cls.__module__.startswith("layerforge."):
+            continue  # a user's (or a test's) own layer type is not part of the reference
         out += [f"## {name}", "", _first_line(cls.__doc__), "",
                 f"bottoms: {_count(cls.num_bottom)}; tops: {_count(cls.num_top)}"
                 + ("; no backward" if not cls.has_backward else ""), ""]

@@ -14,17 +14,45 @@ and differ in how much of ``col`` exists at once and how it is laid out:
 * :class:`ImplicitGemmConv`: the full column matrix never exists. Tiles of whole images (or, when one
   image's columns exceed the budget, of output rows of one image) are lowered into a workspace bounded
   by ``budget`` bytes, laid out per image ``(n, K, P)``: the batched GEMM writes y straight into the
-  NCHW top and reads gy straight from it, and a tile stays in cache between lowering and GEMM.
+  NCHW top and reads gy straight from it, and a tile stays in cache between lowering and GEMM. A 1x1
+  stride-1 unpadded convolution needs no lowering at all: x is its own column matrix.
 
-Workspaces are allocated on first use for a shape and reused; ``workspace_bytes`` reports them, and
-``release()`` drops them (AUTO releases the engine it did not choose).
+Workspaces are scratch: nothing in them outlives one forward or backward call (backward lowers the
+columns again, as Caffe does). So, like Caffe's shared column buffer, every layer's engines take
+their workspaces as views of one process-wide arena per buffer role, grown to the largest request:
+the net pays for its largest layer's workspace, not for the sum. ``workspace_bytes`` reports what an
+engine asks for; ``arena_bytes()`` what the arenas hold; ``release()`` forgets an engine's requests
+(AUTO releases the engine it did not choose).
 """
 import math
+
+import numpy
 
 from ..backend import get_array_module
 from .im2col import col2im_tile, conv_output_size, im2col_tile
 
 DEFAULT_BUDGET = 4 << 20  # bytes of column tile for IMPLICIT: a few MiB stays in L2/L3
+
+_ARENAS = {}  # (array module name, role, dtype) -> flat array
+
+
+def arena_bytes():
+    """Bytes held by the shared workspace arenas."""
+    return sum(int(a.nbytes) for a in _ARENAS.values())
+
+
+def free_arenas():
+    """Drop the shared arenas (the next call allocates again)."""
+    _ARENAS.clear()
+
+
+def _arena(xp, role, shape, dtype):
+    size = math.prod(shape)
+    key = (xp.__name__, role, dtype.str)
+    flat = _ARENAS.get(key)
+    if flat is None or flat.size < size:
+        flat = _ARENAS[key] = xp.empty(size, dtype=dtype)
+    return flat[:size].reshape(shape)
 
 
 class _GemmConv:
@@ -32,21 +60,20 @@ class _GemmConv:
 
     def __init__(self, geometry, group):
         self.geometry, self.group = tuple(geometry), group
-        self._buffers = {}
+        self._requests = {}
 
-    def _buffer(self, xp, key, shape, dtype, zero=False):
-        buf = self._buffers.get(key)
-        if buf is None or buf.shape != tuple(shape) or buf.dtype != dtype:
-            buf = self._buffers[key] = (xp.zeros if zero else xp.empty)(shape, dtype=dtype)
-        return buf
+    def _buffer(self, xp, key, shape, dtype):
+        dtype = numpy.dtype(dtype)
+        self._requests[key] = math.prod(shape) * dtype.itemsize
+        return _arena(xp, key, tuple(shape), dtype)
 
     @property
     def workspace_bytes(self):
-        """Bytes held in reused workspaces (column tiles, transposed y / gy)."""
-        return sum(int(b.nbytes) for b in self._buffers.values())
+        """Bytes of workspace this engine's last calls asked for (column tiles, transposed y / gy, padded x)."""
+        return sum(self._requests.values())
 
     def release(self):
-        self._buffers = {}
+        self._requests = {}
 
     def _sizes(self, x, W):
         kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
@@ -85,8 +112,13 @@ class Im2colConv(_GemmConv):
         xp = get_array_module(x)
         n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
         kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
-        # the border stays zero: only the interior is ever written
-        xpad = self._buffer(xp, "xpad", (c, h + 2 * ph, w + 2 * pw, n), x.dtype, zero=True)
+        xpad = self._buffer(xp, "xpad", (c, h + 2 * ph, w + 2 * pw, n), x.dtype)
+        if ph:
+            xpad[:, :ph] = 0
+            xpad[:, ph + h:] = 0
+        if pw:
+            xpad[:, :, :pw] = 0
+            xpad[:, :, pw + w:] = 0
         xpad[:, ph:ph + h, pw:pw + w] = x.transpose(1, 2, 3, 0)
         col = self._buffer(xp, "col", (c, kh, kw, out_h, out_w, n), x.dtype)
         for i, j, tap in self._taps(xpad, out_h, out_w):
@@ -133,15 +165,19 @@ class ImplicitGemmConv(_GemmConv):
 
     name = "IMPLICIT"
 
-    def __init__(self, geometry, group, budget=DEFAULT_BUDGET):
+    def __init__(self, geometry, group, budget=None):
         super().__init__(geometry, group)
-        self.budget = budget
+        self.budget = DEFAULT_BUDGET if budget is None else budget
+        kh, kw, sy, sx, ph, pw = self.geometry[:6]
+        self.pointwise = (kh, kw, sy, sx, ph, pw) == (1, 1, 1, 1, 0, 0)
 
     def tiles(self, x_shape, itemsize=4):
         """``[(n0, n1, r0, r1)]``: image range and output-row range of each tile of ``x_shape`` (N, C, H, W)."""
         kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
         n, c, h, w = x_shape
         out_h, out_w = conv_output_size(h, kh, sy, ph, dy), conv_output_size(w, kw, sx, pw, dx)
+        if self.pointwise:  # x is its own column matrix: one tile, no workspace
+            return [(0, n, 0, out_h)]
         k = c * kh * kw
         per_row = k * out_w * itemsize
         if per_row * out_h <= self.budget:
@@ -154,6 +190,8 @@ class ImplicitGemmConv(_GemmConv):
         xp = get_array_module(x)
         n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
         kh, kw = self.geometry[:2]
+        if self.pointwise:
+            return x[n0:n1]
         col = self._buffer(xp, "col", (n1 - n0, c, kh, kw, r1 - r0, out_w), x.dtype)
         im2col_tile(x[n0:n1].transpose(1, 0, 2, 3), col.transpose(1, 2, 3, 0, 4, 5), *self.geometry, r0=r0)
         return col
@@ -180,7 +218,7 @@ class ImplicitGemmConv(_GemmConv):
         kh, kw = self.geometry[:2]
         if gb is not None:
             _bias_grad(xp, gy, gb)
-        if gx is not None:
+        if gx is not None and not self.pointwise:
             gx[...] = 0
         Wg = W.reshape(g, cog, kg)
         gW4 = gW.reshape(g, cog, kg)
@@ -197,7 +235,9 @@ class ImplicitGemmConv(_GemmConv):
             else:  # one image at a time keeps the partial products within the budget
                 for k in range(nb):
                     gW4 += xp.matmul(gyt[k], col[k].transpose(0, 2, 1))
-            if gx is not None:
+            if gx is not None and self.pointwise:
+                xp.matmul(Wg.transpose(0, 2, 1), gyt, out=gx[n0:n1].reshape(nb, g, kg, pt))
+            elif gx is not None:
                 xp.matmul(Wg.transpose(0, 2, 1), gyt, out=col)
                 col6 = col.reshape(nb, c, kh, kw, r1 - r0, out_w).transpose(1, 2, 3, 0, 4, 5)
                 col2im_tile(col6, gx[n0:n1].transpose(1, 0, 2, 3), *self.geometry, r0=r0)

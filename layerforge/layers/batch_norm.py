@@ -52,37 +52,55 @@ class BatchNorm(Layer):
         # (N, C, S): the statistics run over axes 0 and 2
         return a.reshape(a.shape[0], self.channels, -1)
 
+    def _channel_sum(self, a):
+        # sum over N and S as a GEMV against ones: BLAS speed, where a.sum(axis=(0, 2)) walks strided rows
+        n, c, m = a.shape
+        return (a.reshape(n * c, m) @ self.xp.ones(m, dtype=a.dtype)).reshape(n, c).sum(axis=0)
+
     def forward(self, bottom, top):
         xp = self.xp
         p = self.layer_param.batch_norm
         x = self._view(bottom[0].data)
+        m = x.shape[0] * x.shape[2]
         if self.use_global_stats:
             sf = float(self.blobs[2].data[0])
             sf = 0.0 if sf == 0 else 1.0 / sf
             mean, var = sf * self.blobs[0].data, sf * self.blobs[1].data
-            xc = x - mean[None, :, None]
         else:
-            mean = x.mean(axis=(0, 2))
-            xc = x - mean[None, :, None]
-            var = (xc * xc).mean(axis=(0, 2))
+            mean = self._channel_sum(x) / m
+        x_norm = getattr(self, "x_norm", None)
+        if x_norm is None or x_norm.shape != x.shape:
+            x_norm = xp.empty(x.shape, dtype=self.dtype)
+        xp.subtract(x, mean[None, :, None].astype(self.dtype, copy=False), out=x_norm)
+        if not self.use_global_stats:
+            sq = x_norm * x_norm
+            var = self._channel_sum(sq) / m
             f = p.moving_average_fraction
-            m = x.shape[0] * x.shape[2]
             self.blobs[2].data *= f
             self.blobs[2].data += 1
             self.blobs[0].data[...] = f * self.blobs[0].data + mean
             self.blobs[1].data[...] = f * self.blobs[1].data + (m / (m - 1) if m > 1 else 1.0) * var
         self.std = xp.sqrt(var + p.eps).astype(self.dtype, copy=False)
-        self.x_norm = (xc / self.std[None, :, None]).astype(self.dtype, copy=False)
-        top[0].data[...] = self.x_norm.reshape(top[0].shape)
+        x_norm *= (1 / self.std)[None, :, None]
+        self.x_norm = x_norm
+        top[0].data[...] = x_norm.reshape(top[0].shape)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
+        xp = self.xp
         gy = self._view(top[0].diff)
+        gx = self._view(bottom[0].diff)  # may be gy itself (in place): every step below is element-wise
+        inv_std = (1 / self.std)[None, :, None]
         if self.use_global_stats:
-            gx = gy / self.std[None, :, None]
-        else:
-            y = self.x_norm
-            gx = gy - gy.mean(axis=(0, 2), keepdims=True) - (gy * y).mean(axis=(0, 2), keepdims=True) * y
-            gx /= self.std[None, :, None]
-        bottom[0].diff[...] = gx.reshape(bottom[0].shape)
+            xp.multiply(gy, inv_std, out=gx)
+            return
+        y = self.x_norm
+        m = y.shape[0] * y.shape[2]
+        mean_gy = self._channel_sum(gy) / m
+        prod = gy * y
+        mean_gy_y = self._channel_sum(prod) / m
+        xp.multiply(y, mean_gy_y[None, :, None], out=prod)
+        xp.subtract(gy, prod, out=gx)
+        gx -= mean_gy[None, :, None]
+        gx *= inv_std

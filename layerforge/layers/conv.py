@@ -4,7 +4,7 @@ import time
 
 from ..errors import ShapeError
 from ..kernels.im2col import conv_output_size
-from ..kernels.implicit_gemm import ENGINES
+from ..kernels.implicit_gemm import ENGINES, free_arenas
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
 
@@ -48,7 +48,7 @@ class AutoChoice:
 
     def __init__(self, names, warmup=1, trials=2):
         self.names, self.warmup, self.trials = tuple(names), warmup, trials
-        self.calls, self.choice = 0, None
+        self.calls, self.choice = 0, (self.names[0] if len(self.names) == 1 else None)
         self.times = {name: [] for name in self.names}
 
     def next(self):
@@ -68,6 +68,8 @@ class AutoChoice:
 
 
 # engine name in the config -> the engines it may run; DEFAULT (Caffe's CAFFE/DEFAULT after import) means AUTO
+# AUTO does not try IM2COL where its column and output buffers would exceed this many bytes
+AUTO_WORKSPACE_LIMIT = 64 << 20
 ENGINE_CHOICES = {"AUTO": ("IM2COL", "IMPLICIT"), "DEFAULT": ("IM2COL", "IMPLICIT"),
                   "IM2COL": ("IM2COL",), "IMPLICIT": ("IMPLICIT",)}
 
@@ -84,7 +86,8 @@ class Convolution(Layer):
     top) share the parameters. Engines (``layerforge.kernels.implicit_gemm``): IM2COL runs one GEMM per
     group for the whole minibatch over a full column buffer; IMPLICIT lowers bounded tiles; AUTO times
     both over the first calls, separately for forward and backward, and keeps the faster
-    (``engine_choice``; logged on the "layerforge" logger).
+    (``engine_choice``; logged on the "layerforge" logger), except that it does not try IM2COL where
+    the full column buffer would exceed ``AUTO_WORKSPACE_LIMIT``.
     """
 
     param_blocks = {"convolution": {
@@ -164,8 +167,15 @@ class Convolution(Layer):
         if first != self._tuned_shape:  # a new shape may favour the other engine: choose again
             self._tuned_shape = first
             names = ENGINE_CHOICES[self.engine]
+            if len(names) > 1 and self._im2col_bytes(first, top[0].shape) > AUTO_WORKSPACE_LIMIT:
+                names = ("IMPLICIT",)  # like cuDNN's workspace limit: never allocate a huge column buffer to try it
             self.engines = {name: ENGINES[name](self.geometry, self.group) for name in names}
             self.tuning = {d: AutoChoice(names) for d in ("forward", "backward")}
+
+    def _im2col_bytes(self, x_shape, y_shape):
+        kh, kw = self.geometry[:2]
+        n, c = x_shape[:2]
+        return self.dtype.itemsize * n * y_shape[2] * y_shape[3] * (c * kh * kw + self.num_output)
 
     @property
     def engine_choice(self):
@@ -190,6 +200,7 @@ class Convolution(Layer):
                 for k, engine in self.engines.items():
                     if k not in chosen:
                         engine.release()
+                free_arenas()  # shrink to what the chosen engines ask for from the next call on
 
     def forward(self, bottom, top):
         b = self.blobs[1].data if self.bias_term else None

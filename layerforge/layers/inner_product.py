@@ -2,6 +2,7 @@
 import math
 
 from ..errors import ShapeError
+from ..kernels.blas import add_matmul
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
 
@@ -56,19 +57,22 @@ class InnerProduct(Layer):
         return a.T if self.transpose else a
 
     def forward(self, bottom, top):
-        y = bottom[0].data.reshape(self.m, self.k) @ self._weight_nk(self.blobs[0].data).T
+        y = top[0].data.reshape(self.m, self.num_output)
+        self.xp.matmul(bottom[0].data.reshape(self.m, self.k), self._weight_nk(self.blobs[0].data).T, out=y)
         if self.bias_term:
             y += self.blobs[1].data
-        top[0].data[...] = y.reshape(top[0].shape)
 
     def backward(self, top, propagate_down, bottom):
         gy = top[0].diff.reshape(self.m, self.num_output)
         x = bottom[0].data.reshape(self.m, self.k)
-        self._weight_nk(self.blobs[0].diff)[...] += gy.T @ x
+        if self.transpose:
+            add_matmul(self.blobs[0].diff, x.T, gy)
+        else:
+            add_matmul(self.blobs[0].diff, gy.T, x)
         if self.bias_term:
             self.blobs[1].diff += gy.sum(axis=0)
         if propagate_down[0]:
-            bottom[0].diff[...] = (gy @ self._weight_nk(self.blobs[0].data)).reshape(bottom[0].shape)
+            self.xp.matmul(gy, self._weight_nk(self.blobs[0].data), out=bottom[0].diff.reshape(self.m, self.k))
 
     def multiply_adds(self, bottom, top):
         return self.m * self.k * self.num_output

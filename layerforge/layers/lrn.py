@@ -16,6 +16,21 @@ def window_sum(a, n, axes):
     return a
 
 
+def negative_power(xp, s, beta):
+    """``s ** -beta`` for s > 0; the usual exponents by square roots, which cost a fraction of a pow."""
+    if beta == 0.75:
+        r = xp.sqrt(s)
+        out = xp.sqrt(r)
+        out *= r
+        return xp.reciprocal(out, out=out)
+    if beta == 0.5:
+        out = xp.sqrt(s)
+        return xp.reciprocal(out, out=out)
+    if beta == 1:
+        return xp.reciprocal(s)
+    return s ** -beta
+
+
 @register_layer("LRN")
 class LRN(Layer):
     """``y = x * scale^(-beta)``, ``scale = k + alpha / n * sum_window x^2``.
@@ -24,7 +39,7 @@ class LRN(Layer):
     WITHIN_CHANNEL: the window is the n x n spatial patch around each pixel (zero padded), alpha is divided
     by n^2 and, as in Caffe, 1 takes the place of k. Shapes: bottom (N, C, H, W) -> top of the same shape.
     Backward: ``gx = gy scale^(-beta) - (2 alpha' beta) x sum_window(gy y / scale)`` with alpha' = alpha/n
-    (or alpha/n^2).
+    (or alpha/n^2); forward keeps scale and scale^(-beta), so y = x scale^(-beta) is not read back.
     """
 
     param_blocks = {"lrn": {
@@ -35,7 +50,7 @@ class LRN(Layer):
                              doc="window across channels or within each channel's plane"),
         "k": Field("float", 1.0, doc="additive constant (ACROSS_CHANNELS only)"),
     }}
-    backward_reads = ("bottom", "top")
+    backward_reads = ("bottom",)
 
     @classmethod
     def validate_params(cls, lp):
@@ -49,7 +64,7 @@ class LRN(Layer):
             self.axes, self.alpha_n, self.shift = (1,), p.alpha / p.local_size, p.k
         else:
             self.axes, self.alpha_n, self.shift = (2, 3), p.alpha / p.local_size ** 2, 1.0
-        self.scale = None
+        self.scale = self.power = None
 
     def reshape(self, bottom, top):
         if len(bottom[0].shape) != 4:
@@ -58,12 +73,24 @@ class LRN(Layer):
 
     def forward(self, bottom, top):
         x = bottom[0].data
-        self.scale = self.shift + self.alpha_n * window_sum(x * x, self.n, self.axes)
-        top[0].data[...] = x * self.scale ** -self.beta
+        xp = self.xp
+        scale = window_sum(x * x, self.n, self.axes)
+        scale *= self.alpha_n
+        scale += self.shift
+        self.scale, self.power = scale, negative_power(xp, scale, self.beta)
+        xp.multiply(x, self.power, out=top[0].data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        x, y, gy = bottom[0].data, top[0].data, top[0].diff
-        ratio = window_sum(gy * y / self.scale, self.n, self.axes)
-        bottom[0].diff[...] = gy * self.scale ** -self.beta - (2 * self.alpha_n * self.beta) * x * ratio
+        xp = self.xp
+        x, gy = bottom[0].data, top[0].diff
+        t = gy * x
+        t *= self.power
+        t /= self.scale  # gy y / scale
+        ratio = window_sum(t, self.n, self.axes)
+        ratio *= x
+        ratio *= 2 * self.alpha_n * self.beta
+        gx = bottom[0].diff
+        xp.multiply(gy, self.power, out=gx)
+        gx -= ratio

@@ -46,14 +46,20 @@ class ReLU(NeuronLayer):
         xp = get_array_module(x)
         if self.negative_slope < 0:
             self.positive = x > 0
-        top[0].data[...] = xp.where(x > 0, x, x * self.negative_slope)
+        if self.negative_slope == 0:
+            xp.maximum(x, 0, out=top[0].data)
+        else:
+            top[0].data[...] = xp.where(x > 0, x, x * self.negative_slope)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         positive = self.positive if self.negative_slope < 0 else top[0].data > 0
         gy = top[0].diff
-        bottom[0].diff[...] = get_array_module(gy).where(positive, gy, gy * self.negative_slope)
+        if self.negative_slope == 0:
+            get_array_module(gy).multiply(gy, positive, out=bottom[0].diff)
+        else:
+            bottom[0].diff[...] = get_array_module(gy).where(positive, gy, gy * self.negative_slope)
 
 
 @register_layer("Sigmoid")

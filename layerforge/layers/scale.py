@@ -1,4 +1,6 @@
 """Scale: multiply by a broadcast scale (learned, or a second bottom) and optionally add a bias (Caffe's ScaleLayer)."""
+import math
+
 from ..errors import ShapeError
 from ..schema import Context, validate_block
 from .base import FILLER, Field, Layer, register_layer
@@ -66,10 +68,20 @@ class Scale(Layer):
         self.axis = axis
         self.sum_axes = tuple(range(axis)) + tuple(range(axis + len(s_shape), len(shape)))
         self.trailing = (1,) * (len(shape) - axis - len(s_shape))
+        self._scale_shape = s_shape
         top[0].reshape(shape)
 
     def _reduce(self, a):
-        return a.sum(axis=self.sum_axes) if self.sum_axes else a
+        if not self.sum_axes:
+            return a
+        # (outer, scale, inner): the inner sum as a GEMV against ones runs in BLAS
+        outer = math.prod(a.shape[:self.axis])
+        inner = math.prod(self.trailing and a.shape[len(a.shape) - len(self.trailing):])
+        size = a.size // (outer * inner)
+        a = a.reshape(outer * size, inner)
+        if inner > 1:
+            a = a @ self.xp.ones(inner, dtype=a.dtype)
+        return a.reshape(outer, size).sum(axis=0).reshape(self._scale_shape)
 
     def _broadcast(self, a):
         return a.reshape(a.shape + self.trailing)
@@ -77,11 +89,16 @@ class Scale(Layer):
     def forward(self, bottom, top):
         x = bottom[0].data
         # in place, y overwrites x, which the scale gradient still needs
-        self.x = x.copy() if bottom[0] is top[0] else None
-        y = x * self._broadcast(self._scale(bottom).data)
+        if bottom[0] is top[0]:
+            if getattr(self, "x", None) is None or self.x.shape != x.shape:
+                self.x = self.xp.empty_like(x)
+            self.x[...] = x
+        else:
+            self.x = None
+        y = top[0].data
+        self.xp.multiply(x, self._broadcast(self._scale(bottom).data), out=y)
         if self.layer_param.scale.bias_term:
             y += self._broadcast(self.blobs[-1].data)
-        top[0].data[...] = y
 
     def backward(self, top, propagate_down, bottom):
         gy = top[0].diff
@@ -93,4 +110,4 @@ class Scale(Layer):
         elif propagate_down[1]:
             bottom[1].diff[...] = self._reduce(gy * x)
         if propagate_down[0]:
-            bottom[0].diff[...] = gy * self._broadcast(self._scale(bottom).data)
+            self.xp.multiply(gy, self._broadcast(self._scale(bottom).data), out=bottom[0].diff)

@@ -57,9 +57,13 @@ def geometry(layer):
     return layer.geometry + (layer.group,)
 
 
+ENGINES = ["IM2COL", "IMPLICIT", "AUTO"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("param, shape", CASES)
-def test_forward_matches_naive_reference(xp, param, shape):
-    layer = conv_layer(xp=xp, **param)
+def test_forward_matches_naive_reference(xp, param, shape, engine):
+    layer = conv_layer(xp=xp, engine=engine, **param)
     x = numpy.random.default_rng(0).standard_normal(shape)
     bottom, top = [Blob(shape, numpy.float64, xp)], [Blob((), numpy.float64, xp)]
     bottom[0].data[...] = xp.asarray(x)
@@ -72,11 +76,12 @@ def test_forward_matches_naive_reference(xp, param, shape):
     numpy.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("param, shape", CASES)
-def test_forward_and_gradients_match_torch(param, shape):
+def test_forward_and_gradients_match_torch(param, shape, engine):
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
-    layer = conv_layer(**param)
+    layer = conv_layer(engine=engine, **param)
     rng = numpy.random.default_rng(1)
     bottom, top = [make_blob(rng.standard_normal(shape))], [Blob((), numpy.float64)]
     layer.setup(bottom, top)
@@ -97,9 +102,10 @@ def test_forward_and_gradients_match_torch(param, shape):
         numpy.testing.assert_allclose(layer.blobs[1].diff, b.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("param, shape", [CASES[1], CASES[3], CASES[4], CASES[6]])
-def test_gradient_check(param, shape):
-    layer = conv_layer(**param)
+def test_gradient_check(param, shape, engine):
+    layer = conv_layer(engine=engine, **param)
     bottom = [make_blob(numpy.random.default_rng(2).standard_normal(shape))]
     assert check_gradient(layer, bottom, [Blob((), numpy.float64)]) > 0
 
@@ -180,3 +186,101 @@ def test_channel_change_after_setup_is_a_shape_error():
     layer.setup([Blob((1, 3, 4, 4))], [Blob()])
     with pytest.raises(ShapeError, match="expect 3"):
         layer.reshape([Blob((1, 4, 4, 4))], [Blob()])
+
+
+GRID = [  # float32 shapes large enough that IMPLICIT tiles: (param, bottom shape)
+    ({"num_output": 16, "kernel_size": 3, "pad": 1}, (4, 8, 14, 14)),
+    ({"num_output": 16, "kernel_size": 3, "stride": 2, "pad": 1}, (4, 8, 15, 15)),
+    ({"num_output": 16, "kernel_size": 1}, (4, 32, 7, 7)),
+    ({"num_output": 8, "kernel_size": 1, "stride": 2}, (2, 16, 9, 9)),
+    ({"num_output": 12, "kernel_size": 3, "dilation": 2, "pad": 2}, (2, 6, 11, 10)),
+    ({"num_output": 12, "kernel_size": 3, "group": 3, "pad": 1}, (2, 6, 8, 8)),
+    ({"num_output": 8, "kernel_size": 5, "stride": [2, 1], "pad": [1, 2]}, (2, 3, 12, 9)),
+]
+
+
+def run_layer(layer, x, W, gy, calls=1):
+    bottom, top = [make_blob(x, numpy.float32)], [Blob()]
+    layer.setup(bottom, top)
+    layer.blobs[0].data[...] = W
+    layer.blobs[1].data[...] = 0.5
+    for _ in range(calls):
+        layer.blobs[0].diff[...] = 0
+        layer.blobs[1].diff[...] = 0
+        layer.forward(bottom, top)
+        top[0].diff[...] = gy
+        layer.backward(top, [True], bottom)
+    return [top[0].data.copy(), bottom[0].diff.copy(), layer.blobs[0].diff.copy(), layer.blobs[1].diff.copy()]
+
+
+@pytest.mark.parametrize("param, shape", GRID)
+def test_engines_agree_with_each_other_and_torch_in_float32(param, shape, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from layerforge.kernels import implicit_gemm
+    monkeypatch.setattr(implicit_gemm, "DEFAULT_BUDGET", 4096)  # several tiles, row tiles included
+    rng = numpy.random.default_rng(5)
+    x = rng.standard_normal(shape).astype(numpy.float32)
+    probe = conv_layer(dtype=numpy.float32, **param)
+    top = [Blob()]
+    probe.setup([make_blob(x, numpy.float32)], top)
+    W = rng.standard_normal(probe.blobs[0].shape).astype(numpy.float32)
+    gy = rng.standard_normal(top[0].shape).astype(numpy.float32)
+    results = {engine: run_layer(conv_layer(dtype=numpy.float32, engine=engine, **param), x, W, gy,
+                                 calls=8 if engine == "AUTO" else 1) for engine in ENGINES}
+    kh, kw, sy, sx, ph, pw, dy, dx, group = geometry(probe)
+    xt, Wt = torch.tensor(x, requires_grad=True), torch.tensor(W, requires_grad=True)
+    bt = torch.full((W.shape[0],), 0.5, requires_grad=True)
+    y = torch.nn.functional.conv2d(xt, Wt, bt, stride=(sy, sx), padding=(ph, pw), dilation=(dy, dx), groups=group)
+    (y * torch.tensor(gy)).sum().backward()
+    expected = [y.detach().numpy(), xt.grad.numpy(), Wt.grad.numpy(), bt.grad.numpy()]
+    for engine, got in results.items():
+        for a, e in zip(got, expected):
+            numpy.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4 * float(numpy.abs(e).max()), err_msg=engine)
+        for a, e in zip(got, results["IM2COL"]):
+            numpy.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5 * float(numpy.abs(e).max()), err_msg=engine)
+
+
+def test_auto_times_both_engines_per_direction_then_keeps_one(caplog):
+    layer = conv_layer(dtype=numpy.float32, num_output=8, kernel_size=3, pad=1)
+    rng = numpy.random.default_rng(6)
+    x = rng.standard_normal((2, 4, 10, 10)).astype(numpy.float32)
+    gy = rng.standard_normal((2, 8, 10, 10)).astype(numpy.float32)
+    bottom, top = [make_blob(x, numpy.float32)], [Blob()]
+    layer.setup(bottom, top)
+    assert layer.engine == "AUTO"
+    assert layer.engine_choice == {"forward": None, "backward": None}
+    outputs = []
+    with caplog.at_level("INFO", logger="layerforge"):
+        for _ in range(7):
+            layer.forward(bottom, top)
+            outputs.append(top[0].data.copy())
+            top[0].diff[...] = gy
+            layer.backward(top, [True], bottom)
+    choice = layer.engine_choice
+    assert set(choice.values()) <= {"IM2COL", "IMPLICIT"} and None not in choice.values()
+    assert sum("engine" in r.getMessage() and layer.name in r.getMessage() for r in caplog.records) == 2
+    for out in outputs[1:]:  # whichever engine ran, only rounding differs
+        numpy.testing.assert_allclose(out, outputs[0], rtol=1e-5, atol=1e-5)
+    unused = set(layer.engines) - set(choice.values())
+    assert all(layer.engines[k].workspace_bytes == 0 for k in unused)
+    assert layer.workspace_bytes > 0
+
+
+@pytest.mark.parametrize("engine, expected", [("DEFAULT", "AUTO"), ("IM2COL", "IM2COL"), ("IMPLICIT", "IMPLICIT")])
+def test_engine_setting(engine, expected):
+    layer = conv_layer(num_output=2, kernel_size=1, engine=engine)
+    layer.setup([Blob((1, 3, 4, 4))], [Blob()])
+    assert layer.engine == expected
+    if expected != "AUTO":
+        layer.forward([Blob((1, 3, 4, 4))], [Blob((1, 2, 4, 4))])
+        assert layer.engine_choice["forward"] == expected
+
+
+def test_auto_skips_im2col_beyond_the_workspace_limit(monkeypatch):
+    from layerforge.layers import conv
+    monkeypatch.setattr(conv, "AUTO_WORKSPACE_LIMIT", 1000)
+    layer = conv_layer(dtype=numpy.float32, num_output=4, kernel_size=3)
+    bottom, top = [make_blob(numpy.ones((2, 3, 8, 8)), numpy.float32)], [Blob()]
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    assert layer.engine_choice == {"forward": "IMPLICIT", "backward": "IMPLICIT"}

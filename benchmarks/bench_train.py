@@ -1,0 +1,345 @@
+"""Full training iterations (forward + backward + SGD update) in layerforge and in PyTorch CPU, side by side.
+
+    python benchmarks/bench_train.py [--nets lenet,alexnet,resnet50,vgg16] [--iterations 3] [--threads 2]
+
+Each net is described once below as a list of nodes; the same list builds a layerforge net (a dict
+with Input, Convolution, BatchNorm + Scale, ...) and a PyTorch module, so both run the same
+architecture: LeNet (Caffe's MNIST example), AlexNet (Caffe's bvlc_alexnet: LRN, grouped conv2/4/5,
+227 x 227), VGG-16 (configuration D, 224 x 224) and ResNet-50 (torchvision's v1.5: stride in the
+3x3 convolution; Caffe's BatchNorm + Scale is torch's affine BatchNorm2d). Pooling uses Caffe's ceil
+rounding in both. The update is momentum SGD with weight decay on every parameter, written out
+in-place for layerforge (the solver package may not exist when this runs) and torch.optim.SGD for torch.
+
+Every (framework, net) runs in its own subprocess so that its peak RSS (ru_maxrss) is its own; both
+use ``--threads`` BLAS / intra-op threads. Warm-up iterations run first (layerforge: until every AUTO
+convolution has settled its engines), then the median of ``--iterations`` timed ones is reported.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BATCH = {"lenet": 64, "alexnet": 16, "resnet50": 8, "vgg16": 4}
+
+
+# --------------------------------------------------------------------------------------------------
+# architectures: nodes (name, op, bottoms, params)
+
+def lenet():
+    return (1, 28, 10), [
+        ("conv1", "conv", ["data"], dict(cout=20, k=5)), ("pool1", "maxpool", ["conv1"], dict(k=2, s=2)),
+        ("conv2", "conv", ["pool1"], dict(cout=50, k=5)), ("pool2", "maxpool", ["conv2"], dict(k=2, s=2)),
+        ("ip1", "ip", ["pool2"], dict(cout=500)), ("relu1", "relu", ["ip1"], {}),
+        ("ip2", "ip", ["relu1"], dict(cout=10))]
+
+
+def alexnet():
+    n = []
+    n += [("conv1", "conv", ["data"], dict(cout=96, k=11, s=4)), ("relu1", "relu", ["conv1"], {}),
+          ("norm1", "lrn", ["relu1"], {}), ("pool1", "maxpool", ["norm1"], dict(k=3, s=2)),
+          ("conv2", "conv", ["pool1"], dict(cout=256, k=5, p=2, g=2)), ("relu2", "relu", ["conv2"], {}),
+          ("norm2", "lrn", ["relu2"], {}), ("pool2", "maxpool", ["norm2"], dict(k=3, s=2)),
+          ("conv3", "conv", ["pool2"], dict(cout=384, k=3, p=1)), ("relu3", "relu", ["conv3"], {}),
+          ("conv4", "conv", ["relu3"], dict(cout=384, k=3, p=1, g=2)), ("relu4", "relu", ["conv4"], {}),
+          ("conv5", "conv", ["relu4"], dict(cout=256, k=3, p=1, g=2)), ("relu5", "relu", ["conv5"], {}),
+          ("pool5", "maxpool", ["relu5"], dict(k=3, s=2))]
+    n += [("fc6", "ip", ["pool5"], dict(cout=4096)), ("relu6", "relu", ["fc6"], {}), ("drop6", "dropout", ["relu6"], {}),
+          ("fc7", "ip", ["drop6"], dict(cout=4096)), ("relu7", "relu", ["fc7"], {}), ("drop7", "dropout", ["relu7"], {}),
+          ("fc8", "ip", ["drop7"], dict(cout=1000))]
+    return (3, 227, 1000), n
+
+
+def vgg16():
+    n, prev = [], "data"
+    for stage, (reps, c) in enumerate([(2, 64), (2, 128), (3, 256), (3, 512), (3, 512)], 1):
+        for r in range(1, reps + 1):
+            name = f"conv{stage}_{r}"
+            n += [(name, "conv", [prev], dict(cout=c, k=3, p=1)), (f"relu{stage}_{r}", "relu", [name], {})]
+            prev = f"relu{stage}_{r}"
+        n.append((f"pool{stage}", "maxpool", [prev], dict(k=2, s=2)))
+        prev = f"pool{stage}"
+    n += [("fc6", "ip", [prev], dict(cout=4096)), ("relu6", "relu", ["fc6"], {}), ("drop6", "dropout", ["relu6"], {}),
+          ("fc7", "ip", ["drop6"], dict(cout=4096)), ("relu7", "relu", ["fc7"], {}), ("drop7", "dropout", ["relu7"], {}),
+          ("fc8", "ip", ["drop7"], dict(cout=1000))]
+    return (3, 224, 1000), n
+
+
+def _conv_bn(n, name, bottom, relu=True, **conv):
+    n += [(name, "conv", [bottom], dict(bias=False, **conv)), ("bn_" + name, "bn", [name], {})]
+    if relu:
+        n.append(("relu_" + name, "relu", ["bn_" + name], {}))
+        return "relu_" + name
+    return "bn_" + name
+
+
+def resnet50():
+    n = []
+    prev = _conv_bn(n, "conv1", "data", cout=64, k=7, s=2, p=3)
+    n.append(("pool1", "maxpool", [prev], dict(k=3, s=2)))
+    prev = "pool1"
+    for stage, (blocks, c) in enumerate([(3, 64), (4, 128), (6, 256), (3, 512)], 2):
+        for b in range(blocks):
+            name, s = f"res{stage}{chr(97 + b)}", (2 if b == 0 and stage > 2 else 1)
+            x = _conv_bn(n, name + "_2a", prev, cout=c, k=1)
+            x = _conv_bn(n, name + "_2b", x, cout=c, k=3, s=s, p=1)
+            x = _conv_bn(n, name + "_2c", x, relu=False, cout=4 * c, k=1)
+            short = _conv_bn(n, name + "_1", prev, relu=False, cout=4 * c, k=1, s=s) if b == 0 else prev
+            n += [(name, "add", [x, short], {}), (name + "_relu", "relu", [name], {})]
+            prev = name + "_relu"
+    n += [("pool5", "avepool", [prev], {}), ("fc1000", "ip", ["pool5"], dict(cout=1000))]
+    return (3, 224, 1000), n
+
+
+NETS = {"lenet": lenet, "alexnet": alexnet, "vgg16": vgg16, "resnet50": resnet50}
+FILL = {"type": "msra"}
+
+
+def layerforge_def(nodes, batch, shape):
+    """The nodes as a layerforge net dict; in-place layers where Caffe's model files put them."""
+    c, size, classes = shape
+    layers = [{"name": "data", "type": "Input", "top": ["data", "label"],
+               "input": {"shape": [[batch, c, size, size], [batch]]}}]
+    blob = {"data": "data"}  # node name -> blob holding its output (in-place ops keep their bottom's name)
+    for name, op, bottoms, p in nodes:
+        b = [blob[x] for x in bottoms]
+        top = name
+        if op == "conv":
+            layers.append({"name": name, "type": "Convolution", "bottom": b, "top": name, "convolution": {
+                "num_output": p["cout"], "kernel_size": p["k"], "stride": p.get("s", 1), "pad": p.get("p", 0),
+                "group": p.get("g", 1), "bias_term": p.get("bias", True), "weight_filler": FILL}})
+        elif op == "bn":
+            top = b[0]
+            layers += [{"name": name, "type": "BatchNorm", "bottom": b, "top": top},
+                       {"name": name + "_scale", "type": "Scale", "bottom": top, "top": top, "scale": {"bias_term": True}}]
+        elif op in ("relu", "dropout"):
+            top = b[0]
+            layers.append({"name": name, "type": "ReLU" if op == "relu" else "Dropout", "bottom": b, "top": top})
+        elif op == "lrn":
+            layers.append({"name": name, "type": "LRN", "bottom": b, "top": name,
+                           "lrn": {"local_size": 5, "alpha": 1e-4, "beta": 0.75}})
+        elif op in ("maxpool", "avepool"):
+            pool = {"pool": "MAX", "kernel_size": p["k"], "stride": p["s"]} if op == "maxpool" else \
+                {"pool": "AVE", "global_pooling": True}
+            layers.append({"name": name, "type": "Pooling", "bottom": b, "top": name, "pooling": pool})
+        elif op == "ip":
+            layers.append({"name": name, "type": "InnerProduct", "bottom": b, "top": name,
+                           "inner_product": {"num_output": p["cout"], "weight_filler": {"type": "xavier"}}})
+        elif op == "add":
+            layers.append({"name": name, "type": "Eltwise", "bottom": b, "top": name})
+        blob[name] = top
+    layers.append({"name": "loss", "type": "SoftmaxWithLoss", "bottom": [blob[nodes[-1][0]], "label"], "top": "loss"})
+    return {"name": "bench", "layers": layers}
+
+
+def torch_module(nodes, shape):
+    import torch
+    from torch import nn
+
+    c, size, classes = shape
+    channels, mods = {"data": c}, nn.ModuleDict()
+    spatial = {"data": size}
+    for name, op, bottoms, p in nodes:
+        cin, s_in = channels[bottoms[0]], spatial[bottoms[0]]
+        cout, s_out = cin, s_in
+        if op == "conv":
+            cout = p["cout"]
+            mods[name] = nn.Conv2d(cin, cout, p["k"], p.get("s", 1), p.get("p", 0), groups=p.get("g", 1),
+                                   bias=p.get("bias", True))
+            s_out = (s_in + 2 * p.get("p", 0) - p["k"]) // p.get("s", 1) + 1
+        elif op == "bn":
+            mods[name] = nn.BatchNorm2d(cin)
+        elif op == "lrn":
+            mods[name] = nn.LocalResponseNorm(5, 1e-4, 0.75)
+        elif op == "maxpool":
+            mods[name] = nn.MaxPool2d(p["k"], p["s"], ceil_mode=True)
+            s_out = -(-(s_in - p["k"]) // p["s"]) + 1
+        elif op == "ip":
+            cout = p["cout"]
+            mods[name] = nn.Linear(cin * s_in * s_in, cout)
+            s_out = 1
+        elif op == "avepool":
+            s_out = 1
+        channels[name], spatial[name] = cout, s_out
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mods = mods
+
+        def forward(self, x):
+            out = {"data": x}
+            for name, op, bottoms, p in nodes:
+                a = out[bottoms[0]]
+                if op == "relu":
+                    y = torch.relu(a)
+                elif op == "dropout":
+                    y = nn.functional.dropout(a, 0.5, self.training)
+                elif op == "add":
+                    y = a + out[bottoms[1]]
+                elif op == "avepool":
+                    y = a.mean(dim=(2, 3), keepdim=True)
+                elif op == "ip":
+                    y = self.mods[name](a.flatten(1))
+                else:
+                    y = self.mods[name](a)
+                out[name] = y
+            return out[nodes[-1][0]]
+
+    return Net()
+
+
+# --------------------------------------------------------------------------------------------------
+# one framework, one net (run in a subprocess)
+
+def max_rss():
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_layerforge(net_name, iterations, threads):
+    import numpy
+    sys.path.insert(0, ROOT)
+    from layerforge.net import Net
+
+    shape, nodes = NETS[net_name]()
+    batch = BATCH[net_name]
+    net = Net(layerforge_def(nodes, batch, shape))
+    net.optimize_memory()
+    g = numpy.random.default_rng(0)
+    net.blobs["data"].data[...] = g.standard_normal(net.blobs["data"].shape)
+    net.blobs["label"].data[...] = g.integers(0, shape[2], batch)
+    params = list(zip(net.learnable_params, net.params_lr, net.params_weight_decay))
+    history = [numpy.zeros_like(b.data) for b, _, _ in params]
+    scratch = numpy.empty(max(b.count for b, _, _ in params), net.dtype)
+    lr, momentum, decay = 1e-3, 0.9, 5e-4
+
+    def step():
+        net.clear_param_diffs()
+        net.forward()
+        net.backward()
+        for (b, lr_mult, decay_mult), v in zip(params, history):
+            if lr_mult == 0:
+                continue
+            g = scratch[:b.count].reshape(b.shape)  # in place throughout: fc6 is 151 MB
+            numpy.multiply(b.data, decay * decay_mult, out=g)
+            g += b.diff
+            g *= lr * lr_mult
+            v *= momentum
+            v -= g
+            b.data += v
+
+    convs = [layer for layer in net.layers if hasattr(layer, "engine_choice")]
+    warm = 0
+    while warm < 1 or (warm < 10 and any(None in layer.engine_choice.values() for layer in convs)):
+        step()
+        warm += 1
+    times = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    report = net.memory_report()
+    engines = {layer.name: "/".join(layer.engine_choice.values()) for layer in convs}
+    return {"times": times, "warmup": warm, "max_rss": max_rss(), "counted_peak_bytes": report["peak_bytes"],
+            "engines": engines}
+
+
+def run_torch(net_name, iterations, threads):
+    import torch
+    torch.set_num_threads(threads)
+    shape, nodes = NETS[net_name]()
+    batch = BATCH[net_name]
+    model = torch_module(nodes, shape)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, shape[0], shape[1], shape[1], generator=g)
+    y = torch.randint(0, shape[2], (batch,), generator=g)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+    step()
+    times = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {"times": times, "warmup": 1, "max_rss": max_rss()}
+
+
+def child(args):
+    fn = run_layerforge if args.child == "layerforge" else run_torch
+    print(json.dumps(fn(args.net, args.iterations, args.threads)))
+
+
+def measure(framework, net, iterations, threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads))
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", framework, "--net", net,
+                           "--iterations", str(iterations), "--threads", str(threads)],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode:
+        raise RuntimeError(f"{framework} {net} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nets", default="lenet,alexnet,resnet50,vgg16")
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="alternate layerforge / torch subprocesses this many times (contention hits both alike)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--child", choices=("layerforge", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--net", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+    rows = []
+    print(f"load average before: {os.getloadavg()}")
+    print("| net | batch | layerforge ms median (min) | torch ms median (min) | ratio lf/torch median (min) "
+          "| lf img/s | torch img/s | lf peak RSS MiB | torch peak RSS MiB | lf counted peak MiB | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for net in args.nets.split(","):
+        runs = {"layerforge": [], "torch": []}
+        for _ in range(args.rounds):
+            for framework in runs:
+                runs[framework].append(measure(framework, net, args.iterations, args.threads))
+        lf, tc = runs["layerforge"][-1], runs["torch"][-1]
+        lf_times = [t for r in runs["layerforge"] for t in r["times"]]
+        tc_times = [t for r in runs["torch"] for t in r["times"]]
+        b = BATCH[net]
+        a, t = median(lf_times), median(tc_times)
+        lf_rss = max(r["max_rss"] for r in runs["layerforge"])
+        tc_rss = max(r["max_rss"] for r in runs["torch"])
+        load = os.getloadavg()
+        row = {"net": net, "batch": b, "layerforge_runs": runs["layerforge"], "torch_runs": runs["torch"],
+               "layerforge_ms": 1e3 * a, "torch_ms": 1e3 * t, "ratio": a / t,
+               "ratio_min": min(lf_times) / min(tc_times), "load": load}
+        rows.append(row)
+        print(f"| {net} | {b} | {1e3 * a:.1f} ({1e3 * min(lf_times):.1f}) | {1e3 * t:.1f} ({1e3 * min(tc_times):.1f}) "
+              f"| {a / t:.2f} ({row['ratio_min']:.2f}) | {b / a:.1f} | {b / t:.1f} | {lf_rss / 2**20:.0f} "
+              f"| {tc_rss / 2**20:.0f} | {lf['counted_peak_bytes'] / 2**20:.0f} | {load[0]:.2f} |", flush=True)
+    print(f"load average after: {os.getloadavg()}")
+    for row in rows:
+        print(f"{row['net']} engines (fwd/bwd): {row['layerforge_runs'][-1]['engines']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+import numpy
+import pytest
+
+from layerforge.kernels.im2col import col2im_cpu, conv_output_size, im2col_cpu
+from layerforge.kernels.implicit_gemm import ENGINES, ImplicitGemmConv, Im2colConv, gemm_shape
+
+GEOMETRIES = [  # kh, kw, sy, sx, ph, pw, dy, dx, group
+    (3, 3, 1, 1, 0, 0, 1, 1, 1),
+    (3, 3, 2, 2, 1, 1, 1, 1, 1),
+    (1, 1, 1, 1, 0, 0, 1, 1, 1),
+    (1, 1, 2, 2, 0, 0, 1, 1, 1),
+    (3, 3, 1, 1, 2, 2, 2, 2, 1),
+    (2, 3, 2, 1, 1, 0, 1, 2, 2),
+    (5, 5, 1, 1, 2, 2, 1, 1, 4),
+]
+
+
+def reference(x, W, b, gy, geom):
+    """Forward and gradients through the (separately tested) im2col_cpu / col2im_cpu and einsum."""
+    kh, kw, sy, sx, ph, pw, dy, dx, g = geom
+    n, c, h, w = x.shape
+    col = im2col_cpu(x, kh, kw, sy, sx, ph, pw, dy, dx)  # (C, kh, kw, N, oh, ow)
+    oh, ow = col.shape[4:]
+    colg = col.reshape(g, -1, n, oh, ow)
+    Wg = W.reshape(g, W.shape[0] // g, -1)
+    y = numpy.einsum("gok,gknyx->ngoyx", Wg, colg).reshape(n, -1, oh, ow) + b[:, None, None]
+    gyg = gy.reshape(n, g, -1, oh, ow)
+    gW = numpy.einsum("ngoyx,gknyx->gok", gyg, colg).reshape(W.shape)
+    gcol = numpy.einsum("gok,ngoyx->gknyx", Wg, gyg).reshape(col.shape)
+    gx = col2im_cpu(gcol, sy, sx, ph, pw, h, w, dy, dx)
+    return y, gW, gy.sum(axis=(0, 2, 3)), gx
+
+
+def run(engine, x, W, b, gy, geom):
+    y = numpy.empty(gy.shape, x.dtype)
+    gW, gb, gx = numpy.zeros_like(W), numpy.zeros_like(b), numpy.empty_like(x)
+    engine.forward(x, W, b, y)
+    engine.backward(x, W, gy, gW, gb, gx)
+    return y, gW, gb, gx
+
+
+def make(geom, shape=(3, 4, 9, 8), cout=4, seed=0):
+    kh, kw, sy, sx, ph, pw, dy, dx, g = geom
+    rng = numpy.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    W = rng.standard_normal((cout, shape[1] // g, kh, kw))
+    b = rng.standard_normal(cout)
+    oh, ow = conv_output_size(shape[2], kh, sy, ph, dy), conv_output_size(shape[3], kw, sx, pw, dx)
+    gy = rng.standard_normal((shape[0], cout, oh, ow))
+    return x, W, b, gy
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES)
+@pytest.mark.parametrize("name, budget", [("IM2COL", None), ("IMPLICIT", None), ("IMPLICIT", 2000),
+                                          ("IMPLICIT", 1)])
+def test_engines_match_the_reference(geom, name, budget):
+    x, W, b, gy = make(geom)
+    engine = ENGINES[name](geom[:8], geom[8]) if budget is None else ImplicitGemmConv(geom[:8], geom[8], budget)
+    got = run(engine, x, W, b, gy, geom)
+    for a, e in zip(got, reference(x, W, b, gy, geom)):
+        numpy.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-10)
+    again = run(engine, x, W, b, gy, geom)  # reused workspaces give the same answer
+    for a, e in zip(again, got):
+        numpy.testing.assert_array_equal(a, e)
+
+
+def test_backward_without_data_gradient_and_without_bias():
+    geom = GEOMETRIES[1]
+    x, W, b, gy = make(geom)
+    _, gW_ref, _, _ = reference(x, W, b, gy, geom)
+    for cls in (Im2colConv, ImplicitGemmConv):
+        gW = numpy.full_like(W, 1.0)  # gradients add into what is there
+        cls(geom[:8], 1).backward(x, W, gy, gW, None, None)
+        numpy.testing.assert_allclose(gW, gW_ref + 1.0, rtol=1e-10)
+
+
+@pytest.mark.parametrize("budget", [1, 500, 3000, 10 ** 6])
+def test_implicit_tiles_cover_every_output_once_within_the_budget(budget):
+    engine = ImplicitGemmConv((3, 3, 1, 1, 1, 1, 1, 1), 1, budget)
+    shape = (5, 2, 7, 6)
+    seen = numpy.zeros((5, 7), int)
+    for n0, n1, r0, r1 in engine.tiles(shape, 8):
+        seen[n0:n1, r0:r1] += 1
+        assert n1 - n0 == 1 or (r0, r1) == (0, 7)
+        assert (n1 - n0) * (r1 - r0) * 2 * 9 * 6 * 8 <= max(budget, 2 * 9 * 6 * 8)  # one row at least
+    assert (seen == 1).all()
+
+
+def test_workspace_bytes():
+    x, W, b, gy = make((3, 3, 1, 1, 1, 1, 1, 1, 1), shape=(8, 4, 16, 16), cout=6)
+    x, W, b, gy = (a.astype(numpy.float32) for a in (x, W, b, gy))
+    geom = (3, 3, 1, 1, 1, 1, 1, 1)
+    full = Im2colConv(geom, 1)
+    run(full, x, W, b, gy, geom + (1,))
+    col = 4 * 9 * 16 * 16 * 8 * 4
+    assert full.workspace_bytes == col + 2 * 4 * 18 * 18 * 8 * 4 + 6 * 16 * 16 * 8 * 4  # col, x/gx pads, y
+    tiled = ImplicitGemmConv(geom, 1, budget=col // 8)
+    run(tiled, x, W, b, gy, geom + (1,))
+    assert tiled.workspace_bytes <= col // 8
+    tiled.release()
+    assert tiled.workspace_bytes == 0
+
+
+def test_gemm_shape():
+    assert gemm_shape((8, 64, 56, 56), (64, 64, 3, 3), (3, 3, 1, 1, 1, 1, 1, 1), 1) == (64, 8 * 56 * 56, 576)
+    assert gemm_shape((2, 4, 9, 9), (6, 2, 3, 3), (3, 3, 2, 2, 0, 0, 1, 1), 2) == (3, 2 * 16, 18)
+
+
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+@pytest.mark.parametrize("ta, tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_add_matmul_accumulates_in_place(dtype, ta, tb, monkeypatch):
+    from layerforge.kernels import blas
+    from layerforge.kernels.blas import add_matmul
+    monkeypatch.setattr(blas, "MIN_BYTES", 0)  # the in-place BLAS path even for this small c
+    rng = numpy.random.default_rng(7)
+    a = rng.standard_normal((5, 4) if ta else (4, 5)).astype(dtype)
+    b = rng.standard_normal((3, 5) if tb else (5, 3)).astype(dtype)
+    a, b = (a.T if ta else a), (b.T if tb else b)
+    c = rng.standard_normal((4, 3)).astype(dtype)
+    expected = c + a @ b
+    out = add_matmul(c, a, b)
+    assert out is c
+    numpy.testing.assert_allclose(c, expected, rtol=1e-5 if dtype == numpy.float32 else 1e-12)
