@@ -4,7 +4,7 @@ import math
 from ..backend import get_array_module
 from ..errors import ShapeError
 from .base import Field, Layer, register_layer
-from .loss import class_labels
+from .loss import check_label_count, class_labels
 from .softmax import canonical_axis
 
 
@@ -40,10 +40,7 @@ class Accuracy(Layer):
         if p.top_k > self.channels:
             raise ShapeError(f"top_k {p.top_k} exceeds the {self.channels} classes of scores of shape {shape}",
                              key="accuracy.top_k")
-        if bottom[1].count != self.outer * self.inner:
-            raise ShapeError(f"the labels (shape {bottom[1].shape}, {bottom[1].count} values) must number "
-                             f"{self.outer * self.inner}, one per prediction of the scores (shape {shape}, "
-                             f"class axis {self.axis})", key="bottom")
+        check_label_count(bottom[1], self.outer * self.inner, shape, self.axis)
         top[0].reshape(())
         if len(top) > 1:
             top[1].reshape((self.channels,))

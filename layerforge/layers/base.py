@@ -11,22 +11,14 @@ import numpy
 from ..blob import Blob
 from ..errors import ConfigError
 from ..fillers import fill
+from ..registry import registrar
 from ..schema import FILLER, Field, LOSS  # noqa: F401  (re-exported for layer files)
 
 LAYER_REGISTRY = {}
 
 
-def register_layer(type_name):
-    """Class decorator: make a Layer class available under its Caffe type name."""
-
-    def decorate(cls):
-        if type_name in LAYER_REGISTRY:
-            raise ValueError(f"layer type {type_name!r} registered twice")
-        cls.type = type_name
-        LAYER_REGISTRY[type_name] = cls
-        return cls
-
-    return decorate
+register_layer = registrar(LAYER_REGISTRY, "layer type")
+register_layer.__doc__ = "Class decorator: make a Layer class available under its Caffe type name."
 
 
 class Layer:

@@ -31,6 +31,13 @@ def class_labels(layer, label_blob, outer, inner, channels, ignore_label):
     return xp.where(valid, label, 0), valid
 
 
+
+def check_label_count(labels, count, shape, axis):
+    """ShapeError unless the label blob holds one value per prediction (``count`` = outer * inner)."""
+    if labels.count != count:
+        raise ShapeError(f"the labels (shape {labels.shape}, {labels.count} values) must number {count}, one per "
+                         f"prediction of the scores (shape {shape}, class axis {axis})", key="bottom")
+
 @register_layer("SoftmaxWithLoss")
 class SoftmaxWithLoss(Layer):
     """Cross-entropy of softmax probabilities: loss = -sum_{valid n} log p[n, label_n] / normalizer.
@@ -66,10 +73,7 @@ class SoftmaxWithLoss(Layer):
         self.outer = math.prod(shape[:self.axis])
         self.channels = shape[self.axis]
         self.inner = math.prod(shape[self.axis + 1:])
-        if bottom[1].count != self.outer * self.inner:
-            raise ShapeError(f"the labels (shape {bottom[1].shape}, {bottom[1].count} values) must number "
-                             f"{self.outer * self.inner}, one per prediction of the scores (shape {shape}, "
-                             f"class axis {self.axis})", key="bottom")
+        check_label_count(bottom[1], self.outer * self.inner, shape, self.axis)
         top[0].reshape(())
         if len(top) > 1:
             top[1].reshape(shape)

@@ -32,6 +32,7 @@ from .. import backend, rng
 from ..errors import LayerforgeError
 from ..net import Net
 from ..npz import load_npz, save_npz_atomic
+from ..registry import registrar
 from .param import SolverParameter, learning_rate, load_solver_param
 
 log = logging.getLogger("layerforge")
@@ -40,17 +41,8 @@ SOLVER_REGISTRY = {}
 EFFECTS = ("snapshot", "stop", "none")
 
 
-def register_solver(type_name):
-    """Class decorator: make a Solver subclass available as solver ``type: <type_name>``."""
-
-    def decorate(cls):
-        if type_name in SOLVER_REGISTRY:
-            raise ValueError(f"solver type {type_name!r} registered twice")
-        cls.type = type_name
-        SOLVER_REGISTRY[type_name] = cls
-        return cls
-
-    return decorate
+register_solver = registrar(SOLVER_REGISTRY, "solver type")
+register_solver.__doc__ = "Class decorator: make a Solver subclass available as solver ``type: <type_name>``."
 
 
 def get_solver(source, shard=None, **overrides):
