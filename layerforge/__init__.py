@@ -9,9 +9,13 @@ pycaffe-style API::
     solver = layerforge.get_solver("configs/lenet_solver.yaml")
     solver.step(100)
 """
-from .errors import ConfigError, DataError, LayerforgeError, ShapeError
-from .net import Net
-from .solvers import Solver, get_solver
+from ._threads import limit_threads_per_rank
+
+limit_threads_per_rank()  # before numpy loads its BLAS
+
+from .errors import ConfigError, DataError, LayerforgeError, ShapeError  # noqa: E402
+from .net import Net  # noqa: E402
+from .solvers import Solver, get_solver  # noqa: E402
 
 __version__ = "0.1.0"
 
