@@ -8,7 +8,7 @@ synthetic DummyData variant) and runs each layer as the equivalent torch op on t
 (Conv2d with the same stride/pad/group, ceil-mode pooling, LRN, batch-statistics BatchNorm, Scale,
 Eltwise, Concat, Dropout, SoftmaxWithLoss), so both sides compute the same net; autograd does torch's
 backward. Both use the same number of threads (BLAS threads for numpy, torch.set_num_threads for torch).
-One warm-up iteration, then the mean of ``--iterations`` timed ones.
+Warm-up until every AUTO convolution has chosen its engines (torch: one), then the mean of ``--iterations`` timed ones.
 """
 import argparse
 import json
@@ -122,12 +122,12 @@ def torch_runner(net, torch):
 
 def bench(name, batch, iterations, torch):
     from layerforge.net import Net
+    from layerforge.commands.time import warm_up
     from layerforge.netdef import load_net_def, set_batch_size
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", f"{name}.yaml")
     net = Net(set_batch_size(load_net_def(path), batch), phase="train")
-    net.forward()
-    net.backward()
+    warm_up(net)
     t0 = time.perf_counter()
     for _ in range(iterations):
         net.forward()
@@ -147,7 +147,7 @@ def bench(name, batch, iterations, torch):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nets", default=",".join(NETS), help="comma-separated zoo nets (configs/<name>.yaml)")
-    parser.add_argument("--iterations", type=int, default=2, help="timed iterations per net (after one warm-up)")
+    parser.add_argument("--iterations", type=int, default=2, help="timed iterations per net (after the warm-up)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, help="one batch for every net (default: 8, VGG-16 4)")
     parser.add_argument("--json", help="also write the results to this file")
@@ -159,7 +159,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     rows = []
     print(f"# forward+backward, TRAIN phase, synthetic data, {args.threads} threads, torch {torch.__version__}, "
-          f"mean of {args.iterations} after 1 warm-up", flush=True)
+          f"mean of {args.iterations} after warm-up (AUTO settled)", flush=True)
     print(f"{'net':<20} {'batch':>5} {'layerforge ms':>14} {'torch ms':>10} {'ratio':>6}", flush=True)
     for name in args.nets.split(","):
         r = bench(name, args.batch or NETS[name], args.iterations, torch)

@@ -7,7 +7,7 @@ per iteration). Under an MPI launcher, unless the user set a thread count, each 
 """
 import os
 
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def local_ranks():
@@ -22,9 +22,9 @@ def local_ranks():
 def limit_threads_per_rank():
     """Set the BLAS/OpenMP thread variables for a rank that shares its node; returns the count, or None."""
     ranks = local_ranks()
-    if ranks <= 1 or any(v in os.environ for v in _THREAD_VARS):
+    if ranks <= 1 or any(v in os.environ for v in THREAD_VARS):
         return None
     threads = max(1, (os.cpu_count() or 1) // ranks)
-    for var in _THREAD_VARS:
+    for var in THREAD_VARS:
         os.environ[var] = str(threads)
     return threads

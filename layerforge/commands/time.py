@@ -39,11 +39,7 @@ def time_net(net, iterations):
     """Time ``net``; returns a dict with per-layer rows and totals (milliseconds per iteration)."""
     n = len(net.layers)
     fwd, bwd = [0.0] * n, [0.0] * n
-    warmups = 0
-    while warmups < 1 or (warmups < 20 and any(None in engine_choice(layer) for layer in net.layers)):
-        net.forward()
-        net.backward()
-        warmups += 1
+    warmups = warm_up(net)
     clock = time.perf_counter
     for _ in range(iterations):
         for i in range(n):
@@ -85,6 +81,19 @@ def time_net(net, iterations):
             "forward_ms": total_fwd * ms, "backward_ms": total_bwd * ms,
             "forward_backward_ms": (total_fwd + total_bwd) * ms, "memory": memory,
             "max_rss_bytes": max_rss_bytes()}
+
+
+def warm_up(net, limit=20):
+    """Forward-backward passes until every AUTO convolution has chosen its engines (at least one pass).
+
+    Returns the number of passes; timings taken before then would include AUTO's trials of both engines.
+    """
+    passes = 0
+    while passes < 1 or (passes < limit and any(None in engine_choice(layer) for layer in net.layers)):
+        net.forward()
+        net.backward()
+        passes += 1
+    return passes
 
 
 def engine_choice(layer):

@@ -17,9 +17,10 @@ import signal
 import threading
 import traceback
 
+from .._threads import THREAD_VARS
 from ..errors import LayerforgeError
 
-WORKER_THREADS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+WORKER_THREADS_ENV = THREAD_VARS
 
 
 class WorkerOptions:
