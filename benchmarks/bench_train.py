@@ -318,7 +318,7 @@ def main():
         for _ in range(args.rounds):
             for framework in runs:
                 runs[framework].append(measure(framework, net, args.iterations, args.threads))
-        lf, tc = runs["layerforge"][-1], runs["torch"][-1]
+        lf = runs["layerforge"][-1]
         lf_times = [t for r in runs["layerforge"] for t in r["times"]]
         tc_times = [t for r in runs["torch"] for t in r["times"]]
         b = BATCH[net]

@@ -9,7 +9,7 @@ import os
 
 from .blocks import annotate, expand_blocks
 from .errors import ConfigError
-from .schema import Context, Field, LineDict, LineList, Params, load_yaml, suggest, validate_block, with_lines
+from .schema import Context, Field, LineDict, LineList, load_yaml, suggest, validate_block, with_lines
 
 PARAM_SPEC = {
     "name": Field("str", None, doc="share this parameter with every layer that uses the same name"),

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from layerforge.errors import LayerforgeError
-from layerforge.training_log import parse_log, plot_log
+from layerforge.training_log import parse_log
 from tests.test_cli import ROOT
 
 # lines as Caffe itself writes them (glog prefix), and as layerforge does

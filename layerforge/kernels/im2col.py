@@ -11,16 +11,12 @@ into (or add from) a caller's reused buffer, any strided view of the six axes, f
 output rows. Padding is never materialised: each kernel position copies only the output positions whose
 input lies inside the image and zeroes the rest.
 
-As in ``chainer/utils/conv.py``: ``im2col_cpu`` / ``col2im_cpu`` are the xp slicing bodies, ``im2col``
-/ ``col2im`` dispatch by array type. Raw CUDA kernels (``im2col_gpu`` / ``col2im_gpu``) come with the
-performance work; until then the slicing bodies serve cupy arrays too.
+As in ``chainer/utils/conv.py``: ``im2col_cpu`` / ``col2im_cpu`` are the xp slicing bodies and ``im2col``
+/ ``col2im`` the entry points; the slicing bodies serve cupy arrays too, until the GPU backend adds
+CUDA kernels behind the same entry points.
 """
-import numpy
 
 from ..backend import get_array_module
-
-im2col_gpu = None
-col2im_gpu = None
 
 
 def conv_output_size(size, k, s, p, d=1):
@@ -122,14 +118,10 @@ def col2im_cpu(col, sy, sx, ph, pw, h, w, dy=1, dx=1):
 
 
 def im2col(x, kh, kw, sy, sx, ph, pw, dy=1, dx=1):
-    """:func:`im2col_cpu` semantics; a device kernel for cupy arrays once one exists."""
-    if im2col_gpu is not None and get_array_module(x) is not numpy:
-        return im2col_gpu(x, kh, kw, sy, sx, ph, pw, dy, dx)
+    """Columns ``(C, kh, kw, N, out_h, out_w)`` of an NCHW batch; the xp body serves numpy and cupy arrays."""
     return im2col_cpu(x, kh, kw, sy, sx, ph, pw, dy, dx)
 
 
 def col2im(col, sy, sx, ph, pw, h, w, dy=1, dx=1):
-    """:func:`col2im_cpu` semantics; a device kernel for cupy arrays once one exists."""
-    if col2im_gpu is not None and get_array_module(col) is not numpy:
-        return col2im_gpu(col, sy, sx, ph, pw, h, w, dy, dx)
+    """The adjoint of :func:`im2col`: sums columns back into an ``(N, C, h, w)`` image."""
     return col2im_cpu(col, sy, sx, ph, pw, h, w, dy, dx)
