@@ -61,14 +61,20 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
 
 
-def load_yaml(path):
-    """Read a YAML file into LineDict/LineList values; syntax errors become one-line ConfigErrors."""
+def read_config_text(path):
+    """The text of a config file (UTF-8); unreadable files become one-line ConfigErrors naming the path."""
     try:
         with open(path, "r", encoding="utf-8") as f:
-            text = f.read()
+            return f.read()
     except OSError as e:
         raise ConfigError(f"cannot read file: {e.strerror}", str(path)) from None
-    return load_yaml_text(text, str(path))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not a UTF-8 text file ({e.reason} at byte {e.start})", str(path)) from None
+
+
+def load_yaml(path):
+    """Read a YAML file into LineDict/LineList values; syntax errors become one-line ConfigErrors."""
+    return load_yaml_text(read_config_text(path), str(path))
 
 
 def load_yaml_text(text, path="<string>"):

@@ -17,6 +17,7 @@ so ``pool: MAX`` and ``type: "xavier"`` stay distinguishable.
 import re
 
 from ..errors import ConfigError
+from ..schema import read_config_text
 
 
 class Enum(str):
@@ -145,14 +146,7 @@ def parse(text, path="<string>"):
 
 def parse_file(path):
     """Read and parse a .prototxt file."""
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(f"cannot read file: {e.strerror}", str(path)) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"not a UTF-8 text file ({e.reason} at byte {e.start})", str(path)) from None
-    return parse(text, str(path))
+    return parse(read_config_text(path), str(path))
 
 
 def _parse_fields(tokens, msg, closing):

@@ -72,6 +72,7 @@ def run(args):
     from ..net import Net
     from ..solvers.param import load_solver_param
     from ..solvers import SOLVER_REGISTRY
+    from .summary import batch_size
     from .time import time_net
 
     if args.nodes < 1 or args.group < 1 or args.group > args.nodes:
@@ -90,7 +91,7 @@ def run(args):
     compute_ms = float(timing["forward_backward_ms"]) * sp.iter_size
     itemsize = 2 if sp.allreduce_fp16 else net.dtype.itemsize
     grad_bytes = sum(b.count for b in net.learnable_params) * itemsize
-    batch = next((b.shape[0] for i in range(len(net.layers)) for b in net.top_blobs(i) if b.data.ndim), 1)
+    batch = batch_size(net)
     params, source_of_params = load_cost_params(args.cost)
     rows = predict_plan(compute_ms, grad_bytes, args.nodes, args.group, params, batch * sp.iter_size)
     if args.json:

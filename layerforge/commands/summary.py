@@ -35,13 +35,8 @@ def run(args):
     rows, total_params, total_macs = summarize(net)
     header = ("layer", "type", "top shape", "params", "multiply-adds")
     table = [(n, t, " ".join(format_shape(s) for s in shapes), f"{p:,}", f"{m:,}") for n, t, shapes, p, m in rows]
-    widths = [max(len(r[k]) for r in table + [header]) for k in range(5)]
-    fmt = "  ".join(f"{{:{'<' if k < 3 else '>'}{w}}}" for k, w in enumerate(widths))
-    print(fmt.format(*header))
-    print("  ".join("-" * w for w in widths))
-    for r in table:
-        print(fmt.format(*r))
-    batch = _batch_size(net)
+    print_table(header, table)
+    batch = batch_size(net)
     print(f"total learnable parameters: {total_params:,}")
     per_image = f" ({total_macs / batch:,.0f} per image)" if batch > 1 else ""
     print(f"total multiply-adds (forward, batch {batch}): {total_macs:,}{per_image}")
@@ -53,7 +48,18 @@ def format_shape(shape):
     return "x".join(map(str, shape)) if len(shape) else "scalar"
 
 
-def _batch_size(net):
+def print_table(header, rows, left=3):
+    """Print ``rows`` of strings under ``header`` in aligned columns (the first ``left`` left-aligned)."""
+    widths = [max(len(row[k]) for row in list(rows) + [header]) for k in range(len(header))]
+    fmt = "  ".join(f"{{:{'<' if k < left else '>'}{w}}}" for k, w in enumerate(widths))
+    print(fmt.format(*header))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(fmt.format(*row))
+
+
+def batch_size(net):
+    """The first axis of the net's first non-scalar top: the batch the net was built for."""
     for i in range(len(net.layers)):
         for b in net.top_blobs(i):
             if b.data.ndim:

@@ -18,7 +18,7 @@ import time
 from ..memory import layer_bytes
 from ..net import Net
 from ..netdef import load_net_def, set_batch_size
-from .summary import format_shape
+from .summary import format_shape, print_table
 
 HELP = "time each layer's forward and backward passes and print a table with totals"
 
@@ -135,14 +135,9 @@ def run(args):
               f"{r['backward_gflops']:.2f}" if r["backward_gflops"] else "-",
               r["engine"] or "-", mib(r["workspace_bytes"]) if r["workspace_bytes"] else "-")
              for r in result["layers"]]
-    widths = [max(len(row[k]) for row in table + [header]) for k in range(len(header))]
-    fmt = "  ".join(f"{{:{'<' if k < 3 else '>'}{w}}}" for k, w in enumerate(widths))
     print(f"Timing net '{net.name}' ({args.phase}), {args.iterations} iterations after "
           f"{result['warmup_iterations']} warm-up")
-    print(fmt.format(*header))
-    print("  ".join("-" * w for w in widths))
-    for row in table:
-        print(fmt.format(*row))
+    print_table(header, table)
     print(f"Average Forward pass: {result['forward_ms']:.3f} ms.")
     print(f"Average Backward pass: {result['backward_ms']:.3f} ms.")
     print(f"Average Forward-Backward: {result['forward_backward_ms']:.3f} ms.")

@@ -44,6 +44,15 @@ def _result(out, shape, dtype, xp):
     return xp.empty(shape, dtype=dtype) if out is None else out
 
 
+def _disjoint_grad(out, x_shape, kh, kw, sy, sx, out_h, out_w, dtype, xp):
+    # every window is written once; only elements no window covers need clearing
+    gx = _result(out, x_shape, dtype, xp)
+    h, w = x_shape[2:]
+    if out_h * sy != h or out_w * sx != w or sy != kh or sx != kw:
+        gx[...] = 0
+    return gx
+
+
 def max_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
     """Max over each window (written into ``out`` when given).
 
@@ -77,9 +86,7 @@ def max_pooling_backward(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out=None):
     h, w = x_shape[2:]
     hit = xp.empty(gy.shape, dtype=bool)
     if _disjoint(x_shape, kh, kw, sy, sx, ph, pw, out_h, out_w):
-        gx = _result(out, x_shape, gy.dtype, xp)
-        if out_h * sy != h or out_w * sx != w or sy != kh or sx != kw:
-            gx[...] = 0
+        gx = _disjoint_grad(out, x_shape, kh, kw, sy, sx, out_h, out_w, gy.dtype, xp)
         for i in range(kh):
             for j in range(kw):
                 xp.equal(argmax, i * kw + j, out=hit)
@@ -144,9 +151,7 @@ def average_pooling_backward(gy, x_shape, kh, kw, sy, sx, ph, pw, out=None):
     else:
         g = gy / average_pool_size(h, w, kh, kw, sy, sx, ph, pw, out_h, out_w, xp, gy.dtype)
     if _disjoint(x_shape, kh, kw, sy, sx, ph, pw, out_h, out_w):
-        gx = _result(out, x_shape, gy.dtype, xp)
-        if out_h * sy != h or out_w * sx != w or sy != kh or sx != kw:
-            gx[...] = 0
+        gx = _disjoint_grad(out, x_shape, kh, kw, sy, sx, out_h, out_w, gy.dtype, xp)
         for i in range(kh):
             for j in range(kw):
                 gx[_window(i, j, sy, sx, out_h, out_w)] = g

@@ -1,12 +1,11 @@
-"""AdaGrad (Duchi et al. 2011), Caffe's adagrad_solver.cpp."""
+"""AdaGrad (Duchi et al. 2011), Caffe's adagrad_solver.cpp, and the base it shares with RMSProp."""
 from .solver import Solver, register_solver
 
 
-@register_solver("AdaGrad")
-class AdaGradSolver(Solver):
-    """Per-element rates from the sum of squared gradients::
+class SquaredGradientSolver(Solver):
+    """Rules that divide by the root of an accumulated squared gradient H (``history[i]``)::
 
-        H = H + g^2                                     (history)
+        H = accumulate(H, g^2)                          (the rule's :meth:`accumulate`)
         W = W - rate * lr_mult * g / (sqrt(H) + delta)
 
     Momentum must be 0, as in Caffe.
@@ -15,10 +14,21 @@ class AdaGradSolver(Solver):
     @classmethod
     def validate_params(cls, sp):
         if sp.momentum != 0:
-            raise sp.error("momentum cannot be used with AdaGrad (set it to 0)", "momentum")
+            raise sp.error(f"momentum cannot be used with {cls.type} (set it to 0)", "momentum")
+
+    def accumulate(self, h, g):
+        raise NotImplementedError
 
     def compute_update(self, i, rate):
         p, h = self.net.learnable_params[i], self.history[i]
         g = p.diff
-        h += g * g
+        self.accumulate(h, g)
         p.diff[...] = (rate * self.net.params_lr[i]) * g / (self.xp.sqrt(h) + self.param.delta)
+
+
+@register_solver("AdaGrad")
+class AdaGradSolver(SquaredGradientSolver):
+    """AdaGrad: H = H + g^2 (the sum of all squared gradients so far)."""
+
+    def accumulate(self, h, g):
+        h += g * g
