@@ -10,15 +10,32 @@
 import numpy
 
 from . import rng
+from .backend import to_numpy
 from .blob import Blob
 
 
-def make_blob(array, dtype=numpy.float64):
-    """A Blob holding a copy of ``array``."""
+def make_blob(array, dtype=numpy.float64, xp=numpy):
+    """A Blob holding a copy of ``array`` (on ``xp``'s device)."""
     array = numpy.asarray(array, dtype=dtype)
-    b = Blob(array.shape, dtype)
-    b.data[...] = array
+    b = Blob(array.shape, dtype, xp)
+    b.data[...] = xp.asarray(array)
     return b
+
+
+def run_layer(layer, x, gy, xp=numpy, in_place=False):
+    """Set up a one-bottom, one-top layer on ``x``, run forward, then backward from top diff ``gy``.
+
+    Returns:
+        ``(y, gx, param_diffs)`` as numpy copies; with ``in_place`` the top is the bottom blob.
+    """
+    bottom = make_blob(x, xp=xp)
+    top = bottom if in_place else Blob((), numpy.float64, xp)
+    layer.setup([bottom], [top])
+    layer.forward([bottom], [top])
+    y = to_numpy(top.data).copy()
+    top.diff[...] = xp.asarray(gy)
+    layer.backward([top], [True], [bottom])
+    return y, to_numpy(bottom.diff).copy(), [to_numpy(p.diff).copy() for p in layer.blobs]
 
 
 def check_gradient(layer, bottom, top, check_bottom=None, check_params=True, stepsize=1e-3, threshold=1e-3,

@@ -4,18 +4,10 @@ import numpy
 import pytest
 
 from layerforge import rng
-from layerforge.backend import to_numpy
 from layerforge.blob import Blob
 from layerforge.errors import ConfigError
 from layerforge.layers import create_layer
-from layerforge.testing import check_gradient, make_blob
-
-
-def to_blob(array, xp=numpy):
-    array = numpy.asarray(array, dtype=numpy.float64)
-    b = Blob(array.shape, numpy.float64, xp)
-    b.data[...] = xp.asarray(array)
-    return b
+from layerforge.testing import check_gradient, make_blob, run_layer
 
 
 def dropout(phase="TRAIN", xp=numpy, **block):
@@ -23,14 +15,7 @@ def dropout(phase="TRAIN", xp=numpy, **block):
 
 
 def run(layer, x, gy, xp=numpy, in_place=False):
-    bottom = to_blob(x, xp)
-    top = bottom if in_place else Blob((), numpy.float64, xp)
-    layer.setup([bottom], [top])
-    layer.forward([bottom], [top])
-    y = to_numpy(top.data).copy()
-    top.diff[...] = xp.asarray(gy)
-    layer.backward([top], [True], [bottom])
-    return y, to_numpy(bottom.diff).copy()
+    return run_layer(layer, x, gy, xp, in_place)[:2]
 
 
 @pytest.mark.parametrize("in_place", [False, True])

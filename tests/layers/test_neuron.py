@@ -2,33 +2,18 @@ import numpy
 import pytest
 
 from layerforge import rng
-from layerforge.backend import to_numpy
 from layerforge.blob import Blob
 from layerforge.errors import ShapeError
 from layerforge.layers import create_layer
-from layerforge.testing import check_gradient, make_blob
+from layerforge.testing import check_gradient, make_blob, run_layer
 
 SHAPES = [(2, 3), (2, 3, 4), (2, 3, 2, 3)]
 X = [[-2.0, -0.5, 0.0, 0.5, 3.0]]
 
 
-def to_blob(array, xp=numpy, dtype=numpy.float64):
-    array = numpy.asarray(array, dtype=dtype)
-    b = Blob(array.shape, dtype, xp)
-    b.data[...] = xp.asarray(array)
-    return b
-
-
 def run(layer, x, gy, xp=numpy, in_place=False):
     """Forward and backward once; returns y, gx and the parameter diffs as numpy arrays."""
-    bottom = to_blob(x, xp)
-    top = bottom if in_place else Blob((), numpy.float64, xp)
-    layer.setup([bottom], [top])
-    layer.forward([bottom], [top])
-    y = to_numpy(top.data).copy()
-    top.diff[...] = xp.asarray(gy)
-    layer.backward([top], [True], [bottom])
-    return y, to_numpy(bottom.diff).copy(), [to_numpy(p.diff).copy() for p in layer.blobs]
+    return run_layer(layer, x, gy, xp, in_place)
 
 
 def make(type_, xp=numpy, **block):
@@ -83,9 +68,9 @@ def test_prelu_values_per_channel_and_shared():
     x = numpy.array([[[-2.0, 1.0], [-1.0, -4.0]]])  # (N=1, C=2, 2)
     gy = numpy.array([[[1.0, 2.0], [3.0, 0.5]]])
     layer = make("PReLU", filler={"type": "constant", "value": 0.0})
-    layer.setup([to_blob(x)], [Blob()])
+    layer.setup([make_blob(x)], [Blob()])
     layer.blobs[0].data[...] = [0.5, 0.25]
-    bottom, top = to_blob(x), Blob()
+    bottom, top = make_blob(x), Blob()
     layer.reshape([bottom], [top])
     layer.forward([bottom], [top])
     numpy.testing.assert_allclose(top.data, [[[-1.0, 1.0], [-0.25, -1.0]]])
@@ -106,12 +91,12 @@ def test_prelu_values_per_channel_and_shared():
 
 def test_prelu_default_filler_and_shape_errors():
     layer = make("PReLU")
-    layer.setup([to_blob(numpy.zeros((2, 3, 4)))], [Blob()])
+    layer.setup([make_blob(numpy.zeros((2, 3, 4)))], [Blob()])
     numpy.testing.assert_array_equal(layer.blobs[0].data, [0.25, 0.25, 0.25])
     with pytest.raises(ShapeError, match=r"3 channel slopes .* \(2, 5, 4\)"):
-        layer.reshape([to_blob(numpy.zeros((2, 5, 4)))], [Blob()])
+        layer.reshape([make_blob(numpy.zeros((2, 5, 4)))], [Blob()])
     with pytest.raises(ShapeError, match="at least 2 axes"):
-        make("PReLU").setup([to_blob(numpy.zeros(4))], [Blob()])
+        make("PReLU").setup([make_blob(numpy.zeros(4))], [Blob()])
 
 
 @pytest.mark.parametrize("type_,block", [

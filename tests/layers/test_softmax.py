@@ -1,11 +1,10 @@
 import numpy
 import pytest
 
-from layerforge.backend import to_numpy
 from layerforge.blob import Blob
 from layerforge.errors import ShapeError
 from layerforge.layers import create_layer
-from layerforge.testing import check_gradient, make_blob
+from layerforge.testing import check_gradient, make_blob, run_layer
 
 
 def softmax_layer(axis=1, xp=numpy):
@@ -13,15 +12,7 @@ def softmax_layer(axis=1, xp=numpy):
 
 
 def run(layer, x, gy, xp=numpy, in_place=False):
-    bottom = Blob(numpy.shape(x), numpy.float64, xp)
-    bottom.data[...] = xp.asarray(x)
-    top = bottom if in_place else Blob((), numpy.float64, xp)
-    layer.setup([bottom], [top])
-    layer.forward([bottom], [top])
-    y = to_numpy(top.data).copy()
-    top.diff[...] = xp.asarray(gy)
-    layer.backward([top], [True], [bottom])
-    return y, to_numpy(bottom.diff).copy()
+    return run_layer(layer, x, gy, xp, in_place)[:2]
 
 
 @pytest.mark.parametrize("in_place", [False, True])
