@@ -4,7 +4,9 @@ import sys
 
 from tests.comm.mpirun import run_mpi
 
-CODE = "import os, layerforge; print(os.environ.get('OMP_NUM_THREADS'), os.environ.get('OPENBLAS_NUM_THREADS'))"
+# one os.write per process: ranks share the pipe, and a single small write is never interleaved
+CODE = ("import os, layerforge; os.write(1, f\"{os.environ.get('OMP_NUM_THREADS')} "
+        "{os.environ.get('OPENBLAS_NUM_THREADS')}\\n\".encode())")
 
 
 def clean_env(**extra):
