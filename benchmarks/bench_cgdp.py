@@ -5,8 +5,10 @@
 For each net both modes run in the same invocation with the same per-worker batch (synthetic DummyData
 from configs/<net>_net.yaml), alternating ``--repeats`` times; each mode's fastest run is kept. Reported per mode: the phases of worker 0 (forward, backward, exposed
 exchange, update, iteration; ms), the exposed exchange as % of backward, and the ratio of iteration times
-tree / host. The cost model (layerforge/parallel/cost_model.py) is fitted to the host run's per-layer
-times and predicts both modes' iteration times, which are compared with the measurements.
+tree / host. The cost model (layerforge/parallel/cost_model.py) takes the host run's per-layer backward
+times, each mode's forward/backward/update totals and the exchange rates worker 0 timed after the host
+run (seconds per value copied, added, scaled), and predicts both modes' iteration times, which are
+compared with the measurements.
 """
 import argparse
 import json
@@ -46,7 +48,7 @@ def run_net(name, G, iterations, chunk_size, repeats=2):
         "prediction_error_host_pct": 100.0 * (1000.0 * predicted["host"] / host["iteration"] - 1.0),
         "prediction_error_tree_pct": 100.0 * (1000.0 * predicted["tree"] / tree["iteration"] - 1.0),
         "predicted": {G2: model.predict(G2, chunk_size) for G2 in (2, 4, 8)},
-        "chunks_ms": runs["host"]["chunks_ms"], "units": runs["host"]["units"],
+        "chunks_ms": runs["host"]["chunks_ms"], "units": runs["host"]["units"], "rates": runs["host"]["rates"],
     }
     return row
 
@@ -65,6 +67,7 @@ def print_row(r):
         print(f"  predicted G={G}: host {1000 * p['host']:.1f} ms, tree {1000 * p['tree']:.1f} ms, T'/T "
               f"{p['ratio']:.3f}, speed-up host {p['speedup_host']:.2f}, tree {p['speedup_tree']:.2f}")
     print("per chunk (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in r["chunks_ms"].items()))
+    print("rates (ns per value): " + ", ".join(f"{k} {1e9 * v:.3f}" for k, v in r["rates"].items()))
 
 
 def main():

@@ -1,5 +1,8 @@
 """``layerforge plan --solver S --nodes N --group Q``: predicted data-parallel iteration time per allreduce.
 
+With ``--workers 2,4,8`` instead: the CGDP cost model (docs/cgdp.md) for G workers on one host, host mode
+against the tree baseline, from a host-mode timing run (layerforge.parallel.commands.plan_command).
+
 Model (weak scaling, batch b per rank): one iteration = the net's forward-backward time T_c (measured
 here, or read from ``layerforge time --json``) + one allreduce of all gradients, n bytes, whose time the
 alpha-beta-gamma model of layerforge.comm.cost_model predicts for p = N ranks in groups of Q. The
@@ -17,7 +20,10 @@ ALGORITHMS = ("recursive", "topology", "ring", "doubling", "mpi")
 
 def add_arguments(parser):
     parser.add_argument("--solver", required=True, help="solver YAML (its train net and batch size)")
-    parser.add_argument("--nodes", type=int, required=True, help="number of ranks p")
+    parser.add_argument("--nodes", type=int, help="number of ranks p (MPI data parallel)")
+    parser.add_argument("--workers", metavar="LIST", help="instead: host vs tree (CGDP) for these worker counts on "
+                        "one host, e.g. 2,4,8 (--timing: a `layerforge time --workers G --json` output)")
+    parser.add_argument("--devices", metavar="LIST", help="with --workers: time on these GPUs (default: 2 CPU workers)")
     parser.add_argument("--group", type=int, default=1, help="ranks per node group q (default 1)")
     parser.add_argument("--timing", help="`layerforge time --json` output for the train net (default: time it now)")
     parser.add_argument("--iterations", type=int, default=3, help="timed iterations when timing now")
@@ -54,6 +60,15 @@ def load_cost_params(spec):
     return CostParams.from_dict(table[key]), f"{path} [{key}]"
 
 
+def read_timing(path):
+    """The JSON written by ``layerforge time --json`` at ``path``; a one-line error if it cannot be read."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise LayerforgeError(f"{path}: cannot read the timing JSON: {e}") from None
+
+
 def predict_plan(compute_ms, grad_bytes, p, q, params, batch):
     """Rows ``{algorithm, allreduce_ms, iteration_ms, efficiency, speedup, images_per_s}`` per algorithm."""
     from ..comm.cost_model import predict
@@ -75,19 +90,18 @@ def run(args):
     from .summary import batch_size
     from .time import time_net
 
+    if args.workers:
+        from ..parallel.commands import plan_command
+
+        return plan_command(args)
+    if args.nodes is None:
+        raise LayerforgeError("give --nodes N (MPI ranks) or --workers LIST (workers on one host)")
     if args.nodes < 1 or args.group < 1 or args.group > args.nodes:
         raise LayerforgeError(f"need 1 <= --group ({args.group}) <= --nodes ({args.nodes})")
     sp = load_solver_param(args.solver, SOLVER_REGISTRY)
     source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
     net = Net(source, phase="train", dtype=sp.dtype.lower())
-    if args.timing:
-        try:
-            with open(args.timing) as f:
-                timing = json.load(f)
-        except (OSError, ValueError) as e:
-            raise LayerforgeError(f"{args.timing}: cannot read the timing JSON: {e}") from None
-    else:
-        timing = time_net(net, args.iterations)
+    timing = read_timing(args.timing) if args.timing else time_net(net, args.iterations)
     compute_ms = float(timing["forward_backward_ms"]) * sp.iter_size
     itemsize = 2 if sp.allreduce_fp16 else net.dtype.itemsize
     grad_bytes = sum(b.count for b in net.learnable_params) * itemsize

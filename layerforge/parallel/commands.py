@@ -85,19 +85,72 @@ def print_report(stats, out=print):
             cells = [ms.get(f"{kind}:{n}") for kind in ("copy_out", "accumulate", "copy_back")]
             out(f"  {n:<{width}}  " + "  ".join(f"{'-' if v is None else f'{v:.3f}':>{w}}"
                                                for v, w in zip(cells, (11, 13, 12))))
-    if stats["sync"] == "HOST" and stats.get("layer_backward_ms"):
-        out(prediction_text(stats))
+    if stats["sync"] == "HOST" and stats.get("layer_backward_ms") and stats.get("rates"):
+        out("  cost model (docs/cgdp.md), predicted per G:")
+        out(prediction_text(stats, indent="  "))
 
 
-def prediction_text(stats, Gs=(2, 4, 8)):
-    """Cost-model predictions (host T, tree T', speed-ups) from a host-mode run, as text lines."""
+def predict_rows(stats, Gs=(2, 4, 8)):
+    """Cost-model rows per G from a host-mode run's stats: host T and tree T' (ms) at chunk size 1, their
+    ratio, the winner, the speed-ups over one replica and the chunk size the model prefers (with its T)."""
     from .cost_model import from_stats
 
     m = from_stats(stats)
-    lines = ["  cost model (docs/cgdp.md): G  host T ms  tree T' ms  T'/T  speed-up host  speed-up tree"]
+    rows = []
     for G in Gs:
-        p = m.predict(G, 1)
-        lines.append(f"                             {G:<2} {1000 * p['host']:9.2f}  {1000 * p['tree']:10.2f}  "
-                     f"{p['ratio']:4.2f}  {p['speedup_host']:13.2f}  {p['speedup_tree']:13.2f}")
+        p, best = m.predict(G, 1), m.best_chunk_size(G)
+        rows.append({"G": G, "host_ms": 1000 * p["host"], "tree_ms": 1000 * p["tree"], "ratio": p["ratio"],
+                     "winner": p["winner"], "speedup_host": p["speedup_host"], "speedup_tree": p["speedup_tree"],
+                     "best_chunk_size": best, "best_host_ms": 1000 * m.host(G, best)})
+    return rows
+
+
+def prediction_text(stats, Gs=(2, 4, 8), indent=""):
+    """:func:`predict_rows` as a table (text lines, each starting with ``indent``)."""
+    lines = [f"{indent}{'G':>2}  {'host T ms':>10}  {'tree T` ms':>10}  {'T`/T':>5}  {'winner':>6}  "
+             f"{'speed-up host':>13}  {'speed-up tree':>13}  {'best chunk_size':>15}".replace("`", "'")]
+    for r in predict_rows(stats, Gs):
+        lines.append(f"{indent}{r['G']:>2}  {r['host_ms']:10.2f}  {r['tree_ms']:10.2f}  {r['ratio']:5.2f}  "
+                     f"{r['winner']:>6}  {r['speedup_host']:13.2f}  {r['speedup_tree']:13.2f}  "
+                     f"{r['best_chunk_size']:>15}")
     return "\n".join(lines)
 
+
+def plan_command(args):
+    """``layerforge plan --solver S --workers 2,4,8``: host vs tree per G, from a host-mode timing run.
+
+    The run is ``--timing`` (``layerforge time --workers G --json`` output) or one made now: 2 workers (or
+    the ``--devices``), host mode, chunk size 1, ``--iterations`` after a warm-up.
+    """
+    from ..commands.plan import read_timing
+    from ..errors import LayerforgeError
+    from . import train_parallel
+
+    try:
+        Gs = [int(g) for g in args.workers.split(",")]
+    except ValueError:
+        Gs = []
+    if not Gs or min(Gs) < 1:
+        raise LayerforgeError(f"--workers '{args.workers}': give worker counts >= 1, e.g. 2,4,8")
+    if args.timing:
+        stats = read_timing(args.timing)
+        if stats.get("sync") != "HOST" or "rates" not in stats or "units" not in stats:
+            raise LayerforgeError(f"{args.timing}: not a host-mode `layerforge time --workers G --json` output")
+    else:
+        stats = train_parallel(args.solver, workers=None if args.devices else 2, devices=args.devices, sync="host",
+                               chunk_size=1, iterations=args.iterations + 1, log=False, snapshot=0,
+                               snapshot_after_train=False, test_interval=0, display=0).stats
+    if not stats.get("rates"):
+        raise LayerforgeError(f"{args.solver}: the net has no learnable parameters: nothing to exchange")
+    rows = predict_rows(stats, Gs)
+    if args.json:
+        print(json.dumps({"measured": {"G": stats["G"], "phases_ms": stats["phases_ms"], "rates": stats["rates"],
+                                       "parameters": sum(n for _, _, n in stats["units"])}, "rows": rows}, indent=1))
+        return 0
+    ph, r = stats["phases_ms"], stats["rates"]
+    print(f"measured with {stats['G']} workers, host mode (worker 0, ms per iteration): forward {ph['forward']:.1f}, "
+          f"backward {ph['backward']:.1f}, update {ph['update']:.1f}; "
+          f"{sum(n for _, _, n in stats['units']):,} parameters")
+    print("rates (ns per value): " + ", ".join(f"{k.replace('_', ' ')} {1e9 * v:.3f}" for k, v in r.items()))
+    print(prediction_text(stats, Gs))
+    return 0

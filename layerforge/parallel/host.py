@@ -1,15 +1,19 @@
-"""CGDP's host mode: chunk gradients go to shared host memory during backward, host threads sum them.
+"""CGDP's host mode: chunk gradients go to shared host memory during backward, host threads combine them.
 
 Worker side (:class:`HostSync`): backward runs layer by layer; as soon as the last layer of a chunk has
-run, the chunk goes to a copy thread that moves its diffs into this worker's slot of the shared buffer
-``slots[g]`` and posts it to the parent, while the main thread goes on with the next layers. A receiver
-thread copies each accumulated chunk back into the diffs as soon as the parent publishes it. The solver's
-gradient hook (end of backward) waits only for the chunks still in flight; then every worker runs the same
-update on the same averaged gradient (no parameter server).
+run, the chunk is posted to the parent while the main thread goes on with the next layers. On a GPU a copy
+thread first moves the chunk's diffs into this worker's slot ``slots[g]`` (a second stream, pinned memory);
+a CPU replica's diffs *are* its slot (:meth:`~layerforge.parallel.transfer.Mover.attach_diffs`), so there
+is nothing to copy. When the parent publishes the chunk, the slot holds the mean gradient: a GPU worker
+copies it back into its diffs, a CPU worker already has it. The solver's gradient hook (end of backward)
+waits only for the chunks still in flight; then every worker runs the same update on the same mean
+gradient (no parameter server).
 
-Parent side (:class:`HostAccumulator`): when all G workers have posted chunk c, a host thread computes
-``acc[c] = (slots[0][c] + ... + slots[G-1][c]) / G`` and publishes it to every worker; with MPI across
-nodes, chunks then pass through the communicator's allreduce in chunk order (local aggregation first).
+Parent side (:class:`HostAccumulator`): when all G workers have posted chunk c, a host thread writes the
+mean of the G slots into every slot, block by block so that each value is read and written once
+(:func:`mean_into_slots`), and publishes the chunk. With MPI across nodes the host thread sums the slots
+into ``acc``, chunks pass through the communicator's mean in chunk order (local aggregation first), and
+the node-wide mean is then written into the slots.
 """
 import concurrent.futures
 import os
@@ -20,6 +24,8 @@ import time
 import numpy
 
 from .chunks import ChunkSearch, make_chunks, param_units, units_from_sizes
+
+BLOCK_BYTES = 1 << 19  # the G slots' part of one block and the sum stay in a core's cache between passes
 
 
 def _param_offsets(net, units):
@@ -72,23 +78,27 @@ class ChunkedBackward:
 class HostSync:
     """Worker side of host mode (see the module docstring); installs itself into ``solver``."""
 
-    def __init__(self, solver, link, slot, acc, chunk_size, mover, timer):
-        self.solver, self.link, self.slot, self.acc, self.mover, self.timer = solver, link, slot, acc, mover, timer
+    def __init__(self, solver, link, slot, chunk_size, mover, timer):
+        self.solver, self.link, self.slot, self.mover, self.timer = solver, link, slot, mover, timer
         self.units = param_units(solver.net)
         self.size = 1 if chunk_size == "auto" else chunk_size  # auto starts the search at 1, as the host does
         self.chunks = make_chunks(self.units, self.size)
+        self.copies = not mover.attach_diffs(slot)
         self.backward = ChunkedBackward(solver, self._post, timer, mover.mark)
         self.backward.set_chunks(self.chunks)
         self.cond = threading.Condition()
         self.received, self.next_size = 0, None
-        self.outbox = queue.SimpleQueue()
-        self.copier = threading.Thread(target=self._copy_out, name="cgdp-copy-out", daemon=True)
-        self.copier.start()
+        if self.copies:
+            self.outbox = queue.SimpleQueue()
+            threading.Thread(target=self._copy_out, name="cgdp-copy-out", daemon=True).start()
         link.handlers["ready"] = self._ready
         solver.gradient_hooks.append(self.wait)
 
     def _post(self, chunk, token):
-        self.outbox.put((chunk, token))
+        if self.copies:
+            self.outbox.put((chunk, token))
+        else:  # the diffs are the slot: the chunk is already in shared memory
+            self.link.send(("post", chunk.index))
 
     def _copy_out(self):
         try:
@@ -104,10 +114,11 @@ class HostSync:
 
     def _ready(self, msg):
         _, c, next_size = msg
-        chunk = self.chunks[c]
-        t0 = time.perf_counter()
-        self.mover.to_device(chunk.params, self.acc)
-        self.timer.add_chunk("copy_back", chunk.name, time.perf_counter() - t0)
+        if self.copies:
+            chunk = self.chunks[c]
+            t0 = time.perf_counter()
+            self.mover.to_device(chunk.params, self.slot)
+            self.timer.add_chunk("copy_back", chunk.name, time.perf_counter() - t0)
         with self.cond:
             self.received += 1
             if next_size is not None:
@@ -133,7 +144,7 @@ class HostSync:
 
 
 class HostAccumulator:
-    """Parent side of host mode: sums the G posted copies of each chunk and publishes the mean.
+    """Parent side of host mode: combines the G posted copies of each chunk and publishes the chunk.
 
     Args:
         slots: (G, P) shared array of the workers' partial gradients; acc: (P,) shared accumulated gradient.
@@ -173,18 +184,16 @@ class HostAccumulator:
             if full:
                 self.counts[c] = 0
         if full:
-            self.pool.submit(self._accumulate, c).add_done_callback(_reraise)
+            self.pool.submit(self._combine, c).add_done_callback(_reraise)
 
-    def _accumulate(self, c):
+    def _combine(self, c):
         chunk = self.chunks[c]
         seg = slice(chunk.offset, chunk.offset + chunk.size)
         t0 = time.perf_counter()
-        out = self.acc[seg]
-        numpy.copyto(out, self.slots[0, seg])
-        for g in range(1, self.G):
-            out += self.slots[g, seg]
-        if self.G > 1:
-            out *= out.dtype.type(1.0 / self.G)
+        if self.network is None:
+            mean_into_slots(self.slots[:, seg])
+        else:
+            sum_slots(self.acc[seg], self.slots[:, seg])
         with self.lock:
             rec = self.accumulate_times.setdefault(chunk.name, [0.0, 0])
             rec[0] += time.perf_counter() - t0
@@ -202,9 +211,11 @@ class HostAccumulator:
             while done in ready:
                 ready.discard(done)
                 chunk = self.chunks[done]
-                seg = self.acc[chunk.offset:chunk.offset + chunk.size]
+                seg = slice(chunk.offset, chunk.offset + chunk.size)
                 if chunk.size:
-                    self.comm.mean(seg)
+                    self.comm.mean(self.acc[seg])  # the mean over nodes of the node sums
+                    for row in self.slots[:, seg]:
+                        numpy.multiply(self.acc[seg], row.dtype.type(1.0 / self.G), out=row)
                 is_last = done == len(self.chunks) - 1
                 self._publish(done)
                 done = 0 if is_last else done + 1
@@ -242,6 +253,37 @@ class HostAccumulator:
 
     def close(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def sum_slots(out, slots):
+    """``out = slots[0] + ... + slots[G-1]``, reading every slot once and writing ``out`` once."""
+    if len(slots) == 1:
+        numpy.copyto(out, slots[0])
+        return
+    numpy.add(slots[0], slots[1], out=out)
+    for row in slots[2:]:
+        out += row
+
+
+def mean_into_slots(slots):
+    """Write the mean of the rows of ``slots`` (G x n) into every row.
+
+    Block by block, so that each value is read from memory once and written once (2G values of traffic
+    per value of the chunk) instead of a pass per operation.
+    """
+    G, n = slots.shape
+    if G == 1 or n == 0:
+        return
+    scale = slots.dtype.type(1.0 / G)
+    step = max(4096, BLOCK_BYTES // ((G + 1) * slots.dtype.itemsize))
+    block = numpy.empty(min(n, step), slots.dtype)
+    for start in range(0, n, step):
+        part = slots[:, start:start + step]
+        out = block[:part.shape[1]]
+        sum_slots(out, part)
+        out *= scale
+        for row in part:
+            numpy.copyto(row, out)
 
 
 def _reraise(future):

@@ -21,7 +21,9 @@ class Result:
 
     Attributes:
         params: (G, P) final flat parameters of every replica (rows equal when the replicas agree).
-        stats: worker 0's :meth:`PhaseTimer.summary` plus ``accumulate`` chunk times from the host.
+        stats: worker 0's :meth:`PhaseTimer.summary` plus ``accumulate`` chunk times from the host and
+            ``rates`` (:func:`~layerforge.parallel.cost_model.measure_rates`, None for a net without parameters)
+            and ``latency_s`` (:func:`~layerforge.parallel.cost_model.measure_latency`).
         iteration_times: host-side wall time of every iteration (host mode), seconds.
         chunk_size: the chunk size in use at the end (host mode).
         iter: the solver's iteration count at the end.
@@ -99,7 +101,7 @@ class WorkerPool:
         got = {}
         while len(got) < len(want):
             for g, msg in self._poll():
-                if msg[0] in ("post", "post_all", "params") and self.handle(g, msg):
+                if msg[0] in ("post", "post_all", "params", "ping") and self.handle(g, msg):
                     continue
                 got[g] = msg
                 if msg[0] == "done":
@@ -148,6 +150,8 @@ class WorkerPool:
         elif kind == "params":
             for h in range(1, self.G):
                 self.send(h, ("params",))
+        elif kind == "ping":
+            self.send(g, ("pong",))
         else:
             return False
         return True
@@ -182,14 +186,20 @@ class WorkerPool:
             self.send(g, ("start", start_iter))
         self.started.set()
         done = self._receive(set(range(self.G)))
-        stats = dict(done[0][1], units=units, G=self.G, sync=self.options.sync)
+        params = numpy.array(self.buffers["slots"])  # the final parameters, before worker 0's timings reuse the slots
+        for p in self.procs[1:]:
+            p.join(5.0)
+        self.finished.discard(0)
+        self.send(0, ("calibrate",))
+        _, rates, latency = self._receive({0})[0]
+        stats = dict(done[0][1], units=units, G=self.G, sync=self.options.sync, rates=rates, latency_s=latency)
         acc = self.accumulator
         if acc is not None:
             stats["chunks_ms"].update({f"accumulate:{name}": 1000.0 * s / n
                                        for name, (s, n) in acc.accumulate_times.items() if n})
         for p in self.procs:
             p.join(5.0)
-        return Result(numpy.array(self.buffers["slots"]), stats, list(acc.iteration_times) if acc else [],
+        return Result(params, stats, list(acc.iteration_times) if acc else [],
                       acc.chunk_size if acc else None, done[0][2])
 
     def close(self):

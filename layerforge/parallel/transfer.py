@@ -1,10 +1,11 @@
 """Moving parameter diffs between a replica's arrays and flat shared host buffers.
 
-``Mover`` copies a list of parameter blobs to or from a contiguous segment of a flat host array. On the
-CPU it is a ``copyto`` (numpy releases the GIL, so a copy thread overlaps with the next layer's
-backward). On a GPU (cupy) the copies run on a separate stream, ordered after the compute stream through
-an event recorded when the layer's backward was issued, into host memory registered as pinned when
-possible: the device goes on with the next layers while the copy engine moves the chunk.
+On the CPU a replica's diffs can *be* its slot of the shared buffer (:meth:`Mover.attach_diffs`): backward
+writes the gradients straight into shared memory, and the host's mean lands in the diffs without a copy;
+``to_host``/``to_device`` on the attached buffer then have nothing to do. On a GPU (cupy) the copies run
+on a separate stream, ordered after the compute stream through an event recorded when the layer's
+backward was issued, into host memory registered as pinned when possible: the device goes on with the
+next layers while the copy engine moves the chunk.
 """
 import numpy
 
@@ -14,19 +15,39 @@ from ..backend import get_array_module
 class Mover:
     """Copies between blobs and flat host segments; ``offsets[k] = (offset, count)`` of learnable param k."""
 
+
     def __init__(self, params, offsets):
         self.params, self.offsets = params, offsets
+        self.attached = None
+
+    def attach_diffs(self, flat):
+        """Make every diff a view of its segment of ``flat`` (current values kept); returns True."""
+        for p, (off, n) in zip(self.params, self.offsets):
+            view = flat[off:off + n].reshape(p.diff.shape)
+            view[...] = p.diff
+            p.diff = view
+        self.attached = flat.__array_interface__["data"][0]
+        return True
+
+    def _is_attached(self, flat):
+        return self.attached is not None and flat.__array_interface__["data"][0] == self.attached
 
     def mark(self):
         """A token the copy thread waits on before reading diffs written so far (None on the CPU)."""
         return None
 
     def to_host(self, indices, flat, token=None):
+        """Copy the diffs of params ``indices`` into their segments of ``flat``."""
+        if self._is_attached(flat):
+            return
         for k in indices:
             off, n = self.offsets[k]
             numpy.copyto(flat[off:off + n], self.params[k].diff.reshape(-1))
 
     def to_device(self, indices, flat):
+        """Copy the segments of ``flat`` into the diffs of params ``indices``."""
+        if self._is_attached(flat):
+            return
         for k in indices:
             off, n = self.offsets[k]
             d = self.params[k].diff
@@ -47,6 +68,7 @@ class Mover:
 
 class CupyMover(Mover):
     """The GPU variant: a copy stream per replica, events from the compute stream, pinned host buffers."""
+
 
     def __init__(self, params, offsets, buffers=()):
         super().__init__(params, offsets)
@@ -74,6 +96,9 @@ class CupyMover(Mover):
                 off, n = self.offsets[k]
                 self.params[k].diff.reshape(-1).get(stream=self.stream, out=flat[off:off + n])
             self.stream.synchronize()
+
+    def attach_diffs(self, flat):
+        return False  # device memory: the chunks are copied
 
     def to_device(self, indices, flat):
         with self.device, self.stream:

@@ -3,7 +3,8 @@
 This is the shape of Caffe's P2PSync on one host: nothing moves until backward has finished on every
 device; the root then reduces all partial gradients, runs the update alone, and every other replica waits
 for the new parameters. Through shared host memory the gather is flat (each worker copies its whole
-gradient into its slot at once), so the root's reduction costs (G - 1) additions of P values.
+gradient into its slot at once; a CPU replica's diffs already are its slot), so the root's reduction
+costs (G - 1) additions of P values.
 
 Worker g > 0 skips the update (the root's solver state is the only one) and copies the broadcast
 parameters in; the parent only relays "all posted" to worker 0 and "parameters ready" to the others.
@@ -18,6 +19,7 @@ class TreeSync:
         self.solver, self.link, self.g, self.slots, self.params = solver, link, g, slots, params
         self.mover, self.timer = mover, timer
         self.all = list(range(len(solver.net.learnable_params)))
+        mover.attach_diffs(slots[g])  # CPU replicas: the gather needs no copy, the root reads the slots
         self._wrap_backward()
         solver.gradient_hooks.append(self.reduce)
         solver.callbacks.insert(0, self.broadcast)
@@ -43,12 +45,10 @@ class TreeSync:
         else:
             self.link.expect("gathered")
             G = self.slots.shape[0]
-            for p, (off, n) in zip(solver.net.learnable_params, self.mover.offsets):
-                xp_diff = p.diff
-                for g in range(1, G):
-                    xp_diff += solver.xp.asarray(self.slots[g, off:off + n].reshape(p.diff.shape))
-                if G > 1:
-                    xp_diff *= xp_diff.dtype.type(1.0 / G)
+            params = solver.net.learnable_params
+            add_slots_to_diffs(params, self.mover.offsets, self.slots[1:], solver.xp)
+            if G > 1:
+                scale_diffs(params, 1.0 / G)
         self.timer.add("exchange", time.perf_counter() - t0)
 
     def broadcast(self, iteration, loss):
@@ -60,3 +60,16 @@ class TreeSync:
             self.link.expect("params")
             self.mover.params_from_host(self.params)
         self.timer.add("exchange", time.perf_counter() - t0)
+
+
+def add_slots_to_diffs(params, offsets, slots, xp):
+    """The root's reduction: ``diff += slot`` for every row of ``slots`` (moved to the root's device first)."""
+    for p, (off, n) in zip(params, offsets):
+        diff = p.diff
+        for row in slots:
+            diff += xp.asarray(row[off:off + n].reshape(diff.shape))
+
+
+def scale_diffs(params, scale):
+    for p in params:
+        p.diff *= p.diff.dtype.type(scale)

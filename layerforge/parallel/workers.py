@@ -6,7 +6,8 @@ creates the shared buffers (``slots`` G x P, ``acc`` P, ``params`` P), worker 0 
 parameters into ``params`` and every other worker copies them in, so all replicas start identical. Then
 each worker trains with :class:`~layerforge.parallel.host.HostSync` or
 :class:`~layerforge.parallel.tree.TreeSync` installed, and finally copies its parameters into its slot so
-the parent can check that the replicas agree.
+the parent can check that the replicas agree; worker 0 then times the exchange's operations for the cost
+model (:func:`~layerforge.parallel.cost_model.measure_rates`) while the others are gone.
 
 A worker that dies (a signal, ``os._exit``) or raises ends the job: the parent notices the closed pipe or
 the process sentinel, stops the other workers and raises one LayerforgeError naming the worker.
@@ -151,7 +152,7 @@ def _run_worker(g, G, options, link):
         solver.iter = start_iter
     timer = PhaseTimer()
     if options.sync == "HOST":
-        HostSync(solver, link, slots[g], acc, options.chunk_size, mover, timer)
+        HostSync(solver, link, slots[g], options.chunk_size, mover, timer)
     else:
         TreeSync(solver, link, g, slots, params, mover, timer)
     timer.install(solver)
@@ -161,5 +162,11 @@ def _run_worker(g, G, options, link):
         solver.solve(sigint_effect="none", sighup_effect="none")
     mover.params_to_host(slots[g])  # the parent compares the replicas
     link.send(("done", timer.summary(), solver.iter))
+    if g == 0:  # once the others are gone, time the exchange's operations for the cost model
+        link.expect("calibrate")
+        from .cost_model import measure_latency, measure_rates
+
+        rates = measure_rates(net.learnable_params, mover, slots, acc, solver.xp)
+        link.send(("rates", rates, measure_latency(link)))
     buffers.close()
 

@@ -4,7 +4,7 @@ import pytest
 
 from layerforge.net import Net
 from layerforge.parallel.chunks import ChunkSearch, Unit, make_chunks, param_units, parse_chunk_size
-from layerforge.parallel.host import HostAccumulator
+from layerforge.parallel.host import HostAccumulator, mean_into_slots
 
 
 def _ip(name, bottom, n, param=None):
@@ -81,16 +81,26 @@ def _accumulator(G, sizes, chunk_size="auto", search=(2, 1, 1)):
     return accumulator, slots, acc, sent
 
 
-def test_accumulator_publishes_the_mean_when_all_workers_posted_including_empty_chunks():
+def test_accumulator_writes_the_mean_into_every_slot_when_all_workers_posted_including_empty_chunks():
     accumulator, slots, acc, sent = _accumulator(3, [2, 0, 3], chunk_size=1)
     slots[:] = numpy.arange(15.0).reshape(3, 5)
+    mean = slots.mean(axis=0)
     for c in range(3):
         for g in range(3):
             accumulator.on_post(g, c)
     accumulator.pool.shutdown(wait=True)
-    numpy.testing.assert_allclose(acc, slots.mean(axis=0))
+    numpy.testing.assert_allclose(slots, numpy.stack([mean] * 3))
     assert sorted((g, m[1]) for g, m in sent) == [(g, c) for g in range(3) for c in range(3)]
     assert sum(1 for _, m in sent if m[2] is not None) == 0  # a fixed size never changes
+
+
+@pytest.mark.parametrize("G,n", [(2, 5), (2, 100_003), (3, 70_001), (8, 20_000)])
+def test_mean_into_slots_across_block_boundaries(G, n):
+    slots = numpy.random.default_rng(G).standard_normal((G, n)).astype(numpy.float32)
+    mean = slots.astype(numpy.float64).mean(axis=0)
+    mean_into_slots(slots)
+    for row in slots:
+        numpy.testing.assert_allclose(row, mean, rtol=1e-5, atol=1e-6)
 
 
 def test_accumulator_tells_workers_the_next_size_with_the_last_chunk():

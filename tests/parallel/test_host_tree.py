@@ -92,3 +92,33 @@ def test_killed_worker_ends_the_job(source, sync):
     thread.join(30)
     assert not thread.is_alive()
     assert "worker 0 (pid " in outcome["error"] and "killed by signal SIGKILL" in outcome["error"]
+
+
+NODE_SCRIPT = """
+import sys
+import numpy
+from layerforge.comm import Communicator, launch_guard
+from layerforge.parallel import train_parallel
+from tests.parallel.helpers import solver
+
+source, out = sys.argv[1], sys.argv[2]
+with launch_guard() as mpi_comm:
+    comm = Communicator(mpi_comm)
+    result = train_parallel(solver(source, 2, {iters}), workers=2, sync="host", chunk_size={chunk}, comm=comm,
+                            log=False)
+    numpy.save(f"{{out}}.{{comm.rank}}.npy", result.params)
+"""
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3])
+def test_two_nodes_of_two_workers_match_one_worker_with_the_whole_batch(source, tmp_path, chunk_size):
+    from tests.comm.mpirun import run_mpi
+
+    expected = reference(source, 8)
+    out = tmp_path / "params"
+    proc = run_mpi(2, ["-c", NODE_SCRIPT.format(iters=ITERS, chunk=chunk_size), source, str(out)], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for rank in range(2):  # worker g of node k reads records r, r + 4, ... (r = 2k + g): together, batch 8
+        params = numpy.load(f"{out}.{rank}.npy")
+        for row in params:
+            numpy.testing.assert_allclose(row, expected, rtol=1e-10, atol=1e-12)
