@@ -1,6 +1,6 @@
 """CGDP benchmark: host vs tree synchronisation for AlexNet and VGG-16 with G workers on this machine.
 
-    python benchmarks/bench_cgdp.py [--nets alexnet,vgg16] [--workers 2] [--iterations 3] [--json out.json]
+    python benchmarks/bench_cgdp.py [--nets alexnet,vgg16] [--workers 2] [--iterations 3] [--batch b] [--json out.json]
 
 For each net both modes run in the same invocation with the same per-worker batch (synthetic DummyData
 from configs/<net>_net.yaml), alternating ``--repeats`` times; each mode's fastest run is kept. Reported per mode: the phases of worker 0 (forward, backward, exposed
@@ -21,17 +21,18 @@ sys.path.insert(0, ROOT)
 BATCH = {"alexnet": 4, "vgg16": 1}
 
 
-def run_net(name, G, iterations, chunk_size, repeats=2):
+def run_net(name, G, iterations, chunk_size, repeats=2, batch=None):
     from layerforge.parallel import train_parallel
     from layerforge.parallel.cost_model import from_stats
 
     solver = {"net": os.path.join(ROOT, "configs", f"{name}_net.yaml"), "base_lr": 0.001, "momentum": 0.9,
               "max_iter": iterations + 1, "snapshot_after_train": False, "random_seed": 1}
+    batch = batch or BATCH[name]
     runs = {}
     for _ in range(repeats):  # alternate the modes; keep each one's fastest run (the machine is shared)
         for sync in ("host", "tree"):
             r = train_parallel(solver, workers=G, sync=sync, chunk_size=chunk_size, iterations=iterations + 1,
-                               batch=BATCH[name], log=False)
+                               batch=batch, log=False)
             if sync not in runs or r.stats["phases_ms"]["iteration"] < runs[sync]["phases_ms"]["iteration"]:
                 runs[sync] = r.stats
     host, tree = runs["host"]["phases_ms"], runs["tree"]["phases_ms"]
@@ -39,7 +40,7 @@ def run_net(name, G, iterations, chunk_size, repeats=2):
     # the exchange costs come from the host run; each mode's compute phases from its own run (worker 0)
     predicted = dict(model.predict(G, chunk_size), tree=from_stats(runs["host"], tree).tree(G))
     row = {
-        "net": name, "G": G, "batch_per_worker": BATCH[name], "chunk_size": chunk_size,
+        "net": name, "G": G, "batch_per_worker": batch, "chunk_size": chunk_size,
         "host": host, "tree": tree,
         "host_exposed_pct": 100.0 * host["exchange"] / host["backward"],
         "tree_exposed_pct": 100.0 * tree["exchange"] / tree["backward"],
@@ -76,13 +77,14 @@ def main():
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=3, help="timed iterations per mode (after 1 warm-up)")
     parser.add_argument("--chunk-size", type=int, default=1)
+    parser.add_argument("--batch", type=int, help="per-worker batch size (default: 4 for AlexNet, 1 for VGG-16)")
     parser.add_argument("--repeats", type=int, default=2, help="runs per mode, alternating; the fastest is kept")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     rows = []
     for name in args.nets.split(","):
         load = os.getloadavg()[0]
-        rows.append(run_net(name, args.workers, args.iterations, args.chunk_size, args.repeats))
+        rows.append(run_net(name, args.workers, args.iterations, args.chunk_size, args.repeats, args.batch))
         rows[-1]["load_average"] = (load, os.getloadavg()[0])
         print(f"(load average {load:.2f} before, {os.getloadavg()[0]:.2f} after; the machine's 2 cores are shared)")
         print_row(rows[-1])
