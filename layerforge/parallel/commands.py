@@ -107,8 +107,8 @@ def predict_rows(stats, Gs=(2, 4, 8)):
 
 def prediction_text(stats, Gs=(2, 4, 8), indent=""):
     """:func:`predict_rows` as a table (text lines, each starting with ``indent``)."""
-    lines = [f"{indent}{'G':>2}  {'host T ms':>10}  {'tree T` ms':>10}  {'T`/T':>5}  {'winner':>6}  "
-             f"{'speed-up host':>13}  {'speed-up tree':>13}  {'best chunk_size':>15}".replace("`", "'")]
+    header = ("G", "host T ms", "tree T' ms", "T'/T", "winner", "speed-up host", "speed-up tree", "best chunk_size")
+    lines = [indent + "  ".join(f"{h:>{w}}" for h, w in zip(header, (2, 10, 10, 5, 6, 13, 13, 15)))]
     for r in predict_rows(stats, Gs):
         lines.append(f"{indent}{r['G']:>2}  {r['host_ms']:10.2f}  {r['tree_ms']:10.2f}  {r['ratio']:5.2f}  "
                      f"{r['winner']:>6}  {r['speedup_host']:13.2f}  {r['speedup_tree']:13.2f}  "
@@ -142,15 +142,14 @@ def plan_command(args):
                                snapshot_after_train=False, test_interval=0, display=0).stats
     if not stats.get("rates"):
         raise LayerforgeError(f"{args.solver}: the net has no learnable parameters: nothing to exchange")
-    rows = predict_rows(stats, Gs)
+    parameters = sum(n for _, _, n in stats["units"])
     if args.json:
         print(json.dumps({"measured": {"G": stats["G"], "phases_ms": stats["phases_ms"], "rates": stats["rates"],
-                                       "parameters": sum(n for _, _, n in stats["units"])}, "rows": rows}, indent=1))
+                                       "parameters": parameters}, "rows": predict_rows(stats, Gs)}, indent=1))
         return 0
     ph, r = stats["phases_ms"], stats["rates"]
     print(f"measured with {stats['G']} workers, host mode (worker 0, ms per iteration): forward {ph['forward']:.1f}, "
-          f"backward {ph['backward']:.1f}, update {ph['update']:.1f}; "
-          f"{sum(n for _, _, n in stats['units']):,} parameters")
+          f"backward {ph['backward']:.1f}, update {ph['update']:.1f}; {parameters:,} parameters")
     print("rates (ns per value): " + ", ".join(f"{k.replace('_', ' ')} {1e9 * v:.3f}" for k, v in r.items()))
     print(prediction_text(stats, Gs))
     return 0
