@@ -33,6 +33,9 @@ BLOCK_KEYS = ("params", "layers", "top")
 INSTANCE_KEYS = ("block", "name", "names", "bottom", "repeat", "with", "include", "exclude")
 BUILTINS = ("name", "bottom", "i")
 MAX_DEPTH = 16
+# Bounds that keep every config's expansion to seconds and bounded memory, whatever its repeats and arithmetic.
+MAX_LAYERS = 100_000
+MAX_VALUE = 2 ** 62
 
 _REF = re.compile(r"\$\$\{|\$\{([^}]*)\}")
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -191,6 +194,8 @@ def _expand_instance(entry, defs, env, where, depth, previous):
                     layer[k] = entry[k]
                     layer.key_lines[k] = _line(entry, k)
         layers.extend(expanded)
+        if len(layers) > MAX_LAYERS:
+            raise where.error(f"block '{bname}' expands to more than {MAX_LAYERS:,} layers", line, "repeat")
         bottom = top
     return layers, bottom
 
@@ -206,7 +211,10 @@ def _instance_names(entry, env, where):
         return [_substitute(n, env, where) for n in names]
     repeat = _substitute(entry.get("repeat", 1), env, where, _line(entry, "repeat"))
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-        raise where.error(f"expected a positive integer, got {repeat!r}", _line(entry, "repeat"), "repeat")
+        raise where.error(f"expected a positive integer, got {_short(repr(repeat))}", _line(entry, "repeat"), "repeat")
+    if repeat > MAX_LAYERS:
+        raise where.error(f"repeat {repeat} is more than the {MAX_LAYERS:,} layers a net may have",
+                          _line(entry, "repeat"), "repeat")
     name = entry.get("name")
     if not isinstance(name, str) or not name:
         raise where.error("a block instance needs a 'name' (the prefix of its layers)", line, "name")
@@ -236,18 +244,26 @@ def _substitute(node, env, where, line=None):
     return _REF.sub(lambda m: "${" if m.group(1) is None else str(_evaluate(m.group(1), env, where, line)), node)
 
 
+def _short(text, limit=60):
+    """``text`` cut to ``limit`` characters, so an error line never echoes a whole huge expression or value."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _evaluate(expr, env, where, line):
+    shown = _short(expr.strip())
     try:
         tree = ast.parse(expr.strip(), mode="eval")
     except SyntaxError:
-        raise where.error(f"cannot read '${{{expr}}}': expected a parameter or integer arithmetic", line) from None
+        raise where.error(f"cannot read '${{{shown}}}': expected a parameter or integer arithmetic", line) from None
+    except (RecursionError, MemoryError):
+        raise where.error(f"cannot read '${{{shown}}}': the expression is too deeply nested", line) from None
 
     def walk(node):
         if isinstance(node, ast.Expression):
             return walk(node.body)
         if isinstance(node, ast.Name):
             if node.id not in env:
-                raise where.error(f"unknown parameter '{node.id}' in '${{{expr}}}'{suggest(node.id, list(env))}", line)
+                raise where.error(f"unknown parameter '{node.id}' in '${{{shown}}}'{suggest(node.id, list(env))}", line)
             return env[node.id]
         if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
             return node.value
@@ -257,13 +273,19 @@ def _evaluate(expr, env, where, line):
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             a, b = _number(walk(node.left)), _number(walk(node.right))
             if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and b == 0:
-                raise where.error(f"division by zero in '${{{expr}}}'", line)
-            return _OPS[type(node.op)](a, b)
-        raise where.error(f"cannot evaluate '${{{expr}}}': only parameters, integers and + - * // % are allowed", line)
+                raise where.error(f"division by zero in '${{{shown}}}'", line)
+            value = _OPS[type(node.op)](a, b)
+            if abs(value) > MAX_VALUE:
+                raise where.error(f"'${{{shown}}}' is larger than {MAX_VALUE} in magnitude", line)
+            return value
+        raise where.error(f"cannot evaluate '${{{shown}}}': only parameters, integers and + - * // % are allowed", line)
 
     def _number(value):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise where.error(f"arithmetic in '${{{expr}}}' needs numbers, got {value!r}", line)
+            raise where.error(f"arithmetic in '${{{shown}}}' needs numbers, got {_short(repr(value))}", line)
         return value
 
-    return walk(tree)
+    try:
+        return walk(tree)
+    except RecursionError:
+        raise where.error(f"cannot evaluate '${{{shown}}}': the expression is too deeply nested", line) from None

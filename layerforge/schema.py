@@ -6,8 +6,11 @@ returns a :class:`Params` namespace with defaults filled in. Every error is a on
 :class:`~layerforge.errors.ConfigError` naming file, line, layer and key.
 """
 import difflib
+import math
+import numbers
 
 import yaml
+from numpy import bool_ as numpy_bool
 
 from .errors import ConfigError
 
@@ -43,6 +46,9 @@ def _construct_mapping(loader, node):
     d.line = node.start_mark.line + 1
     d.key_lines = {}
     for key_node, value_node in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise ConfigError("a mapping key must be a plain value, not a list or mapping",
+                              getattr(loader, "path", None), key_node.start_mark.line + 1)
         key = loader.construct_object(key_node, deep=True)
         if key in d:
             raise ConfigError(f"duplicate key '{key}'", getattr(loader, "path", None), key_node.start_mark.line + 1)
@@ -77,17 +83,62 @@ def load_yaml(path):
     return load_yaml_text(read_config_text(path), str(path))
 
 
+# A config that expands to more nodes than this is refused before it is built: aliases can make a
+# 1 KB file stand for billions of values ("billion laughs"), which would hang every later walk over it.
+MAX_YAML_NODES = 1_000_000
+
+
+def _expanded_size(root):
+    """The number of nodes of ``root`` with every alias expanded, or None once it passes MAX_YAML_NODES."""
+    sizes = {}
+    stack = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if isinstance(node, yaml.ScalarNode):
+            sizes[id(node)] = 1
+            continue
+        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else node.value
+        if children_done:
+            total = 1 + sum(sizes.get(id(c), 0) for c in children)
+            if total > MAX_YAML_NODES:
+                return None
+            sizes[id(node)] = total
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
+
+
 def load_yaml_text(text, path="<string>"):
-    loader = _LineLoader(text)
-    loader.path = path
+    """Parse YAML text into LineDict/LineList values; every way the text can be bad is a one-line ConfigError."""
+    loader = None
     try:
-        return loader.get_single_data()
+        loader = _LineLoader(text)  # the reader checks the characters here already
+        loader.path = path
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node) is None:
+            raise ConfigError(f"the YAML expands to more than {MAX_YAML_NODES:,} values through its aliases "
+                              f"(&name / *name); write the values out or use blocks", path)
+        return loader.construct_document(node)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else None
         raise ConfigError(f"invalid YAML: {e.problem or e.context}", path, line) from None
+    except yaml.reader.ReaderError as e:
+        line = text[:e.position].count("\n") + 1 if isinstance(e.position, int) else None
+        code = ord(e.character) if isinstance(e.character, str) else e.character
+        raise ConfigError(f"invalid YAML: character #x{code:04x} is not allowed in a YAML file", path, line) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"invalid YAML: {str(e).splitlines()[0]}", path) from None
+    except RecursionError:
+        raise ConfigError("invalid YAML: lists or mappings nested too deeply to read", path) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def with_lines(obj):
@@ -143,21 +194,27 @@ class Field:
         choices: allowed values for ``enum`` (upper-case names; user input is matched case-insensitively).
         min, max: inclusive bounds for numbers (each element for lists).
         doc: one line for the docs.
+        finite: False lets a ``float`` be inf or nan (a bound that may be open); numbers are finite otherwise.
     """
 
-    def __init__(self, kind, default=None, choices=None, min=None, max=None, doc=""):
+    def __init__(self, kind, default=None, choices=None, min=None, max=None, doc="", finite=True):
         self.kind, self.default, self.choices = kind, default, choices
-        self.min, self.max, self.doc = min, max, doc
+        self.min, self.max, self.doc, self.finite = min, max, doc, finite
 
 
 def _check_number(value, kind, field, err):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    # numbers.Real admits numpy scalars from a Python dict config; bool is an int subclass but never a number here
+    if isinstance(value, (bool, numpy_bool)) or not isinstance(value, numbers.Real):
         err(f"expected {'an integer' if kind == 'int' else 'a number'}, got {_describe(value)}")
+    if not math.isfinite(value):
+        if kind == "int" or field.finite:
+            err(f"expected a finite number, got {value}")
+        return float(value)
     if kind == "int":
-        if isinstance(value, float):
-            if not value.is_integer():
+        if not isinstance(value, numbers.Integral):
+            if not float(value).is_integer():
                 err(f"expected an integer, got {value}")
-            value = int(value)
+        value = int(value)
     else:
         value = float(value)
     if field.min is not None and value < field.min:
@@ -194,6 +251,8 @@ def _convert(value, field, err, ctx):
     if kind in ("int", "float"):
         return _check_number(value, kind, field, err)
     if kind == "bool":
+        if isinstance(value, numpy_bool):
+            value = bool(value)
         if not isinstance(value, bool):
             err(f"expected true or false, got {_describe(value)}")
         return value
@@ -208,7 +267,7 @@ def _convert(value, field, err, ctx):
     if kind in ("ints", "floats", "strs", "bools"):
         items = value if isinstance(value, list) else [value]
         scalar = {"ints": "int", "floats": "float", "strs": "str", "bools": "bool"}[kind]
-        return [_convert(v, Field(scalar, min=field.min, max=field.max), err, ctx) for v in items]
+        return [_convert(v, Field(scalar, min=field.min, max=field.max, finite=field.finite), err, ctx) for v in items]
     if kind == "shapes":
         return _convert_shapes(value, err)
     if kind == "dims":
@@ -220,21 +279,25 @@ def _convert(value, field, err, ctx):
     raise AssertionError(f"unknown field kind {kind!r}")
 
 
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, numpy_bool))
+
+
 def _convert_shapes(value, err):
     def one(shape):
         if isinstance(shape, dict):
             if set(shape) != {"dim"}:
                 err(f"a shape mapping takes only 'dim', got {sorted(shape)}")
             shape = shape["dim"]
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             err(f"expected a shape (a list of non-negative integers), got {_describe(shape)}")
-        return tuple(shape)
+        return tuple(int(d) for d in shape)
 
     if isinstance(value, dict):
         return [one(value)]
     if not isinstance(value, list) or not value:
         err(f"expected a shape or a list of shapes, got {_describe(value)}")
-    if all(isinstance(v, int) for v in value):
+    if all(_is_int(v) for v in value):
         return [one(value)]
     return [one(v) for v in value]
 

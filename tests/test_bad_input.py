@@ -1,0 +1,108 @@
+"""Bad configs are refused with one line naming the file (and line), a non-zero exit and no traceback,
+within seconds and bounded memory; values a Python caller hands in as numpy scalars are accepted."""
+import pathlib
+import subprocess
+import sys
+
+import numpy
+import pytest
+
+from layerforge import Net
+from layerforge.errors import ConfigError
+from layerforge.schema import MAX_YAML_NODES, load_yaml_text
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+INPUT = "- {name: data, type: Input, top: data, input: {shape: [[1, 3]]}}\n"
+
+
+def alias_bomb(levels=12, width=9):
+    lines = [f"a0: &a0 [{', '.join(['x'] * width)}]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+BAD_YAML = {
+    "alias_bomb": (alias_bomb(), "expands to more than"),
+    "alias_bomb_in_a_block": ("name: x\nblocks:\n  b:\n    junk:\n"
+                              + "".join("      " + line + "\n" for line in alias_bomb().splitlines())
+                              + "layers: []\n", "expands to more than"),
+    "deep_nesting": ("name: x\nlayers: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    "nul_byte": ("name: x\x00\nlayers: []\n", "#x0000 is not allowed"),
+    "complex_key": ("name: x\n? [a, b]\n: c\nlayers: []\n", "mapping key must be a plain value"),
+    "nan_value": ("name: x\nlayers:\n" + INPUT
+                  + "- {name: r, type: ReLU, bottom: data, top: r, relu: {negative_slope: .nan}}\n",
+                  "expected a finite number, got nan"),
+    "inf_value": ("name: x\nlayers:\n" + INPUT
+                  + "- {name: r, type: ELU, bottom: data, top: r, elu: {alpha: -.inf}}\n",
+                  "expected a finite number, got -inf"),
+    "huge_repeat": ("name: x\nblocks:\n  b:\n    layers:\n"
+                    "      - {name: '${name}', type: ReLU, bottom: '${bottom}', top: '${name}'}\n"
+                    "layers:\n" + INPUT + "- {block: b, name: 'r${i}', repeat: 1000000000000}\n",
+                    "more than the 100,000 layers"),
+    "nested_repeats": ("name: x\nblocks:\n  b:\n    layers:\n"
+                       "      - {name: '${name}', type: ReLU, bottom: '${bottom}', top: '${name}'}\n"
+                       "  c:\n    layers:\n      - {block: b, name: '${name}_${i}', repeat: 1000}\n"
+                       "layers:\n" + INPUT + "- {block: c, name: 'r${i}', repeat: 1000}\n",
+                       "expands to more than 100,000 layers"),
+    "huge_expression": ("name: x\nblocks:\n  b:\n    params: {k: 3}\n    layers:\n"
+                        "      - {name: '${name}', type: ReLU, bottom: '${bottom}', top: '${name}', "
+                        "relu: {negative_slope: '${" + "+".join(["k"] * 20000) + "}'}}\n"
+                        "layers:\n" + INPUT + "- {block: b, name: 'r${i}', repeat: 2}\n",
+                        "too deeply nested"),
+    "huge_value": ("name: x\nblocks:\n  b:\n    params: {k: 1000000}\n    layers:\n"
+                   "      - {name: '${name}', type: ReLU, bottom: '${bottom}', top: '${name}', "
+                   "relu: {negative_slope: '${" + "*".join(["k"] * 12) + "}'}}\n"
+                   "layers:\n" + INPUT + "- {block: b, name: 'r${i}'}\n",
+                   "larger than"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_YAML))
+def test_bad_config_is_one_line_and_nonzero_exit(tmp_path, case):
+    text, message = BAD_YAML[case]
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(text, encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "layerforge", "check", str(path)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: {path}"), lines[0]
+    assert message in lines[0]
+    assert len(lines[0]) < 400  # never an echo of the whole expression
+
+
+def test_alias_expansion_limit_counts_shared_nodes_once_per_use():
+    # 3 levels of 10 aliases = 1 + 10 + 100 + 1000 scalars and lists: accepted; the bound is on the expansion
+    small = "a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\nb: &b [" + ", ".join(["*a"] * 10) + "]\n" \
+            "c: [" + ", ".join(["*b"] * 10) + "]\n"
+    assert len(load_yaml_text(small)["c"]) == 10
+    with pytest.raises(ConfigError, match="expands to more than"):
+        load_yaml_text(alias_bomb(levels=8, width=8))  # 8^8 = 16.7M > MAX_YAML_NODES
+    assert 8 ** 8 > MAX_YAML_NODES
+
+
+def test_nul_byte_names_its_line():
+    with pytest.raises(ConfigError) as e:
+        load_yaml_text("name: x\nlayers: []\nbad: a\x00b\n", "net.yaml")
+    assert str(e.value).startswith("net.yaml:3:")
+
+
+def test_numpy_scalars_in_a_python_dict_config():
+    net = Net({"name": "n", "layers": [
+        {"name": "data", "type": "Input", "top": "data", "input": {"shape": [[numpy.int64(2), numpy.int32(3)]]}},
+        {"name": "ip", "type": "InnerProduct", "bottom": "data", "top": "ip",
+         "inner_product": {"num_output": numpy.int64(4), "bias_term": numpy.bool_(False)}},
+        {"name": "r", "type": "ReLU", "bottom": "ip", "top": "ip", "relu": {"negative_slope": numpy.float32(0.5)}},
+    ]})
+    assert net.blobs["ip"].data.shape == (2, 4)
+    assert len(net.params["ip"]) == 1
+
+
+def test_numpy_float_that_is_not_an_integer_is_refused_for_an_int_key():
+    with pytest.raises(ConfigError, match="expected an integer, got 2.5"):
+        Net({"name": "n", "layers": [
+            {"name": "data", "type": "Input", "top": "data", "input": {"shape": [[2, 3]]}},
+            {"name": "ip", "type": "InnerProduct", "bottom": "data", "top": "ip",
+             "inner_product": {"num_output": numpy.float64(2.5)}}]})
