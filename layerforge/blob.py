@@ -1,6 +1,46 @@
 """Blob: an N-d array with its gradient, as in Caffe (``data`` and ``diff`` of the same shape)."""
 import numpy
 
+from .errors import ShapeError
+
+# Allocations below this size skip the free-memory check (it reads /proc or asks the device).
+_CHECKED_BYTES = 64 << 20
+
+
+def available_bytes(xp=numpy):
+    """Memory an allocation can still get: the device's free memory for cupy, MemAvailable (or all RAM) on the host."""
+    if xp is not numpy:
+        return int(xp.cuda.runtime.memGetInfo()[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def zeros_checked(shape, dtype, xp=numpy, what="a blob"):
+    """``xp.zeros(shape, dtype)``, or a one-line ShapeError when it cannot fit in memory (never numpy's traceback)."""
+    shape = tuple(int(s) for s in shape)
+    nbytes = int(numpy.prod(shape, dtype=numpy.float64)) * numpy.dtype(dtype).itemsize
+    if nbytes >= _CHECKED_BYTES:
+        free = available_bytes(xp)
+        if nbytes > free:
+            raise ShapeError(f"{what} of shape {shape} needs {_gib(nbytes)}, more than the {_gib(free)} of "
+                             f"memory available")
+    try:
+        return xp.zeros(shape, dtype=dtype)
+    except (MemoryError, ValueError) as e:  # numpy says "array is too big" with a ValueError
+        raise ShapeError(f"cannot allocate {what} of shape {shape} ({_gib(nbytes)}): {e}") from None
+
+
+def _gib(nbytes):
+    from .memory import format_bytes  # memory imports the kernels, which blob must not import at load
+    return format_bytes(nbytes)
+
 
 class Blob:
     """Holds ``data`` and ``diff`` arrays of one shape and dtype.
@@ -14,8 +54,8 @@ class Blob:
     def __init__(self, shape=(), dtype=numpy.float32, xp=numpy):
         self.xp = xp
         self.dtype = numpy.dtype(dtype)
-        self.data = xp.zeros(tuple(int(s) for s in shape), dtype=self.dtype)
-        self.diff = xp.zeros_like(self.data)
+        self.data = zeros_checked(shape, self.dtype, xp)
+        self.diff = zeros_checked(shape, self.dtype, xp, "the gradient of a blob")
 
     @property
     def shape(self):
@@ -47,8 +87,9 @@ class Blob:
             self.data = self.data.reshape(shape)
             self.diff = self.diff.reshape(shape)
         else:
-            self.data = self.xp.zeros(shape, dtype=self.dtype)
-            self.diff = self.xp.zeros_like(self.data)
+            self.data = self.diff = None  # the old arrays are freed before the new ones count against memory
+            self.data = zeros_checked(shape, self.dtype, self.xp)
+            self.diff = zeros_checked(shape, self.dtype, self.xp, "the gradient of a blob")
         return self
 
     def share_data(self, other):

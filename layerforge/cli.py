@@ -27,16 +27,38 @@ COMMANDS = {
 }
 
 
+class _DefaultsHelp(argparse.HelpFormatter):
+    """Shows each option's default in its help, where it has a meaningful one (not None, False or already said)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if ("%(default)" in text or "default" in text.lower() or default in (None, False, argparse.SUPPRESS)
+                or action.option_strings == [] and action.nargs in ("?", "*")):
+            return text
+        return text + " (default: %(default)s)"
+
+
+def _version():
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("layerforge")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def build_parser(only=None):
     """The argument parser; with ``only``, just that command's module is imported."""
-    parser = argparse.ArgumentParser(prog="layerforge", description="Caffe-style deep learning from YAML configs.")
+    parser = argparse.ArgumentParser(prog="layerforge", description="Caffe-style deep learning from YAML configs.",
+                                     formatter_class=_DefaultsHelp)
+    parser.add_argument("--version", action="version", version=f"layerforge {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module_name in COMMANDS.items():
         if only is not None and name != only:
             continue
         module = importlib.import_module(f"layerforge.commands.{module_name}")
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=_DefaultsHelp)
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser
@@ -49,6 +71,9 @@ def main(argv=None):
         return int(args.run(args) or 0)
     except LayerforgeError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError as e:  # an allocation no check foresaw (the blobs check theirs before allocating)
+        print(f"error: out of memory{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -156,6 +156,14 @@ def unplan(net, planned):
     _reshare_splits(net)
 
 
+def format_bytes(nbytes):
+    """``1536`` -> ``1.5 KiB``: binary units up to GiB, for messages and tables."""
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:,.1f} {unit}"
+    return f"{int(nbytes)} B"
+
+
 def memory_report(net):
     """Byte counts of ``net`` as it is now (see the module docstring)."""
     bases = {}

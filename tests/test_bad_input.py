@@ -54,6 +54,16 @@ BAD_YAML = {
                    "relu: {negative_slope: '${" + "*".join(["k"] * 12) + "}'}}\n"
                    "layers:\n" + INPUT + "- {block: b, name: 'r${i}'}\n",
                    "larger than"),
+    "no_layers": ("name: x\nlayers: []\n", "the net has no layers in the TRAIN or TEST phase"),
+    "huge_num_output": ("name: x\nlayers:\n" + INPUT
+                        + "- {name: ip, type: InnerProduct, bottom: data, top: ip, "
+                        "inner_product: {num_output: 1000000000000}}\n", "GiB of memory available"),
+    "huge_input": ("name: x\nlayers:\n- {name: data, type: Input, top: data, "
+                   "input: {shape: [[1000000, 1000000, 1000]]}}\n", "GiB of memory available"),
+    "huge_kernel": ("name: x\nlayers:\n- {name: data, type: Input, top: data, input: {shape: [[1, 3, 8, 8]]}}\n"
+                    "- {name: c, type: Convolution, bottom: data, top: c, "
+                    "convolution: {num_output: 4, kernel_size: 1000000000, pad: 500000000}}\n",
+                    "GiB of memory available"),
 }
 
 

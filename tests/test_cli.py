@@ -41,7 +41,10 @@ def test_summary_counts_params_and_multiply_adds(tiny):
     # conv: 4 * 6*8*8 * 25 = 38,400; ip: 4 * 96 * 10 = 3,840
     assert "total multiply-adds (forward, batch 4): 42,240 (10,560 per image)" in proc.stdout
     conv_row = next(line for line in proc.stdout.splitlines() if line.startswith("conv "))
-    assert conv_row.split()[1:] == ["Convolution", "4x6x8x8", "156", "38,400"]
+    # memory: top 4*6*8*8 + weights 156 values, data and diff, float32: 2 * 4 * (1536 + 156) = 13,536 B
+    assert conv_row.split()[1:] == ["Convolution", "4x6x8x8", "156", "38,400", "13.2", "KiB"]
+    assert proc.stdout.splitlines()[0].startswith("net 'tiny', phase TEST")
+    assert "parameters 8.8 KiB" in proc.stdout  # 1,126 parameters * 2 * 4 B = 9,008 B
 
 
 def test_time_prints_every_layer_and_totals(tiny):
@@ -76,6 +79,15 @@ def test_lenet_summary_matches_caffe():
     proc = layerforge("summary", "configs/lenet.yaml")
     assert proc.returncode == 0, proc.stderr
     assert "total learnable parameters: 431,080" in proc.stdout
-    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[2:] if line and not line.startswith("total")}
-    assert rows["conv1"][-2:] == ["520", "28,800,000"]
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[3:]
+            if line and not line.startswith(("total", "memory"))}
+    assert rows["conv1"][-4:-2] == ["520", "28,800,000"]
     assert rows["loss"][2] == "scalar"
+
+
+def test_version_and_defaults_in_help():
+    proc = layerforge("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == "layerforge 0.1.0"
+    proc = layerforge("time", "--help")
+    text = " ".join(proc.stdout.split())
+    assert "(default: 20)" in text and "AUTO convolution engines settle" in text

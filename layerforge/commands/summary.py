@@ -1,4 +1,5 @@
 """``layerforge summary NET.yaml``: one row per layer with top shapes, parameters and multiply-adds."""
+from ..memory import format_bytes, memory_report
 from ..net import Net
 
 HELP = "print each layer's type, top shapes, parameter count and forward multiply-adds, with totals"
@@ -6,7 +7,7 @@ HELP = "print each layer's type, top shapes, parameter count and forward multipl
 
 def add_arguments(parser):
     parser.add_argument("net", help="net YAML file")
-    parser.add_argument("--phase", choices=("train", "test"), default="test")
+    parser.add_argument("--phase", choices=("train", "test"), default="test", help="which phase's layers to show")
 
 
 def summarize(net):
@@ -30,16 +31,33 @@ def summarize(net):
     return rows, net.num_learnable, total_macs
 
 
+def layer_memory_bytes(net):
+    """Bytes of each layer's new top blobs and parameters (data + diff; a blob counts at its first layer)."""
+    seen, out = set(), []
+    for i, layer in enumerate(net.layers):
+        fresh = [b for b in list(net.top_blobs(i)) + list(layer.blobs) if id(b) not in seen]
+        seen.update(id(b) for b in fresh)
+        out.append(sum(2 * b.count * b.dtype.itemsize for b in fresh))
+    return out
+
+
 def run(args):
     net = Net(args.net, phase=args.phase)
     rows, total_params, total_macs = summarize(net)
-    header = ("layer", "type", "top shape", "params", "multiply-adds")
-    table = [(n, t, " ".join(format_shape(s) for s in shapes), f"{p:,}", f"{m:,}") for n, t, shapes, p, m in rows]
+    memory, report = layer_memory_bytes(net), memory_report(net)
+    print(f"net '{net.name}', phase {args.phase.upper()} (--phase train shows the training net)"
+          if args.phase == "test" else f"net '{net.name}', phase {args.phase.upper()}")
+    header = ("layer", "type", "top shape", "params", "multiply-adds", "memory")
+    table = [(n, t, " ".join(format_shape(s) for s in shapes), f"{p:,}", f"{m:,}", format_bytes(mem))
+             for (n, t, shapes, p, m), mem in zip(rows, memory)]
     print_table(header, table)
     batch = batch_size(net)
     print(f"total learnable parameters: {total_params:,}")
     per_image = f" ({total_macs / batch:,.0f} per image)" if batch > 1 else ""
     print(f"total multiply-adds (forward, batch {batch}): {total_macs:,}{per_image}")
+    print(f"memory (data + diff, before activation sharing): activations "
+          f"{format_bytes(report['activation_bytes'])}, parameters {format_bytes(report['param_bytes'])}, "
+          f"layer buffers {format_bytes(report['layer_bytes'])}, total {format_bytes(report['peak_bytes'])}")
     return 0
 
 
