@@ -7,6 +7,7 @@ import datetime
 import logging
 import os
 import sys
+import time
 
 LOGGER_NAME = "layerforge"
 
@@ -20,14 +21,31 @@ class GlogFormatter(logging.Formatter):
                 f"{record.filename}:{record.lineno}] {record.getMessage()}")
 
 
+class _ProgressAwareHandler(logging.StreamHandler):
+    """Writes log lines above a live progress bar (tqdm.write clears and redraws it), so neither is cut."""
+
+    def emit(self, record):
+        from tqdm import tqdm
+
+        if not getattr(tqdm, "_instances", None):
+            return super().emit(record)
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - logging must never raise (logging.Handler's own contract)
+            self.handleError(record)
+
+
 def setup_logging(stream=None, level=logging.INFO):
-    """Send the ``layerforge`` logger to ``stream`` (default stdout) in glog format; idempotent."""
+    """Send the ``layerforge`` logger to ``stream`` (default stderr, as glog and so Caffe do) in glog format.
+
+    Idempotent; ``layerforge train ... 2> log`` captures the whole training log.
+    """
     logger = logging.getLogger(LOGGER_NAME)
     logger.setLevel(level)
     for h in list(logger.handlers):
         if getattr(h, "_layerforge", False):
             logger.removeHandler(h)
-    handler = logging.StreamHandler(stream or sys.stdout)
+    handler = _ProgressAwareHandler(stream or sys.stderr)
     handler.setFormatter(GlogFormatter())
     handler._layerforge = True
     logger.addHandler(handler)
@@ -35,22 +53,68 @@ def setup_logging(stream=None, level=logging.INFO):
     return logger
 
 
-class ProgressBar:
-    """A one-line progress display on a terminal (stderr), redrawn after each iteration."""
+class Progress:
+    """Training progress: a tqdm bar with rate and ETA on a terminal, else a status log line every ``interval`` s.
 
-    def __init__(self, total, stream=None, width=30):
-        self.total, self.stream, self.width = max(1, total), stream or sys.stderr, width
-        self.start = datetime.datetime.now()
+    Args:
+        total: the last iteration (the solver's max_iter).
+        start: the iteration training starts from (non-zero when resuming).
+        stream: where the bar goes (default stderr).
+        interval: seconds between status lines when ``stream`` is not a terminal; None or <= 0 means
+            every ``update`` for 0, never for None.
+    """
+
+    def __init__(self, total, start=0, stream=None, interval=60.0):
+        self.total, self.start = max(1, int(total)), int(start)
+        self.stream = stream or sys.stderr
+        self.bar = None
+        self.interval = interval
+        self.t0 = self.last = time.monotonic()
+        if _isatty(self.stream):
+            from tqdm import tqdm
+
+            try:
+                size = os.get_terminal_size(self.stream.fileno())
+                sized = size.columns > 0 and size.lines > 0
+            except (OSError, ValueError, AttributeError):
+                sized = False
+            # a terminal that reports no size (a bare pty, a serial console) would hide tqdm's bar: assume 100x24
+            self.bar = tqdm(total=self.total, initial=self.start, file=self.stream, unit="iter", mininterval=0.5,
+                            dynamic_ncols=sized, ncols=None if sized else 100, nrows=None if sized else 24,
+                            leave=True)
 
     def update(self, iteration, loss):
-        done = min(1.0, iteration / self.total)
-        filled = int(self.width * done)
-        seconds = (datetime.datetime.now() - self.start).total_seconds()
-        rate = iteration / seconds if seconds > 0 else 0.0
-        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {iteration}/{self.total} "
-                          f"loss {loss:.4g} {rate:.1f} it/s")
-        self.stream.flush()
+        """Called after each iteration with the number of iterations done and the iteration's loss."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"loss {loss:.4g}", refresh=False)
+            self.bar.update(iteration - self.bar.n)
+            return
+        now = time.monotonic()
+        if self.interval is None or (now - self.last < self.interval and iteration < self.total):
+            return
+        self.last = now
+        done = iteration - self.start
+        rate = done / (now - self.t0) if now > self.t0 else 0.0
+        eta = (self.total - iteration) / rate if rate > 0 else float("nan")
+        logging.getLogger(LOGGER_NAME).info(
+            "Progress: iteration %d/%d (%.0f%%), %.3g iter/s, ETA %s, loss = %.6g", iteration, self.total,
+            100.0 * iteration / self.total, rate, _clock(eta), loss)
 
     def close(self):
-        self.stream.write("\n")
-        self.stream.flush()
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _isatty(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _clock(seconds):
+    """``3725`` -> ``1:02:05``; ``nan`` -> ``?``."""
+    if seconds != seconds or seconds == float("inf"):
+        return "?"
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

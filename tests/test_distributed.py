@@ -72,7 +72,7 @@ def reference(tmp_path_factory):
     proc = subprocess.run([sys.executable, "-m", "layerforge", "train", "--solver", str(solver)],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    return tmp, final_weights(tmp, TOTAL_BATCH), proc.stdout
+    return tmp, final_weights(tmp, TOTAL_BATCH), proc.stderr
 
 
 def scores_in(log):
@@ -90,9 +90,9 @@ def test_p_ranks_equal_one_rank_with_total_batch(reference, p, algorithm):
     for key in expected:
         numpy.testing.assert_allclose(got[key], expected[key], rtol=1e-9, atol=1e-12, err_msg=key)
     # rank 0 alone logs, and test scores are reduced over the ranks' test shards
-    assert proc.stdout.count("Optimization Done.") == 1
-    assert scores_in(proc.stdout) == scores_in(reference_log) != []
-    assert f"Data parallel over {p} ranks" in proc.stdout
+    assert proc.stderr.count("Optimization Done.") == 1
+    assert scores_in(proc.stderr) == scores_in(reference_log) != []
+    assert f"Data parallel over {p} ranks" in proc.stderr
 
 
 def test_bad_record_on_one_rank_ends_the_job(tmp_path):

@@ -10,7 +10,7 @@ def test_lenet_solver_reaches_97_percent(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "layerforge", "train", "--solver", "configs/lenet_solver.yaml"],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    accuracies = [float(a) for a in re.findall(r"Test net output #0: accuracy = ([\d.]+)", proc.stdout)]
+    accuracies = [float(a) for a in re.findall(r"Test net output #0: accuracy = ([\d.]+)", proc.stderr)]
     assert len(accuracies) == 5  # iterations 0, 250, 500, 750, 1000
     assert accuracies[0] < 0.2 and accuracies[-1] >= 0.97, accuracies
-    assert "Optimization Done." in proc.stdout
+    assert "Optimization Done." in proc.stderr

@@ -48,7 +48,7 @@ def test_resume_from_snapshot_continues_the_same_run(tmp_path):
     resumed = layerforge("train", "--solver", write_solver(tmp_path, 6, name="again.yaml"),
                          "--snapshot", tmp_path / "snap" / "lenet_iter_3.solverstate.npz")
     assert resumed.returncode == 0, resumed.stderr
-    assert losses(resumed.stdout) == losses(full.stdout)[3:]
+    assert losses(resumed.stderr) == losses(full.stderr)[3:]
 
 
 def test_weights_then_test_command(tmp_path):
@@ -57,17 +57,17 @@ def test_weights_then_test_command(tmp_path):
     weights = tmp_path / "snap" / "lenet_iter_4.npz"
     tested = layerforge("test", "--model", "configs/lenet.yaml", "--weights", weights, "--iterations", 3)
     assert tested.returncode == 0, tested.stderr
-    assert len(re.findall(r"Batch \d, accuracy = ", tested.stdout)) == 3
-    mean = float(re.search(r"\] accuracy = ([\d.]+)", tested.stdout).group(1))
-    batches = [float(v) for v in re.findall(r"Batch \d, accuracy = ([\d.]+)", tested.stdout)]
+    assert len(re.findall(r"Batch \d, accuracy = ", tested.stderr)) == 3
+    mean = float(re.search(r"\] accuracy = ([\d.]+)", tested.stderr).group(1))
+    batches = [float(v) for v in re.findall(r"Batch \d, accuracy = ([\d.]+)", tested.stderr)]
     assert abs(mean - numpy.mean(batches)) < 1e-6
-    assert re.search(r"\] loss = [\d.]+ \(\* 1 = [\d.]+ loss\)", tested.stdout)
+    assert re.search(r"\] loss = [\d.]+ \(\* 1 = [\d.]+ loss\)", tested.stderr)
     # fine-tuning starts from those weights: same seed and first batch as the run that wrote them, other loss
     tuned = layerforge("train", "--solver", write_solver(tmp_path, 1, name="tune.yaml"), "--weights", weights)
     assert tuned.returncode == 0, tuned.stderr
-    assert losses(tuned.stdout)[0] != losses(trained.stdout)[0]
+    assert losses(tuned.stderr)[0] != losses(trained.stderr)[0]
     fresh = layerforge("train", "--solver", write_solver(tmp_path, 1, name="fresh.yaml"))
-    assert losses(fresh.stdout)[0] == losses(trained.stdout)[0]
+    assert losses(fresh.stderr)[0] == losses(trained.stderr)[0]
 
 
 def test_ctrl_c_snapshots_and_exits_cleanly(tmp_path):
@@ -77,11 +77,11 @@ def test_ctrl_c_snapshots_and_exits_cleanly(tmp_path):
     deadline = time.monotonic() + 120
     seen = ""
     while "Iteration 3 " not in seen and time.monotonic() < deadline:
-        seen += proc.stdout.readline()
+        seen += proc.stderr.readline()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert "Optimization stopped early." in out
+    assert "Optimization stopped early." in err
     snaps = list((tmp_path / "snap").glob("lenet_iter_*.solverstate.npz"))
     assert len(snaps) == 1
     assert "Traceback" not in err
@@ -91,3 +91,49 @@ def test_missing_weights_file_is_one_line(tmp_path):
     proc = layerforge("test", "--model", "configs/lenet.yaml", "--weights", tmp_path / "none.npz")
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: {tmp_path / 'none.npz'}: no such file"
+
+
+def test_status_lines_with_rate_and_eta_when_not_a_terminal(tmp_path):
+    proc = layerforge("train", "--solver", write_solver(tmp_path, 4), "--status-interval", 0)
+    assert proc.returncode == 0, proc.stderr
+    status = re.findall(r"\] Progress: iteration (\d)/4 \(\d+%\), [\d.e+]+ iter/s, ETA (\d+:\d\d:\d\d), loss = ", proc.stderr)
+    assert [int(i) for i, _ in status] == [1, 2, 3, 4]
+    assert status[-1][1] == "0:00:00"
+    assert proc.stdout == ""  # logs go to stderr, as glog's do
+    quiet = layerforge("train", "--solver", write_solver(tmp_path, 2, name="quiet.yaml"), "--no-progress",
+                       "--status-interval", 0)
+    assert "Progress:" not in quiet.stderr
+
+
+def test_progress_bar_on_a_terminal_keeps_log_lines_whole(tmp_path):
+    import os
+    import pty
+
+    solver = write_solver(tmp_path, 6)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: layerforge with an 80x24 terminal as stdout and stderr
+        import fcntl
+        import struct
+        import termios
+
+        fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        os.chdir(ROOT)
+        os.execv(sys.executable, [sys.executable, "-m", "layerforge", "train", "--solver", str(solver)])
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    screen = b"".join(chunks).decode(errors="replace")
+    assert re.search(r"\d+/6 \[\d\d:\d\d<\d\d:\d\d", screen), screen[-2000:]  # tqdm: count, elapsed<ETA
+    assert "iter/s" in screen
+    # every log line starts at the beginning of a line of its own, whatever the bar drew before it
+    for line in re.split(r"[\r\n]+", screen):
+        if "solver.py:" in line and "] Iteration" in line:
+            assert re.match(r"(\x1b\[A)?I\d{4} ", line), repr(line)

@@ -61,7 +61,7 @@ def test_layerforge_log_parses(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     log = tmp_path / "train.log"
-    log.write_text(proc.stdout)
+    log.write_text(proc.stderr)
     train, test = parse_log(log)
     assert [r["iteration"] for r in train if "loss" in r] == [0, 2]
     assert [r["iteration"] for r in test] == [0, 4]

@@ -1,7 +1,5 @@
 """``layerforge train --solver S``: train a net as its solver file describes (Caffe's ``caffe train``)."""
-import sys
-
-from ..logs import ProgressBar, setup_logging
+from ..logs import Progress, setup_logging
 
 HELP = "train a net from a solver YAML (resume with --snapshot, fine-tune with --weights)"
 
@@ -18,7 +16,10 @@ def add_arguments(parser):
                              "snapshot (default); snapshot = snapshot and go on; none = ignore")
     parser.add_argument("--sighup-effect", choices=("snapshot", "stop", "none"), default="snapshot",
                         help="what SIGHUP does (default: snapshot and go on)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar on a terminal and no status lines otherwise")
+    parser.add_argument("--status-interval", type=float, default=60.0, metavar="SECONDS",
+                        help="when stderr is not a terminal, log a progress line with rate and ETA this often")
     parser.add_argument("--allreduce", choices=("auto", "recursive", "topology", "ring", "doubling", "mpi", "nccl"),
                         help="gradient allreduce under mpiexec (overrides the solver's allreduce)")
     from ..parallel.commands import add_parallel_arguments
@@ -75,13 +76,18 @@ def train(args, mpi_comm=None):
         solver = get_solver(args.solver, shard=(rank, size), **overrides)
         comm = Communicator(mpi_comm, group_size=solver.param.group_size or None)
         make_data_parallel(solver, comm, digest=config_digest(solver.param, overrides))
-    bar = None
-    if solver.root and sys.stdout.isatty() and sys.stderr.isatty() and not args.no_progress:
-        bar = ProgressBar(solver.param.max_iter)
-        solver.callbacks.append(lambda iteration, loss: bar.update(iteration + 1, loss))
+    progress = []  # made at the first iteration, so a resumed run's rate and ETA count from where it resumed
+
+    def report(iteration, loss):
+        if not progress:
+            progress.append(Progress(solver.param.max_iter, start=iteration, interval=args.status_interval))
+        progress[0].update(iteration + 1, loss)
+
+    if solver.root and not args.no_progress:
+        solver.callbacks.append(report)
     try:
         solver.solve(resume_file=args.snapshot, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect)
     finally:
-        if bar is not None:
-            bar.close()
+        if progress:
+            progress[0].close()
     return 0

@@ -1,4 +1,7 @@
 """Layers whose tops come from outside the graph: Input (the caller writes them) and DummyData (fillers)."""
+import math
+
+from ..backend import get_array_module
 from ..fillers import fill
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
@@ -65,6 +68,8 @@ class DummyData(Layer):
         "channels": Field("ints", [], min=0, doc="legacy 4-D shape: C per top"),
         "height": Field("ints", [], min=0, doc="legacy 4-D shape: H per top"),
         "width": Field("ints", [], min=0, doc="legacy 4-D shape: W per top"),
+        "integer": Field("bools", [], doc="layerforge: per top (or one for all), floor the filled values to integers, "
+                                          "e.g. random class labels from a UNIFORM filler over [0, classes)"),
     }}
     num_bottom = (0, 0)
     num_top = (1, None)
@@ -89,6 +94,8 @@ class DummyData(Layer):
             raise lp.error("required key is missing", "dummy_data.shape")
         if p.data_filler:
             _shape_count_error(lp, "dummy_data", "data_filler", len(p.data_filler), n_top)
+        if p.integer:
+            _shape_count_error(lp, "dummy_data", "integer", len(p.integer), n_top)
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.dummy_data
@@ -99,19 +106,28 @@ class DummyData(Layer):
                 t.reshape(tuple(_per_top(getattr(p, k), i) for k in self._LEGACY))
         self.fillers = [_per_top(p.data_filler, i) if p.data_filler else None for i in range(len(top))]
         self.refill = [f is not None and f.type != "CONSTANT" for f in self.fillers]
-        for t, f in zip(top, self.fillers):
+        self.integer = [bool(_per_top(p.integer, i)) if p.integer else False for i in range(len(top))]
+        for i, (t, f) in enumerate(zip(top, self.fillers)):
             if f is None:
                 t.data[...] = 0
             elif f.type == "CONSTANT":
-                fill(t.data, f)
+                self._fill(i, t, f)
 
     def reshape(self, bottom, top):
         pass
 
+    def _fill(self, i, t, f):
+        fill(t.data, f)
+        if self.integer[i]:
+            xp = get_array_module(t.data)
+            xp.floor(t.data, out=t.data)
+            if f.type == "UNIFORM":  # a draw that rounds up to max itself stays inside [min, max)
+                xp.minimum(t.data, math.ceil(f.max) - 1, out=t.data)
+
     def forward(self, bottom, top):
-        for t, f, refill in zip(top, self.fillers, self.refill):
+        for i, (t, f, refill) in enumerate(zip(top, self.fillers, self.refill)):
             if refill:
-                fill(t.data, f)
+                self._fill(i, t, f)
 
     def backward(self, top, propagate_down, bottom):
         pass

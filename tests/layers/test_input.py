@@ -114,3 +114,21 @@ def test_dummy_data_legacy_shape():
 def test_dummy_data_errors(block, message):
     with pytest.raises(ConfigError, match=message):
         create_layer({"type": "DummyData", "top": ["a", "b"], "dummy_data": block})
+
+
+def test_dummy_data_integer_tops_draw_random_labels_in_range():
+    layer = create_layer({"type": "DummyData", "top": ["data", "label"], "dummy_data": {
+        "shape": [[2, 3], [500]], "data_filler": [{"type": "gaussian"}, {"type": "uniform", "min": 0, "max": 10}],
+        "integer": [False, True]}}, dtype=numpy.float64)
+    top = [Blob(), Blob()]
+    layer.setup([], top)
+    seen = []
+    for _ in range(2):
+        layer.forward([], top)
+        labels = top[1].data.copy()
+        numpy.testing.assert_array_equal(labels, numpy.floor(labels))
+        assert labels.min() >= 0 and labels.max() <= 9
+        assert len(numpy.unique(labels)) == 10  # 500 draws hit every class
+        seen.append(labels)
+    assert not numpy.array_equal(seen[0], seen[1])  # new labels every forward
+    assert not numpy.array_equal(top[0].data, numpy.floor(top[0].data))  # data top stays real-valued
