@@ -60,20 +60,47 @@ def test_zoo_net_block_names_and_batch_override(capsys):
     assert not any(a.startswith("loss1") for a, b in e)   # auxiliary classifiers are TRAIN only
 
 
-def test_dot_file_and_missing_graphviz(tmp_path, monkeypatch, capsys):
+def test_dot_file_and_missing_graphviz(tmp_path, monkeypatch):
     net = Net(TINY, phase="test")
-    text = draw.to_dot(net)
-    assert draw.render(text, str(tmp_path / "n.dot")) == str(tmp_path / "n.dot")
-    assert (tmp_path / "n.dot").read_text() == text
-    monkeypatch.setattr(draw.shutil, "which", lambda name: None)
-    with pytest.raises(LayerforgeError, match=r"needs Graphviz's 'dot' \(not installed\): wrote the DOT text to "):
-        draw.render(text, str(tmp_path / "n.svg"))
-    assert (tmp_path / "n.dot").read_text() == text
+    assert draw.render(net, str(tmp_path / "n.dot")) == str(tmp_path / "n.dot")
+    assert (tmp_path / "n.dot").read_text() == draw.to_dot(net)
+    monkeypatch.setattr(draw.shutil, "which", lambda name: None)  # no Graphviz: matplotlib draws it
+    draw.render(net, str(tmp_path / "n.svg"))
+    svg = (tmp_path / "n.svg").read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    for text in ("conv", "(Convolution)", "num_output: 6  kernel_size: 5", "4x6x8x8", "(SoftmaxWithLoss)"):
+        assert text in svg, text
+    with pytest.raises(LayerforgeError, match="--engine graphviz needs Graphviz's 'dot'"):
+        draw.render(net, str(tmp_path / "n.png"), engine="graphviz")
     with pytest.raises(LayerforgeError, match="unknown output format '.jpg'"):
-        draw.render(text, str(tmp_path / "n.jpg"))
+        draw.render(net, str(tmp_path / "n.jpg"))
+
+
+@pytest.mark.parametrize("rankdir", ["TB", "LR", "BT", "RL"])
+def test_matplotlib_png_of_a_zoo_net(tmp_path, rankdir):
+    import matplotlib.image
+
+    path = tmp_path / f"cifar10_quick_{rankdir}.png"
+    net = Net(str(ROOT / "configs/cifar10_quick_net.yaml"), phase="test")
+    draw.render(net, str(path), rankdir, engine="matplotlib")
+    image = matplotlib.image.imread(path)
+    tall = image.shape[0] > image.shape[1]
+    assert tall == (rankdir in ("TB", "BT"))   # ranks run down the page, or across it
+    assert (image[..., :3] < 0.5).any()        # something was drawn
+
+
+def test_layout_ranks_edges_downwards_and_orders_by_neighbours():
+    from layerforge.drawing import order_ranks, ranks_of
+
+    nodes = ["a", "b", "c", "d"]
+    edges = [("a", "c", ""), ("b", "d", ""), ("a", "d", ""), ("c", "d", "")]
+    rank = ranks_of(nodes, edges)
+    assert rank == {"a": 0, "b": 0, "c": 1, "d": 2}
+    assert all(rank[x] < rank[y] for x, y, _ in edges)
+    assert order_ranks(nodes, edges, rank) == [["a", "b"], ["c"], ["d"]]
 
 
 @pytest.mark.skipif(draw.shutil.which("dot") is None, reason="Graphviz is not installed")
 def test_svg_through_graphviz(tmp_path):
-    draw.render(draw.to_dot(Net(TINY, phase="test")), str(tmp_path / "n.svg"))
+    draw.render(Net(TINY, phase="test"), str(tmp_path / "n.svg"), engine="graphviz")
     assert "<svg" in (tmp_path / "n.svg").read_text()

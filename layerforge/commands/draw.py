@@ -3,7 +3,8 @@
 Layers are boxes (name, type and the parameters the YAML sets); edges are blobs, labelled with their name
 and shape from the built net; in-place layers (ReLU, BatchNorm...) appear in the chain of their blob.
 Auto-inserted Split layers are not drawn: their consumers connect to the blob's producer. Output files
-ending in ``.svg``/``.png``/``.pdf`` go through Graphviz's ``dot``; ``.dot`` (or no ``-o``) is DOT text.
+ending in ``.svg``/``.png``/``.pdf`` go through Graphviz's ``dot`` when it is installed and through
+matplotlib otherwise (layerforge/drawing.py); ``.dot`` (or no ``-o``) is DOT text.
 """
 import os
 import shutil
@@ -16,7 +17,7 @@ from ..netdef import load_net_def, set_batch_size
 from ..schema import Params
 from .summary import format_shape
 
-HELP = "draw a net as a graph (layers as boxes, blobs with shapes on edges): .svg/.png via Graphviz, or DOT text"
+HELP = "draw a net as a graph (layers as boxes, blobs with shapes on edges): .svg/.png/.pdf, or DOT text"
 
 RENDERED = ("svg", "png", "pdf")
 # fillers and file-level details add noise to a box; the rest of the given parameters are shown
@@ -28,8 +29,10 @@ _COLOURS = {"Convolution": "#f4a582", "InnerProduct": "#92c5de", "Pooling": "#b8
 
 def add_arguments(parser):
     parser.add_argument("net", help="net YAML file")
-    parser.add_argument("-o", "--output", help="output file: .svg, .png or .pdf (needs Graphviz) or .dot; "
+    parser.add_argument("-o", "--output", help="output file: .svg, .png, .pdf or .dot; "
                                                "default: DOT text on standard output")
+    parser.add_argument("--engine", choices=("auto", "graphviz", "matplotlib"), default="auto",
+                        help="renderer for .svg/.png/.pdf: auto = Graphviz's dot when installed, else matplotlib")
     parser.add_argument("--phase", choices=("train", "test"), default="train")
     parser.add_argument("--stage", action="append", default=[], help="a NetState stage (repeat for several)")
     parser.add_argument("--batch", type=int, help="override the batch size of input/data layers")
@@ -47,6 +50,8 @@ def _value(v):
         if len(v) == 1:
             return _value(v[0])
         return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return str(v).lower()
     if isinstance(v, float):
         return f"{v:g}"
     return str(v)
@@ -67,11 +72,10 @@ def key_params(lp, per_line=3):
     return ["  ".join(items[k:k + per_line]) for k in range(0, len(items), per_line)]
 
 
-def to_dot(net, rankdir="TB"):
-    """DOT text for a built Net."""
-    lines = [f"digraph {_quote(net.name)} {{", f"  rankdir={rankdir};",
-             '  node [shape=box, style="rounded,filled", fillcolor="#ffffff", fontname="Helvetica", fontsize=10];',
-             '  edge [fontname="Helvetica", fontsize=9];']
+def graph(net):
+    """The drawn graph of a built Net: ``(nodes, edges)`` with nodes ``{id: (label lines, colour, shape)}``
+    in the net's order and edges ``[(from id, to id, label)]``."""
+    nodes, edges = {}, []
     producer = {}  # id(blob) -> node id of the layer whose value it currently holds
     alias = {}     # id(split output) -> the name of the blob it copies
     for i, layer in enumerate(net.layers):
@@ -82,43 +86,57 @@ def to_dot(net, rankdir="TB"):
                 alias[id(t)] = alias.get(id(bottoms[0]), net.bottom_names(i)[0])
             continue
         node = f"l{i}"
-        lp = layer.layer_param
-        label = "\n".join([layer.name, f"({layer.type})"] + key_params(lp))
-        colour = _COLOURS.get(layer.type, "#ffffff")
-        lines.append(f"  {node} [label={_quote(label)}, fillcolor={_quote(colour)}];")
+        nodes[node] = ([layer.name, f"({layer.type})"] + key_params(layer.layer_param),
+                       _COLOURS.get(layer.type, "#ffffff"), "box")
         for name, b in zip(net.bottom_names(i), bottoms):
             source = producer.get(id(b))
             if source is not None:
-                label = f"{alias.get(id(b), name)}\n{format_shape(tuple(b.shape))}"
-                lines.append(f"  {source} -> {node} [label={_quote(label)}];")
+                edges.append((source, node, f"{alias.get(id(b), name)}\n{format_shape(tuple(b.shape))}"))
         for t in tops:
             producer[id(t)] = node
     for k, name in enumerate(net.outputs):
         b = net.blobs[name]
         if producer.get(id(b)) is not None:
-            lines.append(f"  o{k} [label={_quote(name)}, shape=ellipse, style=filled, fillcolor=\"#eeeeee\"];")
-            lines.append(f"  {producer[id(b)]} -> o{k} [label={_quote(format_shape(tuple(b.shape)))}];")
+            nodes[f"o{k}"] = ([name], "#eeeeee", "ellipse")
+            edges.append((producer[id(b)], f"o{k}", format_shape(tuple(b.shape))))
+    return nodes, edges
+
+
+def to_dot(net, rankdir="TB"):
+    """DOT text for a built Net."""
+    lines = [f"digraph {_quote(net.name)} {{", f"  rankdir={rankdir};",
+             '  node [shape=box, style="rounded,filled", fillcolor="#ffffff", fontname="Helvetica", fontsize=10];',
+             '  edge [fontname="Helvetica", fontsize=9];']
+    nodes, edges = graph(net)
+    for node, (label, colour, shape) in nodes.items():
+        extra = ", shape=ellipse, style=filled" if shape == "ellipse" else ""
+        lines.append(f"  {node} [label={_quote(chr(10).join(label))}{extra}, fillcolor={_quote(colour)}];")
+    lines += [f"  {a} -> {b} [label={_quote(label)}];" for a, b, label in edges]
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-def render(dot_text, path):
-    """Write ``dot_text`` to ``path``: as it is for .dot, through Graphviz for .svg/.png/.pdf."""
+def render(net, path, rankdir="TB", engine="auto"):
+    """Draw ``net`` to ``path``: DOT text for .dot; .svg/.png/.pdf through Graphviz's ``dot`` when it is
+    installed (``engine`` "auto" or "graphviz"), else (or with ``engine="matplotlib"``) through matplotlib."""
     ext = os.path.splitext(path)[1].lower().lstrip(".")
     if ext in ("dot", "gv"):
         with open(path, "w", encoding="utf-8") as f:
-            f.write(dot_text)
+            f.write(to_dot(net, rankdir))
         return path
     if ext not in RENDERED:
         raise LayerforgeError(f"{path}: unknown output format '.{ext}'; use .svg, .png, .pdf or .dot")
-    dot = shutil.which("dot")
+    dot = shutil.which("dot") if engine != "matplotlib" else None
     if dot is None:
-        fallback = os.path.splitext(path)[0] + ".dot"
-        with open(fallback, "w", encoding="utf-8") as f:
-            f.write(dot_text)
-        raise LayerforgeError(f"writing {path} needs Graphviz's 'dot' (not installed): wrote the DOT text to "
-                              f"{fallback} instead (install graphviz, then: dot -T{ext} {fallback} -o {path})")
-    proc = subprocess.run([dot, f"-T{ext}", "-o", path], input=dot_text, capture_output=True, text=True)
+        if engine == "graphviz":
+            raise LayerforgeError(f"writing {path} with --engine graphviz needs Graphviz's 'dot' (not installed)")
+        from ..drawing import render_matplotlib
+
+        try:
+            return render_matplotlib(*graph(net), path, rankdir)
+        except OSError as e:
+            raise LayerforgeError(f"{path}: cannot write: {e.strerror}") from None
+    proc = subprocess.run([dot, f"-T{ext}", "-o", path], input=to_dot(net, rankdir), capture_output=True, text=True)
     if proc.returncode != 0:
         raise LayerforgeError(f"dot failed on {path}: {proc.stderr.strip().splitlines()[-1] if proc.stderr else ''}")
     return path
@@ -129,9 +147,8 @@ def run(args):
     if args.batch is not None:
         set_batch_size(netdef, args.batch)
     net = Net(netdef, phase=args.phase, stages=args.stage)
-    text = to_dot(net, args.rankdir)
     if not args.output:
-        sys.stdout.write(text)
+        sys.stdout.write(to_dot(net, args.rankdir))
         return 0
-    print(f"wrote {render(text, args.output)}")
+    print(f"wrote {render(net, args.output, args.rankdir, args.engine)}")
     return 0
