@@ -1,9 +1,46 @@
 """Image files listed in a text file of ``path label`` lines (Caffe's ImageData / convert_imageset input)."""
+import logging
 import os
+import sys
+import tempfile
+import threading
 
 import numpy
 
 from ..errors import DataError
+
+log = logging.getLogger("layerforge")
+_stderr_lock = threading.Lock()
+
+
+def decode_image(data, is_color=True, name=None):
+    """Encoded image bytes (JPEG, PNG, ...) -> a (C, H, W) uint8 array (BGR, or one channel), or None.
+
+    OpenCV's own log lines and libjpeg's messages, which both go straight to the process's stderr (fd 2),
+    are caught: a message from an image that still decodes becomes one warning naming ``name`` (the file or
+    record), and nothing is printed for one that does not (the caller reports that with its own line).
+    """
+    import cv2
+
+    data = numpy.frombuffer(data, numpy.uint8) if not isinstance(data, numpy.ndarray) else data
+    if not data.size:
+        return None
+    with _stderr_lock, tempfile.TemporaryFile() as caught:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(caught.fileno(), 2)
+        try:
+            image = cv2.imdecode(data, cv2.IMREAD_COLOR if is_color else cv2.IMREAD_GRAYSCALE)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        messages = " ".join(caught.read().decode(errors="replace").split())
+    if image is None:
+        return None
+    if messages:
+        log.warning("%s: the image decodes with errors: %s", name or "image", messages[:300])
+    return image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
 
 
 def load_image(path, height=0, width=0, is_color=True):
@@ -12,16 +49,17 @@ def load_image(path, height=0, width=0, is_color=True):
     Returns None when OpenCV cannot read the file.
     """
     import cv2
-    try:  # imdecode of the bytes, unlike imread, prints no warnings for unreadable files
+    try:
         data = numpy.fromfile(path, dtype=numpy.uint8)
     except OSError:
         return None
-    image = cv2.imdecode(data, cv2.IMREAD_COLOR if is_color else cv2.IMREAD_GRAYSCALE) if data.size else None
+    image = decode_image(data, is_color, path)
     if image is None:
         return None
-    if height > 0 and width > 0 and image.shape[:2] != (height, width):
-        image = cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
-    return image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
+    if height > 0 and width > 0 and image.shape[1:] != (height, width):
+        image = cv2.resize(image.transpose(1, 2, 0), (width, height), interpolation=cv2.INTER_LINEAR)
+        image = image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
+    return image
 
 
 def read_list_file(list_file):
