@@ -22,3 +22,49 @@ def test_killed_rank_ends_job():
     proc = run_mpi(4, [WORKER, "kill"], timeout=30)
     assert proc.returncode != 0
     assert time.monotonic() - t0 < 30
+
+
+def _supervised_child(marker, rank):
+    """The pid of rank ``rank``'s supervised child: the process whose command line holds ``marker``."""
+    import os
+
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in cmdline and b"LAYERFORGE_SUPERVISED=1" in env and f"PMI_RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+@pytest.mark.mpi
+def test_killed_training_rank_is_named_with_its_host(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.test_train_cli import write_solver
+
+    from .mpirun import ROOT, mpiexec
+
+    solver = str(write_solver(tmp_path, 100000))
+    proc = subprocess.Popen([mpiexec(), "-n", "2", sys.executable, "-m", "layerforge", "train", "--solver", solver],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    t0, pid = time.monotonic(), None
+    while pid is None and time.monotonic() - t0 < 60:
+        time.sleep(0.2)
+        pid = _supervised_child(solver, 1)
+    assert pid is not None, "rank 1 never started"
+    time.sleep(1.0)
+    os.kill(pid, signal.SIGKILL)  # as the OOM killer would
+    killed = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - killed < 30
+    assert proc.returncode != 0
+    assert f"rank 1 (host {os.uname().nodename}, pid {pid}): killed by signal 9 (SIGKILL)" in err, err[-2000:]
+    assert "Traceback" not in err
