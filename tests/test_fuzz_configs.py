@@ -1,0 +1,121 @@
+"""Fuzzing the zoo's nets and solvers: every mutated config is accepted or refused with one line, never a traceback.
+
+Mutations are made on the text (a line deleted, duplicated, swapped or cut; a value replaced by a bad one;
+junk characters inserted), as a person editing YAML makes them. Each mutant goes through the same code as
+``layerforge check`` (nets) or the solver's construction (solvers), in this process; anything but a
+LayerforgeError escaping, or a refusal that is not one ``error: ...`` line, fails the test. Bounded: about
+a minute in all (hypothesis' example counts below; no deadline per example).
+"""
+import contextlib
+import io
+import pathlib
+import shutil
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from layerforge import cli
+from layerforge.errors import LayerforgeError
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NETS = ["lenet.yaml", "cifar10_quick_net.yaml", "cifar10_full_net.yaml", "resnet50_net.yaml"]
+SOLVERS = ["lenet_solver.yaml", "cifar10_quick.yaml", "cifar10_full.yaml"]
+
+BAD_VALUES = ["-1", "0", "1000000000000", "-1000000000000", "abc", "[]", "{}", "[1, [2]]", ".nan", ".inf", "-.inf",
+              "null", "true", "'${x}'", "'${k * k * k}'", "0.5", "1e308", "\"\"", "*undefined", "&a", "!!python/none",
+              "{type: xavier}", "[[1000000, 1000000]]", "'\\x00'", "~", "'9' * 99"]
+
+
+@st.composite
+def mutated(draw, text):
+    lines = text.splitlines()
+    for _ in range(draw(st.integers(1, 3))):
+        if not lines:
+            break
+        i = draw(st.integers(0, len(lines) - 1))
+        op = draw(st.sampled_from(["delete", "duplicate", "swap", "value", "junk", "cut", "indent"]))
+        if op == "delete":
+            del lines[i]
+        elif op == "duplicate":
+            lines.insert(i, lines[i])
+        elif op == "swap":
+            j = draw(st.integers(0, len(lines) - 1))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif op == "value" and ":" in lines[i]:
+            head, _, _ = lines[i].rpartition(":")
+            lines[i] = f"{head}: {draw(st.sampled_from(BAD_VALUES))}"
+        elif op == "junk":
+            k = draw(st.integers(0, len(lines[i])))
+            lines[i] = lines[i][:k] + draw(st.sampled_from(["{", "}", "[", "]", ":", "- ", "#", "&x ", "*x", "\t",
+                                                            "'", "\"", "%", "@", "`", "|", ">"])) + lines[i][k:]
+        elif op == "cut":
+            lines = lines[:i]
+        elif op == "indent":
+            lines[i] = draw(st.sampled_from(["  ", "    ", ""])) + lines[i].lstrip()
+    return "\n".join(lines) + "\n"
+
+
+def run_in_process(argv):
+    """``layerforge argv...`` in this process: (exit code, stderr text); raises what escapes main()."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(argv)
+    return code, err.getvalue()
+
+
+def assert_one_line_or_accepted(code, err, path):
+    assert code in (0, 2), (code, err)
+    if code == 2:
+        lines = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert len(lines) == 1 and err.rstrip().endswith(lines[0]), err
+        assert len(lines[0]) <= 2000, lines[0][:300]
+
+
+def _text(name):
+    return (ROOT / "configs" / name).read_text()
+
+
+@pytest.mark.parametrize("name", NETS)
+def test_mutated_nets_give_one_line(tmp_path_factory, name):
+    folder = tmp_path_factory.mktemp("fuzz")
+    codes = []
+
+    @settings(max_examples=150 if name != "resnet50_net.yaml" else 40, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(mutated(_text(name)))
+    def check(text):
+        path = folder / name
+        path.write_text(text, encoding="utf-8")
+        code, err = run_in_process(["check", str(path)])
+        assert_one_line_or_accepted(code, err, path)
+        codes.append(code)
+
+    check()
+    assert codes.count(2) >= len(codes) // 4, codes  # the mutations do break configs: the test is not vacuous
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+def test_mutated_solvers_give_one_line(tmp_path_factory, name):
+    from layerforge.solvers import get_solver
+
+    folder = tmp_path_factory.mktemp("fuzz")
+    for net in NETS:
+        shutil.copy(ROOT / "configs" / net, folder / net)
+
+    refused = []
+
+    @settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(mutated(_text(name)))
+    def check(text):
+        path = folder / name
+        path.write_text(text, encoding="utf-8")
+        try:
+            get_solver(str(path), max_iter=0)
+            refused.append(False)
+        except LayerforgeError as e:
+            assert "\n" not in str(e) and len(str(e)) <= 2000, str(e)[:300]
+            refused.append(True)
+
+    check()
+    assert sum(refused) >= len(refused) // 4, refused
