@@ -35,6 +35,14 @@ def _first_line(text):
     return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
 
 
+def _body(text):
+    """The docstring after its first line (the math and shapes), dedented, or an empty string."""
+    import inspect
+
+    lines = inspect.cleandoc(text or "").splitlines()[1:]
+    return "\n".join(lines).strip()
+
+
 def _count(bounds):
     lo, hi = bounds
     return str(lo) if lo == hi else f"{lo}..{'n' if hi is None else hi}"
@@ -50,8 +58,10 @@ def markdown():
         cls = LAYER_REGISTRY[name]
         if not cls.__module__.startswith("layerforge."):
             continue  # a user's (or a test's) own layer type is not part of the reference
-        out += [f"## {name}", "", _first_line(cls.__doc__), "",
-                f"bottoms: {_count(cls.num_bottom)}; tops: {_count(cls.num_top)}"
+        out += [f"## {name}", "", _first_line(cls.__doc__), ""]
+        if _body(cls.__doc__):
+            out += [_body(cls.__doc__), ""]
+        out += [f"bottoms: {_count(cls.num_bottom)}; tops: {_count(cls.num_top)}"
                 + ("; no backward" if not cls.has_backward else ""), ""]
         for block, schema in cls.param_blocks.items():
             out += [f"`{block}:`", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
@@ -73,6 +83,8 @@ def run(args):
         raise LayerforgeError(f"unknown layer type '{args.type}'{suggest(args.type, LAYER_REGISTRY)}")
     cls = LAYER_REGISTRY[args.type]
     print(f"{args.type}: {_first_line(cls.__doc__)}")
+    if _body(cls.__doc__):
+        print("\n".join("  " + line if line else "" for line in _body(cls.__doc__).splitlines()))
     for block, schema in cls.param_blocks.items():
         print(f"  {block}:")
         for key, field in schema.items():
