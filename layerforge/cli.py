@@ -18,6 +18,7 @@ COMMANDS = {
     "convert_imageset": "convert_imageset",
     "draw": "draw",
     "expand": "expand",
+    "export": "export",
     "layers": "layers",
     "plan": "plan",
     "summary": "summary",

@@ -1,0 +1,1 @@
+"""Exporters of a built Net to other formats (ONNX)."""
