@@ -471,6 +471,21 @@ class Net:
         arrays = load_npz(path_or_arrays) if not isinstance(path_or_arrays, dict) else path_or_arrays
         self._copy_arrays(arrays, path_or_arrays if not isinstance(path_or_arrays, dict) else "<weights>")
 
+    def share_params_with(self, other):
+        """Read ``other``'s parameter data (the same arrays) in every layer that has a layer of the same name
+        there, as Caffe's ShareTrainedLayersWith does (data only: each net keeps its own diffs). The solver's
+        test nets share the train net's weights so, and see every update without a copy."""
+        for name, blobs in self.params.items():
+            source = other.params.get(name)
+            if source is None:
+                continue
+            shapes, theirs = [tuple(b.shape) for b in blobs], [tuple(b.shape) for b in source]
+            if shapes != theirs:
+                raise LayerforgeError(f"layer '{name}' has parameter shapes {shapes} in net '{self.name}' ({self.phase}) "
+                                      f"but {theirs} in net '{other.name}' ({other.phase})")
+            for b, s in zip(blobs, source):
+                b.share_data(s)
+
     def _copy_arrays(self, arrays, source):
         for name, blobs in self.params.items():
             for j, blob in enumerate(blobs):

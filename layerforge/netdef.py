@@ -9,7 +9,7 @@ import os
 
 from .blocks import annotate, expand_blocks
 from .errors import ConfigError
-from .schema import Context, Field, LineDict, LineList, load_yaml, suggest, validate_block, with_lines
+from .schema import Context, Field, LineDict, LineList, load_config, suggest, validate_block, with_lines
 
 PARAM_SPEC = {
     "name": Field("str", None, doc="share this parameter with every layer that uses the same name"),
@@ -153,7 +153,7 @@ def load_net_def(source):
         return source
     if isinstance(source, (str, os.PathLike)):
         path = str(source)
-        mapping = load_yaml(path)
+        mapping = load_config(path)  # YAML, or Caffe prototxt converted
     elif isinstance(source, dict):
         path, mapping = None, with_lines(source)
     else:

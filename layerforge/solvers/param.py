@@ -8,7 +8,7 @@ import math
 import os
 
 from ..errors import ConfigError
-from ..schema import Context, Field, LineDict, load_yaml, suggest, validate_block, with_lines
+from ..schema import Context, Field, LineDict, load_config, suggest, validate_block, with_lines
 
 STATE = {
     "level": Field("int", 0, doc="NetState level for include/exclude rules"),
@@ -118,7 +118,7 @@ def load_solver_param(source, registry, **overrides):
     if isinstance(source, SolverParameter):
         source = source.source if source.path is None else source.path
     if isinstance(source, (str, os.PathLike)):
-        path, mapping = str(source), load_yaml(str(source))
+        path, mapping = str(source), load_config(str(source))  # YAML, or Caffe prototxt converted
     elif isinstance(source, dict):
         path, mapping = None, with_lines(source if isinstance(source, LineDict) else dict(source))
     else:

@@ -119,7 +119,7 @@ class Solver:
             st = sp.test_state[k] if sp.test_state else None
             tn = Net(src, phase="test", dtype=dtype, xp=self.xp, shard=shard,
                      level=st.level if st else 0, stages=st.stage if st else ())
-            self._share_weights(tn)
+            tn.share_params_with(self.net)  # same layer name -> same data arrays: updates need no copying
             self.test_nets.append(tn)
         n = len(self.net.learnable_params)
         self.history = [self.xp.zeros_like(self.net.learnable_params[i].data)
@@ -150,19 +150,6 @@ class Solver:
         except Exception as e:  # noqa: BLE001 - any cupy/driver failure is one user-facing line
             raise LayerforgeError(f"solver_mode GPU (device_id {sp.device_id}) needs cupy and a CUDA device: "
                                   f"{type(e).__name__}: {e}") from None
-
-    def _share_weights(self, test_net):
-        # Caffe's ShareTrainedLayersWith: same layer name -> same data arrays, so updates need no copying
-        for name, blobs in test_net.params.items():
-            source = self.net.params.get(name)
-            if source is None:
-                continue
-            shapes = [tuple(b.shape) for b in blobs]
-            if [tuple(b.shape) for b in source] != shapes:
-                raise LayerforgeError(f"layer '{name}' has parameter shapes {shapes} in test net '{test_net.name}' "
-                                      f"but {[tuple(b.shape) for b in source]} in the train net")
-            for b, s in zip(blobs, source):
-                b.data = s.data
 
     def add_callback(self, fn):
         """Call ``fn(iteration, loss)`` after every update (see ``callbacks``)."""
