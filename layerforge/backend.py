@@ -32,3 +32,16 @@ def dtype_of(name):
     if dt not in (numpy.float32, numpy.float64):
         raise ValueError(f"unsupported dtype {dt}; use float32 or float64")
     return dt
+
+
+def gpu_array_module(device_id=0, what="GPU mode"):
+    """``cupy`` with device ``device_id`` made current; a one-line LayerforgeError when cupy or the device is missing."""
+    from .errors import LayerforgeError
+
+    try:
+        import cupy
+        cupy.cuda.Device(device_id).use()
+        return cupy
+    except Exception as e:  # noqa: BLE001 - any cupy/driver failure is one user-facing line
+        raise LayerforgeError(f"{what} (device_id {device_id}) needs cupy and a CUDA device: "
+                              f"{type(e).__name__}: {e}") from None

@@ -70,6 +70,22 @@ class Blob:
     def num(self):
         return self.data.shape[0]
 
+    # Caffe's legacy 4-d accessors (axes 1, 2, 3; 1 where the blob has fewer axes), as pycaffe's Blob has them
+    @property
+    def channels(self):
+        return self._legacy_axis(1)
+
+    @property
+    def height(self):
+        return self._legacy_axis(2)
+
+    @property
+    def width(self):
+        return self._legacy_axis(3)
+
+    def _legacy_axis(self, axis):
+        return self.data.shape[axis] if self.data.ndim > axis else 1
+
     def reshape(self, *shape):
         """Give the blob a new shape; memory is reallocated only when the element count changes.
 

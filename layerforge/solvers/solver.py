@@ -141,15 +141,7 @@ class Solver:
 
     @staticmethod
     def _array_module(sp):
-        if sp.solver_mode != "GPU":
-            return numpy
-        try:
-            import cupy
-            cupy.cuda.Device(sp.device_id).use()
-            return cupy
-        except Exception as e:  # noqa: BLE001 - any cupy/driver failure is one user-facing line
-            raise LayerforgeError(f"solver_mode GPU (device_id {sp.device_id}) needs cupy and a CUDA device: "
-                                  f"{type(e).__name__}: {e}") from None
+        return backend.gpu_array_module(sp.device_id, "solver_mode GPU") if sp.solver_mode == "GPU" else numpy
 
     def add_callback(self, fn):
         """Call ``fn(iteration, loss)`` after every update (see ``callbacks``)."""

@@ -1,0 +1,26 @@
+"""``import layerforge.pycaffe as caffe``: pycaffe's Python interface over layerforge.
+
+A thin face: ``caffe.Net`` and the solvers are views of layerforge's own Net and Solver (see net.py);
+model and solver files may be Caffe prototxt or layerforge YAML. docs/caffe-migration.md lists what
+differs from Caffe.
+"""
+from ..errors import LayerforgeError
+from . import io
+from .mode import set_device, set_mode_cpu, set_mode_gpu, set_random_seed
+from .net import TEST, TRAIN, Net
+from .solver import (AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver, RMSPropSolver, SGDSolver, Solver,
+                     get_solver)
+
+__version__ = "1.0.0"  # the Caffe release whose Python interface this follows
+
+
+def layer_type_list():
+    """The registered layer type names, sorted."""
+    from ..layers import LAYER_REGISTRY
+
+    return sorted(LAYER_REGISTRY)
+
+
+__all__ = ["Net", "TRAIN", "TEST", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver",
+           "AdaDeltaSolver", "AdamSolver", "get_solver", "set_mode_cpu", "set_mode_gpu", "set_device",
+           "set_random_seed", "layer_type_list", "io", "LayerforgeError"]

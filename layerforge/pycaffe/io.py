@@ -1,0 +1,135 @@
+"""pycaffe's ``caffe.io``: images in and out of a net's input layout (H x W x K floats <-> K x H x W blobs).
+
+The Transformer applies, in this order, to an (H', W', K) float image: resize to the input's H x W,
+transpose (e.g. (2, 0, 1) for K x H x W), channel swap (RGB -> BGR), raw scale (e.g. [0, 1] -> [0, 255]),
+mean subtraction and input scale; ``deprocess`` undoes them in reverse order (without the resize).
+Images are read and resized with OpenCV; ``load_image`` returns RGB floats in [0, 1] as pycaffe does.
+"""
+import numpy
+
+from ..errors import LayerforgeError
+
+
+class Transformer:
+    """Preprocessing per input blob: ``Transformer({"data": net.blobs["data"].data.shape})``."""
+
+    def __init__(self, inputs):
+        self.inputs = {name: tuple(shape) for name, shape in inputs.items()}
+        self.transpose, self.channel_swap, self.raw_scale, self.mean, self.input_scale = {}, {}, {}, {}, {}
+
+    def _check(self, name):
+        if name not in self.inputs:
+            raise LayerforgeError(f"{name} is not one of the net inputs: {sorted(self.inputs)}")
+
+    def preprocess(self, name, data):
+        """(H', W', K) array -> (K, H, W) float32 blob data for input ``name``."""
+        self._check(name)
+        x = numpy.asarray(data).astype(numpy.float32, copy=False)
+        size = self.inputs[name][2:]
+        if x.shape[:2] != size:
+            x = resize_image(x, size)
+        if name in self.transpose:
+            x = x.transpose(self.transpose[name])
+        if name in self.channel_swap:
+            x = x[list(self.channel_swap[name]), :, :]
+        if name in self.raw_scale:
+            x = x * self.raw_scale[name]
+        if name in self.mean:
+            x = x - self.mean[name]
+        if name in self.input_scale:
+            x = x * self.input_scale[name]
+        return x.astype(numpy.float32, copy=False)
+
+    def deprocess(self, name, data):
+        """Blob data -> the image layout it came from (the inverse of ``preprocess`` but for resizing)."""
+        self._check(name)
+        x = numpy.array(data, dtype=numpy.float64).squeeze()
+        if name in self.input_scale:
+            x = x / self.input_scale[name]
+        if name in self.mean:
+            x = x + self.mean[name]
+        if name in self.raw_scale:
+            x = x / self.raw_scale[name]
+        if name in self.channel_swap:
+            x = x[numpy.argsort(self.channel_swap[name]), :, :]
+        if name in self.transpose:
+            x = x.transpose(numpy.argsort(self.transpose[name]))
+        return x
+
+    def set_transpose(self, name, order):
+        self._check(name)
+        if len(order) != len(self.inputs[name]) - 1:
+            raise LayerforgeError(f"transpose order {tuple(order)} needs {len(self.inputs[name]) - 1} axes")
+        self.transpose[name] = tuple(order)
+
+    def set_channel_swap(self, name, order):
+        self._check(name)
+        if len(order) != self.inputs[name][1]:
+            raise LayerforgeError(f"channel swap {tuple(order)} needs {self.inputs[name][1]} channels")
+        self.channel_swap[name] = tuple(order)
+
+    def set_raw_scale(self, name, scale):
+        self._check(name)
+        self.raw_scale[name] = scale
+
+    def set_mean(self, name, mean):
+        """A per-channel mean (K,) or a mean image (K, H, W) (resized to the input when its size differs)."""
+        self._check(name)
+        mean = numpy.asarray(mean)
+        shape = self.inputs[name]
+        if mean.ndim == 1:
+            if mean.shape[0] != shape[1]:
+                raise LayerforgeError(f"mean has {mean.shape[0]} channels, input '{name}' has {shape[1]}")
+            mean = mean[:, None, None]
+        else:
+            mean = mean[None] if mean.ndim == 2 else mean
+            if mean.ndim != 3:
+                raise LayerforgeError(f"mean must be (K,), (H, W) or (K, H, W), got shape {mean.shape}")
+            if mean.shape != shape[1:]:
+                mean = resize_image(mean.transpose(1, 2, 0), shape[2:]).transpose(2, 0, 1)
+        self.mean[name] = mean
+
+    def set_input_scale(self, name, scale):
+        self._check(name)
+        self.input_scale[name] = scale
+
+
+def load_image(filename, color=True):
+    """An image file as float32 in [0, 1]: (H, W, 3) RGB, or (H, W, 1) with ``color=False``."""
+    from ..data.images import decode_image
+
+    try:
+        data = numpy.fromfile(filename, dtype=numpy.uint8)
+    except OSError as e:
+        raise LayerforgeError(f"{filename}: cannot read the image: {e.strerror}") from None
+    image = decode_image(data, color, filename)
+    if image is None:
+        raise LayerforgeError(f"{filename}: cannot read the image (missing, or not an image)")
+    image = image.transpose(1, 2, 0).astype(numpy.float32) / 255.0
+    return image[:, :, ::-1].copy() if color else image  # OpenCV's BGR -> pycaffe's RGB
+
+
+def resize_image(image, new_dims, interp_order=1):
+    """(H, W, K) -> (new_dims[0], new_dims[1], K); ``interp_order`` 0 nearest, 1 bilinear, 3 bicubic."""
+    import cv2
+
+    image = numpy.asarray(image, dtype=numpy.float32)
+    h, w = int(new_dims[0]), int(new_dims[1])
+    flag = {0: cv2.INTER_NEAREST, 1: cv2.INTER_LINEAR, 3: cv2.INTER_CUBIC}.get(interp_order, cv2.INTER_LINEAR)
+    k = image.shape[-1]
+    if k <= 512:  # OpenCV resizes up to 512 channels at once (and drops a trailing axis of 1)
+        return cv2.resize(image, (w, h), interpolation=flag).reshape(h, w, k)
+    return numpy.stack([cv2.resize(image[..., c], (w, h), interpolation=flag) for c in range(k)], -1)
+
+
+def oversample(images, crop_dims):
+    """Ten crops per image (the four corners and the centre, each also mirrored): (10 N, h, w, K)."""
+    images = numpy.asarray(images)
+    h, w = images.shape[1:3]
+    ch, cw = int(crop_dims[0]), int(crop_dims[1])
+    starts = [(0, 0), (0, w - cw), (h - ch, 0), (h - ch, w - cw), ((h - ch) // 2, (w - cw) // 2)]
+    crops = []
+    for image in images:
+        five = [image[y:y + ch, x:x + cw] for y, x in starts]
+        crops += five + [c[:, ::-1] for c in five]
+    return numpy.stack(crops)

@@ -1,0 +1,205 @@
+"""pycaffe's ``caffe.Net``: a view of :class:`layerforge.Net` with pycaffe's names and call conventions.
+
+Where the two APIs differ, ``layerforge.Net`` keeps its documented behaviour and this view adapts:
+``forward(start, end)`` returns the end layer's tops (layerforge returns the net outputs), ``backward``
+counts ``start``/``end`` from the top of the net down, ``top_names``/``bottom_names`` are ordered
+dicts, phases are pycaffe's ``TRAIN = 0``/``TEST = 1``, and a model file may be YAML or prototxt.
+"""
+import collections
+import warnings
+
+import numpy
+
+from .. import Net as _Net
+from ..errors import LayerforgeError
+from . import mode
+
+TRAIN, TEST = 0, 1
+_PHASES = {TRAIN: "train", TEST: "test", "train": "train", "test": "test", "TRAIN": "train", "TEST": "test"}
+
+
+def phase_name(phase):
+    """pycaffe's ``caffe.TRAIN``/``caffe.TEST`` (or a name) -> layerforge's ``"train"``/``"test"``."""
+    if phase not in _PHASES:
+        raise LayerforgeError(f"phase must be caffe.TRAIN or caffe.TEST, got {phase!r}")
+    return _PHASES[phase]
+
+
+class Net:
+    """``caffe.Net(model, phase, level=0, stages=None, weights=None)`` or the legacy ``(model, weights, phase)``.
+
+    ``model`` is a prototxt or YAML net file; ``weights`` a .caffemodel or .npz. The layerforge Net is
+    ``self.net`` (a view: both see the same blobs and parameters).
+    """
+
+    def __init__(self, model, *args, level=0, stages=None, weights=None, _net=None):
+        if _net is not None:
+            self.net = _net
+            return
+        if len(args) == 2:  # Caffe's legacy Net(model, weights, phase)
+            warnings.warn("Net(model, weights, phase) is deprecated: use Net(model, phase, weights=weights)",
+                          DeprecationWarning, stacklevel=2)
+            weights, phase = args
+        elif len(args) == 1:
+            phase = args[0]
+        else:
+            raise TypeError("Net(model, phase, level=0, stages=None, weights=None) takes a model and a phase")
+        self.net = _Net(model, phase=phase_name(phase), level=level, stages=tuple(stages or ()),
+                        xp=mode.array_module())
+        if weights is not None:
+            self.copy_from(weights)
+
+    # -- the graph -------------------------------------------------------------------------------
+    @property
+    def blobs(self):
+        """OrderedDict {blob name: Blob}, inputs to outputs (Split layers' blobs included, as in Caffe)."""
+        return self.net.blobs
+
+    @property
+    def params(self):
+        """OrderedDict {layer name: [Blob, ...]} of layers with parameters (weights, then bias)."""
+        return collections.OrderedDict((n, list(b)) for n, b in self.net.params.items())
+
+    @property
+    def layers(self):
+        return list(self.net.layers)
+
+    @property
+    def _layer_names(self):
+        return [layer.name for layer in self.net.layers]
+
+    @property
+    def layer_dict(self):
+        return self.net.layer_dict
+
+    @property
+    def inputs(self):
+        return list(self.net.inputs)
+
+    @property
+    def outputs(self):
+        return list(self.net.outputs)
+
+    @property
+    def top_names(self):
+        return collections.OrderedDict((layer.name, self.net.top_names(i)) for i, layer in enumerate(self.net.layers))
+
+    @property
+    def bottom_names(self):
+        return collections.OrderedDict((layer.name, self.net.bottom_names(i))
+                                       for i, layer in enumerate(self.net.layers))
+
+    @property
+    def blob_loss_weights(self):
+        """OrderedDict {blob name: loss weight} (0 for blobs that are not losses)."""
+        weights = collections.OrderedDict((name, 0.0) for name in self.net.blobs)
+        for i in range(len(self.net.layers)):
+            for name, w in zip(self.net.top_names(i), self.net.loss_weights(i)):
+                weights[name] = float(w)
+        return weights
+
+    # -- passes ----------------------------------------------------------------------------------
+    def forward(self, blobs=None, start=None, end=None, **kwargs):
+        """Run layers ``start``..``end`` (names, inclusive) after copying input arrays ``kwargs``.
+
+        Returns {blob name: data} of the end layer's tops (the net outputs without ``end``) and ``blobs``.
+        """
+        self._put(kwargs, self.inputs, "data")
+        self.net.forward(start=start, end=end)
+        names = (self.top_names[end] if end is not None else self.outputs) + list(blobs or [])
+        return {name: self.net.blobs[name].data for name in names}
+
+    def backward(self, diffs=None, start=None, end=None, **kwargs):
+        """Back-propagate from layer ``start`` down to ``end`` (names, inclusive) after copying output diffs.
+
+        Returns {blob name: diff} of the end layer's bottoms (the net inputs without ``end``) and ``diffs``.
+        """
+        self._put(kwargs, self.outputs, "diff")
+        self.net.backward(start=end, end=start)  # layerforge's range runs bottom-up; backward walks it down
+        names = (self.bottom_names[end] if end is not None else self.inputs) + list(diffs or [])
+        return {name: self.net.blobs[name].diff for name in names}
+
+    def _put(self, arrays, names, field):
+        """Copy ``arrays`` into the ``field`` ("data"/"diff") of blobs ``names``: all of them, batch-sized."""
+        if not arrays:
+            return
+        if set(arrays) != set(names):
+            raise LayerforgeError(f"{field} arguments {sorted(arrays)} do not match the blobs {sorted(names)}")
+        for name, array in arrays.items():
+            blob = self.net.blobs[name]
+            if array.shape[0] != blob.shape[0]:
+                raise LayerforgeError(f"'{name}' is given {array.shape[0]} items; the batch size is {blob.shape[0]}")
+            getattr(blob, field)[...] = array
+
+    def forward_all(self, blobs=None, **kwargs):
+        """Forward over inputs of any length, in batches (the last one zero-padded); outputs cut to length."""
+        outs = {name: [] for name in set(self.outputs + list(blobs or []))}
+        for batch in self._batch(kwargs):
+            for name, data in self.forward(blobs=blobs, **batch).items():
+                outs[name].extend(data.copy())
+        return self._unpad(outs, kwargs)
+
+    def forward_backward_all(self, blobs=None, diffs=None, **kwargs):
+        """Forward and backward in batches: ``(outputs, input diffs)`` as dicts of arrays."""
+        import itertools
+
+        outs = {name: [] for name in set(self.outputs + list(blobs or []))}
+        grads = {name: [] for name in set(self.inputs + list(diffs or []))}
+        forward = self._batch({k: v for k, v in kwargs.items() if k in self.inputs})
+        backward = self._batch({k: v for k, v in kwargs.items() if k in self.outputs})
+        for fb, bb in itertools.zip_longest(forward, backward, fillvalue={}):
+            for name, data in self.forward(blobs=blobs, **fb).items():
+                outs[name].extend(data.copy())
+            for name, diff in self.backward(diffs=diffs, **bb).items():
+                grads[name].extend(diff.copy())
+        return self._unpad(outs, kwargs), self._unpad(grads, kwargs)
+
+    def _batch(self, arrays):
+        if not arrays:
+            return
+        n = len(next(iter(arrays.values())))
+        batch = next(iter(self.net.blobs.values())).shape[0]
+        for i in range(0, n - n % batch, batch):
+            yield {name: a[i:i + batch] for name, a in arrays.items()}
+        if n % batch:
+            yield {name: numpy.concatenate([a[n - n % batch:], numpy.zeros((batch - n % batch,) + a.shape[1:], a.dtype)])
+                   for name, a in arrays.items()}
+
+    @staticmethod
+    def _unpad(collected, given):
+        out = {name: numpy.asarray(v) for name, v in collected.items()}
+        if given:
+            n = len(next(iter(given.values())))
+            out = {name: v[:n] for name, v in out.items()}
+        return out
+
+    def reshape(self):
+        self.net.reshape()
+
+    def clear_param_diffs(self):
+        self.net.clear_param_diffs()
+
+    # -- weights ---------------------------------------------------------------------------------
+    def copy_from(self, weights):
+        """Copy weights by layer name from a .caffemodel or .npz (layers absent from the file keep theirs)."""
+        self.net.copy_from(weights)
+
+    def share_with(self, other):
+        """Use ``other``'s parameter blobs (same storage) for every layer of the same name (Caffe's ShareTrainedLayersWith)."""
+        self.net.share_params_with(other.net if isinstance(other, Net) else other)
+
+    def save(self, path):
+        """Write the weights (what ``copy_from`` reads back)."""
+        self.net.save(path)
+
+    def set_input_arrays(self, data, labels):
+        """Hand arrays to the net's MemoryData layer (Caffe's Reset): data (N, C, H, W), labels (N,)."""
+        layers = [layer for layer in self.net.layers if layer.type == "MemoryData"]
+        if not layers:
+            raise LayerforgeError("set_input_arrays needs a MemoryData layer; this net has none")
+        labels = numpy.asarray(labels)
+        layers[0].reset(numpy.ascontiguousarray(data, numpy.float32),
+                        numpy.ascontiguousarray(labels.reshape(len(labels)), numpy.float32))
+
+    def __repr__(self):
+        return f"<caffe.Net view of {self.net!r}>"
