@@ -1,8 +1,15 @@
 """Element-wise activations (Caffe's neuron layers): one bottom, one top of the same shape, in place allowed."""
+import math
+
 from ..backend import get_array_module
 from ..errors import ShapeError
-from ..schema import Params
+from ..schema import REQUIRED, Params
 from .base import FILLER, Field, Layer, register_layer
+
+
+def _sigmoid(z):
+    # 0.5 tanh(z/2) + 0.5 is the logistic function without overflow in exp(-z) for very negative z
+    return 0.5 * get_array_module(z).tanh(0.5 * z) + 0.5
 
 
 class NeuronLayer(Layer):
@@ -69,10 +76,7 @@ class Sigmoid(NeuronLayer):
     backward_reads = ("top",)
 
     def forward(self, bottom, top):
-        x = bottom[0].data
-        xp = get_array_module(x)
-        # 0.5 tanh(x/2) + 0.5 is the logistic function without overflow in exp(-x) for very negative x
-        top[0].data[...] = 0.5 * xp.tanh(0.5 * x) + 0.5
+        top[0].data[...] = _sigmoid(bottom[0].data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
@@ -169,3 +173,196 @@ class PReLU(NeuronLayer):
             self.blobs[0].diff += ga.sum(axis=tuple(i for i in range(x.ndim) if i != 1))
         if propagate_down[0]:
             bottom[0].diff[...] = gy * xp.where(negative, self._slope(x), 1.0)
+
+
+@register_layer("AbsVal")
+class AbsVal(NeuronLayer):
+    """y = |x|; dy/dx = sign(x) (0 at x = 0)."""
+
+    backward_reads = ("bottom",)
+
+    def forward(self, bottom, top):
+        self.save_input(bottom, top)
+        get_array_module(bottom[0].data).abs(bottom[0].data, out=top[0].data)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            x = self.saved_input(bottom)
+            bottom[0].diff[...] = top[0].diff * get_array_module(x).sign(x)
+
+
+@register_layer("BNLL")
+class BNLL(NeuronLayer):
+    """Binomial normal log likelihood, y = log(1 + exp(x)) (softplus); dy/dx = sigmoid(x).
+
+    Computed as x + log(1 + exp(-x)) for x > 0 so exp never overflows; the gradient clamps x at 50
+    as Caffe does (kBNLL_THRESHOLD).
+    """
+
+    backward_reads = ("bottom",)
+
+    def forward(self, bottom, top):
+        self.save_input(bottom, top)
+        x = bottom[0].data
+        xp = get_array_module(x)
+        top[0].data[...] = xp.maximum(x, 0) + xp.log1p(xp.exp(-xp.abs(x)))
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            x = self.saved_input(bottom)
+            e = get_array_module(x).exp(get_array_module(x).minimum(x, 50.0))
+            bottom[0].diff[...] = top[0].diff * e / (e + 1)
+
+
+@register_layer("Clip")
+class Clip(NeuronLayer):
+    """y = min(max(x, min), max); dy/dx = 1 where min <= x <= max, else 0."""
+
+    param_blocks = {"clip": {"min": Field("float", REQUIRED, doc="lower bound"),
+                             "max": Field("float", REQUIRED, doc="upper bound")}}
+    backward_reads = ("bottom",)
+
+    @classmethod
+    def validate_params(cls, lp):
+        if lp.clip.min > lp.clip.max:
+            raise lp.error(f"min {lp.clip.min:g} is larger than max {lp.clip.max:g}", "clip.min")
+
+    def forward(self, bottom, top):
+        self.save_input(bottom, top)
+        p = self.layer_param.clip
+        get_array_module(bottom[0].data).clip(bottom[0].data, p.min, p.max, out=top[0].data)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            p, x = self.layer_param.clip, self.saved_input(bottom)
+            bottom[0].diff[...] = top[0].diff * ((x >= p.min) & (x <= p.max))
+
+
+class _BaseShiftScale(NeuronLayer):
+    """Exp and Log: a ``base`` (-1 means e), a ``scale`` of x and a ``shift``, in the block named ``block``."""
+
+    block = None
+
+    @classmethod
+    def params_block(cls, block):
+        return {block: {"base": Field("float", -1.0, doc="the base; -1 means e"),
+                        "scale": Field("float", 1.0, doc="multiplies x"),
+                        "shift": Field("float", 0.0, doc="added to scale x")}}
+
+    @classmethod
+    def validate_params(cls, lp):
+        base = getattr(lp, cls.block).base
+        if base != -1 and base <= 0:
+            raise lp.error(f"base must be positive or -1 (for e), got {base:g}", f"{cls.block}.base")
+
+    def params(self):
+        return getattr(self.layer_param, self.block)
+
+    def log_base(self):
+        return 1.0 if self.params().base == -1 else math.log(self.params().base)
+
+
+@register_layer("Exp")
+class Exp(_BaseShiftScale):
+    """y = base^(shift + scale x) (base -1 means e); dy/dx = y ln(base) scale."""
+
+    block = "exp"
+    param_blocks = _BaseShiftScale.params_block("exp")
+    backward_reads = ("top",)
+
+    def layer_setup(self, bottom, top):
+        p = self.params()
+        self.inner_scale = self.log_base() * p.scale
+        self.outer_scale = 1.0 if p.shift == 0 else math.exp(self.log_base() * p.shift)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        top[0].data[...] = self.outer_scale * get_array_module(x).exp(self.inner_scale * x)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            bottom[0].diff[...] = top[0].diff * top[0].data * self.inner_scale
+
+
+@register_layer("Log")
+class Log(_BaseShiftScale):
+    """y = log_base(shift + scale x) (base -1 means e); dy/dx = scale / ((shift + scale x) ln(base))."""
+
+    block = "log"
+    param_blocks = _BaseShiftScale.params_block("log")
+    backward_reads = ("bottom",)
+
+    def forward(self, bottom, top):
+        self.save_input(bottom, top)
+        p, x = self.params(), bottom[0].data
+        top[0].data[...] = get_array_module(x).log(p.shift + p.scale * x) / self.log_base()
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            p, x = self.params(), self.saved_input(bottom)
+            bottom[0].diff[...] = top[0].diff * (p.scale / self.log_base()) / (p.shift + p.scale * x)
+
+
+@register_layer("Power")
+class Power(NeuronLayer):
+    """y = (shift + scale x)^power; dy/dx = power scale (shift + scale x)^(power - 1) (0 when power or scale is 0)."""
+
+    param_blocks = {"power": {"power": Field("float", 1.0, doc="the exponent"),
+                              "scale": Field("float", 1.0, doc="multiplies x"),
+                              "shift": Field("float", 0.0, doc="added to scale x")}}
+    backward_reads = ("bottom",)
+
+    def forward(self, bottom, top):
+        self.save_input(bottom, top)
+        p, x = self.layer_param.power, bottom[0].data
+        xp = get_array_module(x)
+        if p.power == 0 or p.scale == 0:  # a constant: (shift)^power, or 1 for power 0
+            top[0].data[...] = 1.0 if p.power == 0 else p.shift ** p.power
+        else:
+            top[0].data[...] = xp.power(p.shift + p.scale * x, p.power)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        p, x = self.layer_param.power, self.saved_input(bottom)
+        if p.power == 0 or p.scale == 0:
+            bottom[0].diff[...] = 0
+        elif p.power == 1:
+            bottom[0].diff[...] = top[0].diff * p.scale
+        else:
+            xp = get_array_module(x)
+            bottom[0].diff[...] = top[0].diff * (p.power * p.scale) * xp.power(p.shift + p.scale * x, p.power - 1)
+
+
+@register_layer("Swish")
+class Swish(NeuronLayer):
+    """y = x sigmoid(beta x); dy/dx = beta y + sigmoid(beta x) (1 - beta y)."""
+
+    param_blocks = {"swish": {"beta": Field("float", 1.0, doc="the sigmoid's slope")}}
+    backward_reads = ("bottom", "top")
+
+    def forward(self, bottom, top):
+        self.save_input(bottom, top)
+        x = bottom[0].data
+        top[0].data[...] = x * _sigmoid(self.layer_param.swish.beta * x)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            beta, x, y = self.layer_param.swish.beta, self.saved_input(bottom), top[0].data
+            s = _sigmoid(beta * x)
+            bottom[0].diff[...] = top[0].diff * (beta * y + s * (1 - beta * y))
+
+
+@register_layer("Threshold")
+class Threshold(NeuronLayer):
+    """y = 1 where x > threshold, else 0. No backward (Caffe has none: the step has no useful gradient)."""
+
+    param_blocks = {"threshold": {"threshold": Field("float", 0.0, doc="the step's position")}}
+    backward_reads = ()
+    has_backward = False
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data > self.layer_param.threshold.threshold
+
+    def backward(self, top, propagate_down, bottom):
+        pass
