@@ -1,4 +1,5 @@
-"""Loss layers: SoftmaxWithLoss (multinomial logistic loss of a softmax) and EuclideanLoss."""
+"""Loss layers: SoftmaxWithLoss, InfogainLoss, MultinomialLogisticLoss, SigmoidCrossEntropyLoss, EuclideanLoss,
+ContrastiveLoss and HingeLoss, with Caffe's parameters, normalisations and gradients."""
 import math
 
 import numpy
@@ -38,8 +39,25 @@ def check_label_count(labels, count, shape, axis):
         raise ShapeError(f"the labels (shape {labels.shape}, {labels.count} values) must number {count}, one per "
                          f"prediction of the scores (shape {shape}, class axis {axis})", key="bottom")
 
+class _LossNormalization:
+    """Caffe's loss normalisation (LossParameter): FULL, VALID, BATCH_SIZE or NONE, and the legacy ``normalize``."""
+
+    def read_normalization(self):
+        p = self.layer_param.loss
+        self.ignore_label = p.ignore_label
+        self.normalization = p.normalization
+        if p.normalize is not None and not p.given("normalization"):
+            self.normalization = "VALID" if p.normalize else "BATCH_SIZE"
+
+    def normalizer(self, valid_count):
+        """The divisor of the summed loss (at least 1): all positions, the valid ones, the batch, or 1."""
+        n = {"FULL": self.outer * self.inner, "VALID": valid_count, "BATCH_SIZE": self.outer,
+             "NONE": 1}[self.normalization]
+        return max(1.0, float(n))
+
+
 @register_layer("SoftmaxWithLoss")
-class SoftmaxWithLoss(Layer):
+class SoftmaxWithLoss(_LossNormalization, Layer):
     """Cross-entropy of softmax probabilities: loss = -sum_{valid n} log p[n, label_n] / normalizer.
 
     Shapes: scores x (outer, C, inner) seen along ``softmax.axis`` (e.g. (N, C) or (N, C, H, W));
@@ -60,16 +78,15 @@ class SoftmaxWithLoss(Layer):
     def allow_force_backward(self, bottom_index):
         return bottom_index != 1
 
+    axis_key = "softmax.axis"
+
     def layer_setup(self, bottom, top):
-        p = self.layer_param.loss
-        self.ignore_label = p.ignore_label
-        self.normalization = p.normalization
-        if p.normalize is not None and not p.given("normalization"):
-            self.normalization = "VALID" if p.normalize else "BATCH_SIZE"
+        self.read_normalization()
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
-        self.axis = canonical_axis(self.layer_param.softmax.axis, len(shape), "softmax.axis")
+        block, key = self.axis_key.split(".")
+        self.axis = canonical_axis(getattr(getattr(self.layer_param, block), key), len(shape), self.axis_key)
         self.outer = math.prod(shape[:self.axis])
         self.channels = shape[self.axis]
         self.inner = math.prod(shape[self.axis + 1:])
@@ -77,11 +94,6 @@ class SoftmaxWithLoss(Layer):
         top[0].reshape(())
         if len(top) > 1:
             top[1].reshape(shape)
-
-    def normalizer(self, valid_count):
-        n = {"FULL": self.outer * self.inner, "VALID": valid_count, "BATCH_SIZE": self.outer,
-             "NONE": 1}[self.normalization]
-        return max(1.0, float(n))
 
     def forward(self, bottom, top):
         xp = get_array_module(bottom[0].data)
@@ -105,6 +117,174 @@ class SoftmaxWithLoss(Layer):
         onehot = xp.arange(self.channels)[None, :, None] == self.label[:, None, :]
         g = (self.prob.reshape(onehot.shape) - onehot) * self.valid[:, None, :]
         bottom[0].diff[...] = (g * (top[0].diff.reshape(-1)[0] / self.norm)).reshape(bottom[0].shape)
+
+
+@register_layer("InfogainLoss")
+class InfogainLoss(SoftmaxWithLoss):
+    """loss = -sum_{valid n} sum_k H[label_n, k] log p[n, k] / normalizer, p = softmax of x along ``axis``.
+
+    H (C x C) is the infogain matrix: a third bottom, or ``source`` (a .npy file, or Caffe's binaryproto).
+    With H = I this is SoftmaxWithLoss. Shapes and normalisation as SoftmaxWithLoss; optional top[1] p.
+    Backward: dx[n, j] = w (p[n, j] sum_k H[label_n, k] - H[label_n, j]) / normalizer at valid positions.
+    """
+
+    param_blocks = {"infogain_loss": {
+        "source": Field("str", None, doc="file of the H matrix (.npy, or Caffe's .binaryproto) when no bottom 2"),
+        "axis": Field("int", 1, doc="the class axis")}, "loss": LOSS}
+    num_bottom = (2, 3)
+    axis_key = "infogain_loss.axis"
+
+    @classmethod
+    def validate_params(cls, lp):
+        if len(lp.bottom) < 3 and not lp.infogain_loss.source:
+            raise lp.error("needs the H matrix: a third bottom or infogain_loss.source", "infogain_loss.source")
+
+    def allow_force_backward(self, bottom_index):
+        return bottom_index == 0
+
+    def layer_setup(self, bottom, top):
+        super().layer_setup(bottom, top)
+        self.fixed_h = None if len(bottom) > 2 else self.xp.asarray(load_matrix(self, self.layer_param.infogain_loss.source),
+                                                                    dtype=self.dtype)
+
+    def reshape(self, bottom, top):
+        super().reshape(bottom, top)
+        h = bottom[2].data if len(bottom) > 2 else self.fixed_h
+        if h.size != self.channels * self.channels:
+            raise ShapeError(f"H has {h.size} values but {self.channels} classes need {self.channels}x{self.channels}",
+                             key="bottom" if len(bottom) > 2 else "infogain_loss.source")
+
+    def forward(self, bottom, top):
+        xp = get_array_module(bottom[0].data)
+        self.h = (bottom[2].data if len(bottom) > 2 else self.fixed_h).reshape(self.channels, self.channels)
+        self.prob = softmax(bottom[0].data, self.axis)
+        self.label, self.valid = class_labels(self, bottom[1], self.outer, self.inner, self.channels,
+                                              self.ignore_label)
+        p = self.prob.reshape(self.outer, self.channels, self.inner)
+        rows = self.h[self.label]  # (outer, inner, C): H[label_n]
+        log_p = xp.log(xp.maximum(p, FLT_MIN)).transpose(0, 2, 1)
+        loss = -((rows * log_p).sum(axis=2) * self.valid).sum()
+        self.norm = self.normalizer(int(self.valid.sum()))
+        top[0].data[...] = loss / self.norm
+        if len(top) > 1:
+            top[1].data[...] = self.prob
+
+    def backward(self, top, propagate_down, bottom):
+        if any(propagate_down[1:]):
+            raise self.layer_param.error("cannot backpropagate to the labels or H", "propagate_down")
+        if not propagate_down[0]:
+            return
+        rows = self.h[self.label].transpose(0, 2, 1)  # (outer, C, inner)
+        p = self.prob.reshape(rows.shape)
+        g = (p * rows.sum(axis=1, keepdims=True) - rows) * self.valid[:, None, :]
+        bottom[0].diff[...] = (g * (top[0].diff.reshape(-1)[0] / self.norm)).reshape(bottom[0].shape)
+
+
+def load_matrix(layer, path):
+    """A matrix file for a layer parameter: .npy (numpy), or .binaryproto (Caffe's BlobProto)."""
+    if path.endswith(".npy"):
+        try:
+            return numpy.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise DataError(f"layer '{layer.name}' ({layer.type}): {path}: cannot read the matrix: {e}") from None
+    from ..caffe.blobproto import read_blobproto
+
+    return read_blobproto(path)
+
+
+@register_layer("MultinomialLogisticLoss")
+class MultinomialLogisticLoss(Layer):
+    """loss = -sum_n log(max(p[n, label_n], 1e-20)) / N for probabilities p (N, C...) and labels (N,).
+
+    Backward: dp[n, label_n] = -w / (N max(p[n, label_n], 1e-20)), 0 elsewhere (Caffe's kLOG_THRESHOLD).
+    """
+
+    num_bottom = (2, 2)
+    default_loss_weight = 1.0
+    backward_reads = ("bottom",)
+    LOG_THRESHOLD = 1e-20
+
+    def allow_force_backward(self, bottom_index):
+        return bottom_index == 0
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        self.num = shape[0]
+        self.outer, self.inner = self.num, 1
+        self.dim = bottom[0].count // max(self.num, 1)
+        check_label_count(bottom[1], self.num, shape, 1)
+        top[0].reshape(())
+
+    def _picked(self, bottom):
+        xp = get_array_module(bottom[0].data)
+        self.label, _ = class_labels(self, bottom[1], self.num, 1, self.dim, None)
+        p = bottom[0].data.reshape(self.num, self.dim)
+        return xp.maximum(xp.take_along_axis(p, self.label, axis=1)[:, 0], self.LOG_THRESHOLD)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = -get_array_module(bottom[0].data).log(self._picked(bottom)).sum() / self.num
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[1]:
+            raise self.layer_param.error("cannot backpropagate to the label input (bottom 1)", "propagate_down")
+        if not propagate_down[0]:
+            return
+        xp = get_array_module(bottom[0].data)
+        picked = self._picked(bottom)
+        g = xp.zeros((self.num, self.dim), dtype=bottom[0].diff.dtype)
+        xp.put_along_axis(g, self.label, (-top[0].diff.reshape(-1)[0] / self.num / picked)[:, None], axis=1)
+        bottom[0].diff[...] = g.reshape(bottom[0].shape)
+
+
+@register_layer("SigmoidCrossEntropyLoss")
+class SigmoidCrossEntropyLoss(_LossNormalization, Layer):
+    """loss = -sum_{valid i} [t_i log s(x_i) + (1 - t_i) log(1 - s(x_i))] / normalizer, s the logistic function.
+
+    Shapes: x and targets t with the same count, x (N, ...): the normaliser's batch is N, its FULL count
+    all values; positions whose target equals ``ignore_label`` count neither loss nor gradient.
+    Computed stably as x (t - [x >= 0]) - log(1 + exp(x - 2 x [x >= 0])). Backward: dx = w (s(x) - t) / normalizer.
+    """
+
+    param_blocks = {"loss": LOSS}
+    num_bottom = (2, 2)
+    default_loss_weight = 1.0
+    backward_reads = ("bottom",)
+
+    def allow_force_backward(self, bottom_index):
+        return bottom_index == 0
+
+    def layer_setup(self, bottom, top):
+        self.read_normalization()
+
+    def reshape(self, bottom, top):
+        if bottom[0].count != bottom[1].count:
+            raise ShapeError(f"the targets (shape {bottom[1].shape}) must have as many values as the scores "
+                             f"(shape {bottom[0].shape})", key="bottom")
+        self.outer = bottom[0].shape[0] if bottom[0].shape else 1
+        self.inner = bottom[0].count // max(self.outer, 1)
+        top[0].reshape(())
+
+    def _valid(self, t):
+        xp = get_array_module(t)
+        return xp.ones(t.shape, dtype=bool) if self.ignore_label is None else t != self.ignore_label
+
+    def forward(self, bottom, top):
+        x, t = bottom[0].data, bottom[1].data.reshape(bottom[0].shape)
+        xp = get_array_module(x)
+        positive = x >= 0
+        terms = x * (t - positive) - xp.log1p(xp.exp(x - 2 * x * positive))
+        valid = self._valid(t)
+        self.norm = self.normalizer(int(valid.sum()))
+        top[0].data[...] = -(terms * valid).sum() / self.norm
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[1]:
+            raise self.layer_param.error("cannot backpropagate to the targets (bottom 1)", "propagate_down")
+        if not propagate_down[0]:
+            return
+        x, t = bottom[0].data, bottom[1].data.reshape(bottom[0].shape)
+        g = (0.5 * get_array_module(x).tanh(0.5 * x) + 0.5 - t) * self._valid(t)
+        bottom[0].diff[...] = g * (top[0].diff.reshape(-1)[0] / self.norm)
 
 
 @register_layer("EuclideanLoss")
@@ -136,3 +316,106 @@ class EuclideanLoss(Layer):
         for i, sign in ((0, 1.0), (1, -1.0)):
             if propagate_down[i]:
                 bottom[i].diff[...] = (sign * scale * self.diff).reshape(bottom[i].shape)
+
+
+@register_layer("ContrastiveLoss")
+class ContrastiveLoss(Layer):
+    """loss = sum_n [y_n d_n^2 + (1 - y_n) max(margin - d_n, 0)^2] / (2 N), d_n = ||a_n - b_n||.
+
+    Bottoms: a and b (N, C, ...) of equal shape, y (N,) similarity (1 similar, 0 dissimilar).
+    ``legacy_version`` uses Caffe's first form, max(margin - d_n^2, 0) for dissimilar pairs.
+    Backward (a; b gets the opposite sign): similar (a - b) w / N; dissimilar, while the margin is not
+    met, -(margin - d) (a - b) / (d + 1e-4) w / N (legacy: -(a - b) w / N). No gradient into y.
+    """
+
+    param_blocks = {"contrastive_loss": {
+        "margin": Field("float", 1.0, doc="dissimilar pairs closer than this are penalised"),
+        "legacy_version": Field("bool", False, doc="Caffe's first form: max(margin - d^2, 0) instead of "
+                                                   "max(margin - d, 0)^2")}}
+    num_bottom = (3, 3)
+    default_loss_weight = 1.0
+    backward_reads = ("bottom",)
+
+    def allow_force_backward(self, bottom_index):
+        return bottom_index < 2
+
+    def reshape(self, bottom, top):
+        a, b = bottom[0].shape, bottom[1].shape
+        if a != b:
+            raise ShapeError(f"a and b must have the same shape, got {a} and {b}", key="bottom")
+        self.num = a[0] if a else 1
+        if bottom[2].count != self.num:
+            raise ShapeError(f"the similarity labels (shape {bottom[2].shape}) must number {self.num}, one per pair",
+                             key="bottom")
+        top[0].reshape(())
+
+    def forward(self, bottom, top):
+        p = self.layer_param.contrastive_loss
+        xp = get_array_module(bottom[0].data)
+        self.diff = (bottom[0].data - bottom[1].data).reshape(self.num, -1)
+        self.dist_sq = (self.diff * self.diff).sum(axis=1)
+        self.similar = bottom[2].data.reshape(-1) != 0  # Caffe: static_cast<int>(y) != 0
+        if p.legacy_version:
+            far = xp.maximum(p.margin - self.dist_sq, 0)
+        else:
+            far = xp.maximum(p.margin - xp.sqrt(self.dist_sq), 0) ** 2
+        top[0].data[...] = xp.where(self.similar, self.dist_sq, far).sum() / (2.0 * self.num)
+
+    def backward(self, top, propagate_down, bottom):
+        p = self.layer_param.contrastive_loss
+        xp = get_array_module(self.diff)
+        scale = top[0].diff.reshape(-1)[0] / self.num
+        if p.legacy_version:
+            far = xp.where(p.margin - self.dist_sq > 0, -1.0, 0.0)
+        else:
+            dist = xp.sqrt(self.dist_sq)
+            gap = p.margin - dist
+            far = xp.where(gap > 0, -gap / (dist + 1e-4), 0.0)
+        per_pair = xp.where(self.similar, 1.0, far)[:, None] * self.diff
+        for i, sign in ((0, 1.0), (1, -1.0)):
+            if propagate_down[i]:
+                bottom[i].diff[...] = (sign * scale * per_pair).reshape(bottom[i].shape)
+        if propagate_down[2]:
+            raise self.layer_param.error("cannot backpropagate to the similarity labels (bottom 2)", "propagate_down")
+
+
+@register_layer("HingeLoss")
+class HingeLoss(Layer):
+    """One-vs-all hinge loss: loss = sum_{n,k} max(0, 1 - delta(k = l_n) x_nk)^p / N, p = 1 (L1) or 2 (L2),
+    delta = 1 for the true class and -1 otherwise.
+
+    Shapes: scores x (N, C...) (all values after axis 0 are the classes), labels (N,).
+    Backward: dx_nk = -delta w sign(m_nk) / N (L1) or -2 delta w m_nk / N (L2), m = max(0, 1 - delta x).
+    """
+
+    param_blocks = {"hinge_loss": {"norm": Field("enum", "L1", choices=("L1", "L2"), doc="L1 or squared (L2) hinge")}}
+    num_bottom = (2, 2)
+    default_loss_weight = 1.0
+    backward_reads = ()
+
+    def allow_force_backward(self, bottom_index):
+        return bottom_index == 0
+
+    def reshape(self, bottom, top):
+        self.num = bottom[0].shape[0]
+        self.dim = bottom[0].count // max(self.num, 1)
+        check_label_count(bottom[1], self.num, bottom[0].shape, 1)
+        top[0].reshape(())
+
+    def forward(self, bottom, top):
+        xp = get_array_module(bottom[0].data)
+        label, _ = class_labels(self, bottom[1], self.num, 1, self.dim, None)
+        self.delta = xp.where(xp.arange(self.dim)[None, :] == label, 1.0, -1.0)
+        self.margin = xp.maximum(0, 1 - self.delta * bottom[0].data.reshape(self.num, self.dim))
+        power = 1 if self.layer_param.hinge_loss.norm == "L1" else 2
+        top[0].data[...] = (self.margin ** power).sum() / self.num
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[1]:
+            raise self.layer_param.error("cannot backpropagate to the label input (bottom 1)", "propagate_down")
+        if not propagate_down[0]:
+            return
+        xp = get_array_module(self.margin)
+        scale = top[0].diff.reshape(-1)[0] / self.num
+        m = xp.sign(self.margin) if self.layer_param.hinge_loss.norm == "L1" else 2 * self.margin
+        bottom[0].diff[...] = (-self.delta * m * scale).reshape(bottom[0].shape)
