@@ -383,9 +383,19 @@ class Net:
         return {name: self.blobs[name].data for name in self.outputs}
 
     def forward_layer(self, i):
-        """Run layer ``i``'s forward; returns its weighted loss contribution."""
+        """Run layer ``i``'s forward; returns its weighted loss contribution.
+
+        A layer whose top shapes follow its data (Filter) may change them in forward: the layers after it
+        are then reshaped at once, as Caffe's per-forward Reshape would.
+        """
         top = self._top_vecs[i]
+        shapes = [t.shape for t in top]
         self.layers[i].forward(self._bottom_vecs[i], top)
+        if any(t.shape != s for t, s in zip(top, shapes)):
+            for j in range(i + 1, len(self.layers)):
+                self.layers[j].reshape(self._bottom_vecs[j], self._top_vecs[j])
+            if self._memory_plan is not None:
+                self._memory_plan = memory.plan(self)
         loss = 0.0
         for j, w in enumerate(self._loss_weights[i]):
             if w:

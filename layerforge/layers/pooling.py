@@ -74,8 +74,9 @@ class Pooling(Layer):
             raise ShapeError(f"kernel {self.kh}x{self.kw} (pad {self.ph}x{self.pw}) is larger than "
                              f"bottom shape {shape}",
                              key="pooling.kernel_size")
-        self.out_h = pooling_output_size(shape[2], self.kh, self.sy, self.ph, self.ceil_mode)
-        self.out_w = pooling_output_size(shape[3], self.kw, self.sx, self.pw, self.ceil_mode)
+        padded = self.ph > 0 or self.pw > 0  # Caffe clips both axes' last windows when either is padded
+        self.out_h = pooling_output_size(shape[2], self.kh, self.sy, self.ph, self.ceil_mode, padded)
+        self.out_w = pooling_output_size(shape[3], self.kw, self.sx, self.pw, self.ceil_mode, padded)
         for t in top:
             t.reshape(shape[0], shape[1], self.out_h, self.out_w)
 

@@ -29,18 +29,26 @@ class Scale(Layer):
     }}
     num_bottom = (1, 2)
     backward_reads = ("bottom",)
+    block = "scale"  # the parameter block, shared with Bias (its subclass) by name
+
+    @property
+    def params(self):
+        return getattr(self.layer_param, self.block)
+
+    def has_bias_term(self):
+        return self.params.bias_term
 
     def _axis(self, ndim, scale_ndim):
-        axis = self.layer_param.scale.axis
+        axis = self.params.axis
         if scale_ndim == 0:
             return 0  # a scalar broadcasts over everything: the axis does not matter (Caffe does the same)
         a = axis + ndim if axis < 0 else axis
         if not 0 <= a < ndim:
-            raise ShapeError(f"axis {axis} is out of range for a bottom of {ndim} axes", key="scale.axis")
+            raise ShapeError(f"axis {axis} is out of range for a bottom of {ndim} axes", key=f"{self.block}.axis")
         return a
 
     def layer_setup(self, bottom, top):
-        p = self.layer_param.scale
+        p = self.params
         shape = bottom[0].shape
         self.blobs = []
         if len(bottom) == 1:
@@ -48,12 +56,12 @@ class Scale(Layer):
             end = len(shape) if p.num_axes == -1 else axis + p.num_axes
             if end > len(shape):
                 raise ShapeError(f"axis {p.axis} + num_axes {p.num_axes} exceeds the {len(shape)} axes of bottom "
-                                 f"shape {shape}", key="scale.num_axes")
+                                 f"shape {shape}", key=f"{self.block}.num_axes")
             scale_shape = shape[axis:end]
             self.blobs.append(self.make_param(scale_shape, p.filler))
         else:
             scale_shape = bottom[1].shape
-        if p.bias_term:
+        if self.has_bias_term():
             self.blobs.append(self.make_param(scale_shape, p.bias_filler))
 
     def _scale(self, bottom):
@@ -64,7 +72,7 @@ class Scale(Layer):
         axis = self._axis(len(shape), len(s_shape))
         if shape[axis:axis + len(s_shape)] != s_shape:
             raise ShapeError(f"scale shape {s_shape} does not match bottom[0] shape {shape} at axes "
-                             f"{axis}..{axis + len(s_shape) - 1}", key="bottom[1]" if len(bottom) > 1 else "scale.axis")
+                             f"{axis}..{axis + len(s_shape) - 1}", key="bottom[1]" if len(bottom) > 1 else f"{self.block}.axis")
         self.axis = axis
         self.sum_axes = tuple(range(axis)) + tuple(range(axis + len(s_shape), len(shape)))
         self.trailing = (1,) * (len(shape) - axis - len(s_shape))
@@ -97,12 +105,12 @@ class Scale(Layer):
             self.x = None
         y = top[0].data
         self.xp.multiply(x, self._broadcast(self._scale(bottom).data), out=y)
-        if self.layer_param.scale.bias_term:
+        if self.has_bias_term():
             y += self._broadcast(self.blobs[-1].data)
 
     def backward(self, top, propagate_down, bottom):
         gy = top[0].diff
-        if self.layer_param.scale.bias_term:
+        if self.has_bias_term():
             self.blobs[-1].diff += self._reduce(gy)
         x = self.x if self.x is not None else bottom[0].data
         if len(bottom) == 1:

@@ -9,7 +9,8 @@ from layerforge.kernels.im2col import pooling_output_size
 def caffe_pooling(x, gy, pool, kh, kw, sy, sx, ph, pw):
     """Caffe's pooling_layer.cpp loops, literally: forward top (+ mask for MAX) and backward bottom diff."""
     n, c, h, w = x.shape
-    out_h, out_w = pooling_output_size(h, kh, sy, ph), pooling_output_size(w, kw, sx, pw)
+    padded = ph > 0 or pw > 0  # Caffe clips both axes' last windows when either axis is padded
+    out_h, out_w = pooling_output_size(h, kh, sy, ph, True, padded), pooling_output_size(w, kw, sx, pw, True, padded)
     top = numpy.zeros((n, c, out_h, out_w))
     mask = numpy.full(top.shape, -1)
     gx = numpy.zeros_like(x)

@@ -142,3 +142,20 @@ def test_shape_errors():
         pool_layer(kernel_size=2).setup([Blob((2, 3))], [Blob()])
     with pytest.raises(ShapeError, match=r"larger than bottom shape \(1, 1, 3, 3\)"):
         pool_layer(kernel_size=5).setup([Blob((1, 1, 3, 3))], [Blob()])
+
+
+def test_padding_on_one_axis_clips_both_axes_as_caffe():
+    # Caffe drops a last ceil-mode window starting past the image on BOTH axes when EITHER has padding:
+    # H: ceil((5 + 2 - 3) / 3) + 1 = 3, and (3 - 1) * 3 >= 5 + 1, so 2; W (pad 0): ceil((5 - 1) / 3) + 1 = 3,
+    # and (3 - 1) * 3 >= 5 + 0, so 2 as well (a rule for the padded axis alone would keep 3)
+    from layerforge.blob import Blob
+    from layerforge.layers import create_layer
+
+    layer = create_layer({"type": "Pooling", "pooling": {"pool": "MAX", "kernel_h": 3, "kernel_w": 1,
+                                                         "stride": 3, "pad_h": 1, "pad_w": 0}})
+    top = [Blob()]
+    layer.setup([Blob((1, 1, 5, 5))], top)
+    assert top[0].shape == (1, 1, 2, 2)
+    layer = create_layer({"type": "Pooling", "pooling": {"pool": "MAX", "kernel_h": 3, "kernel_w": 1, "stride": 3}})
+    layer.setup([Blob((1, 1, 5, 5))], top)
+    assert top[0].shape == (1, 1, 2, 3)  # no padding anywhere: no clipping, W keeps its third window
