@@ -1,1 +1,141 @@
-"""(being written in this session)"""
+"""Python: a layer whose setup, reshape, forward and backward are methods of a user's class (pycaffe's caffe.Layer)."""
+import importlib
+import os
+import re
+import sys
+
+import numpy
+
+from ..blob import Blob
+from ..errors import ConfigError, LayerforgeError
+from ..schema import REQUIRED
+from .base import Field, Layer, register_layer
+
+PHASES = {"TRAIN": 0, "TEST": 1}  # pycaffe's caffe.TRAIN, caffe.TEST
+_DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+class BlobVec(list):
+    """A layer's parameter blobs, as pycaffe's ``layer.blobs``: a list with ``add_blob(*shape)``."""
+
+    def __init__(self, dtype, xp):
+        super().__init__()
+        self.dtype, self.xp = dtype, xp
+
+    def add_blob(self, *shape):
+        """Append a zero-filled parameter Blob of ``shape`` (``add_blob(2, 3)`` or ``add_blob((2, 3))``)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        self.append(Blob(tuple(int(s) for s in shape), self.dtype, self.xp))
+        return self[-1]
+
+
+class PythonLayerBase:
+    """Base class of the user's layers (pycaffe's ``caffe.Layer``).
+
+    Before ``setup`` the Python layer sets ``self.param_str`` (python.param_str), ``self.phase`` (0 TRAIN,
+    1 TEST, as pycaffe's caffe.TRAIN / caffe.TEST) and ``self.blobs`` (learnable parameters: add them with
+    ``self.blobs.add_blob(*shape)`` in ``setup``). Bottoms and tops are Blobs: ``.data``, ``.diff``,
+    ``.reshape(*shape)``, ``.shape``, ``.count``, ``.num`` / ``.channels`` / ``.height`` / ``.width``.
+    ``backward`` assigns bottom diffs and adds into parameter diffs.
+    """
+
+    def __init__(self, layer_param=None):
+        self.layer_param = layer_param
+        self.param_str, self.phase, self.blobs = "", 0, BlobVec(numpy.float32, numpy)
+
+    def setup(self, bottom, top):
+        """Read ``self.param_str``, check bottoms, create ``self.blobs``."""
+
+    def reshape(self, bottom, top):
+        raise NotImplementedError(f"{type(self).__name__} defines no reshape(bottom, top)")
+
+    def forward(self, bottom, top):
+        raise NotImplementedError(f"{type(self).__name__} defines no forward(bottom, top)")
+
+    def backward(self, top, propagate_down, bottom):
+        raise NotImplementedError(f"{type(self).__name__} defines no backward(top, propagate_down, bottom)")
+
+
+def import_layer_class(module, name, net_dir=None):
+    """The class ``name`` of module ``module``, imported from sys.path and then ``net_dir``; ValueError says why."""
+    if not _DOTTED_NAME.match(module):
+        raise ValueError(f"python.module '{module}' is not a module name (dotted identifiers)")
+    added = net_dir is not None and net_dir not in sys.path
+    if added:
+        sys.path.append(net_dir)
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and (module == e.name or module.startswith(e.name + ".")):
+            where = f" or {net_dir}" if net_dir else ""
+            raise ValueError(f"python.module '{module}' not found on sys.path{where}") from None
+        raise ValueError(f"importing python.module '{module}' raised {type(e).__name__}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - the user's module: any failure becomes one line naming it
+        raise ValueError(f"importing python.module '{module}' raised {type(e).__name__}: {e}") from e
+    finally:
+        if added:
+            sys.path.remove(net_dir)
+    cls = getattr(mod, name, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"python.module '{module}' has no class '{name}'")
+    return cls
+
+
+@register_layer("Python")
+class Python(Layer):
+    """Runs the methods of ``python.layer``, a class of module ``python.module``.
+
+    The module is imported by name (sys.path, then the net file's folder), the class is instantiated with
+    the layer parameter, ``param_str`` / ``phase`` / ``blobs`` are set (see PythonLayerBase), and Caffe's
+    sequence calls ``setup(bottom, top)``, ``reshape(bottom, top)``, ``forward(bottom, top)`` and
+    ``backward(top, propagate_down, bottom)`` on it. Any bottoms and tops; shapes are the class's to set.
+    An exception raised by the class becomes one line naming the layer, module, class and message.
+    """
+
+    num_bottom = (0, None)
+    num_top = (0, None)
+    param_blocks = {
+        "python": {
+            "module": Field("str", REQUIRED, doc="module to import (sys.path, then the net file's folder)"),
+            "layer": Field("str", REQUIRED, doc="the class in the module (a caffe.Layer / PythonLayerBase)"),
+            "param_str": Field("str", "", doc="handed to the instance as self.param_str before setup"),
+            "share_in_parallel": Field("bool", False, doc="deprecated in Caffe; accepted and ignored"),
+        },
+    }
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.python
+        path = getattr(self.layer_param, "path", None)
+        net_dir = os.path.dirname(os.path.abspath(path)) if path else None
+        try:
+            cls = import_layer_class(p.module, p.layer, net_dir)
+        except ValueError as e:
+            raise ConfigError(str(e), path, self.layer_param.line_of("python"), self.name, self.type) from e.__cause__
+        self.impl = self.call(cls, self.layer_param, what="creating")
+        self.blobs = BlobVec(self.dtype, self.xp)
+        self.impl.param_str, self.impl.phase, self.impl.blobs = p.param_str, PHASES[self.phase], self.blobs
+        self.call(self.impl.setup, bottom, top, what="setup")
+
+    def call(self, method, *args, what):
+        """``method(*args)``; the user's exception becomes a one-line error (ConfigError while setting up)."""
+        try:
+            return method(*args)
+        except LayerforgeError:
+            raise
+        except Exception as e:  # noqa: BLE001 - user code: any failure becomes one line naming it
+            p = self.layer_param.python
+            message = f"python.module '{p.module}' class '{p.layer}': {what} raised {type(e).__name__}: {e}"
+            if what in ("creating", "setup"):
+                raise ConfigError(message, getattr(self.layer_param, "path", None),
+                                  self.layer_param.line_of("python"), self.name, self.type) from e
+            raise LayerforgeError(f"layer '{self.name}' (Python): {message}") from e
+
+    def reshape(self, bottom, top):
+        self.call(self.impl.reshape, bottom, top, what="reshape")
+
+    def forward(self, bottom, top):
+        self.call(self.impl.forward, bottom, top, what="forward")
+
+    def backward(self, top, propagate_down, bottom):
+        self.call(self.impl.backward, top, list(propagate_down), bottom, what="backward")
