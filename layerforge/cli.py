@@ -20,6 +20,7 @@ COMMANDS = {
     "expand": "expand",
     "export": "export",
     "layers": "layers",
+    "make_example_data": "make_example_data",
     "plan": "plan",
     "summary": "summary",
     "test": "test",

@@ -63,11 +63,8 @@ class Net:
         self.loss = 0.0
         included = [lp for lp in self.netdef.layers if layer_included(lp, self.phase, level, tuple(stages))]
         excluded = [lp for lp in self.netdef.layers if lp not in included]
-        seen = {}
-        for lp in included:  # one name may serve several phases (Caffe's two "mnist" data layers)
-            if lp.name in seen:
-                raise lp.error(f"layer name '{lp.name}' is already used at line {seen[lp.name]}", "name")
-            seen[lp.name] = lp.line
+        # Caffe allows a name on several layers of one net (its MNIST autoencoder has two "loss" layers):
+        # looking a layer up by name finds the last one, as Caffe's layer_names_index_ does
         self._memory_plan = None
         self._build(self._resolve_graph(included, excluded))
         if weights is not None:
@@ -265,6 +262,9 @@ class Net:
                 self.params_lr.append(spec.lr_mult)
                 self.params_weight_decay.append(spec.decay_mult)
             if layer.blobs:
+                if layer.name in self.params:
+                    raise lp.error(f"layer name '{layer.name}' is also the name of an earlier layer with parameters; "
+                                   f"weights are saved and loaded by layer name, so give it another", "name")
                 self.params[layer.name] = layer.blobs
         learnable_ids = {id(b) for layer in self.layers if layer.learnable for b in layer.blobs}
         self.num_learnable = sum(b.count for b in self.learnable_params if id(b) in learnable_ids)

@@ -9,7 +9,9 @@ def add_arguments(parser):
     start = parser.add_mutually_exclusive_group()
     start.add_argument("--snapshot", metavar="FILE", help="resume from a .solverstate.npz snapshot")
     start.add_argument("--weights", metavar="FILE", help="start from these weights (.npz), e.g. to fine-tune")
-    parser.add_argument("--gpu", type=int, metavar="N", help="train on GPU N (overrides solver_mode/device_id)")
+    device = parser.add_mutually_exclusive_group()
+    device.add_argument("--gpu", type=int, metavar="N", help="train on GPU N (overrides solver_mode/device_id)")
+    device.add_argument("--cpu", action="store_true", help="train on the CPU whatever solver_mode says")
     parser.add_argument("--max-iter", type=int, metavar="N", help="override the solver's max_iter")
     parser.add_argument("--sigint-effect", choices=("snapshot", "stop", "none"), default="stop",
                         help="what Ctrl-C / SIGTERM does (Caffe's meanings): stop = end training, writing the final "
@@ -31,6 +33,8 @@ def solver_overrides(args):
     overrides = {}
     if args.gpu is not None:
         overrides.update(solver_mode="GPU", device_id=args.gpu)
+    elif getattr(args, "cpu", False):
+        overrides["solver_mode"] = "CPU"
     if getattr(args, "max_iter", None) is not None:
         overrides["max_iter"] = args.max_iter
     if getattr(args, "allreduce", None):

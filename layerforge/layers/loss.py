@@ -11,6 +11,8 @@ from .softmax import canonical_axis, softmax
 
 # Caffe clamps probabilities at FLT_MIN (for float and double alike) so log() stays finite
 FLT_MIN = float(numpy.finfo(numpy.float32).tiny)
+# ... except in the losses derived from LossLayer's kLOG_THRESHOLD (InfogainLoss, MultinomialLogisticLoss)
+LOG_THRESHOLD = 1e-20
 
 
 def class_labels(layer, label_blob, outer, inner, channels, ignore_label):
@@ -39,6 +41,26 @@ def check_label_count(labels, count, shape, axis):
         raise ShapeError(f"the labels (shape {labels.shape}, {labels.count} values) must number {count}, one per "
                          f"prediction of the scores (shape {shape}, class axis {axis})", key="bottom")
 
+class LossLayer(Layer):
+    """Base of the losses (Caffe's LossLayer): predictions and labels in, a scalar loss out, loss weight 1 by default.
+
+    Bottoms from ``label_bottom`` on (labels, targets, H) never take a gradient.
+    """
+
+    num_bottom = (2, 2)
+    default_loss_weight = 1.0
+    label_bottom = 1
+
+    def allow_force_backward(self, bottom_index):
+        return bottom_index < self.label_bottom
+
+    def refuse_label_gradient(self, propagate_down):
+        """ConfigError when the net asks for a gradient into a label bottom."""
+        if any(propagate_down[self.label_bottom:]):
+            raise self.layer_param.error(f"cannot backpropagate to the labels (bottom {self.label_bottom} on)",
+                                         "propagate_down")
+
+
 class _LossNormalization:
     """Caffe's loss normalisation (LossParameter): FULL, VALID, BATCH_SIZE or NONE, and the legacy ``normalize``."""
 
@@ -57,7 +79,7 @@ class _LossNormalization:
 
 
 @register_layer("SoftmaxWithLoss")
-class SoftmaxWithLoss(_LossNormalization, Layer):
+class SoftmaxWithLoss(_LossNormalization, LossLayer):
     """Cross-entropy of softmax probabilities: loss = -sum_{valid n} log p[n, label_n] / normalizer.
 
     Shapes: scores x (outer, C, inner) seen along ``softmax.axis`` (e.g. (N, C) or (N, C, H, W));
@@ -70,13 +92,8 @@ class SoftmaxWithLoss(_LossNormalization, Layer):
     """
 
     param_blocks = {"softmax": {"axis": Field("int", 1, doc="the class axis")}, "loss": LOSS}
-    num_bottom = (2, 2)
     num_top = (1, 2)
-    default_loss_weight = 1.0
     backward_reads = ()  # forward keeps the probabilities and labels it needs
-
-    def allow_force_backward(self, bottom_index):
-        return bottom_index != 1
 
     axis_key = "softmax.axis"
 
@@ -109,8 +126,7 @@ class SoftmaxWithLoss(_LossNormalization, Layer):
             top[1].data[...] = self.prob
 
     def backward(self, top, propagate_down, bottom):
-        if propagate_down[1]:
-            raise self.layer_param.error("cannot backpropagate to the label input (bottom 1)", "propagate_down")
+        self.refuse_label_gradient(propagate_down)
         if not propagate_down[0]:
             return
         xp = get_array_module(self.prob)
@@ -123,29 +139,39 @@ class SoftmaxWithLoss(_LossNormalization, Layer):
 class InfogainLoss(SoftmaxWithLoss):
     """loss = -sum_{valid n} sum_k H[label_n, k] log p[n, k] / normalizer, p = softmax of x along ``axis``.
 
-    H (C x C) is the infogain matrix: a third bottom, or ``source`` (a .npy file, or Caffe's binaryproto).
+    H (C x C) is the infogain matrix: a third bottom, or ``source`` (a .npy file; Caffe's binaryproto is not read yet).
     With H = I this is SoftmaxWithLoss. Shapes and normalisation as SoftmaxWithLoss; optional top[1] p.
     Backward: dx[n, j] = w (p[n, j] sum_k H[label_n, k] - H[label_n, j]) / normalizer at valid positions.
     """
 
     param_blocks = {"infogain_loss": {
-        "source": Field("str", None, doc="file of the H matrix (.npy, or Caffe's .binaryproto) when no bottom 2"),
+        "source": Field("str", None, doc="file of the H matrix (.npy; binaryproto not yet) when no bottom 2"),
         "axis": Field("int", 1, doc="the class axis")}, "loss": LOSS}
     num_bottom = (2, 3)
     axis_key = "infogain_loss.axis"
 
     @classmethod
     def validate_params(cls, lp):
-        if len(lp.bottom) < 3 and not lp.infogain_loss.source:
+        source = lp.infogain_loss.source
+        if len(lp.bottom) < 3 and not source:
             raise lp.error("needs the H matrix: a third bottom or infogain_loss.source", "infogain_loss.source")
-
-    def allow_force_backward(self, bottom_index):
-        return bottom_index == 0
+        if len(lp.bottom) < 3 and not source.endswith(".npy"):
+            raise lp.error(f"{source}: binaryproto H matrices: not yet supported; save H with numpy.save as .npy",
+                           "infogain_loss.source")
+        if lp.loss.normalize is not None:
+            raise lp.error("normalize is deprecated for InfogainLoss (Caffe refuses it); use loss.normalization",
+                           "loss.normalize")
 
     def layer_setup(self, bottom, top):
         super().layer_setup(bottom, top)
-        self.fixed_h = None if len(bottom) > 2 else self.xp.asarray(load_matrix(self, self.layer_param.infogain_loss.source),
-                                                                    dtype=self.dtype)
+        self.fixed_h = None if len(bottom) > 2 else self.xp.asarray(self._read_h(), dtype=self.dtype)
+
+    def _read_h(self):
+        path = self.layer_param.infogain_loss.source
+        try:
+            return numpy.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise DataError(f"layer '{self.name}' ({self.type}): {path}: cannot read the H matrix: {e}") from None
 
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
@@ -162,7 +188,7 @@ class InfogainLoss(SoftmaxWithLoss):
                                               self.ignore_label)
         p = self.prob.reshape(self.outer, self.channels, self.inner)
         rows = self.h[self.label]  # (outer, inner, C): H[label_n]
-        log_p = xp.log(xp.maximum(p, FLT_MIN)).transpose(0, 2, 1)
+        log_p = xp.log(xp.maximum(p, LOG_THRESHOLD)).transpose(0, 2, 1)
         loss = -((rows * log_p).sum(axis=2) * self.valid).sum()
         self.norm = self.normalizer(int(self.valid.sum()))
         top[0].data[...] = loss / self.norm
@@ -170,8 +196,7 @@ class InfogainLoss(SoftmaxWithLoss):
             top[1].data[...] = self.prob
 
     def backward(self, top, propagate_down, bottom):
-        if any(propagate_down[1:]):
-            raise self.layer_param.error("cannot backpropagate to the labels or H", "propagate_down")
+        self.refuse_label_gradient(propagate_down)
         if not propagate_down[0]:
             return
         rows = self.h[self.label].transpose(0, 2, 1)  # (outer, C, inner)
@@ -180,32 +205,14 @@ class InfogainLoss(SoftmaxWithLoss):
         bottom[0].diff[...] = (g * (top[0].diff.reshape(-1)[0] / self.norm)).reshape(bottom[0].shape)
 
 
-def load_matrix(layer, path):
-    """A matrix file for a layer parameter: .npy (numpy), or .binaryproto (Caffe's BlobProto)."""
-    if path.endswith(".npy"):
-        try:
-            return numpy.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise DataError(f"layer '{layer.name}' ({layer.type}): {path}: cannot read the matrix: {e}") from None
-    from ..caffe.blobproto import read_blobproto
-
-    return read_blobproto(path)
-
-
 @register_layer("MultinomialLogisticLoss")
-class MultinomialLogisticLoss(Layer):
+class MultinomialLogisticLoss(LossLayer):
     """loss = -sum_n log(max(p[n, label_n], 1e-20)) / N for probabilities p (N, C...) and labels (N,).
 
     Backward: dp[n, label_n] = -w / (N max(p[n, label_n], 1e-20)), 0 elsewhere (Caffe's kLOG_THRESHOLD).
     """
 
-    num_bottom = (2, 2)
-    default_loss_weight = 1.0
     backward_reads = ("bottom",)
-    LOG_THRESHOLD = 1e-20
-
-    def allow_force_backward(self, bottom_index):
-        return bottom_index == 0
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
@@ -219,14 +226,13 @@ class MultinomialLogisticLoss(Layer):
         xp = get_array_module(bottom[0].data)
         self.label, _ = class_labels(self, bottom[1], self.num, 1, self.dim, None)
         p = bottom[0].data.reshape(self.num, self.dim)
-        return xp.maximum(xp.take_along_axis(p, self.label, axis=1)[:, 0], self.LOG_THRESHOLD)
+        return xp.maximum(xp.take_along_axis(p, self.label, axis=1)[:, 0], LOG_THRESHOLD)
 
     def forward(self, bottom, top):
         top[0].data[...] = -get_array_module(bottom[0].data).log(self._picked(bottom)).sum() / self.num
 
     def backward(self, top, propagate_down, bottom):
-        if propagate_down[1]:
-            raise self.layer_param.error("cannot backpropagate to the label input (bottom 1)", "propagate_down")
+        self.refuse_label_gradient(propagate_down)
         if not propagate_down[0]:
             return
         xp = get_array_module(bottom[0].data)
@@ -237,24 +243,23 @@ class MultinomialLogisticLoss(Layer):
 
 
 @register_layer("SigmoidCrossEntropyLoss")
-class SigmoidCrossEntropyLoss(_LossNormalization, Layer):
+class SigmoidCrossEntropyLoss(_LossNormalization, LossLayer):
     """loss = -sum_{valid i} [t_i log s(x_i) + (1 - t_i) log(1 - s(x_i))] / normalizer, s the logistic function.
 
     Shapes: x and targets t with the same count, x (N, ...): the normaliser's batch is N, its FULL count
-    all values; positions whose target equals ``ignore_label`` count neither loss nor gradient.
+    all values; positions whose target equals ``ignore_label`` count neither loss nor gradient. Without
+    ``normalization`` or ``normalize`` the loss is divided by N (BATCH_SIZE), Caffe's default here.
     Computed stably as x (t - [x >= 0]) - log(1 + exp(x - 2 x [x >= 0])). Backward: dx = w (s(x) - t) / normalizer.
     """
 
     param_blocks = {"loss": LOSS}
-    num_bottom = (2, 2)
-    default_loss_weight = 1.0
     backward_reads = ("bottom",)
-
-    def allow_force_backward(self, bottom_index):
-        return bottom_index == 0
 
     def layer_setup(self, bottom, top):
         self.read_normalization()
+        p = self.layer_param.loss
+        if not p.given("normalization") and p.normalize is None:
+            self.normalization = "BATCH_SIZE"  # Caffe's default for this layer (VALID for the softmax losses)
 
     def reshape(self, bottom, top):
         if bottom[0].count != bottom[1].count:
@@ -266,7 +271,8 @@ class SigmoidCrossEntropyLoss(_LossNormalization, Layer):
 
     def _valid(self, t):
         xp = get_array_module(t)
-        return xp.ones(t.shape, dtype=bool) if self.ignore_label is None else t != self.ignore_label
+        # Caffe compares static_cast<int>(target): truncation toward zero
+        return xp.ones(t.shape, dtype=bool) if self.ignore_label is None else xp.trunc(t) != self.ignore_label
 
     def forward(self, bottom, top):
         x, t = bottom[0].data, bottom[1].data.reshape(bottom[0].shape)
@@ -278,8 +284,7 @@ class SigmoidCrossEntropyLoss(_LossNormalization, Layer):
         top[0].data[...] = -(terms * valid).sum() / self.norm
 
     def backward(self, top, propagate_down, bottom):
-        if propagate_down[1]:
-            raise self.layer_param.error("cannot backpropagate to the targets (bottom 1)", "propagate_down")
+        self.refuse_label_gradient(propagate_down)
         if not propagate_down[0]:
             return
         x, t = bottom[0].data, bottom[1].data.reshape(bottom[0].shape)
@@ -288,16 +293,15 @@ class SigmoidCrossEntropyLoss(_LossNormalization, Layer):
 
 
 @register_layer("EuclideanLoss")
-class EuclideanLoss(Layer):
+class EuclideanLoss(LossLayer):
     """loss = sum((a - b)^2) / (2 N), N = a.shape[0]; a and b hold the same number of values per item.
 
     Shapes: a (N, ...), b (N, ...) with equal counts; top the scalar loss (shape ()).
     Backward: da = w (a - b) / N, db = -w (a - b) / N, w = top[0].diff (the loss weight).
     """
 
-    num_bottom = (2, 2)
-    default_loss_weight = 1.0
     backward_reads = ()  # forward keeps a - b
+    label_bottom = 2  # both bottoms take a gradient
 
     def reshape(self, bottom, top):
         a, b = bottom[0].shape, bottom[1].shape
@@ -319,7 +323,7 @@ class EuclideanLoss(Layer):
 
 
 @register_layer("ContrastiveLoss")
-class ContrastiveLoss(Layer):
+class ContrastiveLoss(LossLayer):
     """loss = sum_n [y_n d_n^2 + (1 - y_n) max(margin - d_n, 0)^2] / (2 N), d_n = ||a_n - b_n||.
 
     Bottoms: a and b (N, C, ...) of equal shape, y (N,) similarity (1 similar, 0 dissimilar).
@@ -333,11 +337,8 @@ class ContrastiveLoss(Layer):
         "legacy_version": Field("bool", False, doc="Caffe's first form: max(margin - d^2, 0) instead of "
                                                    "max(margin - d, 0)^2")}}
     num_bottom = (3, 3)
-    default_loss_weight = 1.0
     backward_reads = ("bottom",)
-
-    def allow_force_backward(self, bottom_index):
-        return bottom_index < 2
+    label_bottom = 2
 
     def reshape(self, bottom, top):
         a, b = bottom[0].shape, bottom[1].shape
@@ -354,7 +355,7 @@ class ContrastiveLoss(Layer):
         xp = get_array_module(bottom[0].data)
         self.diff = (bottom[0].data - bottom[1].data).reshape(self.num, -1)
         self.dist_sq = (self.diff * self.diff).sum(axis=1)
-        self.similar = bottom[2].data.reshape(-1) != 0  # Caffe: static_cast<int>(y) != 0
+        self.similar = xp.trunc(bottom[2].data.reshape(-1)) != 0  # Caffe: static_cast<int>(y) != 0
         if p.legacy_version:
             far = xp.maximum(p.margin - self.dist_sq, 0)
         else:
@@ -362,6 +363,7 @@ class ContrastiveLoss(Layer):
         top[0].data[...] = xp.where(self.similar, self.dist_sq, far).sum() / (2.0 * self.num)
 
     def backward(self, top, propagate_down, bottom):
+        self.refuse_label_gradient(propagate_down)
         p = self.layer_param.contrastive_loss
         xp = get_array_module(self.diff)
         scale = top[0].diff.reshape(-1)[0] / self.num
@@ -375,12 +377,10 @@ class ContrastiveLoss(Layer):
         for i, sign in ((0, 1.0), (1, -1.0)):
             if propagate_down[i]:
                 bottom[i].diff[...] = (sign * scale * per_pair).reshape(bottom[i].shape)
-        if propagate_down[2]:
-            raise self.layer_param.error("cannot backpropagate to the similarity labels (bottom 2)", "propagate_down")
 
 
 @register_layer("HingeLoss")
-class HingeLoss(Layer):
+class HingeLoss(LossLayer):
     """One-vs-all hinge loss: loss = sum_{n,k} max(0, 1 - delta(k = l_n) x_nk)^p / N, p = 1 (L1) or 2 (L2),
     delta = 1 for the true class and -1 otherwise.
 
@@ -389,12 +389,7 @@ class HingeLoss(Layer):
     """
 
     param_blocks = {"hinge_loss": {"norm": Field("enum", "L1", choices=("L1", "L2"), doc="L1 or squared (L2) hinge")}}
-    num_bottom = (2, 2)
-    default_loss_weight = 1.0
     backward_reads = ()
-
-    def allow_force_backward(self, bottom_index):
-        return bottom_index == 0
 
     def reshape(self, bottom, top):
         self.num = bottom[0].shape[0]
@@ -411,8 +406,7 @@ class HingeLoss(Layer):
         top[0].data[...] = (self.margin ** power).sum() / self.num
 
     def backward(self, top, propagate_down, bottom):
-        if propagate_down[1]:
-            raise self.layer_param.error("cannot backpropagate to the label input (bottom 1)", "propagate_down")
+        self.refuse_label_gradient(propagate_down)
         if not propagate_down[0]:
             return
         xp = get_array_module(self.margin)

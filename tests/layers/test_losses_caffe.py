@@ -142,6 +142,36 @@ def test_infogain_matrix_from_a_file_and_ignore_label(tmp_path):
         make("InfogainLoss")
 
 
+@pytest.mark.parametrize("blocks,key,message", [
+    ({"infogain_loss": {"source": "h.binaryproto"}}, "infogain_loss.source",
+     "h.binaryproto: binaryproto H matrices: not yet supported"),
+    ({"infogain_loss": {"source": "h.npy"}, "loss": {"normalize": True}}, "loss.normalize",
+     "normalize is deprecated"),
+])
+def test_infogain_refuses_what_it_cannot_honour(blocks, key, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        make("InfogainLoss", **blocks)
+    assert e.value.key == key and "\n" not in str(e.value)
+
+
+def test_infogain_clamps_probabilities_at_caffes_log_threshold():
+    # p[0, 1] = softmax([0, -100])[1] ~ 3.7e-44 is clamped at 1e-20 (kLOG_THRESHOLD, not FLT_MIN)
+    h = numpy.array([[0.0, 1.0], [0.0, 1.0]])
+    loss, _ = run(make("InfogainLoss", bottoms=3), [numpy.array([[0.0, -100.0]]), numpy.array([0.0]), h])
+    assert loss == pytest.approx(-numpy.log(1e-20))
+
+
+def test_fractional_labels_truncate_as_caffes_int_cast():
+    # SigmoidCrossEntropyLoss ignores a target of -1.5 with ignore_label -1; ContrastiveLoss reads y = 0.7 as 0
+    x = numpy.array([[2.0, -1.0]])
+    loss, (gx, _) = run(make("SigmoidCrossEntropyLoss", loss={"ignore_label": -1}), [x, numpy.array([[-1.5, 1.0]])])
+    assert loss == pytest.approx(numpy.log1p(numpy.exp(1.0)))
+    assert gx[0, 0] == 0
+    a, b = numpy.array([[0.5]]), numpy.array([[0.0]])
+    loss, _ = run(make("ContrastiveLoss", bottoms=3), [a, b, numpy.array([0.7])])
+    assert loss == pytest.approx((1 - 0.5) ** 2 / 2)  # dissimilar: max(margin 1 - d, 0)^2 / 2N
+
+
 # -- MultinomialLogisticLoss ----------------------------------------------------------------------
 
 def test_multinomial_logistic_loss_matches_nll(xp):
@@ -190,8 +220,8 @@ def test_sigmoid_cross_entropy_with_ignore_label(xp, normalization, divisor):
 
 def test_sigmoid_cross_entropy_is_finite_for_large_scores_and_gradient_checks():
     loss, (gx, _) = run(make("SigmoidCrossEntropyLoss"), [numpy.array([[1000.0, -1000.0]]), numpy.array([[0.0, 1.0]])])
-    assert loss == pytest.approx(1000.0)  # VALID: 2 positions, each -log(sigmoid(-1000)) = 1000, mean 1000
-    numpy.testing.assert_allclose(gx, [[0.5, -0.5]])
+    assert loss == pytest.approx(2000.0)  # default BATCH_SIZE (1 item): two terms of -log(sigmoid(-1000)) = 1000
+    numpy.testing.assert_allclose(gx, [[1.0, -1.0]])
     x, t = RS.randn(2, 3, 2), RS.rand(2, 3, 2)
     check_gradient(make("SigmoidCrossEntropyLoss"), [make_blob(x), make_blob(t)], [Blob()], check_bottom=[0])
 
@@ -212,3 +242,40 @@ layers { name: "s" type: SIGMOID_CROSS_ENTROPY_LOSS bottom: "b" bottom: "a" top:
     out = net.forward(a=a, b=b, y=y)
     assert set(out) == {"c", "h", "s"}
     assert net.loss == pytest.approx(float(out["c"]) + float(out["h"]) + 0.5 * float(out["s"]))
+
+
+@pytest.mark.parametrize("type_,bottoms,gradients", [
+    ("ContrastiveLoss", 3, [True, True, False]), ("HingeLoss", 2, [True, False]),
+    ("InfogainLoss", 3, [True, False, False]), ("MultinomialLogisticLoss", 2, [True, False]),
+    ("SigmoidCrossEntropyLoss", 2, [True, False]), ("EuclideanLoss", 2, [True, True]),
+])
+def test_label_bottoms_take_no_gradient(type_, bottoms, gradients):
+    layer = make(type_, bottoms=bottoms)
+    assert layer.default_loss_weight == 1.0
+    assert [layer.allow_force_backward(i) for i in range(bottoms)] == gradients
+    if not all(gradients):
+        with pytest.raises(ConfigError, match="cannot backpropagate to the labels"):
+            layer.backward([Blob()], [True] * bottoms, [Blob()] * bottoms)
+
+
+def test_infogain_and_multinomial_from_prototxt(tmp_path):
+    h = numpy.array([[1.0, 0.5, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 1.0]])
+    numpy.save(tmp_path / "h.npy", h)
+    for version, (info, multi) in {"v2": ('type: "InfogainLoss"', 'type: "MultinomialLogisticLoss"'),
+                                   "v1": ("type: INFOGAIN_LOSS", "type: MULTINOMIAL_LOGISTIC_LOSS")}.items():
+        kind, prob = ("layer", 'type: "Softmax"') if version == "v2" else ("layers", "type: SOFTMAX")
+        path = tmp_path / f"{version}.prototxt"
+        path.write_text(f"""name: "{version}"
+input: "x" input_dim: 2 input_dim: 3 input_dim: 1 input_dim: 1
+input: "label" input_dim: 2 input_dim: 1 input_dim: 1 input_dim: 1
+{kind} {{ name: "info" {info} bottom: "x" bottom: "label" top: "info"
+  infogain_loss_param {{ source: "{tmp_path / 'h.npy'}" }} }}
+{kind} {{ name: "prob" {prob} bottom: "x" top: "prob" }}
+{kind} {{ name: "multi" {multi} bottom: "prob" bottom: "label" top: "multi" }}
+""")
+        net = Net(str(path), phase="train", dtype="float64")
+        x, label = numpy.array([[1.0, 0.0, -1.0], [0.5, 2.0, 0.0]]), numpy.array([0.0, 1.0])
+        out = net.forward(x=x.reshape(2, 3, 1, 1), label=label.reshape(2, 1, 1, 1))
+        logp = x - numpy.log(numpy.exp(x).sum(1, keepdims=True))
+        assert float(out["info"]) == pytest.approx(-(h[[0, 1]] * logp).sum() / 2, rel=1e-12)
+        assert float(out["multi"]) == pytest.approx(-logp[[0, 1], [0, 1]].sum() / 2, rel=1e-12)
