@@ -36,7 +36,8 @@ DEFAULT_ONLY = {
     "param": {"share_mode": "STRICT"},
 }
 
-# Caffe's deprecated data_param / image_data_param fields that its own upgrade moves into transform_param.
+# Caffe's deprecated data_param / image_data_param / window_data_param fields that its own upgrade moves into
+# transform_param.
 MOVED_TO_TRANSFORM = ("scale", "mean_file", "crop_size", "mirror")
 
 # V1LayerParameter.LayerType -> type name (Caffe's UpgradeV1LayerType), with the enum numbers.
@@ -278,7 +279,7 @@ class Converter:
 
     def split_moved(self, sub, block, moved, where):
         """Caffe's old data_param {scale, mean_file, crop_size, mirror} go to transform, as Caffe upgrades them."""
-        if block not in ("data", "image_data") or not any(n in sub for n in MOVED_TO_TRANSFORM):
+        if block not in ("data", "image_data", "window_data") or not any(n in sub for n in MOVED_TO_TRANSFORM):
             return sub
         kept, taken = Message(sub.line, sub.path), Message(sub.line, sub.path)
         for e in sub.entries:

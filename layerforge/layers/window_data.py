@@ -1,1 +1,238 @@
-"""(being written in this session)"""
+"""WindowData: object / background windows cut from images and warped to a square (Caffe's R-CNN data layer)."""
+import math
+import os
+import weakref
+
+import numpy
+
+from .. import rng
+from ..data.images import load_image
+from ..data.transform import TRANSFORM, load_mean, resolve_path
+from ..errors import DataError
+from ..schema import REQUIRED
+from .base import Field, register_layer
+from .data import COMMON, BaseData, _close_all
+
+
+def _round(v):
+    """C's round(): halves away from zero (Python's round() takes halves to even)."""
+    return int(math.copysign(math.floor(abs(v) + 0.5), v))
+
+
+def read_window_file(source, root_folder=""):
+    """``(images, windows)`` from Caffe's window file.
+
+    The file repeats: ``# image_index``, the image path, channels, height, width, the number of windows, and
+    that many ``class overlap x1 y1 x2 y2`` lines (pixel coordinates, inclusive). ``images`` is a list of
+    ``(path, channels)``; ``windows`` an array (n, 7) of ``image, class, overlap, x1, y1, x2, y2`` where
+    ``image`` indexes ``images`` (the order of the file, as Caffe's image_index is).
+    """
+    try:
+        with open(source, "r", encoding="utf-8") as f:
+            tokens = [(tok, number) for number, line in enumerate(f, 1) for tok in line.split()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{source}: cannot read the window file: {getattr(e, 'strerror', None) or e}") from None
+    if not tokens:
+        raise DataError(f"{source}: the window file is empty")
+    pos, images, windows = 0, [], []
+
+    def take(count, kinds):
+        nonlocal pos
+        if pos + count > len(tokens):
+            raise DataError(f"{source}:{tokens[-1][1]}: the window file ends in the middle of an image entry")
+        items = tokens[pos:pos + count]
+        pos += count
+        try:
+            return [kind(tok) for kind, (tok, _) in zip(kinds, items)]
+        except ValueError:
+            raise DataError(f"{source}:{items[0][1]}: expected {count} numbers, got "
+                            f"{' '.join(t for t, _ in items)!r}") from None
+
+    while pos < len(tokens):
+        tag, number = tokens[pos]
+        if tag != "#":
+            raise DataError(f"{source}:{number}: expected '# image_index', got {tag!r}")
+        pos += 1
+        take(1, [int])
+        (path,) = take(1, [str])
+        channels, _, _, count = take(4, [int] * 4)
+        if channels not in (1, 3):
+            raise DataError(f"{source}:{number}: image '{path}' has {channels} channels; 1 or 3 are supported")
+        images.append((os.path.join(root_folder, path) if root_folder else path, channels))
+        for _ in range(count):
+            label, overlap, x1, y1, x2, y2 = take(6, [int, float, int, int, int, int])
+            windows.append((len(images) - 1, label, overlap, x1, y1, x2, y2))
+    return images, numpy.array(windows, dtype=numpy.float64).reshape(-1, 7)
+
+
+class WindowSampler:
+    """Batches of windows: ``batch(position)`` is a pure function of the seed and the position.
+
+    Each batch holds ``N - int(N fg_fraction)`` background windows, then ``int(N fg_fraction)`` foreground
+    ones, each drawn uniformly from its set (as Caffe orders them).
+    """
+
+    def __init__(self, layer, fg, bg, images, seed):
+        self.layer, self.fg, self.bg, self.images = layer, fg, bg, images
+        self.seed, self.position = int(seed), 0
+        self.cache = [self.load(i) for i in range(len(images))] if layer.p.cache_images else None
+
+    def load(self, i):
+        path, channels = self.images[i]
+        image = load_image(path, is_color=channels == 3)
+        if image is None:
+            raise DataError(f"layer '{self.layer.name}' (WindowData): image '{path}': cannot read it (missing, "
+                            "or not an image)")
+        return image
+
+    def batch(self, position):
+        r = numpy.random.default_rng([self.seed, position])
+        layer = self.layer
+        n = layer.batch_size
+        num_fg = int(n * layer.p.fg_fraction)
+        picks = [self.bg[r.integers(len(self.bg), size=n - num_fg)] if n > num_fg else self.bg[:0],
+                 self.fg[r.integers(len(self.fg), size=num_fg)] if num_fg else self.fg[:0]]
+        windows = numpy.concatenate(picks)
+        mirror = r.integers(0, 2, size=n).astype(bool) & (layer.p_transform.mirror and layer.phase == "TRAIN")
+        data = numpy.stack([layer.crop(self.cache[int(w[0])] if self.cache else self.load(int(w[0])), w, m)
+                            for w, m in zip(windows, mirror)])
+        return data, windows[:, 1]
+
+    def get_state(self):
+        return {"seed": self.seed, "position": int(self.position)}
+
+    def set_state(self, state):
+        self.seed, self.position = int(state["seed"]), int(state["position"])
+
+
+@register_layer("WindowData")
+class WindowData(BaseData):
+    """Samples foreground and background windows of images and warps each to crop_size x crop_size.
+
+    The window file lists images and their windows (see read_window_file). A window with overlap >=
+    fg_threshold is foreground (its class, > 0, is its label); one with overlap < bg_threshold is background
+    (label 0); others are unused. A batch (N, C, S, S), S = transform.crop_size, holds N - int(N
+    fg_fraction) background then int(N fg_fraction) foreground windows drawn at random. Each window
+    (x1, y1, x2, y2) is, in ``square`` mode, first grown to the square of its longer side; with
+    context_pad p it is grown about its centre by S / (S - 2p), so that p pixels of context surround it
+    after warping. The part inside the image is resized (OpenCV, bilinear) to its share of S x S and placed
+    where it falls; the rest stays 0. Written pixels are ``(pixel - mean) * scale`` (transform.mean_value
+    per channel, or transform.mean_file's centre S x S). In TRAIN with ``mirror`` a window is flipped with
+    probability 1/2 (Caffe also flips in TEST). Tops: ``data`` and ``label`` (N,).
+    """
+
+    block = "window_data"
+    param_blocks = {
+        "window_data": {
+            "source": Field("str", REQUIRED, doc="the window file"),
+            "batch_size": Field("int", REQUIRED, min=1, doc="windows per batch"),
+            "fg_threshold": Field("float", 0.5, doc="overlap from which a window is foreground"),
+            "bg_threshold": Field("float", 0.5, doc="overlap below which a window is background"),
+            "fg_fraction": Field("float", 0.25, min=0, max=1, doc="fraction of each batch that is foreground"),
+            "context_pad": Field("int", 0, min=0, doc="pixels of context around each warped window"),
+            "crop_mode": Field("enum", "WARP", choices=("WARP", "SQUARE"),
+                               doc="warp: the window as it is; square: the square around it"),
+            "cache_images": Field("bool", False, doc="decode every image once, at setup, and keep them"),
+            "root_folder": Field("str", "", doc="prefix of every image path"),
+            "prefetch": COMMON["prefetch"],
+        },
+        "transform": TRANSFORM,
+    }
+
+    @classmethod
+    def validate_params(cls, lp):
+        crop = lp.transform.crop_size
+        if crop <= 0:
+            raise lp.error("WindowData needs transform.crop_size (the side windows are warped to)",
+                           "transform.crop_size")
+        if 2 * lp.window_data.context_pad >= crop:
+            raise lp.error(f"context_pad {lp.window_data.context_pad} leaves no room in crop_size {crop}",
+                           "window_data.context_pad")
+
+    def layer_setup(self, bottom, top):
+        self.p, self.p_transform = self.layer_param.window_data, self.layer_param.transform
+        where = f"layer '{self.name}' (WindowData)"
+        try:
+            images, windows = read_window_file(resolve_path(self.p.source), self.p.root_folder)
+            fg = windows[windows[:, 2] >= self.p.fg_threshold]
+            bg = windows[(windows[:, 2] < self.p.bg_threshold) & (windows[:, 2] < self.p.fg_threshold)]
+            bg[:, 1:3] = 0
+            if (fg[:, 1] <= 0).any():
+                raise DataError(f"a foreground window has class {int(fg[fg[:, 1] <= 0][0, 1])}; classes of "
+                                "objects must be > 0")
+            self.batch_size = self.p.batch_size
+            num_fg = int(self.batch_size * self.p.fg_fraction)
+            for count, found, kind in ((num_fg, fg, "foreground"), (self.batch_size - num_fg, bg, "background")):
+                if count and not len(found):
+                    raise DataError(f"no {kind} windows, and each batch needs {count}")
+            channels = images[0][1]
+            if any(c != channels for _, c in images):
+                raise DataError("all images must have the same number of channels")
+            self.mean = self.window_mean(channels)
+        except DataError as e:
+            raise DataError(f"{where}: window_data.source '{self.p.source}': {e}") from None
+        self.stream = WindowSampler(self, fg, bg, images, rng.get_rng().integers(2 ** 63))
+        crop = self.p_transform.crop_size
+        self.top_shape = (self.batch_size, channels, crop, crop)
+        self.prefetch = self.p.prefetch
+        self._prefetchers = []
+        weakref.finalize(self, _close_all, self._prefetchers)
+
+    def window_mean(self, channels):
+        """The (C, S, S) mean of a warped window, or None."""
+        crop, t = self.p_transform.crop_size, self.p_transform
+        if t.mean_file and t.mean_value:
+            raise DataError("give transform.mean_file or transform.mean_value, not both")
+        if t.mean_file:
+            mean = load_mean(t.mean_file)
+            off = (mean.shape[2] - crop) // 2  # Caffe centres by the width on both axes
+            if mean.shape[0] != channels or off < 0 or off + crop > mean.shape[1]:
+                raise DataError(f"mean_file {t.mean_file} of shape {mean.shape} does not fit {channels}-channel "
+                                f"{crop}x{crop} windows")
+            return mean[:, off:off + crop, off:off + crop].astype(self.dtype)
+        if t.mean_value:
+            if len(t.mean_value) not in (1, channels):
+                raise DataError(f"transform.mean_value has {len(t.mean_value)} values for {channels} channels")
+            return numpy.broadcast_to(numpy.asarray(t.mean_value, self.dtype).reshape(-1, 1, 1), (channels, crop, crop))
+        return None
+
+    def crop(self, image, window, mirror):
+        """The (C, S, S) warped window ``window`` (image, class, overlap, x1, y1, x2, y2) of ``image`` (C, H, W)."""
+        import cv2
+        crop = self.p_transform.crop_size
+        _, height, width = image.shape
+        x1, y1, x2, y2 = (int(v) for v in window[3:])
+        out_h = out_w = crop
+        pad_h = pad_w = 0
+        pad, square = self.p.context_pad, self.p.crop_mode == "SQUARE"
+        if pad > 0 or square:
+            context_scale = crop / (crop - 2 * pad)
+            half_h, half_w = (y2 - y1 + 1) / 2, (x2 - x1 + 1) / 2
+            cx, cy = x1 + half_w, y1 + half_h
+            if square:
+                half_h = half_w = max(half_h, half_w)
+            x1, x2 = _round(cx - half_w * context_scale), _round(cx + half_w * context_scale)
+            y1, y2 = _round(cy - half_h * context_scale), _round(cy + half_h * context_scale)
+            full_h, full_w = y2 - y1 + 1, x2 - x1 + 1
+            pad_x1, pad_y1 = max(0, -x1), max(0, -y1)
+            pad_x2, pad_y2 = max(0, x2 - width + 1), max(0, y2 - height + 1)
+            x1, x2, y1, y2 = x1 + pad_x1, x2 - pad_x2, y1 + pad_y1, y2 - pad_y2
+            scale_x, scale_y = crop / full_w, crop / full_h
+            out_w, out_h = _round((x2 - x1 + 1) * scale_x), _round((y2 - y1 + 1) * scale_y)
+            pad_h = _round(pad_y1 * scale_y)
+            pad_w = _round((pad_x2 if mirror else pad_x1) * scale_x)  # the padding is mirrored too
+            out_h, out_w = min(out_h, crop - pad_h), min(out_w, crop - pad_w)
+        if not (0 <= x1 <= x2 < width and 0 <= y1 <= y2 < height):
+            raise DataError(f"layer '{self.name}' (WindowData): window ({x1}, {y1}, {x2}, {y2}) lies outside its "
+                            f"{width}x{height} image "
+                            f"'{self.stream.images[int(window[0])][0]}'")
+        region = cv2.resize(numpy.ascontiguousarray(image[:, y1:y2 + 1, x1:x2 + 1].transpose(1, 2, 0)),
+                            (out_w, out_h), interpolation=cv2.INTER_LINEAR).reshape(out_h, out_w, -1)
+        region = region.transpose(2, 0, 1)[:, :, ::-1] if mirror else region.transpose(2, 0, 1)
+        out = numpy.zeros((image.shape[0], crop, crop), self.dtype)
+        rows, cols = slice(pad_h, pad_h + out_h), slice(pad_w, pad_w + out_w)
+        out[:, rows, cols] = region
+        if self.mean is not None:
+            out[:, rows, cols] -= self.mean[:, rows, cols]
+        out[:, rows, cols] *= self.dtype.type(self.p_transform.scale)
+        return out
