@@ -237,8 +237,8 @@ class MultinomialLogisticLoss(LossLayer):
             return
         xp = get_array_module(bottom[0].data)
         picked = self._picked(bottom)
-        g = xp.zeros((self.num, self.dim), dtype=bottom[0].diff.dtype)
-        xp.put_along_axis(g, self.label, (-top[0].diff.reshape(-1)[0] / self.num / picked)[:, None], axis=1)
+        onehot = xp.arange(self.dim)[None, :] == self.label  # label: (N, 1)
+        g = onehot * (-top[0].diff.reshape(-1)[0] / self.num / picked)[:, None]
         bottom[0].diff[...] = g.reshape(bottom[0].shape)
 
 
