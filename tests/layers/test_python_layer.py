@@ -259,7 +259,8 @@ def test_errors_in_forward_and_a_missing_backward(module, tmp_path):
             layer.backward(top, [True], bottom)
         bottom[0].reshape(2, 3)
         layer.reshape(bottom, top)
-        with pytest.raises(LayerforgeError, match=r"^layer 'py' \(Python\): .* forward raised ValueError: one row only$"):
+        message = r"^layer 'py' \(Python\): .* forward raised ValueError: one row only$"
+        with pytest.raises(LayerforgeError, match=message):
             layer.forward(bottom, top)
     finally:
         sys.modules.pop(f"{module}_broken", None)
