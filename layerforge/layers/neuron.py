@@ -292,6 +292,12 @@ class Log(_BaseShiftScale):
     param_blocks = _BaseShiftScale.params_block("log")
     backward_reads = ("bottom",)
 
+    @classmethod
+    def validate_params(cls, lp):
+        super().validate_params(lp)
+        if lp.log.base == 1:
+            raise lp.error("base 1 has no logarithm (1 / ln(1) is infinite)", "log.base")
+
     def forward(self, bottom, top):
         self.save_input(bottom, top)
         p, x = self.params(), bottom[0].data

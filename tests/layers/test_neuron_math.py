@@ -116,6 +116,7 @@ def test_bnll_is_finite_for_large_inputs():
 @pytest.mark.parametrize("type_,block,message", [
     ("Exp", {"base": -2.0}, "base must be positive or -1"),
     ("Log", {"base": 0.0}, "base must be positive or -1"),
+    ("Log", {"base": 1.0}, "base 1 has no logarithm"),
     ("Clip", {"min": 1.0, "max": 0.0}, "min 1 is larger than max 0"),
     ("Clip", {"min": 1.0}, "required key is missing"),
 ])
