@@ -63,7 +63,7 @@ SOLVER_TYPES = {"SGD": "SGD", "NESTEROV": "Nesterov", "ADAGRAD": "AdaGrad", "RMS
                 "ADADELTA": "AdaDelta", "ADAM": "Adam"}
 
 NET_FIELDS = ("layer", "layers", "input", "input_shape", "input_dim", "force_backward", "state")
-DATA_TYPES = ("Data", "ImageData")
+DATA_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData")
 LAYER_ORDER = ("name", "type", "bottom", "top", "include", "exclude", "param", "loss_weight", "propagate_down")
 
 
@@ -311,7 +311,8 @@ class Converter:
 
     def data_notes(self, net):
         data = [layer for layer in net["layers"] if layer["type"] in DATA_TYPES]
-        sources = [b["source"] for layer in data for b in (layer.get("data"), layer.get("image_data"))
+        blocks = ("data", "image_data", "hdf5_data", "window_data")
+        sources = [b["source"] for layer in data for b in map(layer.get, blocks)
                    if isinstance(b, dict) and isinstance(b.get("source"), str)]
         missing = list(dict.fromkeys(s for s in sources if not os.path.exists(s)))
         if missing:

@@ -41,7 +41,10 @@ def load_hdf5_rows(filename, datasets, dtype):
                     raise DataError(f"{filename}: no dataset '{name}' (datasets: {found})")
                 if ds.ndim < 1:
                     raise DataError(f"{filename}: dataset '{name}' is a scalar; it needs at least one axis (rows)")
-                arrays.append(numpy.asarray(ds[...], dtype=dtype))
+                try:
+                    arrays.append(numpy.asarray(ds[...], dtype=dtype))
+                except (TypeError, ValueError) as e:
+                    raise DataError(f"{filename}: dataset '{name}' cannot be read as numbers: {e}") from None
     except OSError as e:
         raise DataError(f"{filename}: cannot read the HDF5 file: {e}") from None
     for name, array in zip(datasets[1:], arrays[1:]):

@@ -101,10 +101,11 @@ def test_bad_files_are_one_line_errors_naming_file_and_dataset(tmp_path):
     write_h5(tmp_path / "short.h5", data=numpy.ones((4, 2)), label=numpy.ones(3))
     write_h5(tmp_path / "nolabel.h5", data=numpy.ones((4, 2)))
     write_h5(tmp_path / "wide.h5", data=numpy.ones((4, 3)), label=numpy.ones(4))
+    write_h5(tmp_path / "text.h5", data=numpy.ones((4, 2)), label=numpy.array([b"a", b"b", b"c", b"d"]))
     (tmp_path / "junk.h5").write_text("not hdf5")
     cases = {"short.h5": "dataset 'label' has 3 rows but 'data' has 4", "nolabel.h5": "no dataset 'label'",
              "junk.h5": "cannot read the HDF5 file", "missing.h5": "cannot read the HDF5 file",
-             "wide.h5": "dataset 'data' has rows of shape (3,)"}
+             "wide.h5": "dataset 'data' has rows of shape (3,)", "text.h5": "dataset 'label' cannot be read as numbers"}
     for name, message in cases.items():
         (tmp_path / "list.txt").write_text(f"ok.h5\n{name}\n")
         with pytest.raises(DataError) as e:
@@ -167,3 +168,14 @@ layers { name: "out" type: HDF5_OUTPUT bottom: "data" bottom: "label" hdf5_outpu
     net.forward()
     with h5py.File(tmp_path / "o.h5", "r") as f:
         numpy.testing.assert_array_equal(f["label"][...], numpy.arange(10.0))
+
+
+def test_converter_notes_a_missing_hdf5_source(tmp_path, monkeypatch):
+    from layerforge.caffe.convert import convert_file
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "net.prototxt"
+    path.write_text('layer { name: "in" type: "HDF5Data" top: "data" '
+                    'hdf5_data_param { source: "train_h5.txt" batch_size: 2 shuffle: true } }\n')
+    kind, net, notes = convert_file(path)
+    assert net["layers"][0]["hdf5_data"] == {"source": "train_h5.txt", "batch_size": 2, "shuffle": True}
+    assert any("data sources are kept as written" in n and "train_h5.txt" in n for n in notes)
