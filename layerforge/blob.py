@@ -51,11 +51,40 @@ class Blob:
         xp: the array module (numpy, or cupy on a GPU).
     """
 
+    name = None  # what the blob is, for messages ("layer 'conv1' parameter 0"); the Net names its blobs
+
     def __init__(self, shape=(), dtype=numpy.float32, xp=numpy):
         self.xp = xp
         self.dtype = numpy.dtype(dtype)
-        self.data = zeros_checked(shape, self.dtype, xp)
-        self.diff = zeros_checked(shape, self.dtype, xp, "the gradient of a blob")
+        self._data = zeros_checked(shape, self.dtype, xp)
+        self._diff = zeros_checked(shape, self.dtype, xp, "the gradient of a blob")
+
+    # data and diff may be given new arrays (views, shared storage), but only of the blob's shape and dtype:
+    # a wrong one would otherwise fail deep inside a kernel, far from the assignment
+    @property
+    def data(self):
+        return self._data
+
+    @data.setter
+    def data(self, array):
+        self._data = self._checked(array, "data", getattr(self, "_data", None))
+
+    @property
+    def diff(self):
+        return self._diff
+
+    @diff.setter
+    def diff(self, array):
+        self._diff = self._checked(array, "diff", getattr(self, "_diff", None))
+
+    def _checked(self, array, what, current):
+        if array is None or current is None:
+            return array
+        if tuple(getattr(array, "shape", ())) != tuple(current.shape) or getattr(array, "dtype", None) != self.dtype:
+            raise ShapeError(f"cannot give {self.name or 'a blob'} of shape {tuple(current.shape)} ({self.dtype}) a {what} array of "
+                             f"shape {tuple(getattr(array, 'shape', ()))} ({getattr(array, 'dtype', type(array).__name__)}); "
+                             f"copy values in with blob.{what}[...] = array, or blob.reshape(...) first")
+        return array
 
     @property
     def shape(self):
@@ -100,12 +129,12 @@ class Blob:
             return self
         size = int(numpy.prod(shape, dtype=numpy.int64))
         if size == self.data.size:
-            self.data = self.data.reshape(shape)
-            self.diff = self.diff.reshape(shape)
+            self._data = self.data.reshape(shape)
+            self._diff = self.diff.reshape(shape)
         else:
-            self.data = self.diff = None  # the old arrays are freed before the new ones count against memory
-            self.data = zeros_checked(shape, self.dtype, self.xp)
-            self.diff = zeros_checked(shape, self.dtype, self.xp, "the gradient of a blob")
+            self._data = self._diff = None  # the old arrays are freed before the new ones count against memory
+            self._data = zeros_checked(shape, self.dtype, self.xp)
+            self._diff = zeros_checked(shape, self.dtype, self.xp, "the gradient of a blob")
         return self
 
     def share_data(self, other):

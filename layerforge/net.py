@@ -19,12 +19,15 @@ from .npz import load_npz, save_npz_atomic
 from .schema import Params, suggest
 
 
+AUTOMATIC_TOP = "(automatic)"  # Caffe's name for the top a loss layer gets when it is written without one
+
+
 class _Version:
     """One value of a named blob: what produced it, who reads it, and whether it has a loss weight."""
 
-    def __init__(self, name, producer, producer_name, top_index, is_split_output=False):
+    def __init__(self, name, producer, producer_name, top_index, is_split_output=False, anonymous=False):
         self.name, self.producer, self.producer_name, self.top_index = name, producer, producer_name, top_index
-        self.is_split_output = is_split_output
+        self.is_split_output, self.anonymous = is_split_output, anonymous
         self.consumers = []  # (layer index, bottom index)
         self.blob = None
 
@@ -48,23 +51,33 @@ class Net:
         loss: total weighted loss of the last forward pass (a float).
     """
 
-    def __init__(self, source, phase="train", level=0, stages=(), dtype="float32", weights=None, xp=numpy,
+    def __init__(self, source, phase=None, level=None, stages=None, dtype="float32", weights=None, xp=numpy,
                  shard=None):
         self.netdef = load_net_def(source)
         if shard is not None:
             set_shard(self.netdef, *shard)
         self.path = self.netdef.path
         self.name = self.netdef.name
-        self.phase = str(phase).upper()
+        # Caffe's NetState: the file's `state`, with phase and level replaced and stages added by the arguments
+        state = self.netdef.state
+        self.phase = str(phase if phase is not None else state.phase or "train").upper()
         if self.phase not in ("TRAIN", "TEST"):
             raise LayerforgeError(f"phase must be 'train' or 'test', got {phase!r}")
+        self.level = int(level if level is not None else state.level)
+        self.stages = tuple(state.stage) + tuple(s for s in (stages or ()) if s not in state.stage)
         self.dtype = backend.dtype_of(dtype)
         self.xp = xp
         self.loss = 0.0
-        included = [lp for lp in self.netdef.layers if layer_included(lp, self.phase, level, tuple(stages))]
+        included = [lp for lp in self.netdef.layers if layer_included(lp, self.phase, self.level, self.stages)]
         excluded = [lp for lp in self.netdef.layers if lp not in included]
         # Caffe allows a name on several layers of one net (its MNIST autoencoder has two "loss" layers):
         # looking a layer up by name finds the last one, as Caffe's layer_names_index_ does
+        if self.netdef.unique_layer_names:
+            seen = {}
+            for lp in included:  # one name may still serve several phases (Caffe's two "mnist" data layers)
+                if lp.name in seen:
+                    raise lp.error(f"layer name '{lp.name}' is already used at line {seen[lp.name]}", "name")
+                seen[lp.name] = lp.line
         self._memory_plan = None
         self._build(self._resolve_graph(included, excluded))
         if weights is not None:
@@ -93,6 +106,10 @@ class Net:
                 v = _Version(name, i, lp.name, j)
                 row.append(v)
                 final[name] = v
+            cls = LAYER_REGISTRY[lp.type]
+            if cls.default_loss_weight and len(row) < cls.num_top[0]:
+                # Caffe's AutoTopBlobs: a loss written without a top gets anonymous ones, which no layer may read
+                row += [_Version(AUTOMATIC_TOP, i, lp.name, j, anonymous=True) for j in range(len(row), cls.num_top[0])]
             tops.append(row)
         bottoms = []
         for i, lp in enumerate(lps):
@@ -149,12 +166,12 @@ class Net:
         entries = []  # (LayerParameter, layer class, [bottom versions], [top versions], [loss weights])
         for lp, bottom_versions, top_versions in resolved:
             cls = LAYER_REGISTRY[lp.type]
-            cls.check_blob_counts(lp, len(lp.bottom), len(lp.top))
+            cls.check_blob_counts(lp, len(lp.bottom), len(top_versions))
             weights = list(lp.loss_weight)
-            if weights and len(weights) != len(lp.top):
-                raise lp.error(f"has {len(weights)} loss weights for {len(lp.top)} tops", "loss_weight")
+            if weights and len(weights) != len(top_versions):
+                raise lp.error(f"has {len(weights)} loss weights for {len(top_versions)} tops", "loss_weight")
             if not weights:
-                weights = [cls.default_loss_weight if j == 0 else 0.0 for j in range(len(lp.top))]
+                weights = [cls.default_loss_weight if j == 0 else 0.0 for j in range(len(top_versions))]
             entries.append([lp, cls, list(bottom_versions), list(top_versions), weights])
         for k, (lp, cls, bvs, tvs, lw) in enumerate(entries):
             for j, v in enumerate(bvs):
@@ -187,7 +204,8 @@ class Net:
         self._analyse_backward(entries)
         self.inputs = [v.name for (lp, cls, bvs, tvs, lw) in entries if lp.type == "Input" for v in tvs]
         consumed = {id(v) for e in entries for v in e[2]}
-        self.outputs = [v.name for e in entries for v in e[3] if id(v) not in consumed and self.blobs[v.name] is v.blob]
+        self.outputs = [v.name for e in entries for v in e[3]
+                        if id(v) not in consumed and not v.anonymous and self.blobs[v.name] is v.blob]
         self._layer_index = {layer.name: i for i, layer in enumerate(self.layers)}
 
     def _insert_splits(self, entries):
@@ -262,26 +280,41 @@ class Net:
                 self.params_lr.append(spec.lr_mult)
                 self.params_weight_decay.append(spec.decay_mult)
             if layer.blobs:
-                if layer.name in self.params:
-                    raise lp.error(f"layer name '{layer.name}' is also the name of an earlier layer with parameters; "
-                                   f"weights are saved and loaded by layer name, so give it another", "name")
-                self.params[layer.name] = layer.blobs
+                self.params[layer.name] = layer.blobs  # a repeated name shows its last layer, as in pycaffe
+        for name, blobs in self.params.items():
+            for j, blob in enumerate(blobs):
+                blob.name = blob.name or f"layer '{name}' parameter {j}"
         learnable_ids = {id(b) for layer in self.layers if layer.learnable for b in layer.blobs}
         self.num_learnable = sum(b.count for b in self.learnable_params if id(b) in learnable_ids)
 
     def _analyse_backward(self, entries):
-        # Caffe's Net::Init: forward pass for "some input needs a gradient", backward pass for "feeds a loss"
-        need = {}  # id(version) -> bool
-        lr_of = {id(b): lr for b, lr in zip(self.learnable_params, self.params_lr)}
+        """Caffe's Net::Init backward analysis, flag for flag (test_net.cpp's Bottom/Skip/ForcePropagateDown).
+
+        Forward: a parameter takes a gradient when its layer's own ``param`` entry has lr_mult != 0
+        (``layer.param_propagate_down``); a layer needs backward when some bottom's blob or some parameter does;
+        a bottom gets a diff when its blob needs one, or exactly as ``propagate_down`` says when given (true
+        forces it). Backward: layers and bottoms under no loss, and layers whose every top is skipped, are
+        dropped. ``force_backward`` then adds every bottom the layer allows and every parameter. Layers without
+        a backward (ArgMax, Threshold...) and loss labels are asked like any other, and stop backward with an
+        error, as in Caffe, unless the net sets ``skip_undifferentiable``.
+        """
+        skip_undiff = self.netdef.skip_undifferentiable
+        need = {}  # id(version) -> Caffe's blob_need_backward
         n = len(self.layers)
         self.layer_need_backward = [False] * n
         self.bottom_need_backward = []
         for i, (lp, cls, bvs, tvs, lw) in enumerate(entries):
             layer = self.layers[i]
-            pd = lp.propagate_down or [True] * len(bvs)
-            row = [need.get(id(v), False) and pd[j] and layer.allow_force_backward(j) for j, v in enumerate(bvs)]
-            params_need = any(lr_of.get(id(b), 0) != 0 for b in layer.blobs)
-            layer_need = layer.has_backward and (any(row) or params_need)
+            given = lp.propagate_down
+            row = [bool(given[j]) if given else need.get(id(v), False) for j, v in enumerate(bvs)]
+            if skip_undiff and not given:
+                row = [r and layer.has_backward and layer.allow_force_backward(j) for j, r in enumerate(row)]
+            layer.param_propagate_down = [
+                layer.learnable and (lp.param[j].lr_mult if j < len(lp.param) else 1.0) != 0
+                for j in range(len(layer.blobs))]
+            layer_need = any(need.get(id(v), False) for v in bvs) or any(layer.param_propagate_down)
+            if skip_undiff:
+                layer_need = layer_need and layer.has_backward
             for v in tvs:
                 need[id(v)] = layer_need
             self.layer_need_backward[i] = layer_need
@@ -290,7 +323,7 @@ class Net:
         for i in reversed(range(n)):
             lp, cls, bvs, tvs, lw = entries[i]
             contributes = any(lw[j] != 0 or id(v) in under_loss for j, v in enumerate(tvs))
-            skip_propagate = all(id(v) in skip for v in tvs) if tvs else True
+            skip_propagate = all(id(v) in skip for v in tvs)
             if self.layer_need_backward[i] and skip_propagate:
                 self.layer_need_backward[i] = False
                 self.bottom_need_backward[i] = [False] * len(bvs)
@@ -307,11 +340,11 @@ class Net:
             for i, (lp, cls, bvs, tvs, lw) in enumerate(entries):
                 layer = self.layers[i]
                 if not layer.has_backward:
-                    continue
+                    continue  # Caffe would ask them too, and stop (a net with an Accuracy layer could not run)
                 self.layer_need_backward[i] = True
-                pd = lp.propagate_down or [True] * len(bvs)
                 self.bottom_need_backward[i] = [
-                    pd[j] and layer.allow_force_backward(j) for j in range(len(bvs))]
+                    r or layer.allow_force_backward(j) for j, r in enumerate(self.bottom_need_backward[i])]
+                layer.param_propagate_down = [True] * len(layer.blobs)
 
     # ------------------------------------------------------------------------------------------
     # running
@@ -416,14 +449,31 @@ class Net:
         return {name: self.blobs[name].diff for name in self.inputs}
 
     def backward_layer(self, i):
-        """Run layer ``i``'s backward if it takes part in backward."""
+        """Run layer ``i``'s backward if it takes part in backward.
+
+        A parameter whose ``param_propagate_down`` is False (lr_mult 0) keeps its diff: the layer writes
+        that gradient into a scratch array, which is dropped.
+        """
         if not self.layer_need_backward[i]:
             return
+        layer = self.layers[i]
+        if not layer.has_backward:
+            lp = self._layer_params[i]
+            raise lp.error(f"{lp.type} layers have no backward, but this one is asked for a gradient; set "
+                           "propagate_down: false where its top is read, or skip_undifferentiable: true", "type")
         top = self._top_vecs[i]
         for j, w in enumerate(self._loss_weights[i]):
             if w:
                 top[j].diff[...] = w
-        self.layers[i].backward(top, self.bottom_need_backward[i], self._bottom_vecs[i])
+        frozen = [b for b, down in zip(layer.blobs, layer.param_propagate_down) if not down]
+        kept = [b.diff for b in frozen]
+        for b in frozen:
+            b.diff = self.xp.zeros_like(b.diff)
+        try:
+            layer.backward(top, self.bottom_need_backward[i], self._bottom_vecs[i])
+        finally:
+            for b, diff in zip(frozen, kept):
+                b.diff = diff
 
     def forward_backward(self):
         """One forward and one backward pass; returns the loss."""
@@ -477,7 +527,12 @@ class Net:
         self._copy_arrays(arrays, path)
 
     def copy_from(self, path_or_arrays):
-        """Copy weights by layer name (Caffe's CopyTrainedLayersFrom): layers absent from the file keep theirs."""
+        """Copy weights by layer name (Caffe's CopyTrainedLayersFrom): layers absent from the file keep theirs.
+
+        A ``.caffemodel`` / ``.caffemodel.h5`` path is read by layerforge.caffe.caffemodel, with Caffe's rules."""
+        from .caffe.caffemodel import copy_trained_layers, is_caffe_weights
+        if not isinstance(path_or_arrays, dict) and is_caffe_weights(path_or_arrays):
+            return copy_trained_layers(self, path_or_arrays)
         arrays = load_npz(path_or_arrays) if not isinstance(path_or_arrays, dict) else path_or_arrays
         self._copy_arrays(arrays, path_or_arrays if not isinstance(path_or_arrays, dict) else "<weights>")
 

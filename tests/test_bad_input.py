@@ -116,3 +116,19 @@ def test_numpy_float_that_is_not_an_integer_is_refused_for_an_int_key():
             {"name": "data", "type": "Input", "top": "data", "input": {"shape": [[2, 3]]}},
             {"name": "ip", "type": "InnerProduct", "bottom": "data", "top": "ip",
              "inner_product": {"num_output": numpy.float64(2.5)}}]})
+
+
+def test_wrong_array_given_to_a_parameter_names_the_layer():
+    from layerforge.errors import ShapeError
+
+    net = Net({"name": "n", "layers": [
+        {"name": "data", "type": "Input", "top": "data", "input": {"shape": [[2, 3]]}},
+        {"name": "ip", "type": "InnerProduct", "bottom": "data", "top": "ip", "inner_product": {"num_output": 4}}]})
+    weights = net.params["ip"][0]
+    with pytest.raises(ShapeError, match=r"layer 'ip' parameter 0 of shape \(4, 3\) \(float32\) a data array of "
+                                         r"shape \(3, 4\)"):
+        weights.data = numpy.zeros((3, 4), numpy.float32)
+    with pytest.raises(ShapeError, match=r"\(float64\)"):
+        weights.diff = numpy.zeros((4, 3))  # the right shape in the wrong dtype would change the net's precision
+    weights.data = numpy.full((4, 3), 0.5, numpy.float32)  # the right array is taken as it is
+    assert net.forward(data=numpy.ones((2, 3)))["ip"].sum() == pytest.approx(2 * 4 * 1.5)
