@@ -381,8 +381,9 @@ class ContrastiveLoss(LossLayer):
 
 @register_layer("HingeLoss")
 class HingeLoss(LossLayer):
-    """One-vs-all hinge loss: loss = sum_{n,k} max(0, 1 - delta(k = l_n) x_nk)^p / N, p = 1 (L1) or 2 (L2),
-    delta = 1 for the true class and -1 otherwise.
+    """One-vs-all hinge loss: loss = sum_{n,k} max(0, 1 - delta_nk x_nk)^p / N, p = 1 (L1) or 2 (L2).
+
+    delta_nk = 1 for the true class k = l_n and -1 otherwise.
 
     Shapes: scores x (N, C...) (all values after axis 0 are the classes), labels (N,).
     Backward: dx_nk = -delta w sign(m_nk) / N (L1) or -2 delta w m_nk / N (L2), m = max(0, 1 - delta x).
