@@ -66,37 +66,78 @@ def read_window_file(source, root_folder=""):
 
 
 class WindowSampler:
-    """Batches of windows: ``batch(position)`` is a pure function of the seed and the position.
+    """Batches of warped windows: ``batch(position)`` is a pure function of the seed and the position.
 
     Each batch holds ``N - int(N fg_fraction)`` background windows, then ``int(N fg_fraction)`` foreground
-    ones, each drawn uniformly from its set (as Caffe orders them).
+    ones, each drawn uniformly from its set (as Caffe orders them). It holds no reference to the layer, so
+    a prefetch thread running it does not keep a dropped layer alive.
     """
 
-    def __init__(self, layer, fg, bg, images, seed):
-        self.layer, self.fg, self.bg, self.images = layer, fg, bg, images
+    def __init__(self, p, t, fg, bg, images, mean, dtype, train, where, seed):
+        self.p, self.t, self.fg, self.bg, self.images, self.mean = p, t, fg, bg, images, mean
+        self.dtype, self.mirror, self.where = numpy.dtype(dtype), t.mirror and train, where
         self.seed, self.position = int(seed), 0
-        self.cache = [self.load(i) for i in range(len(images))] if layer.p.cache_images else None
+        self.cache = [self.load(i) for i in range(len(images))] if p.cache_images else None
 
     def load(self, i):
         path, channels = self.images[i]
         image = load_image(path, is_color=channels == 3)
         if image is None:
-            raise DataError(f"layer '{self.layer.name}' (WindowData): image '{path}': cannot read it (missing, "
-                            "or not an image)")
+            raise DataError(f"{self.where}: image '{path}': cannot read it (missing, or not an image)")
         return image
 
     def batch(self, position):
         r = numpy.random.default_rng([self.seed, position])
-        layer = self.layer
-        n = layer.batch_size
-        num_fg = int(n * layer.p.fg_fraction)
+        n = self.p.batch_size
+        num_fg = int(n * self.p.fg_fraction)
         picks = [self.bg[r.integers(len(self.bg), size=n - num_fg)] if n > num_fg else self.bg[:0],
                  self.fg[r.integers(len(self.fg), size=num_fg)] if num_fg else self.fg[:0]]
         windows = numpy.concatenate(picks)
-        mirror = r.integers(0, 2, size=n).astype(bool) & (layer.p_transform.mirror and layer.phase == "TRAIN")
-        data = numpy.stack([layer.crop(self.cache[int(w[0])] if self.cache else self.load(int(w[0])), w, m)
+        mirror = r.integers(0, 2, size=n).astype(bool) & self.mirror
+        data = numpy.stack([self.crop(self.cache[int(w[0])] if self.cache else self.load(int(w[0])), w, m)
                             for w, m in zip(windows, mirror)])
         return data, windows[:, 1]
+
+    def crop(self, image, window, mirror):
+        """The (C, S, S) warped window ``window`` (image, class, overlap, x1, y1, x2, y2) of ``image`` (C, H, W)."""
+        import cv2
+        crop = self.t.crop_size
+        _, height, width = image.shape
+        x1, y1, x2, y2 = (int(v) for v in window[3:])
+        out_h = out_w = crop
+        pad_h = pad_w = 0
+        pad, square = self.p.context_pad, self.p.crop_mode == "SQUARE"
+        if pad > 0 or square:
+            context_scale = crop / (crop - 2 * pad)
+            half_h, half_w = (y2 - y1 + 1) / 2, (x2 - x1 + 1) / 2
+            cx, cy = x1 + half_w, y1 + half_h
+            if square:
+                half_h = half_w = max(half_h, half_w)
+            x1, x2 = _round(cx - half_w * context_scale), _round(cx + half_w * context_scale)
+            y1, y2 = _round(cy - half_h * context_scale), _round(cy + half_h * context_scale)
+            full_h, full_w = y2 - y1 + 1, x2 - x1 + 1
+            pad_x1, pad_y1 = max(0, -x1), max(0, -y1)
+            pad_x2, pad_y2 = max(0, x2 - width + 1), max(0, y2 - height + 1)
+            x1, x2, y1, y2 = x1 + pad_x1, x2 - pad_x2, y1 + pad_y1, y2 - pad_y2
+            scale_x, scale_y = crop / full_w, crop / full_h
+            out_w, out_h = _round((x2 - x1 + 1) * scale_x), _round((y2 - y1 + 1) * scale_y)
+            pad_h = _round(pad_y1 * scale_y)
+            pad_w = _round((pad_x2 if mirror else pad_x1) * scale_x)  # the padding is mirrored too
+            out_h, out_w = min(out_h, crop - pad_h), min(out_w, crop - pad_w)
+        if not (0 <= x1 <= x2 < width and 0 <= y1 <= y2 < height):
+            raise DataError(f"{self.where}: window ({x1}, {y1}, {x2}, {y2}) lies outside its "
+                            f"{width}x{height} image "
+                            f"'{self.images[int(window[0])][0]}'")
+        region = cv2.resize(numpy.ascontiguousarray(image[:, y1:y2 + 1, x1:x2 + 1].transpose(1, 2, 0)),
+                            (out_w, out_h), interpolation=cv2.INTER_LINEAR).reshape(out_h, out_w, -1)
+        region = region.transpose(2, 0, 1)[:, :, ::-1] if mirror else region.transpose(2, 0, 1)
+        out = numpy.zeros((image.shape[0], crop, crop), self.dtype)
+        rows, cols = slice(pad_h, pad_h + out_h), slice(pad_w, pad_w + out_w)
+        out[:, rows, cols] = region
+        if self.mean is not None:
+            out[:, rows, cols] -= self.mean[:, rows, cols]
+        out[:, rows, cols] *= self.dtype.type(self.t.scale)
+        return out
 
     def get_state(self):
         return {"seed": self.seed, "position": int(self.position)}
@@ -171,7 +212,8 @@ class WindowData(BaseData):
             self.mean = self.window_mean(channels)
         except DataError as e:
             raise DataError(f"{where}: window_data.source '{self.p.source}': {e}") from None
-        self.stream = WindowSampler(self, fg, bg, images, rng.get_rng().integers(2 ** 63))
+        self.stream = WindowSampler(self.p, self.p_transform, fg, bg, images, self.mean, self.dtype,
+                                    self.phase == "TRAIN", where, rng.get_rng().integers(2 ** 63))
         crop = self.p_transform.crop_size
         self.top_shape = (self.batch_size, channels, crop, crop)
         self.prefetch = self.p.prefetch
@@ -195,44 +237,3 @@ class WindowData(BaseData):
                 raise DataError(f"transform.mean_value has {len(t.mean_value)} values for {channels} channels")
             return numpy.broadcast_to(numpy.asarray(t.mean_value, self.dtype).reshape(-1, 1, 1), (channels, crop, crop))
         return None
-
-    def crop(self, image, window, mirror):
-        """The (C, S, S) warped window ``window`` (image, class, overlap, x1, y1, x2, y2) of ``image`` (C, H, W)."""
-        import cv2
-        crop = self.p_transform.crop_size
-        _, height, width = image.shape
-        x1, y1, x2, y2 = (int(v) for v in window[3:])
-        out_h = out_w = crop
-        pad_h = pad_w = 0
-        pad, square = self.p.context_pad, self.p.crop_mode == "SQUARE"
-        if pad > 0 or square:
-            context_scale = crop / (crop - 2 * pad)
-            half_h, half_w = (y2 - y1 + 1) / 2, (x2 - x1 + 1) / 2
-            cx, cy = x1 + half_w, y1 + half_h
-            if square:
-                half_h = half_w = max(half_h, half_w)
-            x1, x2 = _round(cx - half_w * context_scale), _round(cx + half_w * context_scale)
-            y1, y2 = _round(cy - half_h * context_scale), _round(cy + half_h * context_scale)
-            full_h, full_w = y2 - y1 + 1, x2 - x1 + 1
-            pad_x1, pad_y1 = max(0, -x1), max(0, -y1)
-            pad_x2, pad_y2 = max(0, x2 - width + 1), max(0, y2 - height + 1)
-            x1, x2, y1, y2 = x1 + pad_x1, x2 - pad_x2, y1 + pad_y1, y2 - pad_y2
-            scale_x, scale_y = crop / full_w, crop / full_h
-            out_w, out_h = _round((x2 - x1 + 1) * scale_x), _round((y2 - y1 + 1) * scale_y)
-            pad_h = _round(pad_y1 * scale_y)
-            pad_w = _round((pad_x2 if mirror else pad_x1) * scale_x)  # the padding is mirrored too
-            out_h, out_w = min(out_h, crop - pad_h), min(out_w, crop - pad_w)
-        if not (0 <= x1 <= x2 < width and 0 <= y1 <= y2 < height):
-            raise DataError(f"layer '{self.name}' (WindowData): window ({x1}, {y1}, {x2}, {y2}) lies outside its "
-                            f"{width}x{height} image "
-                            f"'{self.stream.images[int(window[0])][0]}'")
-        region = cv2.resize(numpy.ascontiguousarray(image[:, y1:y2 + 1, x1:x2 + 1].transpose(1, 2, 0)),
-                            (out_w, out_h), interpolation=cv2.INTER_LINEAR).reshape(out_h, out_w, -1)
-        region = region.transpose(2, 0, 1)[:, :, ::-1] if mirror else region.transpose(2, 0, 1)
-        out = numpy.zeros((image.shape[0], crop, crop), self.dtype)
-        rows, cols = slice(pad_h, pad_h + out_h), slice(pad_w, pad_w + out_w)
-        out[:, rows, cols] = region
-        if self.mean is not None:
-            out[:, rows, cols] -= self.mean[:, rows, cols]
-        out[:, rows, cols] *= self.dtype.type(self.p_transform.scale)
-        return out

@@ -1,3 +1,5 @@
+import gc
+
 import cv2
 import numpy
 import pytest
@@ -130,7 +132,10 @@ def test_prefetched_batches_equal_direct_ones(tmp_path, monkeypatch):
         got = forward(layer, top)
         numpy.testing.assert_array_equal(got[0], data)
         numpy.testing.assert_array_equal(got[1], label)
-    layer.close()
+    prefetcher = layer._prefetchers[0]
+    del layer, top
+    gc.collect()
+    assert not prefetcher.alive  # the thread holds no reference to the layer: dropping it stops the thread
 
 
 @pytest.mark.parametrize("text,message", [
