@@ -4,6 +4,7 @@
 """
 from . import cost_model
 from .buffers import prepare
+from .hierarchical import allreduce_hierarchical
 from .mpi_native import allreduce_mpi
 from .nccl import allreduce_nccl, available as nccl_available
 from .recursive import allreduce_doubling, allreduce_recursive
@@ -29,6 +30,7 @@ ALGORITHMS = {
     "topology": allreduce_topology,
     "ring": allreduce_ring,
     "doubling": allreduce_doubling,
+    "hierarchical": allreduce_hierarchical,
     "mpi": allreduce_mpi,
     "nccl": allreduce_nccl,
     "auto": allreduce_auto,

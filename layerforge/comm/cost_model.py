@@ -8,6 +8,8 @@ power of two <= p, L = log2 pof2, r = p - pof2), groups of q (G = pof2/q groups)
     recursive  2L alpha + 2n (q-1)/P beta_intra + 2n (P-q)/P beta_inter + n (P-1)/P gamma     + fold
     topology   2L alpha + 2n (P-P/q)/P beta_intra + 2n (P/q-1)/P beta_inter + n (P-1)/P gamma + fold
     ring       2(p-1) alpha + 2n (p-1)/p beta_slowest + n (p-1)/p gamma
+    hierarchical  2 l (alpha + n beta_intra) + l n gamma + Rabenseifner over G' leaders with beta_inter,
+               l = ceil(log2 q), G' = ceil(p / q) groups (its own pof2 folding among the leaders)
     fold       (r > 0) 2 alpha + 2n beta_intra + n gamma
 
 with P = pof2. ``mpi`` is modelled as what MPICH picks (doubling for short vectors, else Rabenseifner with
@@ -71,6 +73,13 @@ def predict(algorithm, nbytes, p, q, params):
     if algorithm in ("ring", "nccl"):
         slowest = bx if G > 1 or p > P else bi
         return 2 * (p - 1) * a + 2 * n * (p - 1) / p * slowest + n * (p - 1) / p * g
+    if algorithm == "hierarchical":
+        q_real = max(1, min(q, p))
+        groups = -(-p // q_real)
+        steps = (q_real - 1).bit_length()  # ceil(log2 q)
+        inside = 2 * steps * (a + n * bi) + steps * n * g
+        leaders = CostParams(a, bx, bx, g)  # the leaders' exchange runs on the inter-group links
+        return inside + predict("recursive", nbytes, groups, 1, leaders)
     if algorithm == "mpi":
         return min(predict("doubling", nbytes, p, q, params), predict("topology", nbytes, p, q, params))
     raise KeyError(f"no cost formula for allreduce algorithm {algorithm!r}")

@@ -1,7 +1,7 @@
 """Run under ``mpiexec -n P python tests/comm/mpi_worker.py MODE ...`` by the tests in this folder.
 
 Modes:
-  sums           every algorithm x dtype x length x in-place/out-of-place equals the numpy sum
+  sums [Q]       every algorithm x dtype x length x in-place/out-of-place equals the numpy sum (groups of Q)
   bytes N Q      rank 0 prints one JSON line per algorithm: bytes sent per rank, intra and inter (N bytes)
   raise          rank 1 raises ValueError("boom") inside the launch guard
   kill           rank 1 SIGKILLs itself while the others wait in an allreduce
@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from layerforge.comm import Communicator, CostParams, launch_guard
 
-ALGS = ("recursive", "topology", "ring", "doubling", "mpi", "auto")
+ALGS = ("recursive", "topology", "ring", "doubling", "hierarchical", "mpi", "auto")
 
 
 def contribution(rank, n, dtype):
@@ -68,7 +68,7 @@ def check_sums(comm):
 
 
 def report_bytes(comm, nbytes):
-    for alg in ("recursive", "topology", "ring", "doubling"):
+    for alg in ("recursive", "topology", "ring", "doubling", "hierarchical"):
         comm.reset_counters()
         comm.allreduce(numpy.ones(nbytes // 4, numpy.float32), algorithm=alg)
         counts = numpy.array([comm.bytes_sent["intra"], comm.bytes_sent["inter"]], numpy.int64)
@@ -84,7 +84,7 @@ def main(argv):
     with launch_guard():
         # fixed model parameters: no calibration file written by tests
         params = CostParams(alpha=2e-6, beta_intra=3e-10, beta_inter=1e-9, gamma=2e-10)
-        group_size = int(argv[3]) if mode == "bytes" else None
+        group_size = int(argv[3]) if mode == "bytes" else (int(argv[2]) if mode == "sums" and len(argv) > 2 else None)
         comm = Communicator(group_size=group_size, cost_params=params)
         if mode == "sums":
             return check_sums(comm)

@@ -12,3 +12,13 @@ def test_every_algorithm_equals_numpy_sum(p):
     proc = run_mpi(p, [WORKER, "sums"], timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"OK p={p}" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("p,q", [(4, 2), (5, 2), (6, 3), (8, 3)])
+def test_every_algorithm_equals_numpy_sum_over_groups(p, q):
+    # groups of q ranks (the last one smaller when q does not divide p): the hierarchical algorithm's
+    # in-group trees and its leaders' exchange, and the group-aware schedules of the others
+    proc = run_mpi(p, [WORKER, "sums", str(q)], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"OK p={p}" in proc.stdout, proc.stdout + proc.stderr[-3000:]

@@ -54,3 +54,17 @@ def test_non_power_of_two_totals(p, q):
     assert sum(c["topology"]["inter"]) <= sum(c["recursive"]["inter"])
     if q > 1:  # folds pair ranks inside a group
         assert sum(c["topology"]["inter"]) < sum(c["recursive"]["inter"])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("p,q", [(8, 2), (8, 4), (4, 2)])
+def test_hierarchical_counts(p, q):
+    c = counts(p, q)["hierarchical"]
+    groups = p // q
+    leaders = [r for r in range(p) if r % q == 0]
+    # only the leaders cross groups, each sending Rabenseifner's 2 n (G-1)/G among the G leaders
+    assert c["inter"] == [2 * N * (groups - 1) // groups if r in leaders else 0 for r in range(p)]
+    # in-group binomial trees: every rank but the leader sends n once up; the broadcast sends n once per
+    # receiving member, from the member that holds it (the leader sends log2 q times)
+    assert sum(c["intra"]) == 2 * (q - 1) * N * groups
+    assert sum(c["inter"]) < sum(counts(p, q)["recursive"]["inter"])
