@@ -1,12 +1,14 @@
 """Recurrent layers: LSTMUnit (one step) and RNN / LSTM over time, unrolled as Caffe's RecurrentLayer does.
 
 Bottoms of RNN and LSTM (Caffe's order): x (T, N, ...) the inputs over time, cont (T, N) the sequence
-continuation indicators (0 where a sequence starts: the hidden state from the step before is not carried
-in), optionally x_static (N, ...) added at every step, and with ``expose_hidden`` the initial states
-(h_0, and c_0 for LSTM, each (1, N, H)). Tops: the outputs over time (T, N, H), and with
-``expose_hidden`` the final states. Parameters have Caffe's shapes and order, so Caffe's weights load
-by position. Caffe unrolls the recurrence into an internal net of InnerProduct, Eltwise and LSTMUnit
-layers; the same computation is written out here, the input projections vectorised over all T steps.
+continuation indicators (0 where a sequence starts: the state from the step before is not carried in),
+optionally x_static (N, ...) added at every step, and with ``expose_hidden`` the initial states (h_0, and
+c_0 for LSTM, each (1, N, H)). Tops: the outputs over time (T, N, H), and with ``expose_hidden`` the final
+states. Without ``expose_hidden`` the final states of one forward are the initial states of the next, as
+in Caffe (a stream may go on across batches while cont stays 1; no gradient crosses batches). Parameters
+have Caffe's shapes and order, so Caffe's weights load by position. Caffe unrolls the recurrence into an
+internal net of InnerProduct, Eltwise and LSTMUnit layers; the same computation is written out here, the
+input projections vectorised over all T steps.
 """
 import math
 
@@ -38,11 +40,13 @@ def lstm_gate_grads(dc, dh, i, f, o, g, c_prev, tanh_c, cont):
 
 @register_layer("LSTMUnit")
 class LSTMUnit(Layer):
-    """One LSTM step: c = cont f c_prev + i g, h = o tanh(c), with i, f, o = sigmoid and g = tanh of the
-    four quarters of the gate input x (Caffe's order i, f, o, g).
+    """One LSTM step from given gate inputs: c = cont f c_prev + i g, h = o tanh(c).
 
-    Bottoms: c_prev (1, N, H), x (1, N, 4H), cont (1, N). Tops: c (1, N, H), h (1, N, H). The
-    continuation indicator takes no gradient.
+    x holds the four gate pre-activations side by side in Caffe's order i, f, o, g (H each):
+    i, f, o = sigmoid and g = tanh of their quarter. cont (0 or 1) drops c_prev where a sequence starts.
+    Bottoms: c_prev (1, N, H), x (1, N, 4H), cont (1, N). Tops: c (1, N, H), h (1, N, H).
+    Backward: dc = gc + gh o (1 - tanh(c)^2), gc_prev = cont f dc, gi = dc g, gf = cont dc c_prev,
+    go = gh tanh(c), gg = dc i, each times its activation's derivative; cont takes no gradient.
     """
 
     num_bottom = (3, 3)
@@ -83,7 +87,9 @@ class LSTMUnit(Layer):
 
 
 class _Recurrent(Layer):
-    """The parts RNN and LSTM share: Caffe's RecurrentParameter, the bottoms and tops, the projections."""
+    """What RNN and LSTM share: Caffe's RecurrentParameter, the bottoms and tops, the input projections, the
+    loops over time. A subclass gives ``states``, ``gates`` (pre-activations per hidden unit) and one step
+    forward and backward."""
 
     param_blocks = {"recurrent": {
         "num_output": Field("int", REQUIRED, min=1, doc="hidden (and output) size H"),
@@ -96,6 +102,7 @@ class _Recurrent(Layer):
     num_top = (1, 3)
     backward_reads = ("bottom",)
     states = ()  # names of the recurrent states (h, or h and c)
+    gates = 1
 
     @classmethod
     def validate_params(cls, lp):
@@ -112,196 +119,170 @@ class _Recurrent(Layer):
     def allow_force_backward(self, bottom_index):
         return bottom_index != 1  # cont
 
-    def _static(self):
-        return len(self.layer_param.bottom) - (len(self.states) if self.layer_param.recurrent.expose_hidden else 0) == 3
-
     def layer_setup(self, bottom, top):
         p = self.layer_param.recurrent
-        self.hidden = p.num_output
-        d_in = math.prod(bottom[0].shape[2:])
-        self.blobs = self.make_params(d_in, math.prod(bottom[2].shape[1:]) if self._static() else None)
+        self.hidden, self.expose = p.num_output, p.expose_hidden
+        self.static = len(bottom) - (len(self.states) if self.expose else 0) == 3
+        self.first_state = 3 if self.static else 2
+        self.carry = None  # the final states of the last forward: the next forward's initial states
+        d_static = math.prod(bottom[2].shape[1:]) if self.static else None
+        self.blobs = self.make_params(math.prod(bottom[0].shape[2:]), d_static)
+
+    def make_params(self, d_in, d_static):
+        """W_x (gH, D), b (gH,), W_static (gH, Ds) with a static input, W_h (gH, H): Caffe's order."""
+        p, width = self.layer_param.recurrent, self.gates * self.hidden
+        blobs = [self.make_param((width, d_in), p.weight_filler), self.make_param((width,), p.bias_filler)]
+        if d_static is not None:
+            blobs.append(self.make_param((width, d_static), p.weight_filler))
+        return blobs + [self.make_param((width, self.hidden), p.weight_filler)]
 
     def reshape(self, bottom, top):
         x, cont = bottom[0].shape, bottom[1].shape
-        if len(x) < 3 or tuple(cont) != tuple(x[:2]):
+        if len(x) < 2 or tuple(cont) != tuple(x[:2]):
             raise ShapeError(f"needs x (T, N, ...) and cont (T, N), got {x} and {cont}", key="bottom")
         self.steps, self.batch = x[:2]
-        if self._static() and bottom[2].shape[0] != self.batch:
-            raise ShapeError(f"x_static {bottom[2].shape} needs {self.batch} items", key="bottom")
+        inputs = [("x", x, math.prod(x[2:]), self.blobs[0].shape[1])]
+        if self.static:
+            s = bottom[2].shape
+            if s[0] != self.batch:
+                raise ShapeError(f"x_static {s} needs {self.batch} items", key="bottom")
+            inputs.append(("x_static", s, math.prod(s[1:]), self.blobs[2].shape[1]))
+        for name, shape, got, want in inputs:
+            if got != want:
+                raise ShapeError(f"{name} {shape} has {got} values per item, the weights expect {want}", key="bottom")
         state_shape = (1, self.batch, self.hidden)
-        if self.layer_param.recurrent.expose_hidden:
-            first = 3 if self._static() else 2
-            for k, b in enumerate(bottom[first:]):
-                if b.shape != state_shape:
-                    raise ShapeError(f"initial state {self.states[k]}_0 must be {state_shape}, got {b.shape}",
-                                     key="bottom")
+        if self.expose:
+            for name, b in zip(self.states, bottom[self.first_state:]):
+                if tuple(b.shape) != state_shape:
+                    raise ShapeError(f"initial state {name}_0 must be {state_shape}, got {b.shape}", key="bottom")
             for t in top[1:]:
                 t.reshape(state_shape)
-        top[0].reshape((self.steps, self.batch, self.out_size()))
+        top[0].reshape((self.steps, self.batch, self.hidden))
 
     def inputs(self, bottom):
-        """x as (T, N, D), x_static as (N, Ds) or None, the initial states, cont as (T, N, 1)."""
-        xp = get_array_module(bottom[0].data)
+        """x as (T, N, D), x_static as (N, Ds) or None, cont as (T, N, 1)."""
         x = bottom[0].data.reshape(self.steps, self.batch, -1)
-        static = bottom[2].data.reshape(self.batch, -1) if self._static() else None
-        first = 3 if self._static() else 2
-        if self.layer_param.recurrent.expose_hidden:
-            init = [b.data.reshape(self.batch, self.hidden) for b in bottom[first:]]
-        else:
-            init = [xp.zeros((self.batch, self.hidden), dtype=x.dtype) for _ in self.states]
-        return x, static, init, bottom[1].data.reshape(self.steps, self.batch, 1)
+        static = bottom[2].data.reshape(self.batch, -1) if self.static else None
+        return x, static, bottom[1].data.reshape(self.steps, self.batch, 1)
 
-    def project(self, weight, bias, x):
-        """x W^T (+ b) over the last axis."""
-        y = x @ weight.T
-        return y + bias if bias is not None else y
+    def initial_states(self, bottom):
+        if self.expose:
+            return [b.data.reshape(self.batch, self.hidden) for b in bottom[self.first_state:]]
+        shape = (self.batch, self.hidden)
+        if self.carry is not None and self.carry[0].shape == shape:
+            return self.carry
+        xp = get_array_module(bottom[0].data)
+        return [xp.zeros(shape, dtype=bottom[0].data.dtype) for _ in self.states]
 
-    def input_grads(self, bottom, propagate_down, dproj, w_in, g_in, g_bias, w_static, g_static):
-        """Gradients of the input projections, given d(projection) (T, N, K) summed over the steps."""
-        x, static, _, _ = self.inputs(bottom)
-        g_in += dproj.reshape(-1, dproj.shape[-1]).T @ x.reshape(-1, x.shape[-1])
-        if g_bias is not None:
-            g_bias += dproj.sum(axis=(0, 1))
-        if propagate_down[0]:
-            bottom[0].diff[...] = (dproj @ w_in).reshape(bottom[0].shape)
+    def forward(self, bottom, top):
+        x, static, cont = self.inputs(bottom)
+        projected = x @ self.blobs[0].data.T + self.blobs[1].data
         if static is not None:
-            dsum = dproj.sum(axis=0)
-            g_static += dsum.T @ static
+            projected = projected + static @ self.blobs[2].data.T
+        states = self.initial_states(bottom)
+        self.cache = []
+        for t in range(self.steps):
+            top[0].data[t], states = self.step(projected[t], states, cont[t])
+        if self.expose:
+            for blob, state in zip(top[1:], states):
+                blob.data[...] = state.reshape(blob.shape)
+        else:
+            self.carry = states
+
+    def backward(self, top, propagate_down, bottom):
+        x, static, cont = self.inputs(bottom)
+        xp = get_array_module(x)
+        gy = top[0].diff
+        if self.expose:
+            ends = [blob.diff.reshape(self.batch, self.hidden) for blob in top[1:]]
+        else:
+            ends = [xp.zeros((self.batch, self.hidden), dtype=gy.dtype) for _ in self.states]
+        dprojected = xp.empty((self.steps, self.batch, self.gates * self.hidden), dtype=gy.dtype)
+        for t in range(self.steps - 1, -1, -1):
+            dprojected[t], ends = self.step_backward(t, gy[t], ends, cont[t])
+        w_in, b_in = self.blobs[0], self.blobs[1]
+        w_in.diff += dprojected.reshape(-1, dprojected.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+        b_in.diff += dprojected.sum(axis=(0, 1))
+        if propagate_down[0]:
+            bottom[0].diff[...] = (dprojected @ w_in.data).reshape(bottom[0].shape)
+        if static is not None:
+            dsum = dprojected.sum(axis=0)
+            self.blobs[2].diff += dsum.T @ static
             if propagate_down[2]:
-                bottom[2].diff[...] = (dsum @ w_static).reshape(bottom[2].shape)
-
-    def state_grads(self, bottom, propagate_down, grads):
-        if self.layer_param.recurrent.expose_hidden:
-            first = 3 if self._static() else 2
-            for k, g in enumerate(grads):
-                if propagate_down[first + k]:
-                    bottom[first + k].diff[...] = g.reshape(bottom[first + k].shape)
-
-    def top_state_diffs(self, top):
-        return [t.diff.reshape(self.batch, self.hidden) for t in top[1:]] if len(top) > 1 else None
+                bottom[2].diff[...] = (dsum @ self.blobs[2].data).reshape(bottom[2].shape)
+        if self.expose:
+            for k, g in enumerate(ends, start=self.first_state):
+                if propagate_down[k]:
+                    bottom[k].diff[...] = g.reshape(bottom[k].shape)
 
 
 @register_layer("LSTM")
 class LSTM(_Recurrent):
-    """Long short-term memory over T steps: gates = W_xc x_t + b_c (+ W_xc_static x_static) + W_hc (cont_t h_{t-1}),
-    then LSTMUnit: c_t = cont_t f c_{t-1} + i g, h_t = o tanh(c_t); the top is h_1..h_T (T, N, H).
+    """Long short-term memory over T steps, Caffe's LSTM layer: the top is h_1..h_T (T, N, H).
 
+    At each step gates = W_xc x_t + b_c (+ W_xc_static x_static) + W_hc (cont_t h_{t-1}), then LSTMUnit:
+    c_t = cont_t f c_{t-1} + i g, h_t = o tanh(c_t) with i, f, o, g the gates' quarters in that order.
     Blobs (Caffe's order): W_xc (4H, D), b_c (4H,), W_xc_static (4H, Ds) with a static input, W_hc (4H, H).
+    With ``expose_hidden``: bottoms h_0, c_0 and tops h_T, c_T, each (1, N, H); unlike Caffe, gradients
+    flow from h_T, c_T and into h_0, c_0.
     """
 
     states = ("h", "c")
+    gates = 4
 
-    def out_size(self):
-        return self.hidden
+    def step(self, projected, states, cont):
+        h, c_prev = states
+        h_prev = h * cont
+        i, f, o, g = lstm_gates(projected + h_prev @ self.blobs[-1].data.T)
+        c = cont * f * c_prev + i * g
+        tanh_c = get_array_module(c).tanh(c)
+        h = o * tanh_c
+        self.cache.append((h_prev, c_prev, i, f, o, g, tanh_c))
+        return h, (h, c)
 
-    def make_params(self, d_in, d_static):
-        p, h4 = self.layer_param.recurrent, 4 * self.hidden
-        blobs = [self.make_param((h4, d_in), p.weight_filler), self.make_param((h4,), p.bias_filler)]
-        if d_static is not None:
-            blobs.append(self.make_param((h4, d_static), p.weight_filler))
-        return blobs + [self.make_param((h4, self.hidden), p.weight_filler)]
-
-    def forward(self, bottom, top):
-        x, static, (h, c), cont = self.inputs(bottom)
-        xp = get_array_module(x)
-        w_xc, b_c, w_hc = self.blobs[0].data, self.blobs[1].data, self.blobs[-1].data
-        gates_in = self.project(w_xc, b_c, x)
-        if static is not None:
-            gates_in = gates_in + self.project(self.blobs[2].data, None, static)
-        self.cache = []
-        out = top[0].data
-        for t in range(self.steps):
-            h_prev = h * cont[t]
-            i, f, o, g = lstm_gates(gates_in[t] + h_prev @ w_hc.T)
-            c_prev = c
-            c = cont[t] * f * c_prev + i * g
-            tanh_c = xp.tanh(c)
-            h = o * tanh_c
-            out[t] = h
-            self.cache.append((h_prev, c_prev, i, f, o, g, tanh_c))
-        if len(top) > 1:
-            top[1].data[...] = h.reshape(top[1].shape)
-            top[2].data[...] = c.reshape(top[2].shape)
-
-    def backward(self, top, propagate_down, bottom):
-        _, _, _, cont = self.inputs(bottom)
-        xp = get_array_module(top[0].diff)
-        w_hc = self.blobs[-1].data
-        ends = self.top_state_diffs(top)
-        dh_next = ends[0].copy() if ends else xp.zeros((self.batch, self.hidden), dtype=top[0].diff.dtype)
-        dc_next = ends[1].copy() if ends else xp.zeros_like(dh_next)
-        dgates_all = xp.empty((self.steps, self.batch, 4 * self.hidden), dtype=top[0].diff.dtype)
-        for t in range(self.steps - 1, -1, -1):
-            h_prev, c_prev, i, f, o, g, tanh_c = self.cache[t]
-            dh = top[0].diff[t] + dh_next
-            dc = dc_next + dh * o * (1 - tanh_c * tanh_c)
-            dgates, dc_next = lstm_gate_grads(dc, dh, i, f, o, g, c_prev, tanh_c, cont[t])
-            dgates_all[t] = dgates
-            self.blobs[-1].diff += dgates.T @ h_prev
-            dh_next = (dgates @ w_hc) * cont[t]
-        static = self.blobs[2] if self._static() else None
-        self.input_grads(bottom, propagate_down, dgates_all, self.blobs[0].data, self.blobs[0].diff,
-                         self.blobs[1].diff, static.data if static else None, static.diff if static else None)
-        self.state_grads(bottom, propagate_down, [dh_next, dc_next])
+    def step_backward(self, t, gy, ends, cont):
+        h_prev, c_prev, i, f, o, g, tanh_c = self.cache[t]
+        dh = gy + ends[0]
+        dc = ends[1] + dh * o * (1 - tanh_c * tanh_c)
+        dgates, dc_prev = lstm_gate_grads(dc, dh, i, f, o, g, c_prev, tanh_c, cont)
+        w_hc = self.blobs[-1]
+        w_hc.diff += dgates.T @ h_prev
+        return dgates, ((dgates @ w_hc.data) * cont, dc_prev)
 
 
 @register_layer("RNN")
 class RNN(_Recurrent):
-    """Elman network over T steps: h_t = tanh(W_xh x_t + b_h (+ W_xh_static x_static) + W_hh (cont_t h_{t-1})),
-    o_t = tanh(W_ho h_t + b_o); the top is o_1..o_T (T, N, H).
+    """Elman network over T steps, Caffe's RNN layer: the top is o_1..o_T (T, N, H).
 
+    At each step h_t = tanh(W_xh x_t + b_h (+ W_xh_static x_static) + W_hh (cont_t h_{t-1})) and
+    o_t = tanh(W_ho h_t + b_o).
     Blobs (Caffe's order): W_xh (H, D), b_h (H,), W_xh_static (H, Ds) with a static input, W_hh (H, H),
-    W_ho (H, H), b_o (H,).
+    W_ho (H, H), b_o (H,). With ``expose_hidden``: bottom h_0 and top h_T, (1, N, H); unlike Caffe,
+    gradients flow from h_T and into h_0.
     """
 
     states = ("h",)
-    backward_reads = ("bottom", "top")
-
-    def out_size(self):
-        return self.hidden
 
     def make_params(self, d_in, d_static):
-        p, hid = self.layer_param.recurrent, self.hidden
-        blobs = [self.make_param((hid, d_in), p.weight_filler), self.make_param((hid,), p.bias_filler)]
-        if d_static is not None:
-            blobs.append(self.make_param((hid, d_static), p.weight_filler))
-        return blobs + [self.make_param((hid, hid), p.weight_filler), self.make_param((hid, hid), p.weight_filler),
-                        self.make_param((hid,), p.bias_filler)]
+        p = self.layer_param.recurrent
+        return super().make_params(d_in, d_static) + [
+            self.make_param((self.hidden, self.hidden), p.weight_filler),
+            self.make_param((self.hidden,), p.bias_filler)]
 
-    def forward(self, bottom, top):
-        x, static, (h,), cont = self.inputs(bottom)
-        xp = get_array_module(x)
-        w_hh, w_ho, b_o = (b.data for b in self.blobs[-3:])
-        pre = self.project(self.blobs[0].data, self.blobs[1].data, x)
-        if static is not None:
-            pre = pre + self.project(self.blobs[2].data, None, static)
-        self.cache = []
-        for t in range(self.steps):
-            h_prev = h * cont[t]
-            h = xp.tanh(pre[t] + h_prev @ w_hh.T)
-            top[0].data[t] = xp.tanh(self.project(w_ho, b_o, h))
-            self.cache.append((h_prev, h))
-        if len(top) > 1:
-            top[1].data[...] = h.reshape(top[1].shape)
+    def step(self, projected, states, cont):
+        xp = get_array_module(projected)
+        h_prev = states[0] * cont
+        h = xp.tanh(projected + h_prev @ self.blobs[-3].data.T)
+        o = xp.tanh(h @ self.blobs[-2].data.T + self.blobs[-1].data)
+        self.cache.append((h_prev, h, o))
+        return o, (h,)
 
-    def backward(self, top, propagate_down, bottom):
-        _, _, _, cont = self.inputs(bottom)
-        xp = get_array_module(top[0].diff)
-        w_hh, w_ho = self.blobs[-3].data, self.blobs[-2].data
-        ends = self.top_state_diffs(top)
-        dh_next = ends[0].copy() if ends else xp.zeros((self.batch, self.hidden), dtype=top[0].diff.dtype)
-        dpre_all = xp.empty((self.steps, self.batch, self.hidden), dtype=top[0].diff.dtype)
-        for t in range(self.steps - 1, -1, -1):
-            h_prev, h = self.cache[t]
-            o = top[0].data[t]
-            do = top[0].diff[t] * (1 - o * o)
-            self.blobs[-2].diff += do.T @ h
-            self.blobs[-1].diff += do.sum(axis=0)
-            dpre = (do @ w_ho + dh_next) * (1 - h * h)
-            dpre_all[t] = dpre
-            self.blobs[-3].diff += dpre.T @ h_prev
-            dh_next = (dpre @ w_hh) * cont[t]
-        static = self.blobs[2] if self._static() else None
-        self.input_grads(bottom, propagate_down, dpre_all, self.blobs[0].data, self.blobs[0].diff,
-                         self.blobs[1].diff, static.data if static else None, static.diff if static else None)
-        self.state_grads(bottom, propagate_down, [dh_next])
+    def step_backward(self, t, gy, ends, cont):
+        h_prev, h, o = self.cache[t]
+        w_hh, w_ho, b_o = self.blobs[-3:]
+        do = gy * (1 - o * o)
+        w_ho.diff += do.T @ h
+        b_o.diff += do.sum(axis=0)
+        dpre = (do @ w_ho.data + ends[0]) * (1 - h * h)
+        w_hh.diff += dpre.T @ h_prev
+        return dpre, ((dpre @ w_hh.data) * cont,)
