@@ -1,4 +1,4 @@
-"""Arrays to and from ``.npz`` files: written atomically, read without pickle."""
+"""Arrays to and from ``.npz`` files: written atomically (as every weights file is), read without pickle."""
 import os
 import tempfile
 import zipfile
@@ -8,8 +8,8 @@ import numpy
 from .errors import LayerforgeError
 
 
-def save_npz_atomic(path, arrays):
-    """Write ``{name: array}`` to ``path`` so that a reader sees the old file or the new one, never half of one.
+def write_atomic(path, write):
+    """Create ``path`` by ``write(binary file)`` so that a reader sees the old file or the new one, never half of one.
 
     The data goes to a temporary file in the same directory, is fsync'ed, then renamed over ``path``.
     """
@@ -19,7 +19,7 @@ def save_npz_atomic(path, arrays):
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            numpy.savez(f, **arrays)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -32,6 +32,11 @@ def save_npz_atomic(path, arrays):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def save_npz_atomic(path, arrays):
+    """Write ``{name: array}`` to ``path`` atomically (:func:`write_atomic`)."""
+    write_atomic(path, lambda f: numpy.savez(f, **arrays))
 
 
 def load_npz(path):

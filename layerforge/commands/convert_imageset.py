@@ -2,13 +2,17 @@
 
 LISTFILE has one ``path label`` per line, paths relative to ROOT; with LISTFILE ``-`` ROOT is a folder
 whose subfolders are the classes (labels 0, 1, ... in sorted name order, written to DB/labels.txt).
-The database is built in a temporary directory and renamed into place.
+Records are Caffe's Datum messages (raw uint8 C x H x W, or with ``--encoded`` the image file's bytes,
+re-encoded as ``--encode_type`` after resizing or when the type differs), so Caffe reads the database
+too; ``--format lfr1`` writes layerforge's older record format instead. The database is built in a
+temporary directory and renamed into place.
 """
 import os
 
 import numpy
 
 from ..data.images import folder_entries, load_image, read_list_file
+from ..caffe.datum import array_to_datum, encoded_datum
 from ..data.lmdb_io import encode_image_record, encode_record, write_lmdb_atomic
 from ..errors import DataError
 
@@ -20,19 +24,38 @@ def add_arguments(parser):
     parser.add_argument("root", help="folder the listed paths are relative to (or the class-folder root)")
     parser.add_argument("listfile", help="list file of 'path label' lines, or '-' for class subfolders of ROOT")
     parser.add_argument("db", help="the LMDB directory to create (must not exist)")
-    parser.add_argument("--resize-height", type=int, default=0, metavar="H", help="resize to H rows (with -W)")
-    parser.add_argument("--resize-width", type=int, default=0, metavar="W", help="resize to W columns (with -H)")
+    parser.add_argument("--resize-height", "--resize_height", dest="resize_height", type=int, default=0, metavar="H", help="resize to H rows (with -W)")
+    parser.add_argument("--resize-width", "--resize_width", dest="resize_width", type=int, default=0, metavar="W", help="resize to W columns (with -H)")
     parser.add_argument("--shuffle", action="store_true", help="write the images in a random order")
     parser.add_argument("--seed", type=int, default=0, help="seed of --shuffle's order (default 0)")
     parser.add_argument("--gray", action="store_true", help="store one grey channel instead of BGR")
     parser.add_argument("--encoded", action="store_true",
-                        help="store encoded image files (the original bytes, or --encode-type after resizing)")
-    parser.add_argument("--encode-type", choices=("png", "jpg"), default="png", help="format when re-encoding")
+                        help="store encoded image files (the original bytes, or --encode_type after resizing)")
+    parser.add_argument("--encode_type", "--encode-type", dest="encode_type", choices=("png", "jpg"), default=None,
+                        help="format of --encoded images that are (re-)encoded (default: the file's own type)")
+    parser.add_argument("--format", choices=("datum", "lfr1"), default="datum",
+                        help="record format: Caffe's Datum (default) or layerforge's LFR1")
+
+
+_SAME_TYPE = {"jpeg": "jpg"}
+
+
+def _encode(image, full, args):
+    """The encoded file bytes of an --encoded record: the file itself when it already is what is asked."""
+    import cv2
+    own = os.path.splitext(full)[1][1:].lower()
+    own = _SAME_TYPE.get(own, own)
+    kind = args.encode_type or own
+    if not (args.resize_height or args.gray) and kind == own:
+        return numpy.fromfile(full, dtype=numpy.uint8).tobytes()
+    ok, data = cv2.imencode("." + kind, image[0] if args.gray else image.transpose(1, 2, 0))
+    if not ok:
+        raise DataError(f"image '{full}': cannot encode it as {kind}")
+    return data.tobytes()
 
 
 def _records(entries, root, source, args, shapes):
-    import cv2
-    resize = args.resize_height > 0 and args.resize_width > 0
+    datum = args.format == "datum"
     for path, label, line in entries:
         full = os.path.join(root, path)
         image = load_image(full, args.resize_height, args.resize_width, not args.gray)
@@ -41,14 +64,11 @@ def _records(entries, root, source, args, shapes):
             raise DataError(f"{where}: image '{full}': cannot read the image (missing, or not an image)")
         shapes.add(image.shape)
         if not args.encoded:
-            yield encode_record(image, label)
-        elif not resize:
-            yield encode_image_record(numpy.fromfile(full, dtype=numpy.uint8).tobytes(), image.shape, label)
+            yield array_to_datum(image, label).SerializeToString() if datum else encode_record(image, label)
+        elif datum:
+            yield encoded_datum(_encode(image, full, args), label).SerializeToString()
         else:
-            ok, data = cv2.imencode("." + args.encode_type, image[0] if args.gray else image.transpose(1, 2, 0))
-            if not ok:
-                raise DataError(f"{source}: image '{full}': cannot encode it as {args.encode_type}")
-            yield encode_image_record(data.tobytes(), image.shape, label)
+            yield encode_image_record(_encode(image, full, args), image.shape, label)
 
 
 def run(args):

@@ -1,8 +1,13 @@
-"""LMDB databases of labelled images: the record format, a writer and a reader.
+"""LMDB databases of labelled images: the record formats, a writer and a reader.
 
 A database is an LMDB directory (``data.mdb`` + ``lock.mdb``). Keys are zero-padded record indices
 (``b"00000000"``, ``b"00000001"``, ...) so that key order is index order; the reader accepts any keys
-and reads them in sorted order. Every value is one record::
+and reads them in sorted order. Every value is one record, in one of two formats; the reader tells them
+apart per database by its first record:
+
+* Caffe's ``Datum`` (a serialized protobuf message, layerforge/caffe/datum.py), as Caffe's
+  convert_imageset writes and as ours does by default;
+* layerforge's own "LFR1" format::
 
     offset  size  field
     0       4     magic b"LFR1"
@@ -27,6 +32,7 @@ import weakref
 import lmdb
 import numpy
 
+from ..caffe.datum import decode_datum
 from ..errors import DataError
 
 MAGIC = b"LFR1"
@@ -120,8 +126,8 @@ class LMDBReader:
     """Random access to a database's records by position in sorted key order.
 
     ``len(reader)``, ``reader.keys[i]``, ``reader.read(i)`` -> (array, label),
-    ``reader.read_many(indices)`` (one read transaction), ``reader.name_of(i)`` for messages. Safe to
-    use from one thread at a time.
+    ``reader.read_many(indices)`` (one read transaction), ``reader.name_of(i)`` for messages,
+    ``reader.format`` ("Datum" or "LFR1", from the first record). Safe to use from one thread at a time.
     """
 
     def __init__(self, path):
@@ -136,6 +142,10 @@ class LMDBReader:
             raise DataError(f"{self.path}: cannot open LMDB database: {e}") from None
         if not self.keys:
             raise DataError(f"{self.path}: the LMDB database is empty")
+        with self.env.begin() as txn:
+            first = txn.get(self.keys[0]) or b""
+        self.format = "LFR1" if first[:len(MAGIC)] == MAGIC else "Datum"
+        self._decode = decode_record if self.format == "LFR1" else decode_datum
 
     def __len__(self):
         return len(self.keys)
@@ -154,7 +164,7 @@ class LMDBReader:
                 value = txn.get(key)
                 if value is None:
                     raise DataError(f"{self.path}: key '{key.decode('utf-8', 'replace')}': record is missing")
-                out.append(decode_record(value, self.path, key))
+                out.append(self._decode(value, self.path, key))
         return out
 
 class LMDBWriter:

@@ -21,7 +21,8 @@ TRANSFORM = {
     "scale": Field("float", 1.0, doc="multiply every value by this after mean subtraction (1/256 for MNIST)"),
     "mirror": Field("bool", False, doc="TRAIN: flip each image left-right with probability 1/2"),
     "crop_size": Field("int", 0, min=0, doc="crop a square of this side (random in TRAIN, centred in TEST); 0: none"),
-    "mean_file": Field("str", None, doc="a .npy or .npz mean image (C, H, W), as compute_image_mean writes"),
+    "mean_file": Field("str", None, doc="a .npy, .npz or Caffe .binaryproto mean image (C, H, W) "
+                                        "(compute_image_mean writes them)"),
     "mean_value": Field("floats", [], doc="one mean, or one per channel, subtracted before scaling"),
 }
 
@@ -36,8 +37,22 @@ def resolve_path(path):
 
 
 def load_mean(path):
-    """The mean image (C, H, W) float32 from a .npy, or a .npz holding ``mean`` (or a single array)."""
+    """The mean image (C, H, W) float32 from a .npy, a .npz holding ``mean`` (or a single array), or a Caffe
+    .binaryproto."""
     resolved = resolve_path(path)
+    if resolved.endswith(".binaryproto"):  # Caffe's mean file: a (1, C, H, W) BlobProto
+        from ..caffe.blobproto import read_blobproto
+        mean = read_blobproto(resolved)
+    else:
+        mean = _load_numpy_mean(path, resolved)
+    if mean.ndim == 4 and mean.shape[0] == 1:
+        mean = mean[0]
+    if mean.ndim != 3:
+        raise DataError(f"{path}: the mean must have shape (C, H, W), got {mean.shape}")
+    return mean.astype(numpy.float32)
+
+
+def _load_numpy_mean(path, resolved):
     try:
         loaded = numpy.load(resolved, allow_pickle=False)
     except (OSError, ValueError) as e:
@@ -47,14 +62,8 @@ def load_mean(path):
             names = loaded.files
             if "mean" not in names and len(names) != 1:
                 raise DataError(f"{path}: a .npz mean needs an array named 'mean', found {names}")
-            mean = loaded["mean" if "mean" in names else names[0]]
-    else:
-        mean = loaded
-    if mean.ndim == 4 and mean.shape[0] == 1:
-        mean = mean[0]
-    if mean.ndim != 3:
-        raise DataError(f"{path}: the mean must have shape (C, H, W), got {mean.shape}")
-    return mean.astype(numpy.float32)
+            return loaded["mean" if "mean" in names else names[0]]
+    return loaded
 
 
 class DataTransformer:

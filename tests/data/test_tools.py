@@ -8,6 +8,7 @@ import cv2
 import numpy
 import pytest
 
+from layerforge.caffe.caffe_pb import Datum
 from layerforge.commands import compute_image_mean, convert_imageset
 from layerforge.data.lmdb_io import LMDBReader
 from layerforge.errors import DataError
@@ -58,14 +59,33 @@ def test_class_folders_resize_gray_shuffle(tmp_path, encoded):
     assert (tmp_path / "db" / "labels.txt").read_text() == "0 ant\n1 cat\n"
 
 
-def test_encoded_keeps_original_bytes(tmp_path):
+@pytest.mark.parametrize("fmt", ["datum", "lfr1"])
+def test_encoded_keeps_original_bytes(tmp_path, fmt):
     make_folder(tmp_path / "img")
-    assert run(convert_imageset, [str(tmp_path / "img"), "-", str(tmp_path / "db"), "--encoded"]) == 0
+    assert run(convert_imageset, [str(tmp_path / "img"), "-", str(tmp_path / "db"), "--encoded", "--format", fmt]) == 0
     reader = LMDBReader(tmp_path / "db")
+    assert reader.format == {"datum": "Datum", "lfr1": "LFR1"}[fmt]
     array, label = reader.read(0)
     assert label == 0 and array.shape == (3, 4, 6)
     with reader.env.begin() as txn:
-        assert txn.get(b"00000000")[24:] == (tmp_path / "img" / "ant" / "0.png").read_bytes()
+        value = txn.get(b"00000000")
+    original = (tmp_path / "img" / "ant" / "0.png").read_bytes()
+    if fmt == "lfr1":
+        assert value[24:] == original
+    else:
+        datum = Datum.FromString(value)
+        assert datum.encoded and datum.data == original and datum.label == 0
+
+
+def test_encode_type_reencodes_as_jpg(tmp_path):
+    make_folder(tmp_path / "img")
+    assert run(convert_imageset, [str(tmp_path / "img"), "-", str(tmp_path / "db"), "--encoded",
+                                  "--encode_type", "jpg"]) == 0
+    with LMDBReader(tmp_path / "db").env.begin() as txn:
+        datum = Datum.FromString(txn.get(b"00000001"))
+    assert datum.encoded and datum.data[:2] == b"\xff\xd8" and datum.label == 0  # a JPEG of ant/2.png
+    array, _ = LMDBReader(tmp_path / "db").read(1)
+    numpy.testing.assert_allclose(array[:, 0, 0], [2, 20, 40], atol=3)  # B, G, R of ant/2.png, lossy
 
 
 def test_unreadable_image_and_existing_db(tmp_path):

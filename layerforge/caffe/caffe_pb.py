@@ -1,0 +1,452 @@
+"""Caffe's protobuf messages (package ``caffe``), built at import from the table below.
+
+The table is our own transcription of the facts in Caffe's ``caffe.proto`` (proto2): for each message
+its fields as ``(name, number, label, type[, default])``, label ``?`` optional, ``*`` repeated, ``*p``
+repeated and packed, ``!`` required; a type is a scalar, or a message / enum named relative to the
+message (nested enums are ``Message.Enum``). :func:`_file_descriptor` turns it into a
+``FileDescriptorProto`` in a private descriptor pool, and every message class is importable from this
+module under its Caffe name, with full names as Caffe's (``caffe.NetParameter``)::
+
+    from layerforge.caffe.caffe_pb import NetParameter, BlobProto, Datum, TRAIN
+
+Top-level enums are ``EnumTypeWrapper`` objects (``Phase.Value("TEST")``) and their values module
+constants (``TRAIN``, ``TEST``), nested enums' values are class attributes (``PoolingParameter.MAX``),
+as in protoc's ``caffe_pb2``. Fields a file carries that the table lacks are kept by protobuf as unknown
+fields and written back unchanged. All reading and writing is the protobuf library's.
+"""
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+
+PACKAGE = "caffe"
+
+ENUMS = {
+    "FillerParameter.VarianceNorm": (("FAN_IN", 0), ("FAN_OUT", 1), ("AVERAGE", 2)),
+    "SolverParameter.SnapshotFormat": (("HDF5", 0), ("BINARYPROTO", 1)),
+    "SolverParameter.SolverMode": (("CPU", 0), ("GPU", 1)),
+    "SolverParameter.SolverType": (
+        ("SGD", 0), ("NESTEROV", 1), ("ADAGRAD", 2), ("RMSPROP", 3), ("ADADELTA", 4), ("ADAM", 5),
+    ),
+    "Phase": (("TRAIN", 0), ("TEST", 1)),
+    "ParamSpec.DimCheckMode": (("STRICT", 0), ("PERMISSIVE", 1)),
+    "LossParameter.NormalizationMode": (("FULL", 0), ("VALID", 1), ("BATCH_SIZE", 2), ("NONE", 3)),
+    "ConvolutionParameter.Engine": (("DEFAULT", 0), ("CAFFE", 1), ("CUDNN", 2)),
+    "DataParameter.DB": (("LEVELDB", 0), ("LMDB", 1)),
+    "EltwiseParameter.EltwiseOp": (("PROD", 0), ("SUM", 1), ("MAX", 2)),
+    "HingeLossParameter.Norm": (("L1", 1), ("L2", 2)),
+    "LRNParameter.NormRegion": (("ACROSS_CHANNELS", 0), ("WITHIN_CHANNEL", 1)),
+    "LRNParameter.Engine": (("DEFAULT", 0), ("CAFFE", 1), ("CUDNN", 2)),
+    "PoolingParameter.PoolMethod": (("MAX", 0), ("AVE", 1), ("STOCHASTIC", 2)),
+    "PoolingParameter.Engine": (("DEFAULT", 0), ("CAFFE", 1), ("CUDNN", 2)),
+    "PoolingParameter.RoundMode": (("CEIL", 0), ("FLOOR", 1)),
+    "ReductionParameter.ReductionOp": (("SUM", 1), ("ASUM", 2), ("SUMSQ", 3), ("MEAN", 4)),
+    "ReLUParameter.Engine": (("DEFAULT", 0), ("CAFFE", 1), ("CUDNN", 2)),
+    "SigmoidParameter.Engine": (("DEFAULT", 0), ("CAFFE", 1), ("CUDNN", 2)),
+    "SoftmaxParameter.Engine": (("DEFAULT", 0), ("CAFFE", 1), ("CUDNN", 2)),
+    "TanHParameter.Engine": (("DEFAULT", 0), ("CAFFE", 1), ("CUDNN", 2)),
+    "SPPParameter.PoolMethod": (("MAX", 0), ("AVE", 1), ("STOCHASTIC", 2)),
+    "SPPParameter.Engine": (("DEFAULT", 0), ("CAFFE", 1), ("CUDNN", 2)),
+    "V1LayerParameter.LayerType": (
+        ("NONE", 0), ("ABSVAL", 35), ("ACCURACY", 1), ("ARGMAX", 30), ("BNLL", 2), ("CONCAT", 3),
+        ("CONTRASTIVE_LOSS", 37), ("CONVOLUTION", 4), ("DATA", 5), ("DECONVOLUTION", 39), ("DROPOUT", 6),
+        ("DUMMY_DATA", 32), ("EUCLIDEAN_LOSS", 7), ("ELTWISE", 25), ("EXP", 38), ("FLATTEN", 8), ("HDF5_DATA", 9),
+        ("HDF5_OUTPUT", 10), ("HINGE_LOSS", 28), ("IM2COL", 11), ("IMAGE_DATA", 12), ("INFOGAIN_LOSS", 13),
+        ("INNER_PRODUCT", 14), ("LRN", 15), ("MEMORY_DATA", 29), ("MULTINOMIAL_LOGISTIC_LOSS", 16), ("MVN", 34),
+        ("POOLING", 17), ("POWER", 26), ("RELU", 18), ("SIGMOID", 19), ("SIGMOID_CROSS_ENTROPY_LOSS", 27),
+        ("SILENCE", 36), ("SOFTMAX", 20), ("SOFTMAX_LOSS", 21), ("SPLIT", 22), ("SLICE", 33), ("TANH", 23),
+        ("WINDOW_DATA", 24), ("THRESHOLD", 31),
+    ),
+    "V1LayerParameter.DimCheckMode": (("STRICT", 0), ("PERMISSIVE", 1)),
+    "V0LayerParameter.PoolMethod": (("MAX", 0), ("AVE", 1), ("STOCHASTIC", 2)),
+}
+
+MESSAGES = {
+    "BlobShape": (
+        ("dim", 1, "*p", "int64"),
+    ),
+    "BlobProto": (
+        ("shape", 7, "?", "BlobShape"), ("data", 5, "*p", "float"), ("diff", 6, "*p", "float"),
+        ("double_data", 8, "*p", "double"), ("double_diff", 9, "*p", "double"), ("num", 1, "?", "int32", 0),
+        ("channels", 2, "?", "int32", 0), ("height", 3, "?", "int32", 0), ("width", 4, "?", "int32", 0),
+    ),
+    "BlobProtoVector": (
+        ("blobs", 1, "*", "BlobProto"),
+    ),
+    "Datum": (
+        ("channels", 1, "?", "int32"), ("height", 2, "?", "int32"), ("width", 3, "?", "int32"),
+        ("data", 4, "?", "bytes"), ("label", 5, "?", "int32"), ("float_data", 6, "*", "float"),
+        ("encoded", 7, "?", "bool", False),
+    ),
+    "FillerParameter": (
+        ("type", 1, "?", "string", "constant"), ("value", 2, "?", "float", 0.0), ("min", 3, "?", "float", 0.0),
+        ("max", 4, "?", "float", 1.0), ("mean", 5, "?", "float", 0.0), ("std", 6, "?", "float", 1.0),
+        ("sparse", 7, "?", "int32", -1), ("variance_norm", 8, "?", "VarianceNorm", "FAN_IN"),
+    ),
+    "NetParameter": (
+        ("name", 1, "?", "string"), ("input", 3, "*", "string"), ("input_shape", 8, "*", "BlobShape"),
+        ("input_dim", 4, "*", "int32"), ("force_backward", 5, "?", "bool", False), ("state", 6, "?", "NetState"),
+        ("debug_info", 7, "?", "bool", False), ("layer", 100, "*", "LayerParameter"),
+        ("layers", 2, "*", "V1LayerParameter"),
+    ),
+    "SolverParameter": (
+        ("net", 24, "?", "string"), ("net_param", 25, "?", "NetParameter"), ("train_net", 1, "?", "string"),
+        ("test_net", 2, "*", "string"), ("train_net_param", 21, "?", "NetParameter"),
+        ("test_net_param", 22, "*", "NetParameter"), ("train_state", 26, "?", "NetState"),
+        ("test_state", 27, "*", "NetState"), ("test_iter", 3, "*", "int32"), ("test_interval", 4, "?", "int32", 0),
+        ("test_compute_loss", 19, "?", "bool", False), ("test_initialization", 32, "?", "bool", True),
+        ("base_lr", 5, "?", "float"), ("display", 6, "?", "int32"), ("average_loss", 33, "?", "int32", 1),
+        ("max_iter", 7, "?", "int32"), ("iter_size", 36, "?", "int32", 1), ("lr_policy", 8, "?", "string"),
+        ("gamma", 9, "?", "float"), ("power", 10, "?", "float"), ("momentum", 11, "?", "float"),
+        ("weight_decay", 12, "?", "float"), ("regularization_type", 29, "?", "string", "L2"),
+        ("stepsize", 13, "?", "int32"), ("stepvalue", 34, "*", "int32"), ("clip_gradients", 35, "?", "float", -1.0),
+        ("snapshot", 14, "?", "int32", 0), ("snapshot_prefix", 15, "?", "string"),
+        ("snapshot_diff", 16, "?", "bool", False), ("snapshot_format", 37, "?", "SnapshotFormat", "BINARYPROTO"),
+        ("solver_mode", 17, "?", "SolverMode", "GPU"), ("device_id", 18, "?", "int32", 0),
+        ("random_seed", 20, "?", "int64", -1), ("type", 40, "?", "string", "SGD"),
+        ("delta", 31, "?", "float", 1e-08), ("momentum2", 39, "?", "float", 0.999),
+        ("rms_decay", 38, "?", "float", 0.99), ("debug_info", 23, "?", "bool", False),
+        ("snapshot_after_train", 28, "?", "bool", True), ("solver_type", 30, "?", "SolverType", "SGD"),
+        ("layer_wise_reduce", 41, "?", "bool", True), ("weights", 42, "*", "string"),
+    ),
+    "SolverState": (
+        ("iter", 1, "?", "int32"), ("learned_net", 2, "?", "string"), ("history", 3, "*", "BlobProto"),
+        ("current_step", 4, "?", "int32", 0),
+    ),
+    "NetState": (
+        ("phase", 1, "?", "Phase", "TEST"), ("level", 2, "?", "int32", 0), ("stage", 3, "*", "string"),
+    ),
+    "NetStateRule": (
+        ("phase", 1, "?", "Phase"), ("min_level", 2, "?", "int32"), ("max_level", 3, "?", "int32"),
+        ("stage", 4, "*", "string"), ("not_stage", 5, "*", "string"),
+    ),
+    "ParamSpec": (
+        ("name", 1, "?", "string"), ("share_mode", 2, "?", "DimCheckMode"), ("lr_mult", 3, "?", "float", 1.0),
+        ("decay_mult", 4, "?", "float", 1.0),
+    ),
+    "LayerParameter": (
+        ("name", 1, "?", "string"), ("type", 2, "?", "string"), ("bottom", 3, "*", "string"),
+        ("top", 4, "*", "string"), ("phase", 10, "?", "Phase"), ("loss_weight", 5, "*", "float"),
+        ("param", 6, "*", "ParamSpec"), ("blobs", 7, "*", "BlobProto"), ("propagate_down", 11, "*", "bool"),
+        ("include", 8, "*", "NetStateRule"), ("exclude", 9, "*", "NetStateRule"),
+        ("transform_param", 100, "?", "TransformationParameter"), ("loss_param", 101, "?", "LossParameter"),
+        ("accuracy_param", 102, "?", "AccuracyParameter"), ("argmax_param", 103, "?", "ArgMaxParameter"),
+        ("batch_norm_param", 139, "?", "BatchNormParameter"), ("bias_param", 141, "?", "BiasParameter"),
+        ("clip_param", 148, "?", "ClipParameter"), ("concat_param", 104, "?", "ConcatParameter"),
+        ("contrastive_loss_param", 105, "?", "ContrastiveLossParameter"),
+        ("convolution_param", 106, "?", "ConvolutionParameter"), ("crop_param", 144, "?", "CropParameter"),
+        ("data_param", 107, "?", "DataParameter"), ("dropout_param", 108, "?", "DropoutParameter"),
+        ("dummy_data_param", 109, "?", "DummyDataParameter"), ("eltwise_param", 110, "?", "EltwiseParameter"),
+        ("elu_param", 140, "?", "ELUParameter"), ("embed_param", 137, "?", "EmbedParameter"),
+        ("exp_param", 111, "?", "ExpParameter"), ("flatten_param", 135, "?", "FlattenParameter"),
+        ("hdf5_data_param", 112, "?", "HDF5DataParameter"), ("hdf5_output_param", 113, "?", "HDF5OutputParameter"),
+        ("hinge_loss_param", 114, "?", "HingeLossParameter"), ("image_data_param", 115, "?", "ImageDataParameter"),
+        ("infogain_loss_param", 116, "?", "InfogainLossParameter"),
+        ("inner_product_param", 117, "?", "InnerProductParameter"), ("input_param", 143, "?", "InputParameter"),
+        ("log_param", 134, "?", "LogParameter"), ("lrn_param", 118, "?", "LRNParameter"),
+        ("memory_data_param", 119, "?", "MemoryDataParameter"), ("mvn_param", 120, "?", "MVNParameter"),
+        ("parameter_param", 145, "?", "ParameterParameter"), ("pooling_param", 121, "?", "PoolingParameter"),
+        ("power_param", 122, "?", "PowerParameter"), ("prelu_param", 131, "?", "PReLUParameter"),
+        ("python_param", 130, "?", "PythonParameter"), ("recurrent_param", 146, "?", "RecurrentParameter"),
+        ("reduction_param", 136, "?", "ReductionParameter"), ("relu_param", 123, "?", "ReLUParameter"),
+        ("reshape_param", 133, "?", "ReshapeParameter"), ("scale_param", 142, "?", "ScaleParameter"),
+        ("sigmoid_param", 124, "?", "SigmoidParameter"), ("softmax_param", 125, "?", "SoftmaxParameter"),
+        ("spp_param", 132, "?", "SPPParameter"), ("slice_param", 126, "?", "SliceParameter"),
+        ("swish_param", 147, "?", "SwishParameter"), ("tanh_param", 127, "?", "TanHParameter"),
+        ("threshold_param", 128, "?", "ThresholdParameter"), ("tile_param", 138, "?", "TileParameter"),
+        ("window_data_param", 129, "?", "WindowDataParameter"),
+    ),
+    "TransformationParameter": (
+        ("scale", 1, "?", "float", 1.0), ("mirror", 2, "?", "bool", False), ("crop_size", 3, "?", "uint32", 0),
+        ("mean_file", 4, "?", "string"), ("mean_value", 5, "*", "float"), ("force_color", 6, "?", "bool", False),
+        ("force_gray", 7, "?", "bool", False),
+    ),
+    "LossParameter": (
+        ("ignore_label", 1, "?", "int32"), ("normalization", 3, "?", "NormalizationMode", "VALID"),
+        ("normalize", 2, "?", "bool"),
+    ),
+    "AccuracyParameter": (
+        ("top_k", 1, "?", "uint32", 1), ("axis", 2, "?", "int32", 1), ("ignore_label", 3, "?", "int32"),
+    ),
+    "ArgMaxParameter": (
+        ("out_max_val", 1, "?", "bool", False), ("top_k", 2, "?", "uint32", 1), ("axis", 3, "?", "int32"),
+    ),
+    "ClipParameter": (
+        ("min", 1, "!", "float"), ("max", 2, "!", "float"),
+    ),
+    "ConcatParameter": (
+        ("axis", 2, "?", "int32", 1), ("concat_dim", 1, "?", "uint32", 1),
+    ),
+    "BatchNormParameter": (
+        ("use_global_stats", 1, "?", "bool"), ("moving_average_fraction", 2, "?", "float", 999.0),
+        ("eps", 3, "?", "float", 1e-05),
+    ),
+    "BiasParameter": (
+        ("axis", 1, "?", "int32", 1), ("num_axes", 2, "?", "int32", 1), ("filler", 3, "?", "FillerParameter"),
+    ),
+    "ContrastiveLossParameter": (
+        ("margin", 1, "?", "float", 1.0), ("legacy_version", 2, "?", "bool", False),
+    ),
+    "ConvolutionParameter": (
+        ("num_output", 1, "?", "uint32"), ("bias_term", 2, "?", "bool", True), ("pad", 3, "*", "uint32"),
+        ("kernel_size", 4, "*", "uint32"), ("stride", 6, "*", "uint32"), ("dilation", 18, "*", "uint32"),
+        ("pad_h", 9, "?", "uint32", 0), ("pad_w", 10, "?", "uint32", 0), ("kernel_h", 11, "?", "uint32"),
+        ("kernel_w", 12, "?", "uint32"), ("stride_h", 13, "?", "uint32"), ("stride_w", 14, "?", "uint32"),
+        ("group", 5, "?", "uint32", 1), ("weight_filler", 7, "?", "FillerParameter"),
+        ("bias_filler", 8, "?", "FillerParameter"), ("engine", 15, "?", "Engine", "DEFAULT"),
+        ("axis", 16, "?", "int32", 1), ("force_nd_im2col", 17, "?", "bool", False),
+    ),
+    "CropParameter": (
+        ("axis", 1, "?", "int32", 2), ("offset", 2, "*", "uint32"),
+    ),
+    "DataParameter": (
+        ("source", 1, "?", "string"), ("batch_size", 4, "?", "uint32"), ("rand_skip", 7, "?", "uint32", 0),
+        ("backend", 8, "?", "DB", "LEVELDB"), ("scale", 2, "?", "float", 1.0), ("mean_file", 3, "?", "string"),
+        ("crop_size", 5, "?", "uint32", 0), ("mirror", 6, "?", "bool", False),
+        ("force_encoded_color", 9, "?", "bool", False), ("prefetch", 10, "?", "uint32", 4),
+    ),
+    "DropoutParameter": (
+        ("dropout_ratio", 1, "?", "float", 0.5),
+    ),
+    "DummyDataParameter": (
+        ("data_filler", 1, "*", "FillerParameter"), ("shape", 6, "*", "BlobShape"), ("num", 2, "*", "uint32"),
+        ("channels", 3, "*", "uint32"), ("height", 4, "*", "uint32"), ("width", 5, "*", "uint32"),
+    ),
+    "EltwiseParameter": (
+        ("operation", 1, "?", "EltwiseOp", "SUM"), ("coeff", 2, "*", "float"),
+        ("stable_prod_grad", 3, "?", "bool", True),
+    ),
+    "ELUParameter": (
+        ("alpha", 1, "?", "float", 1.0),
+    ),
+    "EmbedParameter": (
+        ("num_output", 1, "?", "uint32"), ("input_dim", 2, "?", "uint32"), ("bias_term", 3, "?", "bool", True),
+        ("weight_filler", 4, "?", "FillerParameter"), ("bias_filler", 5, "?", "FillerParameter"),
+    ),
+    "ExpParameter": (
+        ("base", 1, "?", "float", -1.0), ("scale", 2, "?", "float", 1.0), ("shift", 3, "?", "float", 0.0),
+    ),
+    "FlattenParameter": (
+        ("axis", 1, "?", "int32", 1), ("end_axis", 2, "?", "int32", -1),
+    ),
+    "HDF5DataParameter": (
+        ("source", 1, "?", "string"), ("batch_size", 2, "?", "uint32"), ("shuffle", 3, "?", "bool", False),
+    ),
+    "HDF5OutputParameter": (
+        ("file_name", 1, "?", "string"),
+    ),
+    "HingeLossParameter": (
+        ("norm", 1, "?", "Norm", "L1"),
+    ),
+    "ImageDataParameter": (
+        ("source", 1, "?", "string"), ("batch_size", 4, "?", "uint32", 1), ("rand_skip", 7, "?", "uint32", 0),
+        ("shuffle", 8, "?", "bool", False), ("new_height", 9, "?", "uint32", 0), ("new_width", 10, "?", "uint32", 0),
+        ("is_color", 11, "?", "bool", True), ("scale", 2, "?", "float", 1.0), ("mean_file", 3, "?", "string"),
+        ("crop_size", 5, "?", "uint32", 0), ("mirror", 6, "?", "bool", False),
+        ("root_folder", 12, "?", "string", ""),
+    ),
+    "InfogainLossParameter": (
+        ("source", 1, "?", "string"), ("axis", 2, "?", "int32", 1),
+    ),
+    "InnerProductParameter": (
+        ("num_output", 1, "?", "uint32"), ("bias_term", 2, "?", "bool", True),
+        ("weight_filler", 3, "?", "FillerParameter"), ("bias_filler", 4, "?", "FillerParameter"),
+        ("axis", 5, "?", "int32", 1), ("transpose", 6, "?", "bool", False),
+    ),
+    "InputParameter": (
+        ("shape", 1, "*", "BlobShape"),
+    ),
+    "LogParameter": (
+        ("base", 1, "?", "float", -1.0), ("scale", 2, "?", "float", 1.0), ("shift", 3, "?", "float", 0.0),
+    ),
+    "LRNParameter": (
+        ("local_size", 1, "?", "uint32", 5), ("alpha", 2, "?", "float", 1.0), ("beta", 3, "?", "float", 0.75),
+        ("norm_region", 4, "?", "NormRegion", "ACROSS_CHANNELS"), ("k", 5, "?", "float", 1.0),
+        ("engine", 6, "?", "Engine", "DEFAULT"),
+    ),
+    "MemoryDataParameter": (
+        ("batch_size", 1, "?", "uint32"), ("channels", 2, "?", "uint32"), ("height", 3, "?", "uint32"),
+        ("width", 4, "?", "uint32"),
+    ),
+    "MVNParameter": (
+        ("normalize_variance", 1, "?", "bool", True), ("across_channels", 2, "?", "bool", False),
+        ("eps", 3, "?", "float", 1e-09),
+    ),
+    "ParameterParameter": (
+        ("shape", 1, "?", "BlobShape"),
+    ),
+    "PoolingParameter": (
+        ("pool", 1, "?", "PoolMethod", "MAX"), ("pad", 4, "?", "uint32", 0), ("pad_h", 9, "?", "uint32", 0),
+        ("pad_w", 10, "?", "uint32", 0), ("kernel_size", 2, "?", "uint32"), ("kernel_h", 5, "?", "uint32"),
+        ("kernel_w", 6, "?", "uint32"), ("stride", 3, "?", "uint32", 1), ("stride_h", 7, "?", "uint32"),
+        ("stride_w", 8, "?", "uint32"), ("engine", 11, "?", "Engine", "DEFAULT"),
+        ("global_pooling", 12, "?", "bool", False), ("round_mode", 13, "?", "RoundMode", "CEIL"),
+    ),
+    "PowerParameter": (
+        ("power", 1, "?", "float", 1.0), ("scale", 2, "?", "float", 1.0), ("shift", 3, "?", "float", 0.0),
+    ),
+    "PythonParameter": (
+        ("module", 1, "?", "string"), ("layer", 2, "?", "string"), ("param_str", 3, "?", "string", ""),
+        ("share_in_parallel", 4, "?", "bool", False),
+    ),
+    "RecurrentParameter": (
+        ("num_output", 1, "?", "uint32", 0), ("weight_filler", 2, "?", "FillerParameter"),
+        ("bias_filler", 3, "?", "FillerParameter"), ("debug_info", 4, "?", "bool", False),
+        ("expose_hidden", 5, "?", "bool", False),
+    ),
+    "ReductionParameter": (
+        ("operation", 1, "?", "ReductionOp", "SUM"), ("axis", 2, "?", "int32", 0), ("coeff", 3, "?", "float", 1.0),
+    ),
+    "ReLUParameter": (
+        ("negative_slope", 1, "?", "float", 0.0), ("engine", 2, "?", "Engine", "DEFAULT"),
+    ),
+    "ReshapeParameter": (
+        ("shape", 1, "?", "BlobShape"), ("axis", 2, "?", "int32", 0), ("num_axes", 3, "?", "int32", -1),
+    ),
+    "ScaleParameter": (
+        ("axis", 1, "?", "int32", 1), ("num_axes", 2, "?", "int32", 1), ("filler", 3, "?", "FillerParameter"),
+        ("bias_term", 4, "?", "bool", False), ("bias_filler", 5, "?", "FillerParameter"),
+    ),
+    "SigmoidParameter": (
+        ("engine", 1, "?", "Engine", "DEFAULT"),
+    ),
+    "SliceParameter": (
+        ("axis", 3, "?", "int32", 1), ("slice_point", 2, "*", "uint32"), ("slice_dim", 1, "?", "uint32", 1),
+    ),
+    "SoftmaxParameter": (
+        ("engine", 1, "?", "Engine", "DEFAULT"), ("axis", 2, "?", "int32", 1),
+    ),
+    "SwishParameter": (
+        ("beta", 1, "?", "float", 1.0),
+    ),
+    "TanHParameter": (
+        ("engine", 1, "?", "Engine", "DEFAULT"),
+    ),
+    "TileParameter": (
+        ("axis", 1, "?", "int32", 1), ("tiles", 2, "?", "int32"),
+    ),
+    "ThresholdParameter": (
+        ("threshold", 1, "?", "float", 0.0),
+    ),
+    "WindowDataParameter": (
+        ("source", 1, "?", "string"), ("scale", 2, "?", "float", 1.0), ("mean_file", 3, "?", "string"),
+        ("batch_size", 4, "?", "uint32"), ("crop_size", 5, "?", "uint32", 0), ("mirror", 6, "?", "bool", False),
+        ("fg_threshold", 7, "?", "float", 0.5), ("bg_threshold", 8, "?", "float", 0.5),
+        ("fg_fraction", 9, "?", "float", 0.25), ("context_pad", 10, "?", "uint32", 0),
+        ("crop_mode", 11, "?", "string", "warp"), ("cache_images", 12, "?", "bool", False),
+        ("root_folder", 13, "?", "string", ""),
+    ),
+    "SPPParameter": (
+        ("pyramid_height", 1, "?", "uint32"), ("pool", 2, "?", "PoolMethod", "MAX"),
+        ("engine", 6, "?", "Engine", "DEFAULT"),
+    ),
+    "V1LayerParameter": (
+        ("bottom", 2, "*", "string"), ("top", 3, "*", "string"), ("name", 4, "?", "string"),
+        ("include", 32, "*", "NetStateRule"), ("exclude", 33, "*", "NetStateRule"), ("type", 5, "?", "LayerType"),
+        ("blobs", 6, "*", "BlobProto"), ("param", 1001, "*", "string"),
+        ("blob_share_mode", 1002, "*", "DimCheckMode"), ("blobs_lr", 7, "*", "float"),
+        ("weight_decay", 8, "*", "float"), ("loss_weight", 35, "*", "float"),
+        ("accuracy_param", 27, "?", "AccuracyParameter"), ("argmax_param", 23, "?", "ArgMaxParameter"),
+        ("concat_param", 9, "?", "ConcatParameter"), ("contrastive_loss_param", 40, "?", "ContrastiveLossParameter"),
+        ("convolution_param", 10, "?", "ConvolutionParameter"), ("data_param", 11, "?", "DataParameter"),
+        ("dropout_param", 12, "?", "DropoutParameter"), ("dummy_data_param", 26, "?", "DummyDataParameter"),
+        ("eltwise_param", 24, "?", "EltwiseParameter"), ("exp_param", 41, "?", "ExpParameter"),
+        ("hdf5_data_param", 13, "?", "HDF5DataParameter"), ("hdf5_output_param", 14, "?", "HDF5OutputParameter"),
+        ("hinge_loss_param", 29, "?", "HingeLossParameter"), ("image_data_param", 15, "?", "ImageDataParameter"),
+        ("infogain_loss_param", 16, "?", "InfogainLossParameter"),
+        ("inner_product_param", 17, "?", "InnerProductParameter"), ("lrn_param", 18, "?", "LRNParameter"),
+        ("memory_data_param", 22, "?", "MemoryDataParameter"), ("mvn_param", 34, "?", "MVNParameter"),
+        ("pooling_param", 19, "?", "PoolingParameter"), ("power_param", 21, "?", "PowerParameter"),
+        ("relu_param", 30, "?", "ReLUParameter"), ("sigmoid_param", 38, "?", "SigmoidParameter"),
+        ("softmax_param", 39, "?", "SoftmaxParameter"), ("slice_param", 31, "?", "SliceParameter"),
+        ("tanh_param", 37, "?", "TanHParameter"), ("threshold_param", 25, "?", "ThresholdParameter"),
+        ("window_data_param", 20, "?", "WindowDataParameter"),
+        ("transform_param", 36, "?", "TransformationParameter"), ("loss_param", 42, "?", "LossParameter"),
+        ("layer", 1, "?", "V0LayerParameter"),
+    ),
+    "V0LayerParameter": (
+        ("name", 1, "?", "string"), ("type", 2, "?", "string"), ("num_output", 3, "?", "uint32"),
+        ("biasterm", 4, "?", "bool", True), ("weight_filler", 5, "?", "FillerParameter"),
+        ("bias_filler", 6, "?", "FillerParameter"), ("pad", 7, "?", "uint32", 0), ("kernelsize", 8, "?", "uint32"),
+        ("group", 9, "?", "uint32", 1), ("stride", 10, "?", "uint32", 1), ("pool", 11, "?", "PoolMethod", "MAX"),
+        ("dropout_ratio", 12, "?", "float", 0.5), ("local_size", 13, "?", "uint32", 5),
+        ("alpha", 14, "?", "float", 1.0), ("beta", 15, "?", "float", 0.75), ("k", 22, "?", "float", 1.0),
+        ("source", 16, "?", "string"), ("scale", 17, "?", "float", 1.0), ("meanfile", 18, "?", "string"),
+        ("batchsize", 19, "?", "uint32"), ("cropsize", 20, "?", "uint32", 0), ("mirror", 21, "?", "bool", False),
+        ("blobs", 50, "*", "BlobProto"), ("blobs_lr", 51, "*", "float"), ("weight_decay", 52, "*", "float"),
+        ("rand_skip", 53, "?", "uint32", 0), ("det_fg_threshold", 54, "?", "float", 0.5),
+        ("det_bg_threshold", 55, "?", "float", 0.5), ("det_fg_fraction", 56, "?", "float", 0.25),
+        ("det_context_pad", 58, "?", "uint32", 0), ("det_crop_mode", 59, "?", "string", "warp"),
+        ("new_num", 60, "?", "int32", 0), ("new_channels", 61, "?", "int32", 0), ("new_height", 62, "?", "int32", 0),
+        ("new_width", 63, "?", "int32", 0), ("shuffle_images", 64, "?", "bool", False),
+        ("concat_dim", 65, "?", "uint32", 1), ("hdf5_output_param", 1001, "?", "HDF5OutputParameter"),
+    ),
+    "PReLUParameter": (
+        ("filler", 1, "?", "FillerParameter"), ("channel_shared", 2, "?", "bool", False),
+    ),
+}
+
+_SCALARS = {
+    "double": "TYPE_DOUBLE", "float": "TYPE_FLOAT", "int64": "TYPE_INT64", "uint64": "TYPE_UINT64",
+    "int32": "TYPE_INT32", "uint32": "TYPE_UINT32", "bool": "TYPE_BOOL", "string": "TYPE_STRING",
+    "bytes": "TYPE_BYTES",
+}
+_LABELS = {"?": "LABEL_OPTIONAL", "!": "LABEL_REQUIRED", "*": "LABEL_REPEATED", "*p": "LABEL_REPEATED"}
+
+
+def _resolve(scope, name):
+    """The full name (``.caffe.X.Y``) and kind of type ``name`` used inside message ``scope``."""
+    for candidate in (f"{scope}.{name}", name):
+        if candidate in ENUMS:
+            return "." + PACKAGE + "." + candidate, "TYPE_ENUM"
+        if candidate in MESSAGES:
+            return "." + PACKAGE + "." + candidate, "TYPE_MESSAGE"
+    raise KeyError(f"caffe_pb: type '{name}' used in {scope} is not in the table")
+
+
+def _default_text(value):
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def _add_enum(container, name, values):
+    enum = container.enum_type.add(name=name)
+    for value_name, number in values:
+        enum.value.add(name=value_name, number=number)
+
+
+def _file_descriptor():
+    fdp = descriptor_pb2.FileDescriptorProto(name="caffe.proto", package=PACKAGE, syntax="proto2")
+    F = descriptor_pb2.FieldDescriptorProto
+    for name, values in ENUMS.items():
+        if "." not in name:
+            _add_enum(fdp, name, values)
+    for name, fields in MESSAGES.items():
+        msg = fdp.message_type.add(name=name)
+        for enum_name, values in ENUMS.items():
+            if enum_name.startswith(name + ".") and "." not in enum_name[len(name) + 1:]:
+                _add_enum(msg, enum_name[len(name) + 1:], values)
+        for field_name, number, label, type_name, *default in fields:
+            f = msg.field.add(name=field_name, number=number, label=getattr(F, _LABELS[label]))
+            if type_name in _SCALARS:
+                f.type = getattr(F, _SCALARS[type_name])
+            else:
+                full, kind = _resolve(name, type_name)
+                f.type, f.type_name = getattr(F, kind), full
+            if default:
+                f.default_value = _default_text(default[0])
+            if label == "*p":
+                f.options.packed = True
+    return fdp
+
+
+POOL = descriptor_pool.DescriptorPool()
+DESCRIPTOR = POOL.Add(_file_descriptor())
+# the classes, under their Caffe names: globals() so `from layerforge.caffe.caffe_pb import Datum` works
+for _name in MESSAGES:
+    globals()[_name] = message_factory.GetMessageClass(POOL.FindMessageTypeByName(f"{PACKAGE}.{_name}"))
+for _name, _values in ENUMS.items():
+    if "." not in _name:
+        globals()[_name] = EnumTypeWrapper(POOL.FindEnumTypeByName(f"{PACKAGE}.{_name}"))
+        globals().update(_values)
+del _name, _values
+
+__all__ = list(MESSAGES) + [n for n in ENUMS if "." not in n] + \
+    [v for n, vs in ENUMS.items() if "." not in n for v, _ in vs]
