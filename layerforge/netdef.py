@@ -37,7 +37,11 @@ LAYER_KEYS = {
     "exclude": Field([STATE_RULE], []),
 }
 
-NET_KEYS = ("name", "input", "input_shape", "input_dim", "force_backward", "state", "layers", "layer", "blocks")
+NET_KEYS = ("name", "input", "input_shape", "input_dim", "force_backward", "state", "layers", "layer", "blocks",
+            "unique_layer_names", "skip_undifferentiable")
+
+# layerforge's choices where Caffe's behaviour is a trap; each off by default, so a Caffe net runs as in Caffe
+NET_OPTIONS = ("unique_layer_names", "skip_undifferentiable")
 
 
 class LayerParameter:
@@ -90,7 +94,7 @@ def parse_layer(mapping, path=None, index=0, registry=None):
         raise ConfigError(f"unknown layer type '{ltype}'{suggest(ltype, registry)}",
                           path, mapping.line_of("type"), name, key="type")
     cls = registry[ltype]
-    ctx = Context(path, name, ltype)
+    ctx = Context(path, name, ltype, line=mapping.line or line)
     for key in mapping:
         if key in LAYER_KEYS or key in cls.param_blocks:
             continue
@@ -111,7 +115,7 @@ def parse_layer(mapping, path=None, index=0, registry=None):
         sub = mapping.get(block, LineDict())
         if not isinstance(sub, dict):
             raise ctx.error("expected a mapping of parameters", block, mapping.line_of(block))
-        blocks[block] = validate_block(sub, schema, ctx.nested(block))
+        blocks[block] = validate_block(sub, schema, ctx.nested(block, mapping.line_of(block)))
     lp = LayerParameter(path=path, line=line, source=mapping, **common.as_dict(), **blocks)
     validate = getattr(cls, "validate_params", None)
     if validate is not None:
@@ -141,10 +145,13 @@ def layer_included(lp, phase, level=0, stages=()):
 
 
 class NetParameter:
-    """A validated net: ``name``, ``force_backward``, ``layers`` (LayerParameters), ``path``."""
+    """A validated net: ``name``, ``force_backward``, ``layers`` (LayerParameters), ``path``, ``state`` (the
+    default phase / level / stage) and the options of ``NET_OPTIONS`` (docs/net-format.md)."""
 
-    def __init__(self, name, layers, force_backward, path, state):
+    def __init__(self, name, layers, force_backward, path, state, unique_layer_names=False,
+                 skip_undifferentiable=False):
         self.name, self.layers, self.force_backward, self.path, self.state = name, layers, force_backward, path, state
+        self.unique_layer_names, self.skip_undifferentiable = unique_layer_names, skip_undifferentiable
 
 
 def load_net_def(source):
@@ -170,9 +177,11 @@ def load_net_def(source):
     if not isinstance(raw_layers, list):
         raise ConfigError("'layers' must be a list", path, mapping.line_of("layers"), key="layers")
     name = mapping.get("name", "net")
-    force_backward = mapping.get("force_backward", False)
-    if not isinstance(force_backward, bool):
-        raise ConfigError("expected true or false", path, mapping.line_of("force_backward"), key="force_backward")
+    flags = {}
+    for key in ("force_backward",) + NET_OPTIONS:
+        flags[key] = mapping.get(key, False)
+        if not isinstance(flags[key], bool):
+            raise ConfigError("expected true or false", path, mapping.line_of(key), key=key)
     try:
         layers = _legacy_inputs(mapping, path) + [parse_layer(m, path, i) for i, m in enumerate(raw_layers)]
     except ConfigError as e:
@@ -180,7 +189,7 @@ def load_net_def(source):
     state = validate_block(mapping.get("state", LineDict()),
                            {"phase": Field("enum", None, choices=("TRAIN", "TEST")), "level": Field("int", 0),
                             "stage": Field("strs", [])}, Context(path, prefix="state."))
-    return NetParameter(name, layers, force_backward, path, state)
+    return NetParameter(name, layers, flags.pop("force_backward"), path, state, **flags)
 
 
 def _legacy_inputs(mapping, path):
@@ -205,6 +214,10 @@ def _legacy_inputs(mapping, path):
     return [parse_layer(layer, path)]
 
 
+# parameter blocks of the data layers: their batch_size and (where they shard) rank / world_size
+DATA_BLOCKS = ("data", "image_data", "hdf5_data", "window_data", "memory_data")
+
+
 def set_batch_size(netdef, batch):
     """Change the batch size of every Input, DummyData and data layer of a NetParameter (in place)."""
     for lp in netdef.layers:
@@ -213,7 +226,7 @@ def set_batch_size(netdef, batch):
         elif lp.type == "DummyData":
             lp.dummy_data.shape = [(batch,) + tuple(s[1:]) for s in lp.dummy_data.shape]
         else:
-            for block in ("data", "image_data"):
+            for block in DATA_BLOCKS:
                 p = getattr(lp, block, None)
                 if p is not None and hasattr(p, "batch_size"):
                     p.batch_size = batch
@@ -223,7 +236,7 @@ def set_batch_size(netdef, batch):
 def set_shard(netdef, rank, world_size):
     """Make every data layer of a NetParameter read shard ``rank`` of ``world_size`` (in place)."""
     for lp in netdef.layers:
-        for block in ("data", "image_data"):
+        for block in DATA_BLOCKS:
             p = getattr(lp, block, None)
             if p is not None and hasattr(p, "world_size"):
                 p.rank, p.world_size = int(rank), int(world_size)

@@ -345,17 +345,19 @@ def _convert_shapes(value, err):
 
 
 class Context:
-    """Where a block sits: file, layer name and type, and a key prefix (``convolution.``)."""
+    """Where a block sits: file, layer name and type, a key prefix (``convolution.``) and the line to name
+    when a key has none of its own (a missing key: the line of the block, or of the layer)."""
 
-    def __init__(self, path=None, layer=None, layer_type=None, prefix=""):
-        self.path, self.layer, self.layer_type, self.prefix = path, layer, layer_type, prefix
+    def __init__(self, path=None, layer=None, layer_type=None, prefix="", line=None):
+        self.path, self.layer, self.layer_type, self.prefix, self.line = path, layer, layer_type, prefix, line
 
     def error(self, message, key=None, line=None):
-        return ConfigError(message, self.path, line, self.layer, self.layer_type,
+        return ConfigError(message, self.path, self.line if line is None else line, self.layer, self.layer_type,
                            None if key is None else self.prefix + str(key))
 
-    def nested(self, key):
-        return Context(self.path, self.layer, self.layer_type, f"{self.prefix}{key}.")
+    def nested(self, key, line=None):
+        return Context(self.path, self.layer, self.layer_type, f"{self.prefix}{key}.",
+                       self.line if line is None else line)
 
 
 def validate_block(mapping, schema, ctx):

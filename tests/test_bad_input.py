@@ -132,3 +132,17 @@ def test_wrong_array_given_to_a_parameter_names_the_layer():
         weights.diff = numpy.zeros((4, 3))  # the right shape in the wrong dtype would change the net's precision
     weights.data = numpy.full((4, 3), 0.5, numpy.float32)  # the right array is taken as it is
     assert net.forward(data=numpy.ones((2, 3)))["ip"].sum() == pytest.approx(2 * 4 * 1.5)
+
+
+@pytest.mark.parametrize("layer,line,message", [
+    ("- {name: r, type: ReLU, bottom: data, top: r, loss_weight: .nan}", 4, "key 'loss_weight': expected a finite"),
+    ("- name: ip\n  type: InnerProduct\n  bottom: data\n  top: ip", 4, "key 'inner_product.num_output': required"),
+    ("- name: ip\n  type: InnerProduct\n  bottom: data\n  top: ip\n  inner_product: {bias_term: false}", 8,
+     "key 'inner_product.num_output': required"),
+])
+def test_errors_in_common_keys_and_missing_keys_name_a_line(tmp_path, layer, line, message):
+    path = tmp_path / "net.yaml"
+    path.write_text("name: x\nlayers:\n" + INPUT + layer + "\n")
+    with pytest.raises(ConfigError) as e:
+        Net(str(path))
+    assert str(e.value).startswith(f"{path}:{line}: ") and message in str(e.value), str(e.value)

@@ -5,6 +5,7 @@ model and solver files may be Caffe prototxt or layerforge YAML. docs/caffe-migr
 differs from Caffe.
 """
 from ..errors import LayerforgeError
+from ..layers.python_layer import PythonLayerBase as Layer
 from . import io
 from .mode import set_device, set_mode_cpu, set_mode_gpu, set_random_seed
 from .net import TEST, TRAIN, Net
@@ -21,6 +22,6 @@ def layer_type_list():
     return sorted(LAYER_REGISTRY)
 
 
-__all__ = ["Net", "TRAIN", "TEST", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver",
+__all__ = ["Layer", "Net", "TRAIN", "TEST", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver",
            "AdaDeltaSolver", "AdamSolver", "get_solver", "set_mode_cpu", "set_mode_gpu", "set_device",
            "set_random_seed", "layer_type_list", "io", "LayerforgeError"]

@@ -432,9 +432,9 @@ def test_v1_blobs_lr_weight_decay_and_param_names():
 # errors: one line, file:line, the layer and the Caffe field
 
 @pytest.mark.parametrize("text, line, fragment", [
-    ('layer {\n name: "p"\n type: "Python"\n}', 3, "layer 'p' (Python): key 'type': unsupported layer type 'Python'"),
-    ('layers {\n name: "h"\n type: HDF5_DATA\n}', 3,
-     "layer 'h' (HDF5Data): key 'type': unsupported layer type 'HDF5Data'"),
+    ('layer {\n name: "p"\n type: "Frobnicate"\n}', 3,
+     "layer 'p' (Frobnicate): key 'type': unsupported layer type 'Frobnicate'"),
+    ('layers {\n name: "h"\n type: HDF5_DATA\n}', 1, "layer 'h' (HDF5Data): key 'hdf5_data.source': required key is missing"),
     ('layers { name: "h" type: BOGUS }', 1, "unknown V1 layer type BOGUS"),
     ('layer { name: "c" type: "Convolution" bottom: "x" top: "c"\n convolution_param { num_output: 2\n'
      '  kernel_size: 1\n  frobnicate: 3 } }', 4, "key 'convolution_param.frobnicate': Caffe field 'frobnicate' has "
@@ -507,7 +507,7 @@ def test_solver_type_enum_states_and_inline_nets():
     assert kind == "solver"
     assert sp["type"] == "Nesterov" and sp["net_param"]["layers"][0]["input"] == {"shape": [1, 2]}
     assert sp["train_state"] == {"stage": "a"} and sp["test_state"] == [{"stage": "b", "level": 2}]
-    assert "snapshot_format" not in sp and "debug_info" not in sp
+    assert sp["snapshot_format"] == "HDF5" and "debug_info" not in sp  # snapshot_format is supported
     param = load_solver_param(sp, SOLVER_REGISTRY)
     assert param.type == "Nesterov" and learning_rate(param, 5) == pytest.approx(0.1 * 0.5 ** 2)
 
@@ -576,10 +576,10 @@ def test_command_writes_yaml_with_notes(tmp_path, capsys):
 
 def test_command_errors_exit_2_with_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.prototxt"
-    bad.write_text('name: "x"\nlayer {\n  name: "p"\n  type: "Python"\n}\n')
+    bad.write_text('name: "x"\nlayer {\n  name: "p"\n  type: "Frobnicate"\n}\n')
     assert main(["convert", str(bad), "-o", str(tmp_path / "bad.yaml")]) == 2
     _, stderr = capsys.readouterr()
-    assert stderr == f"error: {bad}:4: layer 'p' (Python): key 'type': unsupported layer type 'Python' " \
+    assert stderr == f"error: {bad}:4: layer 'p' (Frobnicate): key 'type': unsupported layer type 'Frobnicate' " \
                      "(layerforge has no such layer)\n"
     assert not (tmp_path / "bad.yaml").exists()
     good = tmp_path / "good.prototxt"

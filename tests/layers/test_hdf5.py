@@ -179,3 +179,19 @@ def test_converter_notes_a_missing_hdf5_source(tmp_path, monkeypatch):
     kind, net, notes = convert_file(path)
     assert net["layers"][0]["hdf5_data"] == {"source": "train_h5.txt", "batch_size": 2, "shuffle": True}
     assert any("data sources are kept as written" in n and "train_h5.txt" in n for n in notes)
+
+
+def test_a_net_built_for_one_rank_reads_its_shard(tmp_path):
+    from layerforge import Net
+
+    write_h5(tmp_path / "a.h5", data=numpy.arange(8.0).reshape(8, 1), label=numpy.arange(8.0))
+    (tmp_path / "list.txt").write_text(str(tmp_path / "a.h5") + "\n")
+    definition = {"name": "n", "layers": [{"name": "d", "type": "HDF5Data", "top": ["data", "label"],
+                                           "hdf5_data": {"source": str(tmp_path / "list.txt"), "batch_size": 2}}]}
+    net = Net(definition, phase="test", shard=(1, 2))
+    assert net.layers[0].layer_param.hdf5_data.world_size == 2
+    seen = []
+    for _ in range(2):
+        net.forward()
+        seen += net.blobs["label"].data.tolist()
+    assert seen == [1.0, 3.0, 5.0, 7.0]  # rank 1 of 2: rows 1, 3, 5, 7
