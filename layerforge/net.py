@@ -37,8 +37,10 @@ class Net:
 
     Args:
         source: path of a net YAML file, or a dict of the same structure.
-        phase: ``"train"`` or ``"test"`` (layers are filtered by their include/exclude rules).
-        level, stages: Caffe's NetState level and stages for the rules.
+        phase: ``"train"`` or ``"test"`` (layers are filtered by their include/exclude rules); None: the
+            net's own ``state: {phase}``, else train.
+        level, stages: Caffe's NetState level and stages for the rules; None: the net's ``state``. Given
+            stages are added to the state's, a given level replaces it (Caffe's Net(file, phase, level, stages)).
         dtype: ``"float32"`` (default) or ``"float64"`` for every blob and parameter.
         weights: optional ``.npz`` of weights to copy in (as :meth:`copy_from`).
         shard: ``(rank, world_size)``: data layers read only that shard of their source.
@@ -49,6 +51,8 @@ class Net:
         layers: the Layer objects in execution order (auto-inserted Split layers included).
         inputs / outputs: names of input blobs (tops of Input layers) and of blobs no layer consumes.
         loss: total weighted loss of the last forward pass (a float).
+        phase, level, stages: the NetState the layers were selected with.
+        layer_need_backward, bottom_need_backward: Caffe's backward flags (see :meth:`_analyse_backward`).
     """
 
     def __init__(self, source, phase=None, level=None, stages=None, dtype="float32", weights=None, xp=numpy,
@@ -126,7 +130,8 @@ class Net:
                 row.append(v)
             bottoms.append(row)
             for v in tops[i]:
-                latest[v.name] = v
+                if not v.anonymous:
+                    latest[v.name] = v
         order = self._topological_order(lps, bottoms)
         return [(lps[i], bottoms[i], tops[i]) for i in order]
 
@@ -510,9 +515,21 @@ class Net:
     # ------------------------------------------------------------------------------------------
     # weights
 
+    def param_keys(self):
+        """``[(key, blobs)]`` for every layer with parameters, in order. The key is the layer's name; the k-th
+        layer (k >= 2) of a repeated name is ``name#k``, so weights files keep every layer, and a file written
+        by Caffe's names fills the first layer of each name, as Caffe's CopyTrainedLayersFrom does."""
+        seen, keys = collections.Counter(), []
+        for layer in self.layers:
+            if layer.blobs:
+                seen[layer.name] += 1
+                k = seen[layer.name]
+                keys.append((layer.name if k == 1 else f"{layer.name}#{k}", layer.blobs))
+        return keys
+
     def state_arrays(self):
-        """``{"<layer>/<index>": array}`` of every layer's parameter blobs (host arrays)."""
-        return {f"{name}/{j}": backend.to_numpy(b.data) for name, blobs in self.params.items() for j, b in enumerate(blobs)}
+        """``{"<layer key>/<index>": array}`` of every layer's parameter blobs (host arrays; keys: :meth:`param_keys`)."""
+        return {f"{name}/{j}": backend.to_numpy(b.data) for name, blobs in self.param_keys() for j, b in enumerate(blobs)}
 
     def save(self, path):
         """Write all parameter blobs to ``path`` (.npz, atomically)."""
@@ -540,8 +557,9 @@ class Net:
         """Read ``other``'s parameter data (the same arrays) in every layer that has a layer of the same name
         there, as Caffe's ShareTrainedLayersWith does (data only: each net keeps its own diffs). The solver's
         test nets share the train net's weights so, and see every update without a copy."""
-        for name, blobs in self.params.items():
-            source = other.params.get(name)
+        theirs_by_key = dict(other.param_keys())
+        for name, blobs in self.param_keys():
+            source = theirs_by_key.get(name)
             if source is None:
                 continue
             shapes, theirs = [tuple(b.shape) for b in blobs], [tuple(b.shape) for b in source]
@@ -552,7 +570,7 @@ class Net:
                 b.share_data(s)
 
     def _copy_arrays(self, arrays, source):
-        for name, blobs in self.params.items():
+        for name, blobs in self.param_keys():
             for j, blob in enumerate(blobs):
                 key = f"{name}/{j}"
                 if key not in arrays:

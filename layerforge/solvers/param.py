@@ -46,6 +46,9 @@ SOLVER_KEYS = {
     "regularization_type": Field("enum", "L2", choices=("L2", "L1"), doc="L2: += wd * w; L1: += wd * sign(w)"),
     "iter_size": Field("int", 1, min=1, doc="forward/backward passes accumulated per update"),
     "clip_gradients": Field("float", -1.0, doc="scale diffs down to this global L2 norm (< 0: off)"),
+    "clip_after_normalize": Field("bool", False, doc="clip the mean gradient of the iter_size passes, not their "
+                                                     "sum as Caffe does (the threshold then means the same for "
+                                                     "every iter_size)"),
     # loop, logging, testing
     "max_iter": Field("int", 0, min=0, doc="iterations to train"),
     "display": Field("int", 0, min=0, doc="log every this many iterations (0: never)"),
@@ -58,6 +61,8 @@ SOLVER_KEYS = {
     "snapshot": Field("int", 0, min=0, doc="snapshot every this many iterations (0: never)"),
     "snapshot_prefix": Field("str", None, doc="path prefix of snapshot files, relative to the working directory"),
     "snapshot_after_train": Field("bool", True, doc="snapshot when training ends (or is stopped)"),
+    "snapshot_format": Field("enum", "NPZ", choices=("NPZ", "BINARYPROTO", "HDF5"),
+                             doc="NPZ: layerforge's .npz (resumes exactly); BINARYPROTO / HDF5: Caffe's files"),
     "weights": Field("strs", [], doc="weights file(s) to start from (copied by layer name; relative to the cwd)"),
     # environment
     "random_seed": Field("int", -1, doc="seed of the process random stream (< 0: leave it as it is)"),

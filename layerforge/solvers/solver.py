@@ -7,14 +7,15 @@ One iteration (:meth:`Solver.step`), in this order::
     iter_size x (feed inputs -> forward -> backward)      diffs accumulate; loss = mean of the passes
     gradient_hooks                                        e.g. an allreduce across ranks
     rate = learning_rate(iter)
-    normalise: diff /= iter_size
     clip: scale all diffs by c / ||g|| when the global L2 norm ||g|| > clip_gradients = c
+    normalise: diff /= iter_size
     per parameter: regularise (diff += wd * decay_mult * w, or * sign(w) for L1), compute_update (the rule)
     apply: data -= diff
     iter += 1; callbacks(iteration, loss); snapshot when iter % snapshot == 0 or a signal asks
 
-Caffe clips before it normalises; normalising first makes the clip threshold mean the same for every
-iter_size, so ``iter_size: k`` with batch b stays equivalent to batch k*b even with clipping.
+Caffe clips the sum of the iter_size passes, before it normalises (SGDSolver::ApplyUpdate), and so does this
+loop; ``clip_after_normalize: true`` swaps the two, so that the clip threshold means the same for every
+iter_size and ``iter_size: k`` with batch b stays equivalent to batch k*b even with clipping.
 """
 import collections
 import contextlib
@@ -108,17 +109,14 @@ class Solver:
         if sp.random_seed >= 0:
             rng.seed(sp.random_seed)
         dtype = sp.dtype.lower()
-        state = sp.train_state
         source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
-        self.net = Net(source, phase="train", dtype=dtype, xp=self.xp, shard=shard,
-                       level=state.level if state else 0, stages=state.stage if state else ())
+        self.net = Net(source, phase="train", dtype=dtype, xp=self.xp, shard=shard, **_net_state(sp.train_state))
         sources = list(sp.test_net_param) + [sp.resolve(p) for p in sp.test_net]
         sources += [sp.resolve(sp.net) or sp.net_param] * (sp.num_test_nets - len(sources))
         self.test_nets = []
         for k, src in enumerate(sources):
             st = sp.test_state[k] if sp.test_state else None
-            tn = Net(src, phase="test", dtype=dtype, xp=self.xp, shard=shard,
-                     level=st.level if st else 0, stages=st.stage if st else ())
+            tn = Net(src, phase="test", dtype=dtype, xp=self.xp, shard=shard, **_net_state(st))
             tn.share_params_with(self.net)  # same layer name -> same data arrays: updates need no copying
             self.test_nets.append(tn)
         n = len(self.net.learnable_params)
@@ -258,12 +256,16 @@ class Solver:
         return learning_rate(self.param, self.iter)
 
     def apply_update(self, display=False):
-        """Learning rate -> normalise -> clip -> regularise -> compute_update -> data -= diff."""
+        """Learning rate -> clip -> normalise -> regularise -> compute_update -> data -= diff (Caffe's order)."""
         rate = self.get_learning_rate()
         if display:
             log.info("Iteration %d, lr = %s", self.iter, _g(rate))
-        self.normalize()
-        self.clip_gradients()
+        if self.param.clip_after_normalize:
+            self.normalize()
+            self.clip_gradients()
+        else:
+            self.clip_gradients()
+            self.normalize()
         for i in range(len(self.net.learnable_params)):
             self.regularize(i)
             self.compute_update(i, rate)
@@ -358,7 +360,8 @@ class Solver:
                 tn.copy_from(p)
 
     def snapshot(self):
-        """Write PREFIX_iter_N.npz (weights) and PREFIX_iter_N.solverstate.npz, each atomically.
+        """Write PREFIX_iter_N.npz (weights) and PREFIX_iter_N.solverstate.npz, each atomically (or Caffe's
+        .caffemodel and .solverstate, with their .h5 flavours, as ``snapshot_format`` says).
 
         Returns the solver-state path (None on non-root ranks). Non-finite weights are never written.
         """
@@ -371,6 +374,10 @@ class Solver:
                 raise self._non_finite_error(f"the parameters of layer '{layer.name}' ({layer.type}) became "
                                              "non-finite in the update; no snapshot of them is written", scan=False)
         base = f"{self.snapshot_prefix}_iter_{self.iter}"
+        if self.param.snapshot_format != "NPZ":  # Caffe's .caffemodel + .solverstate (or their .h5)
+            from ..caffe import solverstate
+            self.last_snapshot = solverstate.snapshot(self, base, self.param.snapshot_format)
+            return self.last_snapshot
         weights, state = base + ".npz", base + ".solverstate.npz"
         log.info("Snapshotting to binary proto file %s", weights)
         self.net.save(weights)
@@ -401,9 +408,14 @@ class Solver:
                 for key, net in self._nets()}
 
     def restore(self, path):
-        """Resume from a ``.solverstate.npz``: weights, iteration, history, random stream, data positions."""
+        """Resume from a ``.solverstate.npz``: weights, iteration, history, random stream, data positions.
+
+        A Caffe ``.solverstate`` (or ``.solverstate.h5``) restores weights, iteration and history only."""
         path = str(path)
         log.info("Restoring previous solver status from %s", path)
+        from ..caffe import solverstate
+        if solverstate.is_caffe_state(path):
+            return solverstate.restore(self, path)
         arrays = load_npz(path)
         if "iter" not in arrays or "learned_net" not in arrays:
             hint = ""
@@ -483,6 +495,13 @@ class Solver:
                 break
         kept = f"the last good snapshot is {self.last_snapshot}" if self.last_snapshot else "no snapshot was written"
         return NonFiniteError(f"iteration {self.iter}: {what}{culprit}; training stopped ({kept})")
+
+
+def _net_state(state):
+    # Caffe merges train_state / test_state into the net's own state: a level given replaces it, stages add
+    if state is None:
+        return {}
+    return {"level": state.level if state.given("level") else None, "stages": state.stage}
 
 
 def _output_weights(net):
