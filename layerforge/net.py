@@ -286,7 +286,7 @@ class Net:
                 self.params_weight_decay.append(spec.decay_mult)
             if layer.blobs:
                 self.params[layer.name] = layer.blobs  # a repeated name shows its last layer, as in pycaffe
-        for name, blobs in self.params.items():
+        for name, blobs in self.param_keys():
             for j, blob in enumerate(blobs):
                 blob.name = blob.name or f"layer '{name}' parameter {j}"
         learnable_ids = {id(b) for layer in self.layers if layer.learnable for b in layer.blobs}

@@ -181,6 +181,27 @@ def test_force_propagate_down_as_caffe(force):
     assert (numpy.abs(net.blobs["data"].diff).sum() > 0) == force
 
 
+def _tiny_net(loss="SoftmaxWithLoss", force_backward=False):
+    # test_net.cpp InitTinyNet / InitTinyNetEuclidean
+    label = [5] if loss == "SoftmaxWithLoss" else [5, 1]
+    return {"name": "TinyTestNetwork", "force_backward": force_backward, "layers": [
+        {"name": "data", "type": "DummyData", "top": ["data", "label"],
+         "dummy_data": {"shape": [[5, 10], label], "data_filler": [{"type": "gaussian", "std": 0.01},
+                                                                  {"type": "constant", "value": 0}]}},
+        _ip("innerproduct", "data", "innerproduct", n=1000 if loss == "SoftmaxWithLoss" else 1),
+        {"name": "loss", "type": loss, "bottom": ["innerproduct", "label"]}]}
+
+
+@pytest.mark.parametrize("loss, force, expected", [
+    ("SoftmaxWithLoss", False, [[], [False], [True, False]]),        # TestBottomNeedBackward
+    ("SoftmaxWithLoss", True, [[], [True], [True, False]]),          # TestBottomNeedBackwardForce
+    ("EuclideanLoss", True, [[], [True], [True, True]]),             # TestBottomNeedBackwardEuclideanForce
+])
+def test_bottom_need_backward_as_caffe(loss, force, expected):
+    net = layerforge.Net(_tiny_net(loss, force))
+    assert net.bottom_need_backward == expected
+
+
 def _skip_prop_net(skip):
     return {"name": "SkipPropTestNetwork", "layers": [
         {"name": "data", "type": "DummyData", "top": ["data", "label"],
@@ -300,6 +321,12 @@ def test_repeated_names_keep_every_layer_in_weights_files(tmp_path):
     mine, theirs = (layer for layer in fresh.layers if layer.name == "ip")
     assert (mine.blobs[1].data == 4.0).all()
     numpy.testing.assert_array_equal(theirs.blobs[1].data, kept)
+
+
+@pytest.mark.parametrize("key", ["unique_layer_names", "skip_undifferentiable"])
+def test_net_options_are_booleans(key):
+    with pytest.raises(ConfigError, match=f"key '{key}': expected true or false"):
+        layerforge.Net({**_repeated_names(), key: "yes"})
 
 
 def test_unique_layer_names_key_rejects_repeats():
