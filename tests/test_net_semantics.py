@@ -252,6 +252,22 @@ def test_tricky_label_needs_backward_as_caffe_and_the_key_skips_it():
     assert not skipping.layer_need_backward[2]
 
 
+def test_propagate_down_true_cannot_wake_a_layer_nothing_else_needs():
+    # Caffe: the flag is set, but the layer's own need comes from its bottoms' blobs and parameters only
+    definition = {"name": "n", "layers": [_input(),
+                                          {"name": "relu", "type": "ReLU", "bottom": "data", "top": "r",
+                                           "propagate_down": [True]},
+                                          _ip("ip", "r", "ip"),
+                                          {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"]}]}
+    net = layerforge.Net(definition, dtype="float64")
+    i = net._index_of("relu")
+    assert net.bottom_need_backward[i] == [True] and not net.layer_need_backward[i]
+    assert net.bottom_need_backward[net._index_of("ip")] == [False]
+    net.forward(**_feed())
+    net.backward()
+    assert not net.blobs["data"].diff.any()
+
+
 def test_propagate_down_count_must_match_bottoms():
     definition = _force_prop_net(False)
     definition["layers"][2]["propagate_down"] = [True]

@@ -224,3 +224,20 @@ def test_sighup_snapshots_and_goes_on(tmp_path):
     assert stopped_at == 40 and "Optimization Done." in err
     snaps = sorted(f for f in os.listdir(tmp_path) if f.endswith(".solverstate.npz"))
     assert len(snaps) == 2 and "snap_iter_40.solverstate.npz" in snaps
+
+
+def test_solver_states_merge_into_the_nets_own_state():
+    # Caffe's InitTrainNet / InitTestNets: the net's state, then train_state / test_state merged over it
+    net = linear_net()
+    net["state"] = {"level": 2, "stage": ["base"]}
+    net["layers"].append({"name": "deep", "type": "Power", "bottom": "ip", "top": "deep",
+                          "include": {"min_level": 2, "stage": ["base", "extra"]}})
+    plain = get_solver({"net_param": net, "test_iter": [1]})
+    assert (plain.net.level, plain.net.stages) == (2, ("base",))
+    assert "deep" not in plain.net.layer_dict  # needs stage 'extra' too
+    merged = get_solver({"net_param": net, "test_iter": [1], "train_state": {"stage": ["extra"]},
+                         "test_state": [{"level": 0, "stage": ["extra"]}]})
+    assert (merged.net.phase, merged.net.level, merged.net.stages) == ("TRAIN", 2, ("base", "extra"))
+    assert "deep" in merged.net.layer_dict
+    tn = merged.test_nets[0]
+    assert (tn.phase, tn.level) == ("TEST", 0) and "deep" not in tn.layer_dict
