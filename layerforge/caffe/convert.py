@@ -24,7 +24,7 @@ from .prototxt import Message, parse_file
 IGNORED = {
     "*": {"engine"},                                     # CAFFE / CUDNN implementations compute the same function
     "net": {"debug_info"},                               # logging only
-    "solver": {"debug_info", "snapshot_format", "snapshot_diff", "layer_wise_reduce"},
+    "solver": {"debug_info", "snapshot_diff", "layer_wise_reduce"},
 }
 
 # Fields accepted only with Caffe's default value (which is what layerforge does), rejected otherwise.
@@ -35,6 +35,10 @@ DEFAULT_ONLY = {
     "data": {"force_encoded_color": False},
     "param": {"share_mode": "STRICT"},
 }
+
+# Layers Caffe accepts a transform_param on and ignores it (they are no DataLayer): pycaffe's own NetSpec
+# example gives DummyData one.
+TRANSFORM_IGNORED = ("DummyData", "Input")
 
 # Caffe's deprecated data_param / image_data_param / window_data_param fields that its own upgrade moves into
 # transform_param.
@@ -251,6 +255,9 @@ class Converter:
                 if block in cls.param_blocks:
                     sub = self.split_moved(sub, block, moved, where)
                     blocks[block] = (self.block(sub, cls.param_blocks[block], block, where, fname + "."), line)
+                elif block == "transform" and ltype in TRANSFORM_IGNORED:
+                    self.notes.append(f"line {line}: layer '{where[0]}' ({ltype}): transform_param dropped "
+                                      f"({ltype} layers do not transform their data, in Caffe either)")
                 elif any(n not in IGNORED["*"] for n in sub.names()):
                     raise self.error(f"'{fname}' does not apply to {ltype} layers in layerforge", line, *where, fname)
             elif fname == "blobs":

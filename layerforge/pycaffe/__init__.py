@@ -8,7 +8,9 @@ from ..errors import LayerforgeError
 from ..layers.python_layer import PythonLayerBase as Layer
 from . import io
 from .mode import set_device, set_mode_cpu, set_mode_gpu, set_random_seed
+from . import proto
 from .net import TEST, TRAIN, Net
+from .net_spec import NetSpec, layers, params, to_proto
 from .solver import (AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver, RMSPropSolver, SGDSolver, Solver,
                      get_solver)
 
@@ -22,6 +24,6 @@ def layer_type_list():
     return sorted(LAYER_REGISTRY)
 
 
-__all__ = ["Layer", "Net", "TRAIN", "TEST", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver",
+__all__ = ["Layer", "NetSpec", "layers", "params", "to_proto", "proto", "Net", "TRAIN", "TEST", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver",
            "AdaDeltaSolver", "AdamSolver", "get_solver", "set_mode_cpu", "set_mode_gpu", "set_device",
            "set_random_seed", "layer_type_list", "io", "LayerforgeError"]
