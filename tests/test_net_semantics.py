@@ -268,6 +268,26 @@ def test_propagate_down_true_cannot_wake_a_layer_nothing_else_needs():
     assert not net.blobs["data"].diff.any()
 
 
+def _argmax_under_loss(**keys):
+    return {"name": "am", **keys, "layers": [
+        _input(((4, 3), (4, 1))), _ip("ip", "data", "ip"),
+        {"name": "argmax", "type": "ArgMax", "bottom": "ip", "top": "idx"},
+        {"name": "loss", "type": "EuclideanLoss", "bottom": ["idx", "label"]}]}
+
+
+def test_layer_without_backward_under_a_loss_stops_backward_unless_skipped():
+    net = layerforge.Net(_argmax_under_loss(), dtype="float64")
+    assert net.layer_need_backward == [False, True, True, True]  # Caffe asks ArgMax for a gradient...
+    net.forward(**_feed())
+    with pytest.raises(ConfigError, match=r"layer 'argmax' \(ArgMax\): key 'type': ArgMax layers have no backward"):
+        net.backward()  # ... and its NOT_IMPLEMENTED stops; here a one-line error
+    skipping = layerforge.Net(_argmax_under_loss(skip_undifferentiable=True), dtype="float64")
+    assert skipping.layer_need_backward == [False, False, False, False]  # nothing with parameters is reached
+    skipping.forward(**_feed())
+    skipping.backward()
+    assert not skipping.params["ip"][0].diff.any()
+
+
 def test_propagate_down_count_must_match_bottoms():
     definition = _force_prop_net(False)
     definition["layers"][2]["propagate_down"] = [True]
