@@ -85,6 +85,32 @@ def test_prototxt_state_converts_and_selects(tmp_path):
     assert _names(layerforge.Net(path, level=1), False) == ["input", "shallow"]
 
 
+ALL_IN_ONE = """name: 'All-in-one Network'
+layer { name: 'train-data' type: 'DummyData' top: 'data' top: 'label'
+  dummy_data_param { shape { dim: 1 dim: 10 } shape { dim: 1 dim: 1 } } include { phase: TRAIN stage: 'train' } }
+layer { name: 'val-data' type: 'DummyData' top: 'data' top: 'label'
+  dummy_data_param { shape { dim: 1 dim: 10 } shape { dim: 1 dim: 1 } } include { phase: TEST stage: 'val' } }
+layer { name: 'deploy-data' type: 'Input' top: 'data' input_param { shape { dim: 1 dim: 10 } }
+  include { phase: TEST stage: 'deploy' } }
+layer { name: 'ip' type: 'InnerProduct' bottom: 'data' top: 'ip' inner_product_param { num_output: 2 } }
+layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss'
+  include { phase: TRAIN stage: 'train' } include { phase: TEST stage: 'val' } }
+"""
+
+
+@pytest.mark.parametrize("phase, stage, expected", [
+    ("train", "train", ["train-data", "ip", "loss"]),     # TestAllInOneNetTrain
+    ("test", "val", ["val-data", "ip", "loss"]),          # TestAllInOneNetVal
+    ("test", "deploy", ["deploy-data", "ip"]),            # TestAllInOneNetDeploy
+])
+def test_all_in_one_net_as_caffe(tmp_path, phase, stage, expected):
+    path = tmp_path / "all_in_one.prototxt"
+    path.write_text(ALL_IN_ONE)
+    assert _names(layerforge.Net(path, phase=phase, stages=[stage]), False) == expected
+    path.write_text(ALL_IN_ONE + f"state {{ phase: {phase.upper()} stage: '{stage}' }}\n")
+    assert _names(layerforge.Net(path), False) == expected  # the same NetState from the file
+
+
 # ---------------------------------------------------------------------------------------------
 # 2. lr_mult 0: no gradient for that parameter (param_propagate_down), none into bottoms nobody needs
 
