@@ -1,9 +1,9 @@
 """Net definitions: YAML (or a dict) -> validated NetParameter and LayerParameters, before any array exists.
 
 Caffe's NetParameter semantics: ``name``, ``input`` + ``input_shape`` (legacy inputs), ``force_backward``,
-``layers`` (each with ``name``, ``type``, ``bottom``, ``top``, ``param``, ``loss_weight``,
-``propagate_down``, ``include``/``exclude`` and the type's own parameter blocks). docs/net-format.md
-describes the format with a full example.
+``state`` (the default NetState), ``layers`` (each with ``name``, ``type``, ``bottom``, ``top``, ``param``,
+``loss_weight``, ``propagate_down``, ``include``/``exclude`` and the type's own parameter blocks), plus
+layerforge's ``NET_OPTIONS``. docs/net-format.md describes the format with a full example.
 """
 import os
 
