@@ -118,6 +118,18 @@ def caffemodel_arrays(path):
             for name, blobs in read_caffemodel(path).items() for j, b in enumerate(blobs)}
 
 
+def hdf5_arrays(path):
+    """``{"<layer>/<index>": array}`` of every dataset under /data of a .caffemodel.h5."""
+    import h5py
+    try:
+        with h5py.File(path, "r") as h5:
+            if "data" not in h5:
+                raise LayerforgeError(f"{path}: not a Caffe HDF5 weights file: no group /data")
+            return {f"{name}/{j}": ds[()] for name, group in h5["data"].items() for j, ds in group.items()}
+    except OSError as e:
+        raise LayerforgeError(f"{path}: not a readable HDF5 weights file: {e}") from None
+
+
 def is_caffe_weights(path):
     """Whether ``path`` names a Caffe weights file (by extension): .caffemodel, or HDF5 .h5 / .hdf5."""
     return str(path).endswith((".caffemodel", ".h5", ".hdf5"))

@@ -12,7 +12,8 @@ log = logging.getLogger("layerforge")
 
 def add_arguments(parser):
     parser.add_argument("--model", required=True, help="net YAML file")
-    parser.add_argument("--weights", required=True, help="weights .npz (from training or a snapshot)")
+    parser.add_argument("--weights", required=True,
+                        help="weights .npz (from training or a snapshot), or Caffe's .caffemodel / .caffemodel.h5")
     parser.add_argument("--iterations", type=int, default=50, help="number of batches (default 50)")
     parser.add_argument("--phase", choices=("train", "test"), default="test")
 

@@ -28,6 +28,8 @@ def add_arguments(parser):
     parser.add_argument("--iterations", type=int, default=20, help="timed iterations, after warm-up passes (at least 1, up to 20 until AUTO convolution engines settle)")
     parser.add_argument("--batch", type=int, default=None, help="override the batch size of input/data layers")
     parser.add_argument("--phase", choices=("train", "test"), default="train")
+    parser.add_argument("--weights", metavar="FILE",
+                        help="copy these weights in first (.npz, .caffemodel, .caffemodel.h5)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     from ..parallel.commands import add_parallel_arguments
 
@@ -120,7 +122,7 @@ def run(args):
     netdef = load_net_def(args.model)
     if args.batch is not None:
         set_batch_size(netdef, args.batch)
-    net = Net(netdef, phase=args.phase)
+    net = Net(netdef, phase=args.phase, weights=args.weights)
     if not args.no_reuse:
         net.optimize_memory()
     result = time_net(net, args.iterations)

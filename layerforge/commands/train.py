@@ -7,8 +7,10 @@ HELP = "train a net from a solver YAML (resume with --snapshot, fine-tune with -
 def add_arguments(parser):
     parser.add_argument("--solver", required=True, help="solver YAML file")
     start = parser.add_mutually_exclusive_group()
-    start.add_argument("--snapshot", metavar="FILE", help="resume from a .solverstate.npz snapshot")
-    start.add_argument("--weights", metavar="FILE", help="start from these weights (.npz), e.g. to fine-tune")
+    start.add_argument("--snapshot", metavar="FILE",
+                       help="resume from a .solverstate.npz snapshot (or Caffe's .solverstate / .solverstate.h5)")
+    start.add_argument("--weights", metavar="FILE",
+                       help="start from these weights (.npz, .caffemodel, .caffemodel.h5), e.g. to fine-tune")
     device = parser.add_mutually_exclusive_group()
     device.add_argument("--gpu", type=int, metavar="N", help="train on GPU N (overrides solver_mode/device_id)")
     device.add_argument("--cpu", action="store_true", help="train on the CPU whatever solver_mode says")
