@@ -113,7 +113,12 @@ class BaseData(Layer):
 
 @register_layer("Data")
 class Data(BaseData):
-    """Reads an LMDB database of records (see layerforge/data/lmdb_io.py and docs/data.md).
+    """Reads an LMDB database of Caffe Datum records, or of layerforge's LFR1 records (docs/data.md).
+
+    The format is told by the database's first record: Datum (raw uint8 ``data``, ``float_data``, or
+    an ``encoded`` PNG/JPEG decoded by OpenCV with the file's own channels), as Caffe's
+    convert_imageset and ours write it, or LFR1 (layerforge/data/lmdb_io.py). Record problems (values
+    that do not fill the shape, an undecodable image, a shape unlike the first record's) name the key.
 
     Tops: ``data`` (N, C, h, w) in the layer's dtype, transformed; optional ``label`` (N,).
     ``shuffle`` (default: true in TRAIN, false in TEST) draws a new record order each epoch. The
