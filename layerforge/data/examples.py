@@ -10,6 +10,10 @@ directory, where Caffe's examples run from), so the converted prototxt files tra
   channels (2 x 28 x 28) with label 1 when they show the same digit, as Caffe's create_mnist_siamese makes
   them (the pairs drawn at random, so about one in ten is similar). The folder names keep Caffe's
   ``_leveldb``; the databases are LMDB, which layerforge's Data layer reads whatever the backend says.
+- ``cifar10``: examples/cifar10/cifar10_{train,test}_lmdb and mean.binaryproto. CIFAR-10 itself cannot be
+  downloaded here, so the images are 32 x 32 colour images made from the digits: each digit (padded to
+  32 x 32) is drawn in a colour and on a background of its own, both drawn at random per image, with
+  pixel noise; the label is the digit. Same shapes, classes and mean file as Caffe's CIFAR-10 scripts.
 - ``hdf5_classification``: examples/hdf5_classification/data/{train,test}.h5 with their list files: 10,000
   points of 4 features in 2 classes (each class two Gaussian clusters in the first two features, the
   other two features noise), split 7,500 / 2,500, as the example's notebook makes with scikit-learn.
@@ -21,7 +25,7 @@ import numpy
 from .lmdb_io import encode_record, lmdb_exists, write_lmdb_atomic
 from .mnist import load_digits, split
 
-EXAMPLES = ("mnist", "siamese", "hdf5_classification")
+EXAMPLES = ("mnist", "siamese", "cifar10", "hdf5_classification")
 
 
 def _digits():
@@ -92,4 +96,35 @@ def make_hdf5_classification(root="."):
     return lists
 
 
-MAKERS = {"mnist": make_mnist, "siamese": make_siamese, "hdf5_classification": make_hdf5_classification}
+def colour_digits(images, seed):
+    """(N, 1, 28, 28) grey digits -> (N, 3, 32, 32) uint8 colour images: random ink and paper colours, noise."""
+    rs = numpy.random.RandomState(seed)
+    n = len(images)
+    ink = images.astype(numpy.float32)[:, :, :, :] / 255.0
+    ink = numpy.pad(ink, ((0, 0), (0, 0), (2, 2), (2, 2)))
+    fg, bg = rs.randint(0, 256, size=(n, 3, 1, 1)), rs.randint(0, 256, size=(n, 3, 1, 1))
+    out = ink * fg + (1 - ink) * bg + rs.randn(n, 3, 32, 32) * 12
+    return numpy.clip(out, 0, 255).astype(numpy.uint8)
+
+
+def make_cifar10(root="."):
+    """examples/cifar10/cifar10_{train,test}_lmdb and mean.binaryproto under ``root``; returns the three paths."""
+    from ..caffe.blobproto import write_blobproto
+
+    paths = []
+    folder = os.path.join(root, "examples", "cifar10")
+    for seed, (name, (images, labels)) in enumerate(zip(("train", "test"), _digits())):
+        path = os.path.join(folder, f"cifar10_{name}_lmdb")
+        colour = colour_digits(images, seed)
+        if not lmdb_exists(path):
+            write_lmdb_atomic(path, (encode_record(x, y) for x, y in zip(colour, labels)), exist_ok=True)
+        if name == "train":
+            mean = colour.astype(numpy.float64).mean(axis=0)
+        paths.append(path)
+    mean_path = os.path.join(folder, "mean.binaryproto")
+    write_blobproto(mean_path, mean[None].astype(numpy.float32))
+    return paths + [mean_path]
+
+
+MAKERS = {"mnist": make_mnist, "siamese": make_siamese, "cifar10": make_cifar10,
+          "hdf5_classification": make_hdf5_classification}

@@ -94,3 +94,16 @@ def test_examples_need_their_data(tmp_path, monkeypatch):
     with pytest.raises(LayerforgeError, match="examples/mnist/mnist_train_lmdb"):
         get_solver(str(EXAMPLES / "mnist_autoencoder_solver_nesterov.yaml"), solver_mode="CPU")
     assert not os.path.exists(tmp_path / "examples")
+
+
+def test_cifar10_full_sigmoid_bn_reads_its_mean_binaryproto(caffe_root, monkeypatch):
+    from layerforge.caffe.blobproto import read_blobproto
+
+    mean = read_blobproto(caffe_root / "examples/cifar10/mean.binaryproto")
+    assert mean.shape == (1, 3, 32, 32) and 0 < mean.mean() < 255
+    s, losses = train(caffe_root, monkeypatch, "cifar10_full_sigmoid_solver_bn.yaml", 3)
+    assert [layer.type for layer in s.net.layers].count("BatchNorm") == 3
+    data = s.test_nets[0].blobs["data"].data
+    assert data.shape == (1000, 3, 32, 32)
+    assert abs(float(data.mean())) < 10  # the mean image was subtracted
+    assert all(numpy.isfinite(losses))
