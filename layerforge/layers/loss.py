@@ -139,13 +139,13 @@ class SoftmaxWithLoss(_LossNormalization, LossLayer):
 class InfogainLoss(SoftmaxWithLoss):
     """loss = -sum_{valid n} sum_k H[label_n, k] log p[n, k] / normalizer, p = softmax of x along ``axis``.
 
-    H (C x C) is the infogain matrix: a third bottom, or ``source`` (a .npy file; Caffe's binaryproto is not read yet).
+    H (C x C) is the infogain matrix: a third bottom, or ``source`` (Caffe's .binaryproto BlobProto, or a .npy file).
     With H = I this is SoftmaxWithLoss. Shapes and normalisation as SoftmaxWithLoss; optional top[1] p.
     Backward: dx[n, j] = w (p[n, j] sum_k H[label_n, k] - H[label_n, j]) / normalizer at valid positions.
     """
 
     param_blocks = {"infogain_loss": {
-        "source": Field("str", None, doc="file of the H matrix (.npy; binaryproto not yet) when no bottom 2"),
+        "source": Field("str", None, doc="file of the H matrix (Caffe's .binaryproto, or .npy) when no bottom 2"),
         "axis": Field("int", 1, doc="the class axis")}, "loss": LOSS}
     num_bottom = (2, 3)
     axis_key = "infogain_loss.axis"
@@ -155,9 +155,6 @@ class InfogainLoss(SoftmaxWithLoss):
         source = lp.infogain_loss.source
         if len(lp.bottom) < 3 and not source:
             raise lp.error("needs the H matrix: a third bottom or infogain_loss.source", "infogain_loss.source")
-        if len(lp.bottom) < 3 and not source.endswith(".npy"):
-            raise lp.error(f"{source}: binaryproto H matrices: not yet supported; save H with numpy.save as .npy",
-                           "infogain_loss.source")
         if lp.loss.normalize is not None:
             raise lp.error("normalize is deprecated for InfogainLoss (Caffe refuses it); use loss.normalization",
                            "loss.normalize")
@@ -168,6 +165,10 @@ class InfogainLoss(SoftmaxWithLoss):
 
     def _read_h(self):
         path = self.layer_param.infogain_loss.source
+        if not path.endswith(".npy"):  # Caffe's own: a BlobProto (legacy 1 x 1 x C x C, or a shape)
+            from ..caffe.blobproto import read_blobproto
+
+            return read_blobproto(path)
         try:
             return numpy.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:

@@ -142,9 +142,18 @@ def test_infogain_matrix_from_a_file_and_ignore_label(tmp_path):
         make("InfogainLoss")
 
 
+def test_infogain_matrix_from_caffes_binaryproto(tmp_path):
+    from layerforge.caffe.blobproto import write_blobproto
+
+    h = numpy.array([[2.0, 0.5], [0.0, 1.0]])
+    write_blobproto(tmp_path / "h.binaryproto", h.reshape(1, 1, 2, 2))  # Caffe's tools write 1 x 1 x C x C
+    x, label = numpy.array([[1.0, -1.0]]), numpy.array([0.0])
+    loss, _ = run(make("InfogainLoss", infogain_loss={"source": str(tmp_path / "h.binaryproto")}), [x, label])
+    p = numpy.exp(x[0]) / numpy.exp(x[0]).sum()
+    assert loss == pytest.approx(-(2.0 * numpy.log(p[0]) + 0.5 * numpy.log(p[1])), rel=1e-6)
+
+
 @pytest.mark.parametrize("blocks,key,message", [
-    ({"infogain_loss": {"source": "h.binaryproto"}}, "infogain_loss.source",
-     "h.binaryproto: binaryproto H matrices: not yet supported"),
     ({"infogain_loss": {"source": "h.npy"}, "loss": {"normalize": True}}, "loss.normalize",
      "normalize is deprecated"),
 ])
