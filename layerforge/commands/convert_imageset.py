@@ -35,6 +35,9 @@ def add_arguments(parser):
                         help="format of --encoded images that are (re-)encoded (default: the file's own type)")
     parser.add_argument("--format", choices=("datum", "lfr1"), default="datum",
                         help="record format: Caffe's Datum (default) or layerforge's LFR1")
+    parser.add_argument("--check_size", "--check-size", dest="check_size", action="store_true",
+                        help="stop at the first image whose size differs from the first one's (Caffe's flag)")
+    parser.add_argument("--backend", choices=("lmdb",), default="lmdb", help="database kind (Caffe's flag; LMDB only)")
 
 
 _SAME_TYPE = {"jpeg": "jpg"}
@@ -62,6 +65,10 @@ def _records(entries, root, source, args, shapes):
         if image is None:
             where = f"{source}:{line}" if line else source
             raise DataError(f"{where}: image '{full}': cannot read the image (missing, or not an image)")
+        if args.check_size and shapes and image.shape not in shapes:
+            first = "x".join(map(str, next(iter(shapes))))
+            raise DataError(f"image '{full}': size {'x'.join(map(str, image.shape))} differs from the first "
+                            f"image's {first} (--check_size)")
         shapes.add(image.shape)
         if not args.encoded:
             yield array_to_datum(image, label).SerializeToString() if datum else encode_record(image, label)

@@ -111,3 +111,29 @@ def test_bad_states_are_one_line(tmp_path):
     state = adam.snapshot()
     with pytest.raises(LayerforgeError, match="holds 4 history blobs but this SGD solver has 2"):
         s.restore(state)
+
+
+def test_train_command_takes_caffe_weights_and_resumes_from_a_solverstate(tmp_path):
+    import argparse
+
+    import yaml
+
+    from layerforge.caffe.caffemodel import save_caffemodel
+    from layerforge.commands import train
+    start = solver(tmp_path / "w", "BINARYPROTO")
+    save_caffemodel(start.net, tmp_path / "start.caffemodel")
+    (tmp_path / "solver.yaml").write_text(yaml.safe_dump(dict(
+        net_param=NET, type="SGD", base_lr=0.1, max_iter=2, snapshot_format="BINARYPROTO",
+        snapshot_prefix=str(tmp_path / "run"), random_seed=1)))
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    fine = get_solver(str(tmp_path / "solver.yaml"), weights=[str(tmp_path / "start.caffemodel")])
+    numpy.testing.assert_array_equal(fine.net.params["ip"][0].data, start.net.params["ip"][0].data)
+    assert train.run(parser.parse_args(["--solver", str(tmp_path / "solver.yaml"), "--no-progress",
+                                        "--weights", str(tmp_path / "start.caffemodel")])) == 0
+    assert os.path.exists(tmp_path / "run_iter_2.caffemodel") and os.path.exists(tmp_path / "run_iter_2.solverstate")
+    (tmp_path / "solver.yaml").write_text((tmp_path / "solver.yaml").read_text().replace("max_iter: 2", "max_iter: 3"))
+    assert train.run(parser.parse_args(["--solver", str(tmp_path / "solver.yaml"), "--no-progress",
+                                        "--snapshot", str(tmp_path / "run_iter_2.solverstate")])) == 0
+    state = caffe_pb.SolverState.FromString((tmp_path / "run_iter_3.solverstate").read_bytes())
+    assert state.iter == 3 and state.learned_net == str(tmp_path / "run_iter_3.caffemodel")

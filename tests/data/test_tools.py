@@ -88,6 +88,18 @@ def test_encode_type_reencodes_as_jpg(tmp_path):
     numpy.testing.assert_allclose(array[:, 0, 0], [2, 20, 40], atol=3)  # B, G, R of ant/2.png, lossy
 
 
+def test_caffe_flag_spellings_and_check_size(tmp_path):
+    make_folder(tmp_path / "img", sizes=((4, 6), (4, 6), (5, 6)))
+    argv = [str(tmp_path / "img"), "-", str(tmp_path / "db"), "--backend", "lmdb", "--check_size"]
+    with pytest.raises(DataError) as e:
+        run(convert_imageset, argv)
+    assert str(e.value) == (f"image '{tmp_path / 'img' / 'ant' / '2.png'}': size 3x5x6 differs from the first "
+                            "image's 3x4x6 (--check_size)")
+    assert not (tmp_path / "db").exists()
+    assert run(convert_imageset, argv + ["--resize_height=3", "--resize_width=2"]) == 0
+    assert [a.shape for a, _ in LMDBReader(tmp_path / "db").read_many(range(3))] == [(3, 3, 2)] * 3
+
+
 def test_unreadable_image_and_existing_db(tmp_path):
     make_folder(tmp_path / "img")
     (tmp_path / "list.txt").write_text("ant/0.png 0\nant/missing.png 1\n")
