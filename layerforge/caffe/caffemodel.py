@@ -2,9 +2,9 @@
 
 Reading follows Caffe's Net::CopyTrainedLayersFrom: source layers are matched to the net's layers by
 name, a source layer the net lacks is skipped (logged), and a matched layer must have as many blobs as
-the net's, each of the net's shape, or of the same count as a legacy 4-d num/channels/height/width
-shape (Caffe's Blob::ShapeEquals). Both the V2 ``layer`` and the V1 ``layers`` field are read. Writing
-follows Net::ToProto(write_diff=false): every layer (splits included) with name, type, bottom, top,
+the net's, each of the net's shape, or with a legacy 4-d num/channels/height/width equal to the net's
+shape padded with leading 1s (Caffe's Blob::ShapeEquals). The V2 ``layer`` and the V1 ``layers`` field
+(and V0 layers within those) are read. Writing follows Net::ToProto(write_diff=false): every layer (splits included) with name, type, bottom, top,
 phase and its parameter blobs (``shape`` + packed ``data``; ``double_data`` for a float64 net).
 
 The HDF5 flavour is Net::ToHDF5's layout: a group ``/data/<layer>`` per layer holding datasets ``0``,
@@ -102,12 +102,15 @@ def shape_matches(proto, shape):
 
 
 def read_caffemodel(path):
-    """``{layer name: [BlobProto, ...]}`` of a .caffemodel, in file order (V2 ``layer`` then V1 ``layers``)."""
+    """``{layer name: [BlobProto, ...]}`` of a .caffemodel, in file order (V2 ``layer``, then V1 ``layers``, whose
+    entries may wrap a V0 ``layer``)."""
     param = read_message(path, caffe_pb.NetParameter, "Caffe weights file (.caffemodel)")
     if not param.layer and not param.layers:
         raise LayerforgeError(f"{path}: not a Caffe weights file (.caffemodel): it holds no layers")
     layers = collections.OrderedDict()
     for lp in list(param.layer) + list(param.layers):
+        if not lp.name and lp.HasField("layer"):  # a V0 net: each V1 entry wraps the V0 layer
+            lp = lp.layer
         layers[lp.name] = list(lp.blobs)
     return layers
 

@@ -201,6 +201,20 @@ def test_v1_net_with_weights_loads(tmp_path):
     numpy.testing.assert_allclose(out, [[6.5, 0], [3.5, 0]])  # x W^T + b, then ReLU
 
 
+def test_v0_layers_inside_v1_entries_load(tmp_path):
+    param = caffe_pb.NetParameter(name="v0")
+    v0 = param.layers.add().layer
+    v0.name, v0.type = "ip", "innerproduct"
+    w = numpy.arange(24, dtype=numpy.float32).reshape(2, 12)
+    array_to_blob(w, v0.blobs.add(), legacy=True)
+    array_to_blob(numpy.array([1, 2], numpy.float32), v0.blobs.add(), legacy=True)
+    (tmp_path / "v0.caffemodel").write_bytes(param.SerializeToString())
+    net = tiny_net()
+    net.copy_from(str(tmp_path / "v0.caffemodel"))
+    numpy.testing.assert_array_equal(net.params["ip"][0].data, w)
+    numpy.testing.assert_array_equal(net.params["ip"][1].data, [1, 2])
+
+
 def test_prototxt_snippet_converts_and_loads_caffemodel(tmp_path):
     v2 = V1_PROTOTXT.replace("layers", "layer").replace("INNER_PRODUCT", '"InnerProduct"').replace("RELU", '"ReLU"')
     (tmp_path / "v2.prototxt").write_text(v2)
@@ -287,6 +301,11 @@ def test_convert_weights_both_ways(tmp_path):
     numpy.testing.assert_array_equal(blob_to_array(back.layer[1].blobs[0]), net.params["conv"][0].data)
     with pytest.raises(LayerforgeError, match="needs --model NET"):
         run_command(convert_command, [str(tmp_path / "w.npz"), "-o", str(tmp_path / "x.caffemodel")])
+    save_hdf5(net, tmp_path / "w.caffemodel.h5")
+    assert run_command(convert_command, [str(tmp_path / "w.caffemodel.h5"), "-o", str(tmp_path / "h.npz")]) == 0
+    from_h5 = numpy.load(tmp_path / "h.npz")
+    assert sorted(from_h5.files) == sorted(arrays.files)
+    numpy.testing.assert_array_equal(from_h5["conv/1"], arrays["conv/1"])
 
 
 def test_test_and_time_commands_take_a_caffemodel(tmp_path, capsys):
