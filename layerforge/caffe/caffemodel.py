@@ -4,8 +4,9 @@ Reading follows Caffe's Net::CopyTrainedLayersFrom: source layers are matched to
 name, a source layer the net lacks is skipped (logged), and a matched layer must have as many blobs as
 the net's, each of the net's shape, or with a legacy 4-d num/channels/height/width equal to the net's
 shape padded with leading 1s (Caffe's Blob::ShapeEquals). The V2 ``layer`` and the V1 ``layers`` field
-(and V0 layers within those) are read. Writing follows Net::ToProto(write_diff=false): every layer (splits included) with name, type, bottom, top,
-phase and its parameter blobs (``shape`` + packed ``data``; ``double_data`` for a float64 net).
+(and V0 layers within those) are read. Writing follows Net::ToProto(write_diff=false): every layer
+(splits included) with name, type, bottom, top, phase and its parameter blobs (``shape`` + packed
+``data``; ``double_data`` for a float64 net).
 
 The HDF5 flavour is Net::ToHDF5's layout: a group ``/data/<layer>`` per layer holding datasets ``0``,
 ``1``, ... for the parameters the layer owns (a shared parameter is stored once, by its owner).

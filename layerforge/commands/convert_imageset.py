@@ -24,8 +24,10 @@ def add_arguments(parser):
     parser.add_argument("root", help="folder the listed paths are relative to (or the class-folder root)")
     parser.add_argument("listfile", help="list file of 'path label' lines, or '-' for class subfolders of ROOT")
     parser.add_argument("db", help="the LMDB directory to create (must not exist)")
-    parser.add_argument("--resize-height", "--resize_height", dest="resize_height", type=int, default=0, metavar="H", help="resize to H rows (with -W)")
-    parser.add_argument("--resize-width", "--resize_width", dest="resize_width", type=int, default=0, metavar="W", help="resize to W columns (with -H)")
+    parser.add_argument("--resize_height", "--resize-height", dest="resize_height", type=int, default=0, metavar="H",
+                        help="resize to H rows (with --resize_width)")
+    parser.add_argument("--resize_width", "--resize-width", dest="resize_width", type=int, default=0, metavar="W",
+                        help="resize to W columns (with --resize_height)")
     parser.add_argument("--shuffle", action="store_true", help="write the images in a random order")
     parser.add_argument("--seed", type=int, default=0, help="seed of --shuffle's order (default 0)")
     parser.add_argument("--gray", action="store_true", help="store one grey channel instead of BGR")
@@ -37,7 +39,7 @@ def add_arguments(parser):
                         help="record format: Caffe's Datum (default) or layerforge's LFR1")
     parser.add_argument("--check_size", "--check-size", dest="check_size", action="store_true",
                         help="stop at the first image whose size differs from the first one's (Caffe's flag)")
-    parser.add_argument("--backend", choices=("lmdb",), default="lmdb", help="database kind (Caffe's flag; LMDB only)")
+    parser.add_argument("--backend", choices=("lmdb",), default="lmdb", help="database kind (Caffe's; LMDB only)")
 
 
 _SAME_TYPE = {"jpeg": "jpg"}
@@ -80,7 +82,7 @@ def _records(entries, root, source, args, shapes):
 
 def run(args):
     if (args.resize_height > 0) != (args.resize_width > 0):
-        raise DataError("give both --resize-height and --resize-width, or neither")
+        raise DataError("give both --resize_height and --resize_width, or neither")
     classes = None
     if args.listfile == "-":
         entries, classes = folder_entries(args.root)
@@ -98,5 +100,5 @@ def run(args):
     sizes = ", ".join("x".join(map(str, s)) for s in sorted(shapes))
     print(f"wrote {count} images ({sizes}) to {args.db}")
     if len(shapes) > 1:
-        print("note: the images differ in size; the Data layer needs one size (use --resize-height/--resize-width)")
+        print("note: the images differ in size; the Data layer needs one size (use --resize_height/--resize_width)")
     return 0
