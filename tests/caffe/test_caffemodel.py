@@ -66,6 +66,38 @@ def test_messages_have_caffes_names_numbers_and_enums():
     assert caffe_pb.LayerParameter.DESCRIPTOR.fields_by_name["convolution_param"].number == 106
 
 
+RICH_NET = """name: "rich"
+layer { name: "d" type: "Data" top: "data" top: "label" include { phase: TRAIN }
+  transform_param { mirror: true crop_size: 3 mean_file: "m.binaryproto" }
+  data_param { source: "db" batch_size: 4 backend: LMDB } }
+layer { name: "c" type: "Convolution" bottom: "data" top: "c" param { lr_mult: 1 } param { lr_mult: 2 decay_mult: 0 }
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 engine: CAFFE
+    weight_filler { type: "msra" variance_norm: FAN_OUT } bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "p" type: "Pooling" bottom: "c" top: "p" pooling_param { pool: AVE kernel_size: 2 round_mode: FLOOR } }
+layer { name: "bn" type: "BatchNorm" bottom: "p" top: "p" batch_norm_param { use_global_stats: false } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "p" bottom: "label" top: "loss" loss_weight: 1
+  loss_param { ignore_label: 255 normalization: VALID } propagate_down: true propagate_down: false }
+"""
+RICH_SOLVER = """net: "n.prototxt" test_iter: 10 test_interval: 100 base_lr: 0.01 lr_policy: "multistep"
+stepvalue: 100 stepvalue: 200 gamma: 0.1 momentum: 0.9 weight_decay: 5e-4 solver_mode: GPU type: "Nesterov"
+snapshot_format: HDF5 train_state { stage: "a" } test_state { level: 2 }
+"""
+
+
+def test_caffe_prototxt_text_parses_into_the_messages():
+    from google.protobuf import text_format
+    net = text_format.Parse(RICH_NET, caffe_pb.NetParameter())
+    assert net.layer[0].include[0].phase == caffe_pb.TRAIN and net.layer[0].data_param.backend == 1
+    conv = net.layer[1].convolution_param
+    assert list(conv.kernel_size) == [3] and conv.weight_filler.variance_norm == caffe_pb.FillerParameter.FAN_OUT
+    assert net.layer[1].param[1].decay_mult == 0 and net.layer[2].pooling_param.pool == caffe_pb.PoolingParameter.AVE
+    assert net.layer[4].loss_param.normalization == caffe_pb.LossParameter.VALID
+    assert caffe_pb.NetParameter.FromString(net.SerializeToString()) == net
+    solver = text_format.Parse(RICH_SOLVER, caffe_pb.SolverParameter())
+    assert list(solver.stepvalue) == [100, 200] and solver.snapshot_format == caffe_pb.SolverParameter.HDF5
+    assert solver.solver_mode == caffe_pb.SolverParameter.GPU and solver.test_state[0].level == 2
+
+
 def test_blob_wire_layout_is_caffes():
     blob = array_to_blob(numpy.arange(6, dtype=numpy.float32).reshape(2, 3))
     values = struct.pack("<6f", *range(6))
