@@ -15,8 +15,12 @@ def write_atomic(path, write):
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    tmp = None
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise LayerforgeError(f"{path}: cannot write here: {e.strerror} ({e.filename})") from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -28,10 +32,23 @@ def write_atomic(path, write):
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):  # a full or read-only disk: the file that was there is untouched
+            raise LayerforgeError(f"{path}: cannot write: {e.strerror or e}; any earlier file at this path is "
+                                  f"intact") from None
         raise
+
+
+def check_writable(folder, what):
+    """Raise a one-line LayerforgeError naming ``what`` unless files can be created in ``folder`` (made if needed)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise LayerforgeError(f"{what}: cannot write files in {folder}: {e.strerror}") from None
 
 
 def save_npz_atomic(path, arrays):

@@ -146,3 +146,39 @@ def test_errors_in_common_keys_and_missing_keys_name_a_line(tmp_path, layer, lin
     with pytest.raises(ConfigError) as e:
         Net(str(path))
     assert str(e.value).startswith(f"{path}:{line}: ") and message in str(e.value), str(e.value)
+
+
+def test_a_full_disk_keeps_the_earlier_file_and_says_so(tmp_path):
+    import errno
+
+    from layerforge.errors import LayerforgeError
+    from layerforge.npz import load_npz, save_npz_atomic, write_atomic
+
+    path = tmp_path / "w.npz"
+    save_npz_atomic(path, {"a": numpy.arange(3.0)})
+
+    def full(f):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(LayerforgeError, match=r"w.npz: cannot write: No space left on device; any earlier file"):
+        write_atomic(path, full)
+    numpy.testing.assert_array_equal(load_npz(str(path))["a"], numpy.arange(3.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["w.npz"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("prefix,message", [("afile/snap/lenet", "Not a directory"),
+                                            ("/proc/lenet", "No such file or directory")])
+def test_an_unwritable_snapshot_prefix_stops_training_before_it_starts(tmp_path, prefix, message):
+    from tests.test_train_cli import SOLVER
+
+    (tmp_path / "afile").write_text("")
+    solver = tmp_path / "solver.yaml"
+    solver.write_text(SOLVER.format(net=ROOT / "configs" / "lenet.yaml", max_iter=2, snapshot=1,
+                                    prefix=prefix if prefix.startswith("/") else tmp_path / prefix))
+    proc = subprocess.run([sys.executable, "-m", "layerforge", "train", "--solver", str(solver)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {solver}: snapshot_prefix") and message in last
+    assert "Iteration 0" not in proc.stderr

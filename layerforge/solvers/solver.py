@@ -32,7 +32,7 @@ import numpy
 from .. import backend, rng
 from ..errors import LayerforgeError
 from ..net import Net
-from ..npz import load_npz, save_npz_atomic
+from ..npz import check_writable, load_npz, save_npz_atomic
 from ..registry import registrar
 from .param import SolverParameter, learning_rate, load_solver_param
 
@@ -192,6 +192,10 @@ class Solver:
         before the first is handled raises KeyboardInterrupt. The previous handlers are restored on return.
         """
         sp = self.param
+        if self.root and (sp.snapshot or sp.snapshot_after_train):
+            # fail now, not after hours of training
+            check_writable(os.path.dirname(os.path.abspath(self.snapshot_prefix)),
+                           f"{sp.path or 'solver'}: snapshot_prefix '{self.snapshot_prefix}'")
         log.info("Solving %s", self.net.name)
         log.info("Learning Rate Policy: %s", sp.lr_policy.lower())
         if resume_file:

@@ -124,10 +124,10 @@ def test_failed_write_keeps_previous_snapshot(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(numpy, "savez", broken_savez)
-    with pytest.raises(OSError):
+    with pytest.raises(LayerforgeError, match="cannot write: disk full; any earlier file at this path is intact"):
         solver.snapshot()  # rewrites r_iter_5: the old file must survive
     solver.iter = 6
-    with pytest.raises(OSError):
+    with pytest.raises(LayerforgeError, match="disk full"):
         solver.snapshot()
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == ["r_iter_5.npz", "r_iter_5.solverstate.npz"]
