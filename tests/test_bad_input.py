@@ -182,3 +182,21 @@ def test_an_unwritable_snapshot_prefix_stops_training_before_it_starts(tmp_path,
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {solver}: snapshot_prefix") and message in last
     assert "Iteration 0" not in proc.stderr
+
+
+def test_a_truncated_lmdb_is_one_line_not_sigbus(tmp_path):
+    import os
+
+    from layerforge.data.lmdb_io import encode_record, write_lmdb_atomic
+
+    db = tmp_path / "db"
+    write_lmdb_atomic(db, (encode_record(numpy.full((1, 28, 28), i % 256, numpy.uint8), i % 10) for i in range(2000)))
+    mdb = db / "data.mdb"
+    with open(mdb, "r+b") as f:
+        f.truncate(os.path.getsize(mdb) // 3)
+    script = ("from layerforge.data.lmdb_io import LMDBReader\n"
+              f"r = LMDBReader({str(db)!r})\n"
+              "print(sum(int(r.read(i)[1]) for i in range(len(r))))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.returncode != -7  # a Python error, not a crash by SIGBUS
+    assert f"DataError: {db}: the LMDB database is truncated: data.mdb has" in proc.stderr

@@ -118,6 +118,12 @@ def _open_readonly(path):
         env = _ENVIRONMENTS.get(key)
         if env is None:
             env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_readers=64)
+            # a truncated data.mdb is mapped whole: reading a page past its end kills the process with SIGBUS
+            needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+            if st.st_size < needed:
+                env.close()
+                raise DataError(f"{path}: the LMDB database is truncated: data.mdb has {st.st_size:,} bytes but its "
+                                f"pages reach {needed:,} (an interrupted copy?)")
             _ENVIRONMENTS[key] = env
         return env
 
