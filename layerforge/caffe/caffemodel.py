@@ -143,7 +143,7 @@ def copy_trained_layers(net, path):
     """Copy a .caffemodel's (or .caffemodel.h5's) weights into ``net`` with Caffe's copy semantics."""
     path = os.fspath(path)
     if path.endswith((".h5", ".hdf5")):
-        return _copy_from_hdf5(net, path)
+        return copy_from_hdf5(net, path)
     targets = net.layer_dict
     for name, blobs in read_caffemodel(path).items():
         layer = targets.get(name)
@@ -202,7 +202,8 @@ def save_hdf5(net, path):
     write_atomic(path, write)
 
 
-def _copy_from_hdf5(net, path):
+def copy_from_hdf5(net, path):
+    """Copy the weights of a Caffe HDF5 weights file (``/data/<layer>/<i>``) into ``net`` by layer name."""
     import h5py
     try:
         h5 = h5py.File(path, "r")

@@ -382,6 +382,8 @@ class Converter:
         if "base_lr" not in out:
             _put(out, "base_lr", 0.0, None)  # Caffe's default; layerforge's own default is 0.01
             self.notes.append("base_lr is not given: Caffe's default 0 is written out")
+        if "snapshot_format" not in out:  # Caffe's default: .caffemodel + .solverstate, as Caffe's tools expect
+            _put(out, "snapshot_format", "BINARYPROTO", None)
         try:
             load_solver_param(out, SOLVER_REGISTRY)
         except ConfigError as e:

@@ -133,3 +133,63 @@ def oversample(images, crop_dims):
         five = [image[y:y + ch, x:x + cw] for y, x in starts]
         crops += five + [c[:, ::-1] for c in five]
     return numpy.stack(crops)
+
+
+def blobproto_to_array(blob, return_diff=False):
+    """A BlobProto's data (or diff) as an array of its shape (legacy num/channels/height/width too)."""
+    from ..caffe import caffe_pb
+    from ..caffe.caffemodel import blob_to_array
+
+    if not return_diff:
+        return blob_to_array(blob)
+    values = caffe_pb.BlobProto()
+    values.CopyFrom(blob)
+    values.ClearField("data")
+    values.ClearField("double_data")
+    values.data.extend(blob.diff)
+    values.double_data.extend(blob.double_diff)
+    return blob_to_array(values)
+
+
+def array_to_blobproto(arr, diff=None):
+    """An N-d array (and optionally its diff) as a BlobProto with a ``shape``."""
+    from ..caffe.caffemodel import array_to_blob
+
+    blob = array_to_blob(numpy.asarray(arr, dtype=numpy.float32))
+    if diff is not None:
+        blob.diff.extend(numpy.asarray(diff, dtype=numpy.float32).ravel().tolist())
+    return blob
+
+
+def arraylist_to_blobprotovector_str(arraylist):
+    """A list of arrays as a serialized BlobProtoVector."""
+    from ..caffe import caffe_pb
+
+    vec = caffe_pb.BlobProtoVector()
+    vec.blobs.extend([array_to_blobproto(a) for a in arraylist])
+    return vec.SerializeToString()
+
+
+def blobprotovector_str_to_arraylist(data):
+    """A serialized BlobProtoVector as a list of arrays."""
+    from ..caffe import caffe_pb
+
+    vec = caffe_pb.BlobProtoVector()
+    vec.ParseFromString(data)
+    return [blobproto_to_array(b) for b in vec.blobs]
+
+
+def array_to_datum(arr, label=None):
+    """A (C, H, W) array as a Datum: uint8 as bytes in ``data``, other dtypes in ``float_data``."""
+    from ..caffe.datum import array_to_datum as to_datum
+
+    if numpy.asarray(arr).ndim != 3:
+        raise ValueError("Incorrect array shape.")
+    return to_datum(arr, 0 if label is None else label)
+
+
+def datum_to_array(datum):
+    """A Datum's values as a (C, H, W) array (uint8 from ``data``, float from ``float_data``); not the label."""
+    from ..caffe.datum import datum_to_array as to_array
+
+    return to_array(datum)[0]

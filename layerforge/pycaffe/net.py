@@ -181,16 +181,40 @@ class Net:
 
     # -- weights ---------------------------------------------------------------------------------
     def copy_from(self, weights):
-        """Copy weights by layer name from a .caffemodel or .npz (layers absent from the file keep theirs)."""
-        self.net.copy_from(weights)
+        """Copy weights by layer name from a .caffemodel, Caffe HDF5 or .npz file, whatever its name
+        (layers absent from the file keep theirs)."""
+        from ..caffe.caffemodel import copy_from_hdf5, copy_trained_layers
+
+        with open(weights, "rb") as f:
+            magic = f.read(8)
+        if magic.startswith(b"PK\x03\x04"):  # a zip: layerforge's .npz
+            self.net.copy_from(weights)
+        elif magic.startswith(b"\x89HDF"):
+            copy_from_hdf5(self.net, weights)
+        else:
+            copy_trained_layers(self.net, weights)
 
     def share_with(self, other):
         """Use ``other``'s parameter blobs (same storage) for every layer of the same name (Caffe's ShareTrainedLayersWith)."""
         self.net.share_params_with(other.net if isinstance(other, Net) else other)
 
     def save(self, path):
-        """Write the weights (what ``copy_from`` reads back)."""
-        self.net.save(path)
+        """Write the weights as a .caffemodel (Caffe's NetParameter with each layer's blobs)."""
+        from ..caffe.caffemodel import save_caffemodel
+
+        save_caffemodel(self.net, path)
+
+    def save_hdf5(self, path):
+        """Write the weights in Caffe's HDF5 layout (``/data/<layer>/<i>``)."""
+        from ..caffe.caffemodel import save_hdf5
+
+        save_hdf5(self.net, path)
+
+    def load_hdf5(self, path):
+        """Read weights written by :meth:`save_hdf5` (or Caffe's Net::ToHDF5)."""
+        from ..caffe.caffemodel import copy_from_hdf5
+
+        copy_from_hdf5(self.net, path)
 
     def set_input_arrays(self, data, labels):
         """Hand arrays to the net's MemoryData layer (Caffe's Reset): data (N, C, H, W), labels (N,)."""

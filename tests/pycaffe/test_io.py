@@ -83,3 +83,20 @@ def test_oversample_ten_crops():
 def test_layer_type_list_has_the_standard_types():
     for name in ("Data", "Convolution", "InnerProduct"):
         assert name in caffe.layer_type_list()
+
+
+def test_blobproto_and_datum_conversions():
+    arr = numpy.random.RandomState(0).rand(2, 3, 4).astype(numpy.float32)
+    blob = caffe.io.array_to_blobproto(arr, diff=arr * 2)
+    assert list(blob.shape.dim) == [2, 3, 4]
+    numpy.testing.assert_array_equal(caffe.io.blobproto_to_array(blob), arr)
+    numpy.testing.assert_array_equal(caffe.io.blobproto_to_array(blob, return_diff=True), arr * 2)
+    arrays = caffe.io.blobprotovector_str_to_arraylist(caffe.io.arraylist_to_blobprotovector_str([arr, arr[0]]))
+    assert [a.shape for a in arrays] == [(2, 3, 4), (3, 4)]
+    image = (arr * 255).astype(numpy.uint8)
+    datum = caffe.io.array_to_datum(image, label=7)
+    assert datum.label == 7 and datum.data == image.tobytes()
+    numpy.testing.assert_array_equal(caffe.io.datum_to_array(datum), image)
+    numpy.testing.assert_allclose(caffe.io.datum_to_array(caffe.io.array_to_datum(arr)), arr)
+    with pytest.raises(ValueError, match="Incorrect array shape"):
+        caffe.io.array_to_datum(arr[0])

@@ -198,3 +198,25 @@ def test_all_in_one(tmp_path, phase, stage, outputs):
     net = caffe.Net(str(path), phase, stages=[stage])
     assert list(net.blobs["data"].shape) == [1, 1, 10, 10]
     assert net.outputs == outputs
+
+
+def test_save_hdf5_and_load_hdf5(net, tmp_path):
+    path = str(tmp_path / "weights")  # no extension, as pycaffe's test uses a temp file
+    net.save_hdf5(path)
+    other = caffe.Net(simple_net_file(tmp_path, name="n2"), caffe.TRAIN)
+    other.load_hdf5(path)
+    for name in net.params:
+        for a, b in zip(net.params[name], other.params[name]):
+            assert numpy.abs(a.data - b.data).sum() == 0
+
+
+def test_saved_weights_are_a_caffemodel(net, tmp_path):
+    from layerforge.caffe import caffe_pb
+
+    path = tmp_path / "w"
+    net.save(str(path))
+    proto = caffe_pb.NetParameter()
+    proto.ParseFromString(path.read_bytes())
+    conv = [layer for layer in proto.layer if layer.name == "conv"][0]
+    assert list(conv.blobs[0].shape.dim) == [11, 2, 2, 2]
+    numpy.testing.assert_allclose(numpy.array(conv.blobs[0].data).reshape(11, 2, 2, 2), net.params["conv"][0].data)

@@ -55,9 +55,16 @@ def test_test_net_shares_the_train_weights(solver):
     numpy.testing.assert_array_equal(solver.test_nets[0].params["ip"][0].data, 0.25)
 
 
-def test_snapshot_writes_weights_and_state(solver, tmp_path):
+def test_snapshot_writes_caffes_files(solver, tmp_path):
+    # a Caffe solver file without snapshot_format gets Caffe's default, BINARYPROTO
     solver.snapshot()
-    assert (tmp_path / "model_iter_0.npz").is_file() and (tmp_path / "model_iter_0.solverstate.npz").is_file()
+    assert sorted(p.name for p in tmp_path.glob("model_iter_0*")) == ["model_iter_0.caffemodel",
+                                                                      "model_iter_0.solverstate"]
+    from layerforge.caffe import caffe_pb
+
+    state = caffe_pb.SolverState()
+    state.ParseFromString((tmp_path / "model_iter_0.solverstate").read_bytes())
+    assert state.iter == 0 and state.learned_net.endswith("model_iter_0.caffemodel")
 
 
 @pytest.mark.parametrize("cls,type_name", [(caffe.SGDSolver, "SGD"), (caffe.NesterovSolver, "Nesterov"),
