@@ -139,7 +139,10 @@ class Im2colConv(_GemmConv):
             xp.add(src, b[None, :, None, None], out=y)
 
     def backward(self, x, W, gy, gW, gb, gx):
-        """Add the filter (and bias) gradients into ``gW`` (``gb``); write the data gradient into ``gx``."""
+        """Add the filter (and bias) gradients into ``gW`` (``gb``); write the data gradient into ``gx``.
+
+        Any of ``gW``, ``gb``, ``gx`` may be None (not wanted); with ``gW`` None, x is used for its shape only.
+        """
         xp = get_array_module(x)
         n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
         kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
@@ -147,8 +150,11 @@ class Im2colConv(_GemmConv):
         gyt.reshape(g * cog, out_h, out_w, n)[...] = gy.transpose(1, 2, 3, 0)
         if gb is not None:
             gb += gyt.reshape(g * cog, -1) @ xp.ones(gyt.shape[-1], dtype=gy.dtype)
-        col = self._columns(x, W)
-        gW += xp.matmul(gyt, col.transpose(0, 2, 1)).reshape(gW.shape)
+        if gW is not None:
+            col = self._columns(x, W)
+            gW += xp.matmul(gyt, col.transpose(0, 2, 1)).reshape(gW.shape)
+        else:  # the data gradient alone (a transposed convolution's forward): x's values are not read
+            col = self._buffer(xp, "col", (c, kh, kw, out_h, out_w, n), x.dtype).reshape(g, kg, -1)
         if gx is None:
             return
         xp.matmul(W.reshape(g, cog, kg).transpose(0, 2, 1), gyt, out=col)  # the columns are spent: reuse
@@ -221,16 +227,21 @@ class ImplicitGemmConv(_GemmConv):
         if gx is not None and not self.pointwise:
             gx[...] = 0
         Wg = W.reshape(g, cog, kg)
-        gW4 = gW.reshape(g, cog, kg)
+        gW4 = None if gW is None else gW.reshape(g, cog, kg)
         for n0, n1, r0, r1 in self.tiles(x.shape, x.itemsize):
             nb, pt = n1 - n0, (r1 - r0) * out_w
-            col = self._lower(x, W, n0, n1, r0, r1).reshape(nb, g, kg, pt)
+            if gW is not None or self.pointwise:
+                col = self._lower(x, W, n0, n1, r0, r1).reshape(nb, g, kg, pt)
+            else:  # the data gradient alone: a workspace for its columns, x not lowered
+                col = self._buffer(xp, "col", (nb, c, kh, kw, r1 - r0, out_w), x.dtype).reshape(nb, g, kg, pt)
             if r1 - r0 == out_h:
                 gyt = gy[n0:n1].reshape(nb, g, cog, pt)
             else:
                 gyt = self._buffer(xp, "y", (nb, g, cog, pt), x.dtype)
                 gyt.reshape(nb, g * cog, r1 - r0, out_w)[...] = gy[n0:n1, :, r0:r1]
-            if nb * g * cog * kg * x.itemsize <= self.budget:
+            if gW is None:
+                pass
+            elif nb * g * cog * kg * x.itemsize <= self.budget:
                 gW4 += xp.matmul(gyt, col.transpose(0, 1, 3, 2)).sum(axis=0)
             else:  # one image at a time keeps the partial products within the budget
                 for k in range(nb):

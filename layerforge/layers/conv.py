@@ -164,18 +164,23 @@ class Convolution(Layer):
                 raise ShapeError(f"kernel {kh}x{kw} (dilation {dy}x{dx}, pad {ph}x{pw}) does not fit bottom shape "
                                  f"{b.shape}", key="convolution.kernel_size")
             t.reshape(b.shape[0], self.num_output, out_h, out_w)
-        if first != self._tuned_shape:  # a new shape may favour the other engine: choose again
-            self._tuned_shape = first
-            names = ENGINE_CHOICES[self.engine]
-            if len(names) > 1 and self._im2col_bytes(first, top[0].shape) > AUTO_WORKSPACE_LIMIT:
-                names = ("IMPLICIT",)  # like cuDNN's workspace limit: never allocate a huge column buffer to try it
-            self.engines = {name: ENGINES[name](self.geometry, self.group) for name in names}
-            self.tuning = {d: AutoChoice(names) for d in ("forward", "backward")}
+        self._choose_engines(first, top[0].shape)
+
+    def _choose_engines(self, x_shape, y_shape):
+        """Set up the engines for a convolution from ``x_shape`` to ``y_shape`` (again when the shape changes)."""
+        if x_shape == self._tuned_shape:
+            return
+        self._tuned_shape = x_shape  # a new shape may favour the other engine: choose again
+        names = ENGINE_CHOICES[self.engine]
+        if len(names) > 1 and self._im2col_bytes(x_shape, y_shape) > AUTO_WORKSPACE_LIMIT:
+            names = ("IMPLICIT",)  # like cuDNN's workspace limit: never allocate a huge column buffer to try it
+        self.engines = {name: ENGINES[name](self.geometry, self.group) for name in names}
+        self.tuning = {d: AutoChoice(names) for d in ("forward", "backward")}
 
     def _im2col_bytes(self, x_shape, y_shape):
         kh, kw = self.geometry[:2]
         n, c = x_shape[:2]
-        return self.dtype.itemsize * n * y_shape[2] * y_shape[3] * (c * kh * kw + self.num_output)
+        return self.dtype.itemsize * n * y_shape[2] * y_shape[3] * (c * kh * kw + y_shape[1])
 
     @property
     def engine_choice(self):
@@ -187,11 +192,12 @@ class Convolution(Layer):
         """Bytes of the engines' reused workspaces (after AUTO settles, only the chosen engines')."""
         return sum(e.workspace_bytes for e in self.engines.values())
 
-    def _run(self, direction, *args):
+    def _run(self, direction, *args, method=None):
+        """Run engine ``method`` (default: ``direction``), timing it for AUTO's choice in ``direction``."""
         tune = self.tuning[direction]
         name = tune.next()
         t0 = time.perf_counter()
-        getattr(self.engines[name], direction)(*args)
+        getattr(self.engines[name], method or direction)(*args)
         if tune.record(name, time.perf_counter() - t0):
             times = ", ".join(f"{k} {1000 * min(v):.3f} ms" for k, v in tune.times.items())
             logger.info("%s '%s': %s engine %s (%s)", self.type, self.name, direction, tune.choice, times)

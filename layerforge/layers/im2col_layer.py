@@ -1,1 +1,51 @@
-"""(being written in this session)"""
+"""Im2col (Caffe's Im2colLayer): the convolution's column matrix as a blob."""
+from ..kernels.im2col import col2im, conv_output_size, im2col
+from .base import Field, register_layer
+from .conv import Convolution
+
+
+@register_layer("Im2col")
+class Im2col(Convolution):
+    """y[n, (c kh + i) kw + j, oy, ox] = x[n, c, oy sy - ph + i dy, ox sx - pw + j dx] (0 in the padding).
+
+    Shapes: bottom (N, C, H, W) -> top (N, C kh kw, Hout, Wout), Caffe's channel-major column order and
+    the convolution's output size; ``convolution_param`` gives kernel, stride, pad and dilation
+    (num_output, group and the fillers are not used). Backward: col2im, the sum of each column's
+    gradient back into the pixels it came from. No parameters.
+    """
+
+    param_blocks = {"convolution": {**Convolution.param_blocks["convolution"],
+                                    "num_output": Field("int", None, min=1, doc="not used by Im2col")}}
+    num_bottom = (1, 1)
+    num_top = (1, 1)
+    backward_reads = ()
+
+    @classmethod
+    def validate_params(cls, lp):
+        cls.read_geometry(lp)
+
+    def layer_setup(self, bottom, top):
+        self.geometry = self.read_geometry(self.layer_param)
+        self.group = 1
+        self.blobs = []
+
+    def reshape(self, bottom, top):
+        kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
+        self._check_bottom(bottom[0])
+        n, c, h, w = bottom[0].shape
+        top[0].reshape(n, c * kh * kw, conv_output_size(h, kh, sy, ph, dy), conv_output_size(w, kw, sx, pw, dx))
+
+    def forward(self, bottom, top):
+        col = im2col(bottom[0].data, *self.geometry)  # (C, kh, kw, N, out_h, out_w)
+        c, kh, kw, n, oh, ow = col.shape
+        top[0].data[...] = col.transpose(3, 0, 1, 2, 4, 5).reshape(n, c * kh * kw, oh, ow)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
+            n, c, h, w = bottom[0].shape
+            gy = top[0].diff.reshape(n, c, kh, kw, *top[0].shape[2:]).transpose(1, 2, 3, 0, 4, 5)
+            bottom[0].diff[...] = col2im(gy, sy, sx, ph, pw, h, w, dy, dx)
+
+    def multiply_adds(self, bottom, top):
+        return 0
