@@ -7,8 +7,10 @@ from the caller (``pooling_output_size``), so a ceil-mode window may reach past 
 padded buffer is made large enough, and the part beyond the image counts as -inf (MAX) or contributes
 nothing (AVE). Without padding, when every window lies inside the image (LeNet's 2x2/2, VGG's), the
 windows are slices of x itself; when they are also disjoint, backward assigns each window's share
-instead of accumulating into a cleared buffer.
+instead of accumulating into a cleared buffer. cupy arrays go to kernels/cuda/pooling.cu (argmax int32).
 """
+import numpy
+
 from ..backend import get_array_module
 
 
@@ -62,6 +64,9 @@ def max_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
         Caffe's strict ``>`` keeps.
     """
     xp = get_array_module(x)
+    if xp is not numpy:  # kernels/cuda/pooling.cu
+        from .cuda import pooling as gpu
+        return gpu.max_pooling_forward_gpu(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out)
     img = x if _direct(x.shape, kh, kw, sy, sx, ph, pw, out_h, out_w) else \
         _pad(x, -xp.inf, kh, kw, sy, sx, ph, pw, out_h, out_w)
     y = _result(out, (x.shape[0], x.shape[1], out_h, out_w), x.dtype, xp)
@@ -82,6 +87,9 @@ def max_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
 def max_pooling_backward(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out=None):
     """Route each output gradient to the input element that won its window (sums where windows overlap)."""
     xp = get_array_module(gy)
+    if xp is not numpy:  # kernels/cuda/pooling.cu
+        from .cuda import pooling as gpu
+        return gpu.max_pooling_backward_gpu(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out)
     n, c, out_h, out_w = gy.shape
     h, w = x_shape[2:]
     hit = xp.empty(gy.shape, dtype=bool)
@@ -126,6 +134,9 @@ def average_pool_size(h, w, kh, kw, sy, sx, ph, pw, out_h, out_w, xp, dtype):
 def average_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
     """Sum of the image elements in each window divided by :func:`average_pool_size` (padding adds zeros)."""
     xp = get_array_module(x)
+    if xp is not numpy:  # kernels/cuda/pooling.cu
+        from .cuda import pooling as gpu
+        return gpu.average_pooling_forward_gpu(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out)
     direct = _direct(x.shape, kh, kw, sy, sx, ph, pw, out_h, out_w)
     img = x if direct else _pad(x, 0, kh, kw, sy, sx, ph, pw, out_h, out_w)
     y = _result(out, (x.shape[0], x.shape[1], out_h, out_w), x.dtype, xp)
@@ -144,6 +155,9 @@ def average_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
 def average_pooling_backward(gy, x_shape, kh, kw, sy, sx, ph, pw, out=None):
     """Spread each output gradient / pool size evenly over its window; padding takes its share away."""
     xp = get_array_module(gy)
+    if xp is not numpy:  # kernels/cuda/pooling.cu
+        from .cuda import pooling as gpu
+        return gpu.average_pooling_backward_gpu(gy, x_shape, kh, kw, sy, sx, ph, pw, out)
     n, c, out_h, out_w = gy.shape
     h, w = x_shape[2:]
     if _direct(x_shape, kh, kw, sy, sx, ph, pw, out_h, out_w):
@@ -163,3 +177,35 @@ def average_pooling_backward(gy, x_shape, kh, kw, sy, sx, ph, pw, out=None):
     gx = _result(out, x_shape, gy.dtype, xp)
     gx[...] = gimg[:, :, ph:ph + h, pw:pw + w]
     return gx
+
+
+def stochastic_pooling_forward(x, kh, kw, sy, sx, out_h, out_w, uniform=None, out=None):
+    """Caffe's stochastic pooling (no padding): each window's output is one of its elements, drawn with
+    probability proportional to its (non-negative) value in TRAIN, or in TEST (``uniform`` None) the
+    probability-weighted mean sum(x^2) / sum(x) (0 for an all-zero window).
+
+    ``uniform`` (N, C, out_h, out_w) values in [0, 1) make the draws: the first element in raster order
+    whose running sum reaches ``uniform * sum(x)`` wins, as in Caffe's kernel. Returns ``(y, index)`` with
+    index the winner's kernel position ``i * kw + j`` (None in TEST), the format of max pooling's argmax.
+    """
+    xp = get_array_module(x)
+    img = x if _direct(x.shape, kh, kw, sy, sx, 0, 0, out_h, out_w) else \
+        _pad(x, 0, kh, kw, sy, sx, 0, 0, out_h, out_w)
+    y = _result(out, (x.shape[0], x.shape[1], out_h, out_w), x.dtype, xp)
+    taps = [(i * kw + j, img[_window(i, j, sy, sx, out_h, out_w)]) for i in range(kh) for j in range(kw)]
+    total = sum(v for _, v in taps)
+    if uniform is None:
+        squares = sum(v * v for _, v in taps)
+        y[...] = xp.where(total > 0, squares / xp.where(total > 0, total, 1), 0)
+        return y, None
+    threshold = uniform * total
+    index = xp.zeros(y.shape, dtype=xp.int32)
+    running = xp.zeros(y.shape, dtype=x.dtype)
+    found = xp.zeros(y.shape, dtype=bool)
+    for k, v in taps:
+        running += v
+        hit = (running >= threshold) & ~found
+        xp.copyto(index, k, where=hit)
+        xp.copyto(y, v, where=hit)
+        found |= hit
+    return y, index

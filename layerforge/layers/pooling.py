@@ -1,4 +1,5 @@
 """Pooling (Caffe's PoolingLayer): MAX and AVE with Caffe's ceil-mode output size."""
+from .. import rng
 from ..errors import ShapeError
 from ..kernels import pooling as kernels
 from ..kernels.im2col import pooling_output_size
@@ -15,10 +16,14 @@ class Pooling(Layer):
     last window would start in the bottom padding. MAX ignores padding; a second top receives Caffe's
     mask, the flat index ``h * W + w`` of each maximum. AVE sums the window and divides by its size
     clipped to the padded image (so padding counts). ``global_pooling`` takes the whole H x W plane.
+    STOCHASTIC (no padding; Caffe's stochastic pooling) outputs in TRAIN one element of each window, drawn
+    with probability proportional to its value (inputs are non-negative, e.g. after a ReLU), and routes
+    the gradient to it; in TEST the probability-weighted mean sum(x^2) / sum(x).
     """
 
     param_blocks = {"pooling": {
-        "pool": Field("enum", "MAX", choices=("MAX", "AVE", "STOCHASTIC"), doc="MAX or AVE (STOCHASTIC unsupported)"),
+        "pool": Field("enum", "MAX", choices=("MAX", "AVE", "STOCHASTIC"),
+                      doc="MAX, AVE, or STOCHASTIC (a value drawn in proportion to its size; TEST: weighted mean)"),
         "pad": Field("int", 0, min=0, doc="padding on each side"),
         "pad_h": Field("int", 0, min=0), "pad_w": Field("int", 0, min=0),
         "kernel_size": Field("int", None, min=1, doc="square window size"),
@@ -34,8 +39,9 @@ class Pooling(Layer):
     @classmethod
     def validate_params(cls, lp):
         p = lp.pooling
-        if p.pool == "STOCHASTIC":
-            raise lp.error("pool STOCHASTIC is not supported; use MAX or AVE", "pooling.pool")
+        if p.pool == "STOCHASTIC" and (p.pad or p.pad_h or p.pad_w):
+            raise lp.error("STOCHASTIC pooling takes no padding (Caffe implements padding for MAX and AVE only)",
+                           "pooling.pad")
         if len(lp.top) > 1 and p.pool != "MAX":
             raise lp.error(f"only MAX pooling has a second (mask) top; pool is {p.pool}", "top")
         cls.read_geometry(lp)
@@ -91,6 +97,13 @@ class Pooling(Layer):
             if len(top) > 1:
                 top[1].data[...] = kernels.argmax_to_mask(self.argmax, x.shape, self.kw, self.sy, self.sx,
                                                           self.ph, self.pw)
+        elif self.pool == "STOCHASTIC":
+            uniform = None
+            if self.phase == "TRAIN":
+                uniform = self.xp.asarray(rng.get_rng().random((x.shape[0], x.shape[1], self.out_h, self.out_w)),
+                                          dtype=x.dtype)
+            _, self.argmax = kernels.stochastic_pooling_forward(x, self.kh, self.kw, self.sy, self.sx, self.out_h,
+                                                                self.out_w, uniform, out=top[0].data)
         else:
             kernels.average_pooling_forward(x, *self._geometry(), self.out_h, self.out_w, out=top[0].data)
 
@@ -98,7 +111,10 @@ class Pooling(Layer):
         if not propagate_down[0]:
             return
         gy = top[0].diff
-        if self.pool == "MAX":
+        if self.pool == "STOCHASTIC" and self.argmax is None:
+            raise self.layer_param.error("STOCHASTIC pooling has a gradient in TRAIN only (TEST takes a weighted "
+                                         "mean, as Caffe, which has no backward)", "pooling.pool")
+        if self.pool in ("MAX", "STOCHASTIC"):  # the drawn element takes the gradient, as max pooling's winner
             kernels.max_pooling_backward(gy, self.argmax, bottom[0].shape, *self._geometry(), out=bottom[0].diff)
         else:
             kernels.average_pooling_backward(gy, bottom[0].shape, *self._geometry(), out=bottom[0].diff)

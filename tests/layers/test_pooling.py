@@ -123,7 +123,7 @@ def test_gradient_check(pool, param):
 
 
 @pytest.mark.parametrize("param, top, message", [
-    ({"pool": "STOCHASTIC", "kernel_size": 2}, ("y",), "STOCHASTIC is not supported"),
+    ({"pool": "STOCHASTIC", "kernel_size": 2, "pad": 1}, ("y",), "STOCHASTIC pooling takes no padding"),
     ({"pool": "AVE", "kernel_size": 2}, ("y", "mask"), "only MAX pooling has a second"),
     ({"global_pooling": True, "kernel_size": 2}, ("y",), "give no kernel size"),
     ({"global_pooling": True, "stride": 2}, ("y",), "stride 1"),
@@ -159,3 +159,63 @@ def test_padding_on_one_axis_clips_both_axes_as_caffe():
     layer = create_layer({"type": "Pooling", "pooling": {"pool": "MAX", "kernel_h": 3, "kernel_w": 1, "stride": 3}})
     layer.setup([Blob((1, 1, 5, 5))], top)
     assert top[0].shape == (1, 1, 2, 3)  # no padding anywhere: no clipping, W keeps its third window
+
+
+def _stochastic(phase, **extra):
+    from layerforge.layers import create_layer
+
+    return create_layer({"type": "Pooling", "pooling": {"pool": "STOCHASTIC", "kernel_size": 2, "stride": 2,
+                                                        **extra}}, phase=phase, dtype=numpy.float64)
+
+
+def test_stochastic_pooling_draws_in_proportion_and_routes_the_gradient():
+    from layerforge.blob import Blob
+    from layerforge.kernels.pooling import stochastic_pooling_forward
+
+    x = numpy.array([[[[1.0, 2.0], [3.0, 4.0]]]])  # one window: raster order 1, 2, 3, 4 (sum 10)
+    for u, index, value in [(0.0, 0, 1.0), (0.1, 0, 1.0), (0.25, 1, 2.0), (0.5, 2, 3.0), (0.95, 3, 4.0)]:
+        y, idx = stochastic_pooling_forward(x, 2, 2, 2, 2, 1, 1, numpy.full((1, 1, 1, 1), u))
+        assert (float(y.reshape(-1)[0]), int(idx.reshape(-1)[0])) == (value, index)
+    y, idx = stochastic_pooling_forward(x, 2, 2, 2, 2, 1, 1)  # TEST: sum(x^2) / sum(x)
+    assert float(y.reshape(-1)[0]) == pytest.approx(30 / 10) and idx is None
+    layer = _stochastic("TRAIN")
+    bottom, top = [Blob((4000, 1, 2, 2), numpy.float64)], [Blob(dtype=numpy.float64)]
+    bottom[0].data[...] = x
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    counts = numpy.array([(top[0].data == v).mean() for v in (1, 2, 3, 4)])
+    numpy.testing.assert_allclose(counts, [0.1, 0.2, 0.3, 0.4], atol=0.03)
+    top[0].diff[...] = 1
+    layer.backward(top, [True], bottom)
+    picked = bottom[0].diff.reshape(4000, 4).argmax(axis=1)
+    numpy.testing.assert_array_equal(bottom[0].data.reshape(4000, 4)[numpy.arange(4000), picked],
+                                     top[0].data.reshape(-1))
+    assert bottom[0].diff.sum() == 4000
+
+
+def test_stochastic_pooling_test_phase_and_zero_windows():
+    from layerforge.blob import Blob
+
+    layer = _stochastic("TEST")
+    x = numpy.zeros((1, 1, 4, 4))
+    x[0, 0, :2, :2] = [[1.0, 0.0], [0.0, 3.0]]
+    bottom, top = [Blob((1, 1, 4, 4), numpy.float64)], [Blob(dtype=numpy.float64)]
+    bottom[0].data[...] = x
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    numpy.testing.assert_allclose(top[0].data[0, 0], [[10 / 4, 0], [0, 0]])
+
+
+def test_stochastic_pooling_refuses_padding():
+    from layerforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="STOCHASTIC pooling takes no padding"):
+        _stochastic("TRAIN", pad=1)
+
+
+def test_stochastic_pooling_gradient_check():
+    from layerforge.blob import Blob
+    from layerforge.testing import check_gradient, make_blob
+
+    x = numpy.random.RandomState(4).uniform(0.5, 2.0, (2, 2, 4, 5))  # positive: every element can be drawn
+    check_gradient(_stochastic("TRAIN"), [make_blob(x)], [Blob()], stepsize=1e-4)
