@@ -12,9 +12,10 @@ output rows. Padding is never materialised: each kernel position copies only the
 input lies inside the image and zeroes the rest.
 
 As in ``chainer/utils/conv.py``: ``im2col_cpu`` / ``col2im_cpu`` are the xp slicing bodies and ``im2col``
-/ ``col2im`` the entry points; the slicing bodies serve cupy arrays too, until the GPU backend adds
-CUDA kernels behind the same entry points.
+/ ``col2im`` the entry points, which send cupy arrays to the CUDA kernels of kernels/cuda/im2col.cu.
 """
+
+import numpy
 
 from ..backend import get_array_module
 
@@ -120,10 +121,16 @@ def col2im_cpu(col, sy, sx, ph, pw, h, w, dy=1, dx=1):
 
 
 def im2col(x, kh, kw, sy, sx, ph, pw, dy=1, dx=1):
-    """Columns ``(C, kh, kw, N, out_h, out_w)`` of an NCHW batch; the xp body serves numpy and cupy arrays."""
+    """Columns ``(C, kh, kw, N, out_h, out_w)`` of an NCHW batch (cupy arrays: kernels/cuda/im2col.cu)."""
+    if get_array_module(x) is not numpy:
+        from .cuda.im2col import im2col_gpu
+        return im2col_gpu(x, kh, kw, sy, sx, ph, pw, dy, dx)
     return im2col_cpu(x, kh, kw, sy, sx, ph, pw, dy, dx)
 
 
 def col2im(col, sy, sx, ph, pw, h, w, dy=1, dx=1):
     """The adjoint of :func:`im2col`: sums columns back into an ``(N, C, h, w)`` image."""
+    if get_array_module(col) is not numpy:
+        from .cuda.im2col import col2im_gpu
+        return col2im_gpu(col, sy, sx, ph, pw, h, w, dy, dx)
     return col2im_cpu(col, sy, sx, ph, pw, h, w, dy, dx)
