@@ -10,7 +10,8 @@ Kernels use grid-stride loops over a flat element count (Caffe's ``CUDA_KERNEL_L
 picks the launch shape from the count alone.
 
 Precision of the cuBLAS GEMMs (every ``xp.matmul`` on cupy arrays) is one process-wide switch,
-:func:`set_gpu_math` (env ``LAYERFORGE_TF32=1`` at first use): strict fp32 by default, TF32 tensor
+:func:`set_gpu_math`, or env ``LAYERFORGE_TF32=1`` (applied when a solver or net selects the GPU, and at the
+first kernel compilation): strict fp32 by default, TF32 tensor
 cores when asked. See docs/gpu.md.
 """
 import functools
@@ -41,7 +42,7 @@ def defines(dtype):
 def _module(stem, dtype_str):
     import cupy
 
-    _apply_gpu_math_env()
+    apply_gpu_math_env()
     code = sources()[stem].read_text()
     return cupy.RawModule(code=code, options=NVRTC_OPTIONS + defines(dtype_str))
 
@@ -88,6 +89,6 @@ def set_gpu_math(tf32=False):
     _GPU_MATH["tf32"] = bool(tf32)
 
 
-def _apply_gpu_math_env():
+def apply_gpu_math_env():
     if _GPU_MATH["tf32"] is None:
         set_gpu_math(os.environ.get("LAYERFORGE_TF32", "0") not in ("", "0", "false", "False"))
