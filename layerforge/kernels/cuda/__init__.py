@@ -57,15 +57,34 @@ def blocks(n, block=BLOCK):
     return max(1, min(MAX_BLOCKS, math.ceil(n / block)))
 
 
-def launch(stem, name, dtype, n, args, shared_mem=0):
-    """Run kernel ``name`` of ``<stem>.cu`` over ``n`` elements (grid-stride); ``args`` as the kernel declares them.
+def kernel_args(args):
+    """``args`` with every Python int as a C ``int`` (numpy.int32).
 
-    Python ints travel as C ``int`` (cupy's rule), so every integer parameter of these kernels is an ``int``;
-    every floating scalar must be passed already converted to ``dtype`` (``dtype.type(v)``).
+    cupy passes a Python int as ``long long`` and a Python float as ``double``; these kernels declare
+    ``int`` counts and sizes, and ``T`` scalars, which callers pass already converted (:func:`scalar`).
     """
+    out = []
+    for a in args:
+        if type(a) in (bool, float):  # exact types: numpy.float64 subclasses float and is already typed
+            raise TypeError(f"kernel argument {a!r}: pass numpy scalars of the kernel's type")
+        if type(a) is int:
+            if not -2 ** 31 <= a < 2 ** 31:
+                raise OverflowError(f"kernel argument {a} does not fit a C int")
+            a = numpy.int32(a)
+        out.append(a)
+    return tuple(out)
+
+
+def run(stem, name, dtype, grid, block, args, shared_mem=0):
+    """Launch kernel ``name`` of ``<stem>.cu`` for ``dtype`` on an explicit ``grid`` and ``block``."""
+    get_function(stem, name, dtype)(tuple(grid), tuple(block), kernel_args(args), shared_mem=shared_mem)
+
+
+def launch(stem, name, dtype, n, args, shared_mem=0):
+    """Run kernel ``name`` of ``<stem>.cu`` over ``n`` elements (a grid-stride loop of :data:`BLOCK` threads)."""
     if n == 0:
         return
-    get_function(stem, name, dtype)((blocks(n),), (BLOCK,), args, shared_mem=shared_mem)
+    run(stem, name, dtype, (blocks(n),), (BLOCK,), args, shared_mem)
 
 
 def scalar(dtype, value):

@@ -1,5 +1,5 @@
 """GPU bodies of :mod:`layerforge.kernels.batch_norm` (batch_norm.cu), on (N, C, S) views."""
-from . import BLOCK, get_function, launch
+from . import BLOCK, launch, run
 
 # batch_norm.cu's block reductions assume BN_THREADS == BLOCK
 _THREADS = BLOCK
@@ -12,7 +12,7 @@ def batch_stats_gpu(x):
     x = cupy.ascontiguousarray(x)
     n, c, s = x.shape
     mean, var = cupy.empty(c, dtype=x.dtype), cupy.empty(c, dtype=x.dtype)
-    get_function("batch_norm", "channel_mean_var", x.dtype)((c,), (_THREADS,), (x, mean, var, n, c, s))
+    run("batch_norm", "channel_mean_var", x.dtype, (c,), (_THREADS,), (x, mean, var, n, c, s))
     return mean, var
 
 
@@ -35,7 +35,7 @@ def batch_norm_backward_gpu(gy, y, inv_std, out):
     inv_std = cupy.ascontiguousarray(inv_std, dtype=gy.dtype)
     n, c, s = gy.shape
     sum_gy, sum_gy_y = cupy.empty(c, dtype=gy.dtype), cupy.empty(c, dtype=gy.dtype)
-    get_function("batch_norm", "channel_grad_sums", gy.dtype)((c,), (_THREADS,), (gy, y, sum_gy, sum_gy_y, n, c, s))
+    run("batch_norm", "channel_grad_sums", gy.dtype, (c,), (_THREADS,), (gy, y, sum_gy, sum_gy_y, n, c, s))
     launch("batch_norm", "batch_norm_backward", gy.dtype, gy.size,
            (gy, y, sum_gy, sum_gy_y, inv_std, out, gy.size, c, s, n * s))
     return out

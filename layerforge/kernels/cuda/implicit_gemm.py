@@ -2,7 +2,7 @@
 import math
 
 from ..im2col import conv_output_size
-from . import get_function
+from . import run
 
 TILE = 16  # implicit_gemm.cu's TILE
 
@@ -16,7 +16,7 @@ def _geometry(x_shape, w_shape, geometry, group):
 
 def _run(name, dtype, rows, cols, group, args):
     grid = (math.ceil(cols / TILE), math.ceil(rows / TILE), group)
-    get_function("implicit_gemm", name, dtype)(grid, (TILE, TILE), args)
+    run("implicit_gemm", name, dtype, grid, (TILE, TILE), args)
 
 
 def conv_forward_gpu(x, W, b, y, geometry, group):
