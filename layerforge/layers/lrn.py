@@ -1,34 +1,7 @@
 """LRN (Caffe's local response normalisation)."""
 from ..errors import ShapeError
+from ..kernels.lrn import lrn_across_backward, lrn_across_forward, negative_power, window_sum
 from .base import Field, Layer, register_layer
-
-
-def window_sum(a, n, axes):
-    """Sum of ``a`` over a centred window of odd length ``n`` along each of ``axes`` (zeros outside)."""
-    for axis in axes:
-        out = a.copy()
-        for d in range(1, (n - 1) // 2 + 1):
-            lo, hi = [slice(None)] * a.ndim, [slice(None)] * a.ndim
-            lo[axis], hi[axis] = slice(None, -d), slice(d, None)
-            out[tuple(hi)] += a[tuple(lo)]
-            out[tuple(lo)] += a[tuple(hi)]
-        a = out
-    return a
-
-
-def negative_power(xp, s, beta):
-    """``s ** -beta`` for s > 0; the usual exponents by square roots, which cost a fraction of a pow."""
-    if beta == 0.75:
-        r = xp.sqrt(s)
-        out = xp.sqrt(r)
-        out *= r
-        return xp.reciprocal(out, out=out)
-    if beta == 0.5:
-        out = xp.sqrt(s)
-        return xp.reciprocal(out, out=out)
-    if beta == 1:
-        return xp.reciprocal(s)
-    return s ** -beta
 
 
 @register_layer("LRN")
@@ -39,7 +12,8 @@ class LRN(Layer):
     WITHIN_CHANNEL: the window is the n x n spatial patch around each pixel (zero padded), alpha is divided
     by n^2 and, as in Caffe, 1 takes the place of k. Shapes: bottom (N, C, H, W) -> top of the same shape.
     Backward: ``gx = gy scale^(-beta) - (2 alpha' beta) x sum_window(gy y / scale)`` with alpha' = alpha/n
-    (or alpha/n^2); forward keeps scale and scale^(-beta), so y = x scale^(-beta) is not read back.
+    (or alpha/n^2); forward keeps scale (and, within a channel, scale^(-beta)), so y is not read back.
+    ACROSS_CHANNELS runs through :mod:`layerforge.kernels.lrn` (a CUDA kernel on cupy arrays).
     """
 
     param_blocks = {"lrn": {
@@ -74,6 +48,9 @@ class LRN(Layer):
     def forward(self, bottom, top):
         x = bottom[0].data
         xp = self.xp
+        if self.axes == (1,):  # across channels: the kernel entry point (lrn.cu on cupy)
+            self.scale = lrn_across_forward(x, self.n, self.alpha_n, self.shift, self.beta, out=top[0].data)[1]
+            return
         scale = window_sum(x * x, self.n, self.axes)
         scale *= self.alpha_n
         scale += self.shift
@@ -85,6 +62,9 @@ class LRN(Layer):
             return
         xp = self.xp
         x, gy = bottom[0].data, top[0].diff
+        if self.axes == (1,):
+            lrn_across_backward(x, self.scale, gy, self.n, self.alpha_n, self.beta, bottom[0].diff)
+            return
         t = gy * x
         t *= self.power
         t /= self.scale  # gy y / scale
