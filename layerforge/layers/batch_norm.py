@@ -1,6 +1,7 @@
 """BatchNorm: per-channel normalisation with running statistics, exactly as Caffe's BatchNormLayer."""
 from ..blob import Blob
 from ..errors import ShapeError
+from ..kernels.batch_norm import batch_norm_backward, batch_stats
 from .base import Field, Layer, register_layer
 
 
@@ -22,7 +23,8 @@ class BatchNorm(Layer):
     var = blobs[1] / blobs[2] (0 while blobs[2] is 0), and y is a per-channel affine map of x.
 
     Backward, with s = sqrt(var + eps) and means over N and spatial axes: batch statistics
-    gx = (gy - mean(gy) - mean(gy * y) * y) / s; global statistics gx = gy / s.
+    gx = (gy - mean(gy) - mean(gy * y) * y) / s; global statistics gx = gy / s. The batch-statistics
+    passes run through :mod:`layerforge.kernels.batch_norm` (batch_norm.cu on cupy arrays).
     """
 
     param_blocks = {"batch_norm": {
@@ -52,29 +54,21 @@ class BatchNorm(Layer):
         # (N, C, S): the statistics run over axes 0 and 2
         return a.reshape(a.shape[0], self.channels, -1)
 
-    def _channel_sum(self, a):
-        # sum over N and S as a GEMV against ones: BLAS speed, where a.sum(axis=(0, 2)) walks strided rows
-        n, c, m = a.shape
-        return (a.reshape(n * c, m) @ self.xp.ones(m, dtype=a.dtype)).reshape(n, c).sum(axis=0)
-
     def forward(self, bottom, top):
         xp = self.xp
         p = self.layer_param.batch_norm
         x = self._view(bottom[0].data)
         m = x.shape[0] * x.shape[2]
+        x_norm = getattr(self, "x_norm", None)
+        if x_norm is None or x_norm.shape != x.shape:
+            x_norm = xp.empty(x.shape, dtype=self.dtype)
         if self.use_global_stats:
             sf = float(self.blobs[2].data[0])
             sf = 0.0 if sf == 0 else 1.0 / sf
             mean, var = sf * self.blobs[0].data, sf * self.blobs[1].data
-        else:
-            mean = self._channel_sum(x) / m
-        x_norm = getattr(self, "x_norm", None)
-        if x_norm is None or x_norm.shape != x.shape:
-            x_norm = xp.empty(x.shape, dtype=self.dtype)
-        xp.subtract(x, mean[None, :, None].astype(self.dtype, copy=False), out=x_norm)
-        if not self.use_global_stats:
-            sq = x_norm * x_norm
-            var = self._channel_sum(sq) / m
+            xp.subtract(x, mean[None, :, None].astype(self.dtype, copy=False), out=x_norm)
+        else:  # batch_norm.cu on cupy
+            mean, var = batch_stats(x, centred=x_norm)
             f = p.moving_average_fraction
             self.blobs[2].data *= f
             self.blobs[2].data += 1
@@ -95,12 +89,4 @@ class BatchNorm(Layer):
         if self.use_global_stats:
             xp.multiply(gy, inv_std, out=gx)
             return
-        y = self.x_norm
-        m = y.shape[0] * y.shape[2]
-        mean_gy = self._channel_sum(gy) / m
-        prod = gy * y
-        mean_gy_y = self._channel_sum(prod) / m
-        xp.multiply(y, mean_gy_y[None, :, None], out=prod)
-        xp.subtract(gy, prod, out=gx)
-        gx -= mean_gy[None, :, None]
-        gx *= inv_std
+        batch_norm_backward(gy, self.x_norm, 1 / self.std, out=gx)

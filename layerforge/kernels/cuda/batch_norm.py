@@ -5,14 +5,16 @@ from . import BLOCK, launch, run
 _THREADS = BLOCK
 
 
-def batch_stats_gpu(x):
-    """Per-channel mean and biased variance of a cupy (N, C, S) array."""
+def batch_stats_gpu(x, centred=None):
+    """Per-channel mean and biased variance of a cupy (N, C, S) array; ``x - mean`` into ``centred`` if given."""
     import cupy
 
     x = cupy.ascontiguousarray(x)
     n, c, s = x.shape
     mean, var = cupy.empty(c, dtype=x.dtype), cupy.empty(c, dtype=x.dtype)
     run("batch_norm", "channel_mean_var", x.dtype, (c,), (_THREADS,), (x, mean, var, n, c, s))
+    if centred is not None:
+        normalize_gpu(x, mean, cupy.ones(c, dtype=x.dtype), centred)
     return mean, var
 
 
