@@ -1,1 +1,5 @@
-"""Array kernels shared by layers (im2col, pooling): xp bodies that run on numpy and cupy alike."""
+"""Array kernels shared by layers (im2col, convolution engines, pooling, LRN, softmax loss, BatchNorm).
+
+Each entry point dispatches on the array type: xp bodies for numpy, and for cupy arrays the CUDA kernels
+of :mod:`layerforge.kernels.cuda` (compiled on first use, so importing never needs cupy).
+"""
