@@ -29,7 +29,6 @@ IGNORED = {
 
 # Fields accepted only with Caffe's default value (which is what layerforge does), rejected otherwise.
 DEFAULT_ONLY = {
-    "convolution": {"axis": 1, "force_nd_im2col": False},
     "dropout": {"scale_train": True},
     "transform": {"force_color": False, "force_gray": False},
     "data": {"force_encoded_color": False},

@@ -15,6 +15,8 @@ As in ``chainer/utils/conv.py``: ``im2col_cpu`` / ``col2im_cpu`` are the xp slic
 / ``col2im`` the entry points, which send cupy arrays to the CUDA kernels of kernels/cuda/im2col.cu.
 """
 
+import itertools
+
 import numpy
 
 from ..backend import get_array_module
@@ -134,3 +136,49 @@ def col2im(col, sy, sx, ph, pw, h, w, dy=1, dx=1):
         from .cuda.im2col import col2im_gpu
         return col2im_gpu(col, sy, sx, ph, pw, h, w, dy, dx)
     return col2im_cpu(col, sy, sx, ph, pw, h, w, dy, dx)
+
+
+# ---- N-d: any number of spatial axes (Caffe's im2col_nd / col2im_nd, used by the force_nd_im2col path) ----
+#
+# For D spatial axes (kernel k, stride s, pad p, dilation d, each a D-tuple) the columns of x (N, C, *S) are
+# col (C, *k, N, *O) with ``col[c, *j, n, *o] = x[n, c, *(o s - p + j d)]`` (0 in the padding): the 2-D
+# layout above with more axes. One xp body: a zero-padded copy of x, then one strided slice per kernel
+# position (prod(k) copies of an (N, C, *O) view).
+
+def conv_output_shape(spatial, kernel, stride, pad, dilation):
+    """:func:`conv_output_size` for every spatial axis."""
+    return tuple(conv_output_size(*a) for a in zip(spatial, kernel, stride, pad, dilation))
+
+
+def _taps_nd(kernel, stride, dilation, out):
+    """(kernel position, slices of the padded input) for every position of an N-d kernel."""
+    for j in itertools.product(*(range(k) for k in kernel)):
+        yield j, tuple(_strided(jj * d, st, o) for jj, d, st, o in zip(j, dilation, stride, out))
+
+
+def _interior(spatial, pad):
+    return (slice(None), slice(None)) + tuple(slice(p, p + s) for s, p in zip(spatial, pad))
+
+
+def im2col_nd(x, kernel, stride, pad, dilation):
+    """Columns ``(C, *kernel, N, *out)`` of ``x`` (N, C, *spatial)."""
+    xp = get_array_module(x)
+    n, c, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    out = conv_output_shape(spatial, kernel, stride, pad, dilation)
+    xpad = xp.zeros((c, n) + tuple(s + 2 * p for s, p in zip(spatial, pad)), dtype=x.dtype)
+    xpad[_interior(spatial, pad)] = x.swapaxes(0, 1)
+    col = xp.empty((c,) + tuple(kernel) + (n,) + out, dtype=x.dtype)
+    for j, window in _taps_nd(kernel, stride, dilation, out):
+        col[(slice(None),) + j] = xpad[(slice(None), slice(None)) + window]
+    return col
+
+
+def col2im_nd(col, stride, pad, dilation, spatial):
+    """The adjoint of :func:`im2col_nd`: columns ``(C, *kernel, N, *out)`` summed back into (N, C, *spatial)."""
+    xp = get_array_module(col)
+    d = len(spatial)
+    c, kernel, n, out = col.shape[0], col.shape[1:1 + d], col.shape[1 + d], col.shape[2 + d:]
+    gpad = xp.zeros((c, n) + tuple(s + 2 * p for s, p in zip(spatial, pad)), dtype=col.dtype)
+    for j, window in _taps_nd(kernel, stride, dilation, out):
+        gpad[(slice(None), slice(None)) + window] += col[(slice(None),) + j]
+    return gpad[_interior(spatial, pad)].swapaxes(0, 1)

@@ -23,13 +23,16 @@ their workspaces as views of one process-wide arena per buffer role, grown to th
 the net pays for its largest layer's workspace, not for the sum. ``workspace_bytes`` reports what an
 engine asks for; ``arena_bytes()`` what the arenas hold; ``release()`` forgets an engine's requests
 (AUTO releases the engine it did not choose).
+
+:class:`NdIm2colConv` is the explicit-column engine for 1, 3 or more spatial axes (and for 2 under
+Caffe's ``force_nd_im2col``), with the same interface.
 """
 import math
 
 import numpy
 
 from ..backend import get_array_module
-from .im2col import col2im_tile, conv_output_size, im2col_tile
+from .im2col import col2im_nd, col2im_tile, conv_output_size, im2col_nd, im2col_tile
 
 DEFAULT_BUDGET = 4 << 20  # bytes of column tile for IMPLICIT: a few MiB stays in L2/L3
 
@@ -258,6 +261,53 @@ class ImplicitGemmConv(_GemmConv):
                 xp.matmul(Wg.transpose(0, 2, 1), gyt, out=col)
                 col6 = col.reshape(nb, c, kh, kw, r1 - r0, out_w).transpose(1, 2, 3, 0, 4, 5)
                 col2im_tile(col6, gx[n0:n1].transpose(1, 0, 2, 3), *self.geometry, r0=r0)
+
+
+class NdIm2colConv:
+    """The IM2COL algorithm for any number of spatial axes (Caffe's N-d path): :func:`im2col_nd` columns of
+    the whole batch and one batched GEMM over the groups. ``geometry`` is (kernel, stride, pad, dilation),
+    each a tuple with one value per spatial axis; x (N, C, *spatial), W (Cout, C / G, *kernel)."""
+
+    name = "IM2COL_ND"
+    workspace_bytes = 0
+
+    def __init__(self, geometry, group):
+        self.geometry, self.group = geometry, group
+
+    def release(self):
+        pass
+
+    def _gemm_shapes(self, x, W):
+        g = self.group
+        return g, W.shape[0] // g, W[0].size
+
+    def forward(self, x, W, b, y):
+        """y (N, Cout, *out) = W * x (+ b) for x (N, C, *spatial), W (Cout, C / G, *kernel)."""
+        xp = get_array_module(x)
+        g, cog, kg = self._gemm_shapes(x, W)
+        col = im2col_nd(x, *self.geometry)
+        rest = col.shape[1 + len(self.geometry[0]):]  # (N, *out)
+        out = xp.matmul(W.reshape(g, cog, kg), col.reshape(g, kg, math.prod(rest)))
+        y[...] = out.reshape((g * cog,) + rest).swapaxes(0, 1)
+        if b is not None:
+            y += b.reshape((1, -1) + (1,) * (y.ndim - 2))
+
+    def backward(self, x, W, gy, gW, gb, gx):
+        """Add into ``gW`` (``gb``), write ``gx``; any may be None (with ``gW`` None, x gives its shape only)."""
+        xp = get_array_module(gy)
+        g, cog, kg = self._gemm_shapes(x, W)
+        rest = (gy.shape[0],) + gy.shape[2:]
+        gyt = gy.swapaxes(0, 1).reshape(g, cog, math.prod(rest))
+        if gb is not None:
+            gb += gyt.reshape(g * cog, -1).sum(axis=1)
+        if gW is not None:
+            col = im2col_nd(x, *self.geometry).reshape(g, kg, -1)
+            gW += xp.matmul(gyt, col.transpose(0, 2, 1)).reshape(gW.shape)
+        if gx is not None:
+            kernel, stride, pad, dilation = self.geometry
+            cols = xp.matmul(W.reshape(g, cog, kg).transpose(0, 2, 1), gyt)
+            c = x.shape[1]
+            gx[...] = col2im_nd(cols.reshape((c,) + tuple(kernel) + rest), stride, pad, dilation, x.shape[2:])
 
 
 ENGINES = {"IM2COL": Im2colConv, "IMPLICIT": ImplicitGemmConv}

@@ -1,12 +1,13 @@
-"""Convolution (Caffe's ConvolutionLayer): 2-D, grouped, dilated; explicit im2col or implicit GEMM, autotuned."""
+"""Convolution (Caffe's ConvolutionLayer): 2-D or N-d, grouped, dilated; explicit im2col or implicit GEMM, autotuned."""
 import logging
 import time
 
 from ..errors import ShapeError
-from ..kernels.im2col import conv_output_size
-from ..kernels.implicit_gemm import ENGINES, free_arenas
+from ..kernels.im2col import conv_output_shape, conv_output_size
+from ..kernels.implicit_gemm import ENGINES, NdIm2colConv, free_arenas
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
+from .softmax import canonical_axis
 
 logger = logging.getLogger("layerforge")
 
@@ -76,7 +77,7 @@ ENGINE_CHOICES = {"AUTO": ("IM2COL", "IMPLICIT"), "DEFAULT": ("IM2COL", "IMPLICI
 
 @register_layer("Convolution")
 class Convolution(Layer):
-    """2-D convolution (cross-correlation, as Caffe) of each bottom with shared filters.
+    """Convolution (cross-correlation, as Caffe) of each bottom with shared filters, 2-D or over any number of axes.
 
     ``y[n, o, i, j] = b[o] + sum_{c, p, q} W[o, c, p, q] x[n, g(o) Cin/G + c, i sy - ph + p dy, j sx - pw + q dx]``
     with zero padding, where group ``g(o) = o // (Cout / G)`` sees only its Cin / G input channels.
@@ -88,15 +89,20 @@ class Convolution(Layer):
     both over the first calls, separately for forward and backward, and keeps the faster
     (``engine_choice``; logged on the "layerforge" logger), except that it does not try IM2COL where
     the full column buffer would exceed ``AUTO_WORKSPACE_LIMIT``.
+
+    N-d (Caffe's N-d path): with ``axis`` the channel axis, the axes before it are batch axes and the D
+    axes after it spatial; kernel_size / stride / pad / dilation take one value or D. Anything but a 4-D
+    bottom with axis 1, or ``force_nd_im2col``, runs the N-d column engine (IM2COL_ND):
+    bottom (*B, Cin, *S) -> top (*B, Cout, *Sout), W (Cout, Cin / G, *kernel).
     """
 
     param_blocks = {"convolution": {
         "num_output": Field("int", REQUIRED, min=1, doc="number of filters (Cout)"),
         "bias_term": Field("bool", True, doc="learn a bias per output channel"),
-        "pad": Field("ints", [], min=0, doc="zero padding: one value or [h, w] (default 0)"),
-        "kernel_size": Field("ints", [], min=1, doc="kernel size: one value or [h, w]"),
-        "stride": Field("ints", [], min=1, doc="stride: one value or [h, w] (default 1)"),
-        "dilation": Field("ints", [], min=1, doc="dilation: one value or [h, w] (default 1)"),
+        "pad": Field("ints", [], min=0, doc="zero padding: one value or one per spatial axis (default 0)"),
+        "kernel_size": Field("ints", [], min=1, doc="kernel size: one value or one per spatial axis"),
+        "stride": Field("ints", [], min=1, doc="stride: one value or one per spatial axis (default 1)"),
+        "dilation": Field("ints", [], min=1, doc="dilation: one value or one per spatial axis (default 1)"),
         "pad_h": Field("int", 0, min=0), "pad_w": Field("int", 0, min=0),
         "kernel_h": Field("int", None, min=1), "kernel_w": Field("int", None, min=1),
         "stride_h": Field("int", None, min=1), "stride_w": Field("int", None, min=1),
@@ -106,6 +112,8 @@ class Convolution(Layer):
         "engine": Field("enum", "AUTO", choices=tuple(ENGINE_CHOICES),
                         doc="IM2COL (full column buffer), IMPLICIT (bounded tiles) or AUTO/DEFAULT (time both, "
                             "keep the faster per direction)"),
+        "axis": Field("int", 1, doc="the channel axis; axes before it are batch axes, the axes after it spatial"),
+        "force_nd_im2col": Field("bool", False, doc="use the N-d column path even for 2 spatial axes"),
     }}
     num_bottom = (1, None)
     num_top = (1, None)
@@ -116,9 +124,40 @@ class Convolution(Layer):
         p = lp.convolution
         if len(lp.bottom) != len(lp.top):
             raise lp.error(f"needs one top per bottom, got {len(lp.bottom)} bottoms and {len(lp.top)} tops", "top")
-        if p.num_output % p.group:
+        if p.num_output and p.num_output % p.group:
             raise lp.error(f"num_output {p.num_output} is not divisible by group {p.group}", "convolution.group")
-        cls.read_geometry(lp)
+        if not cls.wants_nd(lp):
+            cls.read_geometry(lp)
+
+    @staticmethod
+    def wants_nd(lp):
+        """Whether the layer's parameters ask for the N-d path (more than 2 values, force_nd_im2col, axis != 1)."""
+        p = lp.convolution
+        return p.force_nd_im2col or p.axis != 1 or any(len(getattr(p, k)) > 2 for k in
+                                                       ("kernel_size", "stride", "pad", "dilation"))
+
+    @staticmethod
+    def read_geometry_nd(lp, axes):
+        """``(kernel, stride, pad, dilation)``, each a tuple of ``axes`` values (one value repeats, Caffe's rule)."""
+        p = lp.convolution
+        for key in ("kernel_h", "kernel_w", "stride_h", "stride_w"):
+            if p.given(key):
+                raise lp.error(f"{key} is for 2-D convolutions; give kernel_size/stride with one value per axis",
+                               f"convolution.{key}")
+        if (p.pad_h or p.pad_w) and axes != 2:
+            raise lp.error("pad_h/pad_w are for 2-D convolutions", "convolution.pad_h")
+        out = []
+        for key, default in (("kernel_size", None), ("stride", 1), ("pad", 0), ("dilation", 1)):
+            values = list(getattr(p, key)) or ([] if default is None else [default])
+            if key == "pad" and not p.pad and (p.pad_h or p.pad_w):
+                values = [p.pad_h, p.pad_w]
+            if len(values) == 1:
+                values = values * axes
+            if len(values) != axes:
+                raise lp.error(f"{key} has {len(values)} values for {axes} spatial axes (give 1 or {axes})",
+                               f"convolution.{key}")
+            out.append(tuple(values))
+        return tuple(out)
 
     @staticmethod
     def read_geometry(lp):
@@ -129,15 +168,58 @@ class Convolution(Layer):
     def layer_setup(self, bottom, top):
         p = self.layer_param.convolution
         self.num_output, self.group, self.bias_term = p.num_output, p.group, p.bias_term
-        self.geometry = self.read_geometry(self.layer_param)
         self.engine = "AUTO" if p.engine == "DEFAULT" else p.engine
         self.engines = {}
         self._tuned_shape = None
-        channels = self._check_bottom(bottom[0])
-        kh, kw = self.geometry[:2]
-        self.blobs = [self.make_param((self.num_output, channels // self.group, kh, kw), p.weight_filler)]
+        shape = bottom[0].shape
+        self.axis = canonical_axis(p.axis, len(shape), "convolution.axis")
+        self.nd = self.wants_nd(self.layer_param) or len(shape) - self.axis - 1 != 2
+        if self.nd:  # Caffe's N-d path: any number of spatial axes after the channel axis
+            if len(shape) - self.axis - 1 < 1:
+                raise ShapeError(f"{self.type} needs spatial axes after the channel axis (axis {self.axis}), got "
+                                 f"bottom shape {shape}", key="bottom")
+            self.geometry = self.read_geometry_nd(self.layer_param, len(shape) - self.axis - 1)
+            channels, kernel = self._check_channels(shape), self.geometry[0]
+        else:
+            self.geometry = self.read_geometry(self.layer_param)
+            channels, kernel = self._check_bottom(bottom[0]), self.geometry[:2]
+        self.blobs = [self.make_param((self.num_output, channels // self.group) + tuple(kernel), p.weight_filler)]
         if self.bias_term:
             self.blobs.append(self.make_param((self.num_output,), p.bias_filler))
+
+    def _check_channels(self, shape):
+        if shape[self.axis] % self.group:
+            raise ShapeError(f"bottom channels {shape[self.axis]} (shape {shape}, axis {self.axis}) are not divisible "
+                             f"by group {self.group}", key="convolution.group")
+        return shape[self.axis]
+
+    def _flat(self, a):
+        """An N-d blob array as (batch, C, *spatial): the axes before the channel axis merged."""
+        return a.reshape((-1,) + a.shape[self.axis:]) if self.nd else a
+
+    def _reshape_nd(self, bottom, top, out_shape):
+        """Tops for the N-d path: ``out_shape(spatial) -> spatial out``; the N-d engine in place of AUTO's."""
+        first = bottom[0].shape
+        for b, t in zip(bottom, top):
+            if b.shape != first:
+                raise ShapeError(f"all bottoms need one shape, got {first} and {b.shape}", key="bottom")
+            self._check_weight_channels(b.shape, b.shape[self.axis])
+            out = out_shape(b.shape[self.axis + 1:])
+            if min(out) < 1:
+                raise ShapeError(f"the kernel does not fit bottom shape {b.shape}", key="convolution.kernel_size")
+            t.reshape(tuple(b.shape[:self.axis]) + (self.num_output,) + tuple(out))
+        if not self.engines:
+            self.engines = {"IM2COL_ND": NdIm2colConv(self.geometry, self.group)}
+            self.tuning = {d: AutoChoice(("IM2COL_ND",)) for d in ("forward", "backward")}
+
+    def bottom_channels(self):
+        """The bottom channel count the weights were made for."""
+        return self.blobs[0].shape[1] * self.group
+
+    def _check_weight_channels(self, shape, channels):
+        if channels != self.bottom_channels():
+            raise ShapeError(f"bottom shape {shape} has {channels} channels, the weights {self.blobs[0].shape} "
+                             f"(group {self.group}) expect {self.bottom_channels()}", key="bottom")
 
     def _check_bottom(self, b):
         if len(b.shape) != 4:
@@ -148,16 +230,15 @@ class Convolution(Layer):
         return b.shape[1]
 
     def reshape(self, bottom, top):
+        if self.nd:
+            return self._reshape_nd(bottom, top, lambda spatial: conv_output_shape(spatial, *self.geometry))
         kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
         first = bottom[0].shape
         for b, t in zip(bottom, top):
             self._check_bottom(b)
             if b.shape != first:
                 raise ShapeError(f"all bottoms need one shape, got {first} and {b.shape}", key="bottom")
-            channels = self.blobs[0].shape[1] * self.group
-            if b.shape[1] != channels:
-                raise ShapeError(f"bottom shape {b.shape} has {b.shape[1]} channels, the weights "
-                                 f"{self.blobs[0].shape} (group {self.group}) expect {channels}", key="bottom")
+            self._check_weight_channels(b.shape, b.shape[1])
             out_h = conv_output_size(b.shape[2], kh, sy, ph, dy)
             out_w = conv_output_size(b.shape[3], kw, sx, pw, dx)
             if out_h < 1 or out_w < 1:
@@ -210,16 +291,17 @@ class Convolution(Layer):
 
     def forward(self, bottom, top):
         b = self.blobs[1].data if self.bias_term else None
+        f = self._flat
         for x, y in zip(bottom, top):
-            self._run("forward", x.data, self.blobs[0].data, b, y.data)
+            self._run("forward", f(x.data), self.blobs[0].data, b, f(y.data))
 
     def backward(self, top, propagate_down, bottom):
         gb = self.blobs[1].diff if self.bias_term else None
+        f = self._flat
         for i, (x, y) in enumerate(zip(bottom, top)):
-            gx = x.diff if propagate_down[i] else None
-            self._run("backward", x.data, self.blobs[0].data, y.diff, self.blobs[0].diff, gb, gx)
+            gx = f(x.diff) if propagate_down[i] else None
+            self._run("backward", f(x.data), self.blobs[0].data, f(y.diff), self.blobs[0].diff, gb, gx)
 
     def multiply_adds(self, bottom, top):
-        kh, kw = self.geometry[:2]
-        cin_g = self.blobs[0].shape[1]
-        return sum(t.shape[0] * self.num_output * t.shape[2] * t.shape[3] * cin_g * kh * kw for t in top)
+        # per output value: one multiply-add per weight of one filter
+        return sum(t.count * (self.blobs[0].count // self.blobs[0].shape[0]) for t in top)

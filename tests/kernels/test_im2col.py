@@ -1,8 +1,11 @@
+import itertools
+
 import numpy
 import pytest
 
 from layerforge.backend import to_numpy
-from layerforge.kernels.im2col import col2im, conv_output_size, im2col, im2col_cpu, pooling_output_size
+from layerforge.kernels.im2col import (col2im, col2im_nd, conv_output_shape, conv_output_size, im2col, im2col_cpu,
+                                      im2col_nd, pooling_output_size)
 
 
 def naive_im2col(x, kh, kw, sy, sx, ph, pw, dy, dx):
@@ -90,3 +93,49 @@ def test_pooling_output_size_caffe_ceil(args, expected):
 def test_pooling_output_size_floor_mode():
     assert pooling_output_size(6, 3, 2, 0, ceil_mode=False) == 2
     assert pooling_output_size(7, 3, 2, 0, ceil_mode=False) == 3
+
+
+# ---- N-d im2col / col2im ----
+
+ND_GEOMETRIES = [  # kernel, stride, pad, dilation
+    ((3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1)),
+    ((2, 3, 1), (2, 1, 3), (1, 0, 1), (1, 2, 1)),
+    ((3,), (2,), (1,), (2,)),
+    ((2, 2, 2, 2), (1, 2, 1, 2), (0, 1, 1, 0), (1, 1, 1, 1)),
+]
+
+
+def naive_im2col_nd(x, kernel, stride, pad, dilation):
+    n, c, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    out = conv_output_shape(spatial, kernel, stride, pad, dilation)
+    col = numpy.zeros((c,) + kernel + (n,) + out, x.dtype)
+    for j in itertools.product(*map(range, kernel)):
+        for o in itertools.product(*map(range, out)):
+            src = tuple(oo * s - p + jj * d for oo, s, p, jj, d in zip(o, stride, pad, j, dilation))
+            if all(0 <= v < size for v, size in zip(src, spatial)):
+                col[(slice(None),) + j + (slice(None),) + o] = x[(slice(None), slice(None)) + src].T
+    return col
+
+
+@pytest.mark.parametrize("geom", ND_GEOMETRIES)
+def test_im2col_nd_matches_naive_gather_and_col2im_nd_is_its_adjoint(xp, geom):
+    rng = numpy.random.default_rng(1)
+    x = rng.standard_normal((2, 3) + (5, 6, 4, 3)[:len(geom[0])])
+    col = im2col_nd(xp.asarray(x), *geom)
+    expected = naive_im2col_nd(x, *geom)
+    numpy.testing.assert_array_equal(to_numpy(col), expected)
+    # <im2col(x), c> == <x, col2im(c)> for a random c: col2im_nd is the transpose of im2col_nd
+    c = rng.standard_normal(expected.shape)
+    gx = to_numpy(col2im_nd(xp.asarray(c), *geom[1:], x.shape[2:]))
+    assert gx.shape == x.shape
+    numpy.testing.assert_allclose((expected * c).sum(), (x * gx).sum(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES)
+def test_im2col_nd_on_two_axes_is_the_2d_im2col(xp, geom):
+    kh, kw, sy, sx, ph, pw, dy, dx = geom
+    x = xp.asarray(numpy.random.default_rng(2).standard_normal((2, 3, 7, 8)))
+    col = im2col_nd(x, (kh, kw), (sy, sx), (ph, pw), (dy, dx))
+    numpy.testing.assert_array_equal(to_numpy(col), to_numpy(im2col(x, *geom)))
+    numpy.testing.assert_allclose(to_numpy(col2im_nd(col, (sy, sx), (ph, pw), (dy, dx), (7, 8))),
+                                  to_numpy(col2im(col, sy, sx, ph, pw, 7, 8, dy, dx)), rtol=1e-12)

@@ -2,7 +2,7 @@ import numpy
 import pytest
 
 from layerforge.kernels.im2col import col2im_cpu, conv_output_size, im2col_cpu
-from layerforge.kernels.implicit_gemm import ENGINES, ImplicitGemmConv, Im2colConv, gemm_shape
+from layerforge.kernels.implicit_gemm import ENGINES, ImplicitGemmConv, Im2colConv, NdIm2colConv, gemm_shape
 
 GEOMETRIES = [  # kh, kw, sy, sx, ph, pw, dy, dx, group
     (3, 3, 1, 1, 0, 0, 1, 1, 1),
@@ -121,3 +121,15 @@ def test_add_matmul_accumulates_in_place(dtype, ta, tb, monkeypatch):
     out = add_matmul(c, a, b)
     assert out is c
     numpy.testing.assert_allclose(c, expected, rtol=1e-5 if dtype == numpy.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES)
+def test_nd_engine_on_two_axes_matches_the_reference(geom):
+    x, W, b, gy = make(geom)
+    kh, kw, sy, sx, ph, pw, dy, dx, g = geom
+    engine = NdIm2colConv(((kh, kw), (sy, sx), (ph, pw), (dy, dx)), g)
+    for a, e in zip(run(engine, x, W, b, gy, geom), reference(x, W, b, gy, geom)):
+        numpy.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-12)
+    gx = numpy.full_like(x, 7.0)  # backward writes gx (no accumulation) and skips gW and gb when not asked
+    engine.backward(x, W, gy, None, None, gx)
+    numpy.testing.assert_allclose(gx, reference(x, W, b, gy, geom)[3], rtol=1e-10, atol=1e-12)
