@@ -53,6 +53,7 @@ def _signatures():
         text = path.read_text()
         macro = re.search(r"#define GEOMETRY_PARAMS (.*?\n.*?)\n", text)
         if macro:
+            text = text.replace("GEOMETRY_PARAMS,", macro.group(1).replace("\\\n", " ") + ",")
             text = text.replace("GEOMETRY_PARAMS)", macro.group(1).replace("\\\n", " ") + ")")
         for name, params in re.findall(r'extern "C" __global__ void (\w+)\((.*?)\)\s*\{', text, re.S):
             kinds = []
@@ -136,3 +137,12 @@ def test_launchers_match_kernel_signatures(fake_cupy, dtype):
     names = {launch[0] for launch in fake_cupy.launches}
     assert names == {kernel for _, kernel in _signatures()}  # every kernel launched at least once
     _check(fake_cupy, dtype)
+
+
+def test_filter_gradient_split():
+    from layerforge.kernels.cuda.implicit_gemm import MAX_GRID_Z, SPLIT_CHUNK, TILE, split_chunk
+    assert SPLIT_CHUNK % TILE == 0
+    assert split_chunk(100, 1) == SPLIT_CHUNK
+    big = SPLIT_CHUNK * MAX_GRID_Z * 3  # too many splits for the grid's z: the chunk doubles until it fits
+    chunk = split_chunk(big, 2)
+    assert chunk % SPLIT_CHUNK == 0 and 2 * -(-big // chunk) <= MAX_GRID_Z < 2 * -(-big // (chunk // 2))

@@ -48,7 +48,10 @@ def test_im2col_col2im(dtype, geometry):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("geometry", GEOMETRIES)
 @pytest.mark.parametrize("group", [1, 2])
-def test_implicit_gemm_conv(dtype, geometry, group):
+@pytest.mark.parametrize("chunk", [4096, 32])  # 32: the filter gradient's reduction splits over many blocks
+def test_implicit_gemm_conv(dtype, geometry, group, chunk, monkeypatch):
+    from layerforge.kernels.cuda import implicit_gemm as gpu_conv
+    monkeypatch.setattr(gpu_conv, "SPLIT_CHUNK", chunk)
     x, W, b = rand((3, 4, 9, 8), dtype), rand((6, 4 // group, *geometry[:2]), dtype, 1), rand(6, dtype, 2)
     engine = implicit_gemm.ImplicitGemmConv(geometry, group)
     out_h = im2col.conv_output_size(9, geometry[0], geometry[2], geometry[4], geometry[6])

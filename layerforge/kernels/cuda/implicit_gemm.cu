@@ -8,9 +8,10 @@
 //   data gradient  gx[n, g Cg + ci, iy, ix] = sum_(co,i,j) W[g M + co, (ci, i, j)] gy[n, g M + co, oy, ox]
 //                  (the tap reaches (iy, ix) when iy + ph - i dy = oy sy, ix + pw - j dx = ox sx)
 //   weight grad    gW[g M + co, k]       += sum_(n,p)     gy[n, g M + co, p] xcol[g; k, (n, p)]
+//                  (split over chunks of (n, p), added atomically: the sum order varies run to run)
 //
 // with xcol[g; k, (n, p)] = x[n, g Cg + ci, oy sy - ph + i dy, ox sx - pw + j dx] (0 outside the image).
-// Launch: block (TILE, TILE), grid (ceil(cols / TILE), ceil(rows / TILE), G). T is float or double:
+// Launch: block (TILE, TILE), grid (ceil(cols / TILE), ceil(rows / TILE), G), times the splits for gW. T is float or double:
 // LF_REAL, a -D define.
 
 typedef LF_REAL T;
@@ -63,15 +64,15 @@ __device__ __forceinline__ T tap_gradient(const T* gy, const Geometry& q, int g,
     return gy[(((long long)n * q.cout + g * m + co) * q.out_h + oy) * q.out_w + ox];
 }
 
-// One thread's element (row, col) of a TILE x TILE block of A B, A rows x reduce, B reduce x cols. a(r, t)
-// and b(t, c) load single elements (the caller's bounds and coordinate mapping: 0 outside); each step
-// stages a TILE-wide slab of both through shared memory, one element per thread.
+// One thread's element (row, col) of a TILE x TILE block of A B, A rows x [begin, end), B [begin, end) x
+// cols. a(r, t) and b(t, c) load single elements (the caller's bounds and coordinate mapping: 0 outside);
+// each step stages a TILE-wide slab of both through shared memory, one element per thread.
 template <class LoadA, class LoadB>
-__device__ __forceinline__ T tiled_product(int row, long long col, long long reduce, LoadA a, LoadB b) {
+__device__ __forceinline__ T tiled_product(int row, long long col, long long begin, long long end, LoadA a, LoadB b) {
     __shared__ T a_tile[TILE][TILE + 1];
     __shared__ T b_tile[TILE][TILE + 1];
     T acc = T(0);
-    for (long long t0 = 0; t0 < reduce; t0 += TILE) {
+    for (long long t0 = begin; t0 < end; t0 += TILE) {
         a_tile[threadIdx.y][threadIdx.x] = a(row, t0 + threadIdx.x);
         b_tile[threadIdx.y][threadIdx.x] = b(t0 + threadIdx.y, col);
         __syncthreads();
@@ -95,7 +96,7 @@ extern "C" __global__ void conv_forward(const T* __restrict__ x, const T* __rest
     long long cols = (long long)n_img * plane;
     int row = blockIdx.y * TILE + threadIdx.y;                   // co within the group
     long long col = (long long)blockIdx.x * TILE + threadIdx.x;  // (n, p)
-    T acc = tiled_product(row, col, k_total,
+    T acc = tiled_product(row, col, 0, k_total,
         [&](int r, long long k) { return (r < m && k < k_total) ? w[(long long)(g * m + r) * k_total + k] : T(0); },
         [&](long long k, long long c) { return (k < k_total && c < cols) ? column_value(x, q, g, (int)k, c) : T(0); });
     if (row < m && col < cols) {
@@ -117,7 +118,7 @@ extern "C" __global__ void conv_backward_data(const T* __restrict__ gy, const T*
     long long cols = (long long)n_img * image;
     int row = blockIdx.y * TILE + threadIdx.y;                   // ci within the group
     long long col = (long long)blockIdx.x * TILE + threadIdx.x;  // (n, iy, ix)
-    T acc = tiled_product(row, col, t_total,
+    T acc = tiled_product(row, col, 0, t_total,
         [&](int r, long long t) {  // tap t = (co, i, j): W[g m + co, (r, i, j)]
             return (r < cg && t < t_total) ? w[(long long)(g * m + t / taps) * k_total + r * taps + t % taps] : T(0);
         },
@@ -128,22 +129,28 @@ extern "C" __global__ void conv_backward_data(const T* __restrict__ gy, const T*
     }
 }
 
+// The reduction over (n, p) is long (N out_h out_w) while gW is small: it is split into chunks of
+// `chunk` positions (a multiple of TILE), one per blockIdx.z / group, whose partial sums are added
+// into gW atomically. blockIdx.z = split * group + g.
 extern "C" __global__ void conv_backward_filter(const T* __restrict__ x, const T* __restrict__ gy, T* __restrict__ gw,
-                                                GEOMETRY_PARAMS) {
+                                                GEOMETRY_PARAMS, int chunk) {
     const Geometry q = make_geometry(GEOMETRY_ARGS);
-    int g = blockIdx.z;
+    int g = blockIdx.z % group;
+    long long split = blockIdx.z / group;
     int m = cout / group;
     int k_total = (cin / group) * kh * kw;
     int plane = out_h * out_w;
     long long reduce = (long long)n_img * plane;
+    long long begin = split * chunk;
+    long long end = begin + chunk < reduce ? begin + chunk : reduce;
     int row = blockIdx.y * TILE + threadIdx.y;  // co within the group
     int col = blockIdx.x * TILE + threadIdx.x;  // k
-    T acc = tiled_product(row, col, reduce,
+    T acc = tiled_product(row, col, begin, end,
         [&](int r, long long i) {  // i = (n, p)
-            return (r < m && i < reduce) ? gy[((i / plane) * cout + g * m + r) * plane + i % plane] : T(0);
+            return (r < m && i < end) ? gy[((i / plane) * cout + g * m + r) * plane + i % plane] : T(0);
         },
-        [&](long long i, long long k) { return (k < k_total && i < reduce) ? column_value(x, q, g, (int)k, i) : T(0); });
+        [&](long long i, long long k) { return (k < k_total && i < end) ? column_value(x, q, g, (int)k, i) : T(0); });
     if (row < m && col < k_total) {
-        gw[(long long)(g * m + row) * k_total + col] += acc;  // diffs accumulate
+        atomicAdd(&gw[(long long)(g * m + row) * k_total + col], acc);  // diffs accumulate
     }
 }

@@ -5,6 +5,8 @@ from ..im2col import conv_output_size
 from . import run
 
 TILE = 16  # implicit_gemm.cu's TILE
+SPLIT_CHUNK = 4096  # (n, p) positions per block of the filter gradient's split reduction (a multiple of TILE)
+MAX_GRID_Z = 65535
 
 
 def _geometry(x_shape, w_shape, geometry, group):
@@ -14,9 +16,17 @@ def _geometry(x_shape, w_shape, geometry, group):
     return (n, c, h, w, w_shape[0], group, kh, kw, sy, sx, ph, pw, dy, dx, out_h, out_w)
 
 
-def _run(name, dtype, rows, cols, group, args):
-    grid = (math.ceil(cols / TILE), math.ceil(rows / TILE), group)
+def _run(name, dtype, rows, cols, depth, args):
+    grid = (math.ceil(cols / TILE), math.ceil(rows / TILE), depth)
     run("implicit_gemm", name, dtype, grid, (TILE, TILE), args)
+
+
+def split_chunk(reduce, group):
+    """Chunk of the filter gradient's reduction per block: SPLIT_CHUNK, grown so the grid's z fits."""
+    chunk = SPLIT_CHUNK
+    while group * math.ceil(reduce / chunk) > MAX_GRID_Z:
+        chunk *= 2
+    return chunk
 
 
 def conv_forward_gpu(x, W, b, y, geometry, group):
@@ -44,6 +54,9 @@ def conv_backward_gpu(x, W, gy, gW, gb, gx, geometry, group):
     if gb is not None:
         gb += gy.sum(axis=(0, 2, 3))
     if gW is not None:
-        _run("conv_backward_filter", x.dtype, W.shape[0] // group, W[0].size, group, (x, gy, gW) + q)
+        reduce = n * q[-2] * q[-1]
+        chunk = split_chunk(reduce, group)
+        _run("conv_backward_filter", x.dtype, W.shape[0] // group, W[0].size, group * math.ceil(reduce / chunk),
+             (x, gy, gW) + q + (chunk,))
     if gx is not None:
         _run("conv_backward_data", x.dtype, c // group, n * h * w, group, (gy, W, gx) + q)
