@@ -219,3 +219,32 @@ def test_stochastic_pooling_gradient_check():
 
     x = numpy.random.RandomState(4).uniform(0.5, 2.0, (2, 2, 4, 5))  # positive: every element can be drawn
     check_gradient(_stochastic("TRAIN"), [make_blob(x)], [Blob()], stepsize=1e-4)
+
+
+def test_stochastic_pooling_train_draws_come_from_the_seeded_stream(xp):
+    from layerforge import rng
+
+    # a 3x5 plane, kernel 2 stride 2: ceil-mode windows (2 x 3), the last row and column clipped to the image
+    x = numpy.array([[1.0, 3.0, 0.0, 2.0, 5.0],
+                     [2.0, 4.0, 1.0, 1.0, 5.0],
+                     [0.0, 6.0, 2.0, 2.0, 8.0]]).reshape(1, 1, 3, 5)
+    layer = create_layer({"type": "Pooling", "pooling": {"pool": "STOCHASTIC", "kernel_size": 2, "stride": 2}},
+                         phase="TRAIN", dtype=numpy.float64, xp=xp)
+    bottom, top = [make_blob(x, xp=xp)], [Blob((), numpy.float64, xp)]
+    layer.setup(bottom, top)
+    rng.seed(21)
+    layer.forward(bottom, top)
+    rng.seed(21)
+    u = rng.get_rng().random((1, 1, 2, 3))
+    # by hand: the first element (raster order within the window) whose running sum reaches u * window sum
+    windows = [[[1, 3, 2, 4], [0, 2, 1, 1], [5, 5]], [[0, 6], [2, 2], [8]]]
+    expected = [[w[numpy.searchsorted(numpy.cumsum(w), u[0, 0, r, c] * sum(w))] for c, w in enumerate(row)]
+                for r, row in enumerate(windows)]
+    numpy.testing.assert_array_equal(to_numpy(top[0].data)[0, 0], expected)
+    top[0].diff[...] = xp.asarray(numpy.arange(1.0, 7.0).reshape(1, 1, 2, 3))
+    layer.backward(top, [True], bottom)
+    gx = to_numpy(bottom[0].diff)[0, 0]
+    assert gx.sum() == 21 and numpy.count_nonzero(gx) == 6  # each window's gradient on one element, of its value
+    for (r, c), g in numpy.ndenumerate(numpy.arange(1.0, 7.0).reshape(2, 3)):
+        window = gx[2 * r:2 * r + 2, 2 * c:2 * c + 2]
+        assert window.sum() == g and x[0, 0, 2 * r:2 * r + 2, 2 * c:2 * c + 2][window == g][0] == expected[r][c]
