@@ -200,3 +200,17 @@ def test_a_truncated_lmdb_is_one_line_not_sigbus(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and proc.returncode != -7  # a Python error, not a crash by SIGBUS
     assert f"DataError: {db}: the LMDB database is truncated: data.mdb has" in proc.stderr
+
+
+def test_check_lists_every_layer_problem(tmp_path):
+    path = tmp_path / "net.yaml"
+    path.write_text("name: x\nlayers:\n" + INPUT
+                    + "- {name: a, type: ReLU, bottom: data, top: a, relu: {negative_slop: 1}}\n"
+                    + "- {name: b, type: InnerProduct, bottom: a, top: b}\n"
+                    + "- {name: c, type: Frobnicate, bottom: b, top: c}\n")
+    proc = subprocess.run([sys.executable, "-m", "layerforge", "check", str(path)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert [line.split(": ", 2)[1] for line in lines] == [f"{path}:4", f"{path}:5", f"{path}:6"]
+    assert "negative_slop" in lines[0] and "num_output" in lines[1] and "Frobnicate" in lines[2]
