@@ -194,3 +194,21 @@ def test_reshape_to_other_channels_is_a_shape_error(type_, shape):
     other = (shape[0], 3) + shape[2:]
     with pytest.raises(ShapeError, match=r"has 3 channels, the weights .* expect 4"):
         layer.reshape([Blob(other, numpy.float64)], top)
+
+
+@pytest.mark.parametrize("group, cout", [(1, 4), (3, 3)])
+def test_caffe_simple_deconvolution(xp, group, cout):
+    # Caffe's TestSetup / TestSimpleDeconvolution: (2, 3, 6, 4) of ones, kernel 3, stride 2, weights 1, bias 0.1
+    layer = create_layer({"type": "Deconvolution", "convolution": {
+        "num_output": cout, "kernel_size": 3, "stride": 2, "group": group,
+        "weight_filler": {"type": "constant", "value": 1}, "bias_filler": {"type": "constant", "value": 0.1}}},
+        dtype=numpy.float64, xp=xp)
+    bottom, top = [make_blob(numpy.ones((2, 3, 6, 4)), xp=xp)], [Blob((), numpy.float64, xp)]
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    assert top[0].shape == (2, cout, 13, 9)
+    cin = 3 // group  # input channels summed into each output
+    h_overlap = (numpy.arange(13) % 2 == 0) & (numpy.arange(13) > 0) & (numpy.arange(13) < 12)
+    w_overlap = (numpy.arange(9) % 2 == 0) & (numpy.arange(9) > 0) & (numpy.arange(9) < 8)
+    expected = 0.1 + cin * (1 + h_overlap[:, None]) * (1 + w_overlap[None, :])
+    numpy.testing.assert_allclose(to_numpy(top[0].data), numpy.broadcast_to(expected, (2, cout, 13, 9)), rtol=1e-12)
