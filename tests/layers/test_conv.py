@@ -180,6 +180,18 @@ def test_shape_errors(param, shape, message):
         conv_layer(**param).setup([Blob(shape)], [Blob()])
 
 
+@pytest.mark.parametrize("param, shape, error, message", [
+    ({"num_output": 4, "kernel_size": [3, 3]}, (1, 3, 4, 5, 5), ConfigError, "kernel_size has 2 values for 3 spatial"),
+    ({"num_output": 4, "kernel_h": 3, "kernel_w": 3, "axis": 2}, (1, 2, 3, 5, 5), ConfigError, "kernel_h is for 2-D"),
+    ({"num_output": 4, "kernel_size": 1, "pad_h": 1, "pad_w": 1}, (1, 3, 4, 5, 5), ConfigError, "pad_h/pad_w"),
+    ({"num_output": 4, "kernel_size": 3, "axis": 4}, (1, 3, 5, 5), ShapeError, "axis 4 is out of range"),
+    ({"num_output": 4, "kernel_size": 5}, (1, 3, 4, 5, 5), ShapeError, r"does not fit bottom shape \(1, 3, 4, 5, 5\)"),
+])
+def test_nd_errors_name_the_key(param, shape, error, message):
+    with pytest.raises(error, match=message):
+        conv_layer(**param).setup([Blob(shape)], [Blob()])
+
+
 def test_channel_change_after_setup_is_a_shape_error():
     layer = conv_layer(num_output=2, kernel_size=1)
     layer.setup([Blob((1, 3, 4, 4))], [Blob()])
