@@ -307,7 +307,7 @@ def test_blocks_params_include_and_fillers():
     assert layer == {"name": "c", "type": "Convolution", "bottom": "x", "top": "c", "include": {"phase": "TRAIN"},
                      "param": [{"lr_mult": 1, "decay_mult": 1}, {"lr_mult": 2, "decay_mult": 0}],
                      "loss_weight": 0, "propagate_down": True,
-                     "convolution": {"num_output": 4, "kernel_size": [3, 1], "pad": 1, "group": 1,
+                     "convolution": {"num_output": 4, "kernel_size": [3, 1], "pad": 1, "group": 1, "axis": 1,
                                      "weight_filler": {"type": "gaussian", "std": 0.01},
                                      "bias_filler": {"type": "constant", "value": 0.1}}}
     assert layer.line == 3 and layer.key_lines["convolution"] == 7
@@ -439,9 +439,9 @@ def test_v1_blobs_lr_weight_decay_and_param_names():
     ('layer { name: "c" type: "Convolution" bottom: "x" top: "c"\n convolution_param { num_output: 2\n'
      '  kernel_size: 1\n  frobnicate: 3 } }', 4, "key 'convolution_param.frobnicate': Caffe field 'frobnicate' has "
                                                  "no layerforge equivalent"),
-    ('layer { name: "c" type: "Convolution" bottom: "x" top: "c"\n convolution_param { num_output: 2 kernel_size: 1\n'
-     '  axis: 2 } }', 3,
-     "key 'convolution_param.axis': Caffe field 'axis' is supported only with its default 1, got 2"),
+    ('layer { name: "d" type: "Dropout" bottom: "x" top: "x"\n dropout_param { dropout_ratio: 0.2\n'
+     '  scale_train: false } }', 3,
+     "key 'dropout_param.scale_train': Caffe field 'scale_train' is supported only with its default True, got False"),
     ('layer { name: "c" type: "Convolution" bottom: "x" top: "c"\n convolution_param { num_output: 2 kernel_size: 1\n'
      '  weight_filler { type: "xavier"\n   foo: 1 } } }', 4, "key 'convolution_param.weight_filler.foo'"),
     ('layer { name: "r" type: "ReLU" bottom: "x" top: "x"\n pooling_param { pool: MAX } }', 2,
