@@ -9,12 +9,16 @@ from .softmax import canonical_axis
 
 @register_layer("Im2col")
 class Im2col(Convolution):
-    """y[n, (c kh + i) kw + j, oy, ox] = x[n, c, oy sy - ph + i dy, ox sx - pw + j dx] (0 in the padding).
+    """Each convolution window's values as channels: the im2col matrix of the bottom as a blob.
+
+    ``y[n, (c kh + i) kw + j, oy, ox] = x[n, c, oy sy - ph + i dy, ox sx - pw + j dx]`` (0 in the padding).
 
     Shapes: bottom (N, C, H, W) -> top (N, C kh kw, Hout, Wout), Caffe's channel-major column order and
     the convolution's output size; ``convolution_param`` gives kernel, stride, pad and dilation
-    (num_output, group and the fillers are not used). Backward: col2im, the sum of each column's
-    gradient back into the pixels it came from. No parameters.
+    (num_output, group and the fillers are not used). N-d as Convolution (``axis``, one value per
+    spatial axis, ``force_nd_im2col``): (*B, C, *S) -> (*B, C prod(kernel), *Sout), kernel positions
+    in raster order within each channel. Backward: col2im, the sum of each column's gradient back into
+    the pixels it came from. No parameters.
     """
 
     param_blocks = {"convolution": {**Convolution.param_blocks["convolution"],
