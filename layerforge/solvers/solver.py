@@ -383,9 +383,9 @@ class Solver:
             self.last_snapshot = solverstate.snapshot(self, base, self.param.snapshot_format)
             return self.last_snapshot
         weights, state = base + ".npz", base + ".solverstate.npz"
-        log.info("Snapshotting to binary proto file %s", weights)
+        log.info("Snapshotting to %s", weights)
         self.net.save(weights)
-        log.info("Snapshotting solver state to binary proto file %s", state)
+        log.info("Snapshotting solver state to %s", state)
         save_npz_atomic(state, self.state_arrays(os.path.basename(weights)))
         self.last_snapshot = state
         return state

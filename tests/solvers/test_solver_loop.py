@@ -123,7 +123,7 @@ def test_caffe_log_lines(tmp_path, caplog):
         rf"    Train net output #0: loss = {num} \(\* 1 = {num} loss\)",
         r"Iteration 0, lr = 0.1",
         rf"Iteration 2 \({num} iter/s, {num}s/2 iters\), loss = {num}",
-        f"Snapshotting to binary proto file {re.escape(str(tmp_path / 'lin'))}_iter_4.npz",
+        f"Snapshotting to {re.escape(str(tmp_path / 'lin'))}_iter_4.npz",
         rf"Iteration 4, loss = {num}",
         r"Iteration 4, Testing net \(#0\)",
         r"Optimization Done.",
