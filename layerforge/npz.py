@@ -60,7 +60,11 @@ def load_npz(path):
     """Read every array of an ``.npz`` file into a dict (allow_pickle=False); bad files raise LayerforgeError."""
     path = os.fspath(path)
     try:
-        with numpy.load(path, allow_pickle=False) as f:
+        loaded = numpy.load(path, allow_pickle=False)
+        if not isinstance(loaded, numpy.lib.npyio.NpzFile):  # a single .npy array has no names to match
+            raise LayerforgeError(f"{path}: a single array ({loaded.shape}), not an .npz of named arrays "
+                                  f"(weights come as .npz from net.save, or .caffemodel)")
+        with loaded as f:
             return {k: f[k] for k in f.files}
     except FileNotFoundError:
         raise LayerforgeError(f"{path}: no such file") from None

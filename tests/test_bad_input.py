@@ -214,3 +214,12 @@ def test_check_lists_every_layer_problem(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert [line.split(": ", 2)[1] for line in lines] == [f"{path}:4", f"{path}:5", f"{path}:6"]
     assert "negative_slop" in lines[0] and "num_output" in lines[1] and "Frobnicate" in lines[2]
+
+
+def test_a_single_npy_given_as_weights_is_one_line(tmp_path):
+    from layerforge.errors import LayerforgeError
+    from layerforge.npz import load_npz
+
+    numpy.save(tmp_path / "w.npy", numpy.zeros(3))
+    with pytest.raises(LayerforgeError, match=r"w.npy: a single array \(\(3,\)\), not an .npz of named arrays"):
+        load_npz(tmp_path / "w.npy")
