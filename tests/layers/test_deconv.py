@@ -212,3 +212,20 @@ def test_caffe_simple_deconvolution(xp, group, cout):
     w_overlap = (numpy.arange(9) % 2 == 0) & (numpy.arange(9) > 0) & (numpy.arange(9) < 8)
     expected = 0.1 + cin * (1 + h_overlap[:, None]) * (1 + w_overlap[None, :])
     numpy.testing.assert_allclose(to_numpy(top[0].data), numpy.broadcast_to(expected, (2, cout, 13, 9)), rtol=1e-12)
+
+
+def test_bilinear_upsampling_as_caffe_documents(xp):
+    # Caffe's BilinearFiller recipe: factor 2 -> kernel 4, stride 2, pad 1, group = channels, no bias;
+    # the result is bilinear interpolation: a linear ramp stays a ramp, at half the step, away from the border
+    layer = create_layer({"type": "Deconvolution", "convolution": {
+        "num_output": 3, "group": 3, "kernel_size": 4, "stride": 2, "pad": 1, "bias_term": False,
+        "weight_filler": {"type": "bilinear"}}}, dtype=numpy.float64, xp=xp)
+    x = numpy.broadcast_to(numpy.arange(6.0), (2, 3, 5, 6)) * numpy.array([1.0, -2.0, 0.5])[:, None, None]
+    bottom, top = [make_blob(x, xp=xp)], [Blob((), numpy.float64, xp)]
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    y = to_numpy(top[0].data)
+    assert y.shape == (2, 3, 10, 12)
+    ramp = (numpy.arange(12.0) - 0.5) / 2  # output column j sits at input coordinate (j - 0.5) / 2
+    numpy.testing.assert_allclose(y[:, :, 1:-1, 1:-1], numpy.broadcast_to(
+        ramp[1:-1] * numpy.array([1.0, -2.0, 0.5])[:, None, None], (2, 3, 8, 10)), rtol=1e-12, atol=1e-12)
