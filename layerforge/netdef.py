@@ -154,15 +154,18 @@ class NetParameter:
         self.unique_layer_names, self.skip_undifferentiable = unique_layer_names, skip_undifferentiable
 
 
-def load_net_def(source):
-    """A path to a YAML file, or a dict -> NetParameter. Raises ConfigError on the first problem."""
+def load_net_def(source, path=None):
+    """A path to a YAML file, or a dict -> NetParameter. Raises ConfigError on the first problem.
+
+    ``path`` names the file a dict came from (a solver's inline ``net_param``), for error messages.
+    """
     if isinstance(source, NetParameter):
         return source
     if isinstance(source, (str, os.PathLike)):
         path = str(source)
         mapping = load_config(path)  # YAML, or Caffe prototxt converted
     elif isinstance(source, dict):
-        path, mapping = None, with_lines(source)
+        mapping = with_lines(source)
     else:
         raise TypeError(f"a net is a YAML path or a dict, not {type(source).__name__}")
     if not isinstance(mapping, dict):

@@ -223,3 +223,15 @@ def test_a_single_npy_given_as_weights_is_one_line(tmp_path):
     numpy.save(tmp_path / "w.npy", numpy.zeros(3))
     with pytest.raises(LayerforgeError, match=r"w.npy: a single array \(\(3,\)\), not an .npz of named arrays"):
         load_npz(tmp_path / "w.npy")
+
+
+def test_errors_in_an_inline_net_name_the_solver_file_and_line(tmp_path):
+    from layerforge.solvers import get_solver
+
+    path = tmp_path / "solver.yaml"
+    path.write_text("base_lr: 0.1\nmax_iter: 1\nnet_param:\n  name: x\n  layers:\n"
+                    "  - {name: d, type: Input, top: d, input: {shape: [[1, 2]]}}\n"
+                    "  - {name: r, type: ReLU, bottom: d, top: r, relu: {negative_slop: 1}}\n")
+    with pytest.raises(ConfigError) as e:
+        get_solver(str(path))
+    assert str(e.value).startswith(f"{path}:7: layer 'r' (ReLU): key 'relu.negative_slop'")

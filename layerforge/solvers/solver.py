@@ -32,6 +32,7 @@ import numpy
 from .. import backend, rng
 from ..errors import LayerforgeError
 from ..net import Net
+from ..netdef import load_net_def
 from ..npz import check_writable, load_npz, save_npz_atomic
 from ..registry import registrar
 from .param import SolverParameter, learning_rate, load_solver_param
@@ -109,10 +110,14 @@ class Solver:
         if sp.random_seed >= 0:
             rng.seed(sp.random_seed)
         dtype = sp.dtype.lower()
-        source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
+
+        def inline(d):  # an inline net's errors name the solver file and its lines
+            return load_net_def(d, sp.path) if isinstance(d, dict) else d
+
+        source = sp.resolve(sp.net) or inline(sp.net_param) or sp.resolve(sp.train_net) or inline(sp.train_net_param)
         self.net = Net(source, phase="train", dtype=dtype, xp=self.xp, shard=shard, **_net_state(sp.train_state))
-        sources = list(sp.test_net_param) + [sp.resolve(p) for p in sp.test_net]
-        sources += [sp.resolve(sp.net) or sp.net_param] * (sp.num_test_nets - len(sources))
+        sources = [inline(d) for d in sp.test_net_param] + [sp.resolve(p) for p in sp.test_net]
+        sources += [sp.resolve(sp.net) or inline(sp.net_param)] * (sp.num_test_nets - len(sources))
         self.test_nets = []
         for k, src in enumerate(sources):
             st = sp.test_state[k] if sp.test_state else None
