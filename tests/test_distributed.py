@@ -79,7 +79,7 @@ def scores_in(log):
     return re.findall(r"Test net output #\d+: (\w+) = ([-\d.e+]+)", log)
 
 
-@pytest.mark.parametrize("p,algorithm", [(2, "recursive"), (3, "topology"), (4, "ring")])
+@pytest.mark.parametrize("p,algorithm", [(2, "recursive"), (3, "topology"), (4, "ring"), (3, "hierarchical")])
 def test_p_ranks_equal_one_rank_with_total_batch(reference, p, algorithm):
     tmp, expected, reference_log = reference
     solver = write_configs(tmp, TOTAL_BATCH // p, tmp / "train_db", tmp / "test_db")

@@ -15,7 +15,7 @@ from ..errors import LayerforgeError
 
 HELP = "predict data-parallel iteration time, efficiency and throughput per allreduce algorithm at N ranks"
 
-ALGORITHMS = ("recursive", "topology", "ring", "doubling", "mpi")
+ALGORITHMS = ("recursive", "topology", "ring", "doubling", "hierarchical", "mpi")
 
 
 def add_arguments(parser):

@@ -24,7 +24,8 @@ def add_arguments(parser):
                         help="no progress bar on a terminal and no status lines otherwise")
     parser.add_argument("--status-interval", type=float, default=60.0, metavar="SECONDS",
                         help="when stderr is not a terminal, log a progress line with rate and ETA this often")
-    parser.add_argument("--allreduce", choices=("auto", "recursive", "topology", "ring", "doubling", "mpi", "nccl"),
+    parser.add_argument("--allreduce", choices=("auto", "recursive", "topology", "ring", "doubling", "hierarchical",
+                                                "mpi", "nccl"),
                         help="gradient allreduce under mpiexec (overrides the solver's allreduce)")
     from ..parallel.commands import add_parallel_arguments
 

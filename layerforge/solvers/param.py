@@ -70,7 +70,8 @@ SOLVER_KEYS = {
     "device_id": Field("int", 0, min=0, doc="GPU ordinal in GPU mode"),
     "dtype": Field("enum", "FLOAT32", choices=("FLOAT32", "FLOAT64"), doc="dtype of every blob"),
     # reserved for data-parallel training
-    "allreduce": Field("enum", "AUTO", choices=("AUTO", "RECURSIVE", "TOPOLOGY", "RING", "DOUBLING", "MPI", "NCCL"),
+    "allreduce": Field("enum", "AUTO", choices=("AUTO", "RECURSIVE", "TOPOLOGY", "RING", "DOUBLING", "HIERARCHICAL",
+                                                 "MPI", "NCCL"),
                        doc="gradient allreduce algorithm (distributed training)"),
     "allreduce_bucket_mb": Field("float", 0.0, min=0.0,
                                  doc="pack gradients into buckets of at most this many MB (0: one buffer)"),
