@@ -128,14 +128,35 @@ def _param(layer, i):
 
 # -- learnable ----------------------------------------------------------------------------------
 
+def _conv_geometry(layer):
+    """(kernel, strides, pads, dilations) as ONNX lists, for 2-D and N-d layers with the channel axis 1."""
+    if layer.nd:
+        if layer.axis != 1:
+            raise _error(layer, f"ONNX export needs the channel axis 1, not {layer.axis}", "convolution.axis")
+        kernel, stride, pad, dilation = (list(v) for v in layer.geometry)
+        return kernel, stride, pad + pad, dilation
+    kh, kw, sy, sx, ph, pw, dy, dx = layer.geometry
+    return [kh, kw], [sy, sx], [ph, pw, ph, pw], [dy, dx]
+
+
 @register_exporter("Convolution")
 def _convolution(g, layer, x, tops):
-    kh, kw, sy, sx, ph, pw, dy, dx = layer.read_geometry(layer.layer_param)
+    kernel, strides, pads, dilations = _conv_geometry(layer)
     for xi, top in zip(x, tops):
         w = g.const(f"{layer.name}_W", _param(layer, 0))
         ins = [xi, w] + ([g.const(f"{layer.name}_b", _param(layer, 1))] if layer.bias_term else [])
-        g.node("Conv", ins, g.output_names([top]), layer.name, kernel_shape=[kh, kw], strides=[sy, sx],
-               pads=[ph, pw, ph, pw], dilations=[dy, dx], group=layer.group)
+        g.node("Conv", ins, g.output_names([top]), layer.name, kernel_shape=kernel, strides=strides, pads=pads,
+               dilations=dilations, group=layer.group)
+
+
+@register_exporter("Deconvolution")
+def _deconvolution(g, layer, x, tops):
+    kernel, strides, pads, dilations = _conv_geometry(layer)
+    for xi, top in zip(x, tops):
+        w = g.const(f"{layer.name}_W", _param(layer, 0))  # Caffe's (Cin, Cout / G, *k) is ONNX's layout too
+        ins = [xi, w] + ([g.const(f"{layer.name}_b", _param(layer, 1))] if layer.bias_term else [])
+        g.node("ConvTranspose", ins, g.output_names([top]), layer.name, kernel_shape=kernel, strides=strides,
+               pads=pads, dilations=dilations, group=layer.group)
 
 
 @register_exporter("InnerProduct")

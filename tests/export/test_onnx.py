@@ -106,6 +106,16 @@ LAYERS = {
         {"name": "conv", "type": "Convolution", "bottom": "bn", "top": "conv", "convolution": {"num_output": 4,
          "kernel_size": 3, "pad": [1, 0], "stride": 2, "dilation": 2, "group": 2, "weight_filler": {"type": "gaussian"},
          "bias_filler": {"type": "gaussian"}}},
+        {"name": "up", "type": "Deconvolution", "bottom": "conv", "top": "up", "convolution": {"num_output": 6,
+         "kernel_size": 3, "pad": 1, "stride": 2, "group": 2, "weight_filler": {"type": "gaussian"},
+         "bias_filler": {"type": "gaussian"}}},
+    ],
+    "three_d": [
+        {"name": "r", "type": "Reshape", "bottom": "x", "top": "v", "reshape": {"shape": {"dim": [2, 2, 2, 9, 8]}}},
+        {"name": "c3", "type": "Convolution", "bottom": "v", "top": "c3", "convolution": {"num_output": 3,
+         "kernel_size": [2, 3, 3], "pad": [0, 1, 1], "stride": [1, 2, 1], "weight_filler": {"type": "gaussian"}}},
+        {"name": "d3", "type": "Deconvolution", "bottom": "c3", "top": "d3", "convolution": {"num_output": 2,
+         "kernel_size": 2, "stride": 2, "weight_filler": {"type": "gaussian"}}},
     ],
 }
 
