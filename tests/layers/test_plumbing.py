@@ -7,6 +7,7 @@ import pytest
 
 from layerforge import Net
 from layerforge.blob import Blob
+from layerforge.caffe.convert import convert_file
 from layerforge.errors import ConfigError, DataError
 from layerforge.layers import create_layer
 from layerforge.layers.spp import FLT_MAX
@@ -125,6 +126,57 @@ def test_tile_matches_numpy_tile(xp, axis, tiles):
     check_gradient(make("Tile", tile={"axis": axis, "tiles": tiles}), [make_blob(x)], [Blob()])
 
 
+
+def torch_forward_backward(fn, x, gy):
+    """PyTorch's fn(x) and the gradient of <fn(x), gy> with respect to x."""
+    torch = pytest.importorskip("torch")
+    tx = torch.tensor(x, requires_grad=True)
+    y = fn(tx)
+    y.backward(torch.tensor(gy).reshape(y.shape))
+    return y.detach().numpy(), tx.grad.numpy()
+
+
+def layer_forward_backward(layer, arrays, gy, xp, down):
+    bottom, top = forward(layer, arrays, xp)
+    top[0].diff[...] = xp.asarray(gy).reshape(top[0].shape)
+    layer.backward(top, down, bottom)
+    return host(top[0].data), host(bottom[0].diff)
+
+
+def test_batch_reindex_tile_crop_match_torch(xp):
+    torch = pytest.importorskip("torch")
+    x = RS.randn(4, 3, 5)
+    permut = numpy.array([3.0, 1.0, 3.0, 3.0, 0.0])
+    gy = RS.randn(5, 3, 5)
+    got = layer_forward_backward(make("BatchReindex", xp, bottoms=2), [x, permut], gy, xp, [True, False])
+    want = torch_forward_backward(lambda t: torch.index_select(t, 0, torch.tensor([3, 1, 3, 3, 0])), x, gy)
+    for g, w in zip(got, want):
+        numpy.testing.assert_allclose(g, w)
+    gy = RS.randn(4, 6, 5)
+    got = layer_forward_backward(make("Tile", xp, tile={"tiles": 2}), [x], gy, xp, [True])
+    want = torch_forward_backward(lambda t: torch.tile(t, (1, 2, 1)), x, gy)
+    for g, w in zip(got, want):
+        numpy.testing.assert_allclose(g, w)
+    gy = RS.randn(4, 2, 3)
+    got = layer_forward_backward(make("Crop", xp, bottoms=2, crop={"axis": 1, "offset": [1, 2]}),
+                                 [x, numpy.zeros((4, 2, 3))], gy, xp, [True, False])
+    want = torch_forward_backward(lambda t: t.narrow(1, 1, 2).narrow(2, 2, 3), x, gy)
+    for g, w in zip(got, want):
+        numpy.testing.assert_allclose(g, w)
+
+
+@pytest.mark.parametrize("op", ["SUM", "ASUM", "SUMSQ", "MEAN"])
+def test_reduction_matches_torch(xp, op):
+    torch = pytest.importorskip("torch")
+    x, gy = RS.randn(2, 3, 4), RS.randn(2, 3)
+    fn = {"SUM": lambda t: t.sum(2), "ASUM": lambda t: t.abs().sum(2), "SUMSQ": lambda t: (t * t).sum(2),
+          "MEAN": lambda t: t.mean(2)}[op]
+    got = layer_forward_backward(make("Reduction", xp, reduction={"operation": op, "axis": 2, "coeff": 0.5}),
+                                 [x], gy, xp, [True])
+    want = torch_forward_backward(lambda t: 0.5 * fn(t), x, gy)
+    for g, w in zip(got, want):
+        numpy.testing.assert_allclose(g, w, rtol=1e-12)
+
 # -- Bias, MVN, Reduction, Parameter, Silence -----------------------------------------------------
 
 @pytest.mark.parametrize("shape,block", [((2, 3, 4), {}), ((2, 3, 4), {"axis": 0, "num_axes": 2}),
@@ -168,6 +220,12 @@ def test_mvn(xp, normalize_variance, across_channels):
     numpy.testing.assert_allclose(host(top[0].data), want, rtol=1e-10, atol=1e-12)
     check_gradient(make("MVN", mvn=block), [make_blob(x[:, :, :2, :3])], [Blob()])
 
+
+
+def test_mvn_adds_eps_to_the_standard_deviation(xp):
+    x = numpy.array([[[[1.0, 3.0]]]])  # mean 2, std 1: Caffe gives (x - 2) / (1 + eps), not / sqrt(1 + eps)
+    _, top = forward(make("MVN", xp, mvn={"eps": 0.5}), [x], xp)
+    numpy.testing.assert_allclose(host(top[0].data).reshape(-1), [-1 / 1.5, 1 / 1.5])
 
 @pytest.mark.parametrize("op", ["SUM", "ASUM", "SUMSQ", "MEAN"])
 @pytest.mark.parametrize("axis", [0, 1, 2])
@@ -246,7 +304,12 @@ layer { name: "argmax" type: "ArgMax" bottom: "kept" top: "best" argmax_param { 
 layer { name: "sum" type: "Reduction" bottom: "kept" top: "total" reduction_param { operation: ASUM } }
 layer { name: "silence" type: "Silence" bottom: "best" }
 """)
-    net = Net(str(path), phase="test", dtype="float64")
+    kind, mapping, _ = convert_file(path)
+    assert kind == "net"
+    types = [layer["type"] for layer in mapping["layers"]]
+    assert types[1:] == ["Crop", "Bias", "MVN", "Tile", "SPP", "Filter", "ArgMax", "Reduction", "Silence"]
+    assert mapping["layers"][1]["crop"] == {"axis": 2, "offset": 1}  # one repeated value: a scalar the schema takes
+    net = Net(mapping, phase="test", dtype="float64")
     net.blobs["data"].data[...] = RS.randn(4, 2, 6, 6)
     net.blobs["sel"].data[...] = [1, 0, 1, 1]
     out = net.forward()
@@ -254,3 +317,35 @@ layer { name: "silence" type: "Silence" bottom: "best" }
     assert net.blobs["kept"].shape == (3, 20)
     assert set(out) == {"total"}
     assert float(out["total"]) == pytest.approx(numpy.abs(net.blobs["kept"].data).sum())
+    net.backward()  # Reduction is no loss here: a zero top gradient reaches the learned bias as zero
+    numpy.testing.assert_array_equal(net.params["bias"][0].diff, 0)
+
+
+def test_v1_plumbing_types_from_prototxt(tmp_path):
+    path = tmp_path / "v1.prototxt"
+    path.write_text("""name: "v1" force_backward: true
+input: "data" input_dim: 2 input_dim: 3 input_dim: 2 input_dim: 2
+layers { name: "mvn" type: MVN bottom: "data" top: "mvn" mvn_param { across_channels: true } }
+layers { name: "best" type: ARGMAX bottom: "mvn" top: "best" argmax_param { top_k: 2 out_max_val: true } }
+layers { name: "loss" type: EUCLIDEAN_LOSS bottom: "mvn" bottom: "data" top: "loss" }
+layers { name: "silence" type: SILENCE bottom: "best" }
+""")
+    net = Net(convert_file(path)[1], dtype="float64")
+    x = RS.randn(2, 3, 2, 2)
+    net.blobs["data"].data[...] = x
+    net.forward()
+    y = (x - x.mean(axis=(1, 2, 3), keepdims=True)) / (x.std(axis=(1, 2, 3), keepdims=True) + 1e-9)
+    numpy.testing.assert_allclose(net.blobs["mvn"].data, y, rtol=1e-10)
+    flat = y.reshape(2, -1)
+    best = net.blobs["best"].data
+    assert best.shape == (2, 2, 2, 1)  # Caffe keeps the bottom's rank: (N, 2, top_k, 1)
+    best = best[..., 0]
+    numpy.testing.assert_array_equal(best[:, 0, :], numpy.argsort(-flat, axis=1)[:, :2])
+    numpy.testing.assert_allclose(best[:, 1, :], -numpy.sort(-flat, axis=1)[:, :2])
+    net.backward()
+    assert net.loss == pytest.approx(((y - x) ** 2).sum() / 4)
+    numpy.testing.assert_allclose(net.blobs["mvn"].diff, (y - x) / 2)
+    g = (y - x) / 2  # the data's gradient: the loss's direct -g plus MVN's backward of g (Caffe's formula)
+    flat_g, std = g.reshape(2, -1), x.reshape(2, -1).std(axis=1, keepdims=True) + 1e-9
+    through = (flat_g - flat_g.mean(1, keepdims=True) - flat * (flat_g * flat).mean(1, keepdims=True)) / std
+    numpy.testing.assert_allclose(net.blobs["data"].diff, through.reshape(x.shape) - g, rtol=1e-8, atol=1e-12)
