@@ -27,3 +27,17 @@ def _seeded():
     """Every test starts from the same random stream."""
     rng.seed(1234)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_layerforge_logger():
+    """Commands run in-process (train, test, time) install the glog handler and stop propagation; undo that, so
+    a later test's caplog sees the "layerforge" records again."""
+    import logging
+
+    yield
+    logger = logging.getLogger("layerforge")
+    for handler in [h for h in logger.handlers if getattr(h, "_layerforge", False)]:
+        logger.removeHandler(handler)
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)
