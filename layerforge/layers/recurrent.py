@@ -97,6 +97,8 @@ class _Recurrent(Layer):
         "bias_filler": Field(FILLER, doc="filler of the biases"),
         "debug_info": Field("bool", False, doc="Caffe's unrolled-net logging (accepted, no effect)"),
         "expose_hidden": Field("bool", False, doc="initial states as extra bottoms, final states as extra tops"),
+        "state_gradients": Field("bool", False, doc="layerforge: with expose_hidden, gradients flow from the final "
+                                                    "states and into the initial ones (Caffe passes neither)"),
     }}
     num_bottom = (2, 5)
     num_top = (1, 3)
@@ -193,9 +195,9 @@ class _Recurrent(Layer):
         x, static, cont = self.inputs(bottom)
         xp = get_array_module(x)
         gy = top[0].diff
-        if self.expose:
+        if self.expose and self.layer_param.recurrent.state_gradients:
             ends = [blob.diff.reshape(self.batch, self.hidden) for blob in top[1:]]
-        else:
+        else:  # Caffe shares only the states' data with the exposed blobs: their diffs never meet the recurrence
             ends = [xp.zeros((self.batch, self.hidden), dtype=gy.dtype) for _ in self.states]
         dprojected = xp.empty((self.steps, self.batch, self.gates * self.hidden), dtype=gy.dtype)
         for t in range(self.steps - 1, -1, -1):
@@ -211,9 +213,10 @@ class _Recurrent(Layer):
             if propagate_down[2]:
                 bottom[2].diff[...] = (dsum @ self.blobs[2].data).reshape(bottom[2].shape)
         if self.expose:
+            state_gradients = self.layer_param.recurrent.state_gradients
             for k, g in enumerate(ends, start=self.first_state):
                 if propagate_down[k]:
-                    bottom[k].diff[...] = g.reshape(bottom[k].shape)
+                    bottom[k].diff[...] = g.reshape(bottom[k].shape) if state_gradients else 0
 
 
 @register_layer("LSTM")
@@ -223,8 +226,8 @@ class LSTM(_Recurrent):
     At each step gates = W_xc x_t + b_c (+ W_xc_static x_static) + W_hc (cont_t h_{t-1}), then LSTMUnit:
     c_t = cont_t f c_{t-1} + i g, h_t = o tanh(c_t) with i, f, o, g the gates' quarters in that order.
     Blobs (Caffe's order): W_xc (4H, D), b_c (4H,), W_xc_static (4H, Ds) with a static input, W_hc (4H, H).
-    With ``expose_hidden``: bottoms h_0, c_0 and tops h_T, c_T, each (1, N, H); unlike Caffe, gradients
-    flow from h_T, c_T and into h_0, c_0.
+    With ``expose_hidden``: bottoms h_0, c_0 and tops h_T, c_T, each (1, N, H); as in Caffe no gradient
+    flows from h_T, c_T or into h_0, c_0 unless ``state_gradients`` (layerforge) asks for it.
     """
 
     states = ("h", "c")
@@ -257,8 +260,8 @@ class RNN(_Recurrent):
     At each step h_t = tanh(W_xh x_t + b_h (+ W_xh_static x_static) + W_hh (cont_t h_{t-1})) and
     o_t = tanh(W_ho h_t + b_o).
     Blobs (Caffe's order): W_xh (H, D), b_h (H,), W_xh_static (H, Ds) with a static input, W_hh (H, H),
-    W_ho (H, H), b_o (H,). With ``expose_hidden``: bottom h_0 and top h_T, (1, N, H); unlike Caffe,
-    gradients flow from h_T and into h_0.
+    W_ho (H, H), b_o (H,). With ``expose_hidden``: bottom h_0 and top h_T, (1, N, H); as in Caffe no
+    gradient flows from h_T or into h_0 unless ``state_gradients`` (layerforge) asks for it.
     """
 
     states = ("h",)

@@ -20,11 +20,12 @@ N_STATES = {"LSTM": 2, "RNN": 1}
 EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "examples" / "lstm_sequence.yaml"
 
 
-def recurrent(type_, hidden=3, expose=False, static=False, xp=numpy, fillers=FILLERS):
+def recurrent(type_, hidden=3, expose=False, static=False, xp=numpy, fillers=FILLERS, state_gradients=False):
     bottoms = ["x", "cont"] + (["s"] if static else []) + ([f"h{k}" for k in range(N_STATES[type_])] if expose else [])
     tops = ["y"] + ([f"o{k}" for k in range(N_STATES[type_])] if expose else [])
     return create_layer({"type": type_, "bottom": bottoms, "top": tops,
-                         "recurrent": {"num_output": hidden, "expose_hidden": expose, **fillers}},
+                         "recurrent": {"num_output": hidden, "expose_hidden": expose,
+                                       "state_gradients": state_gradients, **fillers}},
                         dtype=numpy.float64, xp=xp)
 
 
@@ -199,10 +200,30 @@ def test_gradient_check(type_, static, expose):
     arrays = [x, cont] + ([RS.randn(3, 2)] if static else [])
     if expose:
         arrays += [RS.randn(1, 3, 3) * 0.5 for _ in range(N_STATES[type_])]
-    layer = recurrent(type_, expose=expose, static=static)
+    # the exact gradient, through the exposed states too, needs state_gradients (Caffe passes none there)
+    layer = recurrent(type_, expose=expose, static=static, state_gradients=expose)
     tops = [Blob() for _ in layer.layer_param.top]
     checked = [k for k in range(len(arrays)) if k != 1]
     check_gradient(layer, [make_blob(a) for a in arrays], tops, check_bottom=checked)
+
+
+@pytest.mark.parametrize("type_", ["LSTM", "RNN"])
+def test_exposed_states_pass_no_gradient_by_default_as_caffe(type_):
+    x, cont = sequence()
+    cont[:] = 1  # the sequence continues from the given states, so they do influence the outputs
+    arrays = [make_blob(a) for a in [x, cont] + [RS.randn(1, 3, 3) for _ in range(N_STATES[type_])]]
+    outputs = {}
+    for state_gradients in (False, True):
+        layer = recurrent(type_, expose=True, state_gradients=state_gradients)
+        tops = [Blob(dtype=numpy.float64) for _ in layer.layer_param.top]
+        layer.setup(arrays, tops)
+        layer.forward(arrays, tops)
+        for t in tops:
+            t.diff[...] = 1.0
+        layer.backward(tops, [True, False] + [True] * N_STATES[type_], arrays)
+        outputs[state_gradients] = [b.diff.copy() for b in arrays[2:]]
+    assert all((d == 0).all() for d in outputs[False])  # Caffe shares the states' data, not their diffs
+    assert all(numpy.abs(d).sum() > 0 for d in outputs[True])
 
 
 def test_lstm_gradient_caffe_shapes_with_static_input():
