@@ -263,6 +263,21 @@ class Convolution(Layer):
         n, c = x_shape[:2]
         return self.dtype.itemsize * n * y_shape[2] * y_shape[3] * (c * kh * kw + y_shape[1])
 
+    def get_state(self):
+        """AUTO's engine choices and the bottom shape they were made for (a snapshot keeps them, so a resumed run
+        computes with the same engines, bit for bit, instead of timing them again)."""
+        if not getattr(self, "tuning", None) or self._tuned_shape is None:
+            return None
+        return {"shape": list(self._tuned_shape), "choice": self.engine_choice}
+
+    def set_state(self, state):
+        """Take the engine choices of :meth:`get_state` when they were made for the current shape."""
+        if not state or not getattr(self, "tuning", None) or list(self._tuned_shape or ()) != state["shape"]:
+            return
+        for direction, name in state["choice"].items():
+            if name in self.engines and direction in self.tuning:
+                self.tuning[direction].choice = name
+
     @property
     def engine_choice(self):
         """``{"forward": name, "backward": name}``; None for a direction AUTO has not settled yet."""

@@ -184,3 +184,34 @@ def test_restore_errors(tmp_path):
         adam.restore(str(tmp_path / "r_iter_5.solverstate.npz"))
     with pytest.raises(LayerforgeError, match="no such file"):
         solver.restore(str(tmp_path / "missing.solverstate.npz"))
+
+
+CONV_NET = {"name": "c", "layers": [
+    {"name": "data", "type": "DummyData", "top": ["data", "label"],
+     "dummy_data": {"shape": [[8, 3, 12, 12], [8]], "data_filler": [{"type": "gaussian"},
+                                                                  {"type": "uniform", "min": 0, "max": 4}],
+                    "integer": [False, True]}},
+    {"name": "conv1", "type": "Convolution", "bottom": "data", "top": "conv1",
+     "convolution": {"num_output": 6, "kernel_size": 3, "pad": 1, "weight_filler": {"type": "xavier"}}},
+    {"name": "relu", "type": "ReLU", "bottom": "conv1", "top": "conv1"},
+    {"name": "conv2", "type": "Convolution", "bottom": "conv1", "top": "conv2",
+     "convolution": {"num_output": 5, "kernel_size": 3, "stride": 2, "weight_filler": {"type": "xavier"}}},
+    {"name": "ip", "type": "InnerProduct", "bottom": "conv2", "top": "ip", "inner_product": {"num_output": 4}},
+    {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]}
+
+
+def test_resume_with_auto_engines_is_bit_identical(tmp_path):
+    """AUTO times both engines over the first passes; a snapshot keeps what it chose, so the resumed run uses
+    the same engines (different engines round differently) and ends on the very same weights."""
+    keys = dict(net_param=CONV_NET, base_lr=0.05, momentum=0.9, max_iter=12, snapshot=8, random_seed=5,
+                snapshot_prefix=str(tmp_path / "a"), snapshot_after_train=True, display=0)
+    whole = get_solver(keys)
+    whole.solve()
+    engines = whole.net.layers[1].engine_choice
+    assert None not in engines.values()
+    resumed = get_solver(dict(keys, snapshot_prefix=str(tmp_path / "b")))
+    resumed.solve(resume_file=str(tmp_path / "a_iter_8.solverstate.npz"))
+    assert resumed.net.layers[1].engine_choice == engines
+    for name in whole.net.params:
+        for a, b in zip(whole.net.params[name], resumed.net.params[name]):
+            numpy.testing.assert_array_equal(a.data, b.data, err_msg=name)
