@@ -42,3 +42,12 @@ class ShapeError(LayerforgeError):
 
 class DataError(LayerforgeError):
     """Unreadable or corrupted input data; the message names the source (path, database) and the record key."""
+
+
+class LabelError(DataError):
+    """A label a layer cannot use; ``bottom`` and ``position`` (flat index into that bottom) let the Net name the
+    record the label came from."""
+
+    def __init__(self, message, bottom, position):
+        self.bottom, self.position = bottom, position
+        super().__init__(message)

@@ -12,7 +12,7 @@ import numpy
 
 from . import backend, memory
 from .blob import Blob
-from .errors import ConfigError, LayerforgeError, ShapeError
+from .errors import ConfigError, DataError, LabelError, LayerforgeError, ShapeError
 from .layers import LAYER_REGISTRY
 from .netdef import LayerParameter, layer_included, load_net_def, set_shard
 from .npz import load_npz, save_npz_atomic
@@ -428,7 +428,11 @@ class Net:
         """
         top = self._top_vecs[i]
         shapes = [t.shape for t in top]
-        self.layers[i].forward(self._bottom_vecs[i], top)
+        try:
+            self.layers[i].forward(self._bottom_vecs[i], top)
+        except LabelError as e:
+            record = self._record_of(i, e.bottom, e.position)
+            raise DataError(f"{e}: it comes from {record}" if record else str(e)) from None
         if any(t.shape != s for t, s in zip(top, shapes)):
             for j in range(i + 1, len(self.layers)):
                 self.layers[j].reshape(self._bottom_vecs[j], self._top_vecs[j])
@@ -452,6 +456,23 @@ class Net:
         for i in range(hi, lo - 1, -1):
             self.backward_layer(i)
         return {name: self.blobs[name].diff for name in self.inputs}
+
+    def _record_of(self, i, bottom, position):
+        """The data record behind element ``position`` of layer ``i``'s bottom ``bottom``, or None when no data
+        layer that names its records produced it (through Split layers only)."""
+        version, blob = self._entries[i][2][bottom], self._bottom_vecs[i][bottom]
+        while True:
+            k = next((k for k, e in enumerate(self._entries) if any(v is version for v in e[3])), None)
+            if k is None:
+                return None
+            if self.layers[k].type != "Split":
+                break
+            version = self._entries[k][2][0]
+        producer = self.layers[k]
+        if not hasattr(producer, "record_of") or not hasattr(producer, "batch_position"):
+            return None
+        per_item = max(1, blob.count // max(1, blob.shape[0] if blob.shape else 1))
+        return producer.record_of(position // per_item)
 
     def backward_layer(self, i):
         """Run layer ``i``'s backward if it takes part in backward.

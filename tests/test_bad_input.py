@@ -235,3 +235,22 @@ def test_errors_in_an_inline_net_name_the_solver_file_and_line(tmp_path):
     with pytest.raises(ConfigError) as e:
         get_solver(str(path))
     assert str(e.value).startswith(f"{path}:7: layer 'r' (ReLU): key 'relu.negative_slop'")
+
+
+def test_a_label_out_of_range_names_its_record(tmp_path):
+    from layerforge.data.lmdb_io import encode_record, write_lmdb_atomic
+    from layerforge.errors import DataError
+
+    db = tmp_path / "db"
+    write_lmdb_atomic(db, (encode_record(numpy.full((1, 4, 4), i, numpy.uint8), 12 if i == 5 else i % 3)
+                           for i in range(8)))
+    net = Net({"name": "n", "layers": [
+        {"name": "data", "type": "Data", "top": ["data", "label"],
+         "data": {"source": str(db), "batch_size": 8, "shuffle": True}},
+        {"name": "ip", "type": "InnerProduct", "bottom": "data", "top": "ip", "inner_product": {"num_output": 3}},
+        {"name": "acc", "type": "Accuracy", "bottom": ["ip", "label"], "top": "acc"},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]}, phase="train")
+    with pytest.raises(DataError) as e:
+        net.forward()
+    assert str(e.value).endswith(f": it comes from {db}: key '00000005'"), str(e.value)
+    assert "label 12" in str(e.value)

@@ -87,7 +87,13 @@ class BaseData(Layer):
         self.stream.position += self.batch_size
         return batch
 
+    def record_of(self, item):
+        """The name of the record at ``item`` of the batch the last forward produced (its key, or file and line)."""
+        index = self.stream.indices(self.batch_position, self.batch_size)[item]
+        return self.stream.name_of(index)
+
     def forward(self, bottom, top):
+        self.batch_position = self.stream.position
         data, labels = self.next_batch()
         xp = self.xp
         top[0].data[...] = xp.asarray(data)

@@ -5,7 +5,7 @@ import math
 import numpy
 
 from ..backend import get_array_module, to_numpy
-from ..errors import DataError, ShapeError
+from ..errors import DataError, LabelError, ShapeError
 from .base import LOSS, Field, Layer, register_layer
 from .softmax import canonical_axis, softmax
 
@@ -29,8 +29,8 @@ def class_labels(layer, label_blob, outer, inner, channels, ignore_label):
         value = float(to_numpy(label_blob.data.reshape(-1))[k])
         where = tuple(int(i) for i in numpy.unravel_index(k, label_blob.shape))
         ignore = "" if ignore_label is None else f" and is not the ignore_label {ignore_label}"
-        raise DataError(f"layer '{layer.name}' ({layer.type}): label {value:g} at index {where} of the label "
-                        f"blob is outside [0, {channels}){ignore}")
+        raise LabelError(f"layer '{layer.name}' ({layer.type}): label {value:g} at index {where} of the label "
+                         f"blob is outside [0, {channels}){ignore}", bottom=1, position=k)
     return xp.where(valid, label, 0), valid
 
 
