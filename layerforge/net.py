@@ -247,6 +247,10 @@ class Net:
         lp = layer.layer_param
         try:
             layer.setup(bottom, top)
+        except DataError as e:  # a data source or transform problem: say which file and layer asked for it
+            if lp.path is None or str(e).startswith(str(lp.path)):
+                raise
+            raise DataError(f"{lp.path}:{lp.line}: {e}") from None
         except ShapeError as e:
             inputs = ", ".join(
                 f"'{v.name}' {tuple(b.shape)} from layer '{v.producer_name}'" for v, b in zip(bottom_versions, bottom))

@@ -254,3 +254,16 @@ def test_a_label_out_of_range_names_its_record(tmp_path):
         net.forward()
     assert str(e.value).endswith(f": it comes from {db}: key '00000005'"), str(e.value)
     assert "label 12" in str(e.value)
+
+
+def test_data_and_transform_errors_name_the_net_file_and_layer_line(tmp_path):
+    from layerforge.data.lmdb_io import encode_record, write_lmdb_atomic
+    from layerforge.errors import DataError
+
+    write_lmdb_atomic(tmp_path / "db", (encode_record(numpy.zeros((1, 4, 4), numpy.uint8), 0) for _ in range(4)))
+    path = tmp_path / "net.yaml"
+    path.write_text(f"name: x\nlayers:\n- name: d\n  type: Data\n  top: [data, label]\n"
+                    f"  data: {{source: {tmp_path / 'db'}, batch_size: 2}}\n  transform: {{crop_size: 9}}\n")
+    with pytest.raises(DataError) as e:
+        Net(str(path))
+    assert str(e.value).startswith(f"{path}:3: layer 'd' (Data): transform.crop_size 9 is larger than the images")
