@@ -267,3 +267,21 @@ def test_data_and_transform_errors_name_the_net_file_and_layer_line(tmp_path):
     with pytest.raises(DataError) as e:
         Net(str(path))
     assert str(e.value).startswith(f"{path}:3: layer 'd' (Data): transform.crop_size 9 is larger than the images")
+
+
+def test_training_refuses_to_start_when_the_nets_need_more_than_the_machine(monkeypatch):
+    import os
+
+    from layerforge.commands.train import check_memory
+    from layerforge.errors import LayerforgeError
+    from layerforge.solvers import get_solver
+
+    solver = get_solver({"net_param": {"name": "n", "layers": [
+        {"name": "data", "type": "Input", "top": "data", "input": {"shape": [[64, 1000]]}},
+        {"name": "ip", "type": "InnerProduct", "bottom": "data", "top": "ip", "inner_product": {"num_output": 1000}},
+        {"name": "loss", "type": "Reduction", "bottom": "ip", "top": "loss", "loss_weight": 1}]}, "max_iter": 1})
+    check_memory(solver)  # a few MiB: fine
+    real = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 1024 if name == "SC_PHYS_PAGES" else real(name))
+    with pytest.raises(LayerforgeError, match=r"the nets need .* MiB of memory .* more than this machine's"):
+        check_memory(solver)
