@@ -1,6 +1,7 @@
 """Bad configs are refused with one line naming the file (and line), a non-zero exit and no traceback,
 within seconds and bounded memory; values a Python caller hands in as numpy scalars are accepted."""
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -285,3 +286,36 @@ def test_training_refuses_to_start_when_the_nets_need_more_than_the_machine(monk
     monkeypatch.setattr(os, "sysconf", lambda name: 1024 if name == "SC_PHYS_PAGES" else real(name))
     with pytest.raises(LayerforgeError, match=r"the nets need .* MiB of memory .* more than this machine's"):
         check_memory(solver)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("rng", "not json", "field 'rng' is malformed"),
+    ("rng", '{"bit_generator": "MT19937"}', "field 'rng' is malformed"),
+    ("data_state", "{", "field 'data_state' is malformed"),
+    ("data_state", '{"train": {"d": "x"}}', "the saved state of layer 'd' (train net) is malformed"),
+    ("iter", "abc", "field 'iter' is malformed"),
+    ("losses", ["x"], "field 'losses' is malformed"),
+    ("rng", None, "has no 'rng'"),
+])
+def test_malformed_solver_states_are_one_line(tmp_path, field, value, message):
+    from layerforge.data.lmdb_io import encode_record, write_lmdb_atomic
+    from layerforge.errors import LayerforgeError
+    from layerforge.solvers import get_solver
+
+    write_lmdb_atomic(tmp_path / "db", (encode_record(numpy.zeros((1, 2, 2), numpy.uint8), 0) for _ in range(4)))
+    net = {"name": "n", "layers": [
+        {"name": "d", "type": "Data", "top": ["data", "label"], "data": {"source": str(tmp_path / "db"), "batch_size": 2}},
+        {"name": "ip", "type": "InnerProduct", "bottom": "data", "top": "ip", "inner_product": {"num_output": 2}},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]}
+    keys = {"net_param": net, "max_iter": 1, "snapshot_prefix": str(tmp_path / "s"), "display": 0}
+    solver = get_solver(keys)
+    solver.solve()
+    state = tmp_path / "s_iter_1.solverstate.npz"
+    arrays = dict(numpy.load(state))
+    if value is None:
+        del arrays[field]
+    else:
+        arrays[field] = numpy.array(value)
+    numpy.savez(state, **arrays)
+    with pytest.raises(LayerforgeError, match=re.escape(message)):
+        get_solver(keys).restore(str(state))

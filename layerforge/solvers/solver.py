@@ -431,6 +431,7 @@ class Solver:
             if path.endswith(".npz") and os.path.exists(path[:-4] + ".solverstate.npz"):
                 hint = f"; did you mean '{path[:-4]}.solverstate.npz'?"
             raise LayerforgeError(f"{path}: not a solver state (weights alone start training with 'weights'){hint}")
+        fields = self._state_fields(arrays, path)
         n = len(self.history)
         kept = sum(1 for k in arrays if k.startswith("history/"))
         if kept != n:
@@ -446,16 +447,49 @@ class Solver:
         if weights and not os.path.isabs(weights):
             weights = os.path.join(os.path.dirname(path), weights)
         self.net.load(weights)
-        self.iter = int(arrays["iter"])
-        rng.set_state(json.loads(arrays["rng"].item()))
-        states = json.loads(arrays["data_state"].item())
+        self.iter, random_state, states, losses = fields
+        rng.set_state(random_state)
         for key, net in self._nets():
             for layer in net.layers:
-                saved = states.get(key, {}).get(layer.name)
+                saved = states.get(key, {}).get(layer.name) if isinstance(states.get(key), dict) else None
                 if saved is not None and hasattr(layer, "set_state"):
-                    layer.set_state(saved)
-        self.losses = collections.deque((float(v) for v in arrays["losses"]), maxlen=self.param.average_loss)
+                    try:
+                        layer.set_state(saved)
+                    except (KeyError, TypeError, ValueError, AttributeError) as e:
+                        raise LayerforgeError(f"{path}: the saved state of layer '{layer.name}' ({key} net) is "
+                                              f"malformed ({type(e).__name__}: {e})") from None
+        self.losses = collections.deque(losses, maxlen=self.param.average_loss)
         self.smoothed_loss = sum(self.losses) / len(self.losses) if self.losses else 0.0
+
+    def _state_fields(self, arrays, path):
+        """``(iter, rng state, layer states, losses)`` of a solver-state file, each checked before any is used;
+        a field that is not what this solver writes is one LayerforgeError naming it."""
+        def field(name, parse):
+            try:
+                return parse(arrays[name])
+            except KeyError:
+                raise LayerforgeError(f"{path}: has no '{name}'; not a complete solver state") from None
+            except (TypeError, ValueError, AttributeError) as e:  # json's errors are ValueErrors
+                raise LayerforgeError(f"{path}: field '{name}' is malformed ({str(e).splitlines()[0][:120]})") \
+                    from None
+
+        def random_state(a):
+            state = json.loads(a.item())
+            probe = type(rng.get_rng().bit_generator)()
+            probe.state = state  # a state of another generator, or a broken one, is refused here
+            return state
+
+        def layer_states(a):
+            states = json.loads(a.item())
+            if not isinstance(states, dict):
+                raise ValueError("expected a mapping of nets to layer states")
+            return states
+
+        saved_type = field("type", lambda a: str(a.item())) if "type" in arrays else ""
+        if saved_type and saved_type != self.type:
+            log.warning("%s was written by a %s solver; continuing with %s", path, saved_type, self.type)
+        return (field("iter", lambda a: int(a)), field("rng", random_state), field("data_state", layer_states),
+                field("losses", lambda a: [float(v) for v in a]))
 
     # ------------------------------------------------------------------------------------------
     # signals and non-finite values
