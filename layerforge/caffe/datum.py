@@ -36,13 +36,14 @@ def datum_to_array(datum, where="Datum"):
     Raises DataError naming ``where`` when the values do not fit the shape or the image cannot be decoded.
     """
     if datum.encoded:
-        import cv2
-        image = cv2.imdecode(numpy.frombuffer(datum.data, numpy.uint8), cv2.IMREAD_UNCHANGED)
+        from ..data.images import decode_image  # OpenCV's and libjpeg's own messages are caught there
+
+        image = decode_image(numpy.frombuffer(datum.data, numpy.uint8), None, where)
         if image is None:
             raise DataError(f"{where}: the encoded image ({len(datum.data)} bytes) cannot be decoded")
         if image.dtype != numpy.uint8:
             raise DataError(f"{where}: the encoded image has {image.dtype} pixels; only 8-bit images are read")
-        return (image[None] if image.ndim == 2 else image.transpose(2, 0, 1)), datum.label
+        return image, datum.label
     shape = (datum.channels, datum.height, datum.width)
     count = shape[0] * shape[1] * shape[2]
     if datum.data:

@@ -14,7 +14,10 @@ _stderr_lock = threading.Lock()
 
 
 def decode_image(data, is_color=True, name=None):
-    """Encoded image bytes (JPEG, PNG, ...) -> a (C, H, W) uint8 array (BGR, or one channel), or None.
+    """Encoded image bytes (JPEG, PNG, ...) -> a (C, H, W) array (BGR, or one channel), or None.
+
+    ``is_color``: True for 3 channels, False for one, None for the file's own (OpenCV's IMREAD_UNCHANGED:
+    any channel count and bit depth, as Caffe's DecodeDatumToCVMatNative reads a Datum).
 
     OpenCV's own log lines and libjpeg's messages, which both go straight to the process's stderr (fd 2),
     are caught: a message from an image that still decodes becomes one warning naming ``name`` (the file or
@@ -30,7 +33,9 @@ def decode_image(data, is_color=True, name=None):
         saved = os.dup(2)
         os.dup2(caught.fileno(), 2)
         try:
-            image = cv2.imdecode(data, cv2.IMREAD_COLOR if is_color else cv2.IMREAD_GRAYSCALE)
+            flag = cv2.IMREAD_UNCHANGED if is_color is None else (cv2.IMREAD_COLOR if is_color else
+                                                                    cv2.IMREAD_GRAYSCALE)
+            image = cv2.imdecode(data, flag)
         finally:
             os.dup2(saved, 2)
             os.close(saved)

@@ -89,12 +89,11 @@ def decode_record(value, source="<record>", key=b"?"):
         array = numpy.frombuffer(payload, dtype=dtype).reshape(c, h, w)
         return (array if dtype == numpy.uint8 else array.astype(numpy.float32)), label
     if kind == ENCODED:
-        import cv2
-        image = cv2.imdecode(numpy.frombuffer(payload, numpy.uint8),
-                             cv2.IMREAD_GRAYSCALE if c == 1 else cv2.IMREAD_COLOR)
-        if image is None:
+        from .images import decode_image  # OpenCV's and libjpeg's own messages are caught there
+
+        array = decode_image(numpy.frombuffer(payload, numpy.uint8), c != 1, f"{source}: key {key!r}")
+        if array is None:
             raise fail("the encoded image cannot be decoded")
-        array = image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
         if array.shape != (c, h, w):
             raise fail(f"decoded image is {array.shape}, the header says {(c, h, w)}")
         return array, label
