@@ -91,7 +91,8 @@ def decode_record(value, source="<record>", key=b"?"):
     if kind == ENCODED:
         from .images import decode_image  # OpenCV's and libjpeg's own messages are caught there
 
-        array = decode_image(numpy.frombuffer(payload, numpy.uint8), c != 1, f"{source}: key {key!r}")
+        where = f"{source}: key '{bytes(key).decode('utf-8', 'replace')}'"
+        array = decode_image(numpy.frombuffer(payload, numpy.uint8), c != 1, where)
         if array is None:
             raise fail("the encoded image cannot be decoded")
         if array.shape != (c, h, w):
