@@ -102,12 +102,27 @@ def graph(net):
     return nodes, edges
 
 
-def to_dot(net, rankdir="TB"):
-    """DOT text for a built Net."""
-    lines = [f"digraph {_quote(net.name)} {{", f"  rankdir={rankdir};",
+def definition_graph(netdef, phase="TRAIN", level=0, stages=()):
+    """The drawn graph of a net definition that is not built (its data need not exist): layers as boxes
+    (name, type, given parameters), blobs named on the edges, without shapes. Same form as :func:`graph`."""
+    from ..netdef import layer_included
+
+    nodes, edges, producer = {}, [], {}
+    for i, lp in enumerate(l for l in netdef.layers if layer_included(l, phase.upper(), level, tuple(stages))):
+        node = f"l{i}"
+        nodes[node] = ([lp.name, f"({lp.type})"] + key_params(lp), _COLOURS.get(lp.type, "#ffffff"), "box")
+        edges += [(producer[b], node, b) for b in lp.bottom if b in producer]
+        producer.update((t, node) for t in lp.top)
+    return nodes, edges
+
+
+def to_dot(net, rankdir="TB", drawn=None):
+    """DOT text for a built Net (or for a ``drawn`` (nodes, edges) graph of a net named ``net``)."""
+    name = net if isinstance(net, str) else net.name
+    lines = [f"digraph {_quote(name)} {{", f"  rankdir={rankdir};",
              '  node [shape=box, style="rounded,filled", fillcolor="#ffffff", fontname="Helvetica", fontsize=10];',
              '  edge [fontname="Helvetica", fontsize=9];']
-    nodes, edges = graph(net)
+    nodes, edges = drawn or graph(net)
     for node, (label, colour, shape) in nodes.items():
         extra = ", shape=ellipse, style=filled" if shape == "ellipse" else ""
         lines.append(f"  {node} [label={_quote(chr(10).join(label))}{extra}, fillcolor={_quote(colour)}];")
@@ -116,13 +131,15 @@ def to_dot(net, rankdir="TB"):
     return "\n".join(lines) + "\n"
 
 
-def render(net, path, rankdir="TB", engine="auto"):
+def render(net, path, rankdir="TB", engine="auto", drawn=None):
     """Draw ``net`` to ``path``: DOT text for .dot; .svg/.png/.pdf through Graphviz's ``dot`` when it is
-    installed (``engine`` "auto" or "graphviz"), else (or with ``engine="matplotlib"``) through matplotlib."""
+    installed (``engine`` "auto" or "graphviz"), else (or with ``engine="matplotlib"``) through matplotlib.
+    ``drawn`` gives the (nodes, edges) graph to draw instead of the built ``net``'s (``net`` is then its name)."""
+    drawn = drawn or graph(net)
     ext = os.path.splitext(path)[1].lower().lstrip(".")
     if ext in ("dot", "gv"):
         with open(path, "w", encoding="utf-8") as f:
-            f.write(to_dot(net, rankdir))
+            f.write(to_dot(net, rankdir, drawn))
         return path
     if ext not in RENDERED:
         raise LayerforgeError(f"{path}: unknown output format '.{ext}'; use .svg, .png, .pdf or .dot")
@@ -133,10 +150,11 @@ def render(net, path, rankdir="TB", engine="auto"):
         from ..drawing import render_matplotlib
 
         try:
-            return render_matplotlib(*graph(net), path, rankdir)
+            return render_matplotlib(*drawn, path, rankdir)
         except OSError as e:
             raise LayerforgeError(f"{path}: cannot write: {e.strerror}") from None
-    proc = subprocess.run([dot, f"-T{ext}", "-o", path], input=to_dot(net, rankdir), capture_output=True, text=True)
+    proc = subprocess.run([dot, f"-T{ext}", "-o", path], input=to_dot(net, rankdir, drawn), capture_output=True,
+                          text=True)
     if proc.returncode != 0:
         raise LayerforgeError(f"dot failed on {path}: {proc.stderr.strip().splitlines()[-1] if proc.stderr else ''}")
     return path
