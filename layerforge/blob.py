@@ -1,4 +1,6 @@
 """Blob: an N-d array with its gradient, as in Caffe (``data`` and ``diff`` of the same shape)."""
+import os
+
 import numpy
 
 from .errors import ShapeError
@@ -18,7 +20,6 @@ def available_bytes(xp=numpy):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    import os
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 

@@ -3,7 +3,7 @@ import logging
 import time
 
 from ..errors import ShapeError
-from ..kernels.im2col import conv_output_shape, conv_output_size
+from ..kernels.im2col import conv_output_size
 from ..kernels.implicit_gemm import ENGINES, NdIm2colConv, free_arenas
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
@@ -229,9 +229,22 @@ class Convolution(Layer):
                              key="convolution.group")
         return b.shape[1]
 
+    # the output extent along one axis, (size, k, s, p, d) -> out; Deconvolution transposes it
+    output_size = staticmethod(conv_output_size)
+
+    def _no_output(self, shape):
+        kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
+        return ShapeError(f"kernel {kh}x{kw} (dilation {dy}x{dx}, pad {ph}x{pw}) does not fit bottom shape {shape}",
+                          key="convolution.kernel_size")
+
+    def _engine_shapes(self, bottom_shape, top_shape):
+        """The (input, output) shapes of the convolution the engines run."""
+        return bottom_shape, top_shape
+
     def reshape(self, bottom, top):
         if self.nd:
-            return self._reshape_nd(bottom, top, lambda spatial: conv_output_shape(spatial, *self.geometry))
+            return self._reshape_nd(bottom, top, lambda spatial: tuple(
+                self.output_size(*a) for a in zip(spatial, *self.geometry)))
         kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
         first = bottom[0].shape
         for b, t in zip(bottom, top):
@@ -239,13 +252,12 @@ class Convolution(Layer):
             if b.shape != first:
                 raise ShapeError(f"all bottoms need one shape, got {first} and {b.shape}", key="bottom")
             self._check_weight_channels(b.shape, b.shape[1])
-            out_h = conv_output_size(b.shape[2], kh, sy, ph, dy)
-            out_w = conv_output_size(b.shape[3], kw, sx, pw, dx)
+            out_h = self.output_size(b.shape[2], kh, sy, ph, dy)
+            out_w = self.output_size(b.shape[3], kw, sx, pw, dx)
             if out_h < 1 or out_w < 1:
-                raise ShapeError(f"kernel {kh}x{kw} (dilation {dy}x{dx}, pad {ph}x{pw}) does not fit bottom shape "
-                                 f"{b.shape}", key="convolution.kernel_size")
+                raise self._no_output(b.shape)
             t.reshape(b.shape[0], self.num_output, out_h, out_w)
-        self._choose_engines(first, top[0].shape)
+        self._choose_engines(*self._engine_shapes(first, top[0].shape))
 
     def _choose_engines(self, x_shape, y_shape):
         """Set up the engines for a convolution from ``x_shape`` to ``y_shape`` (again when the shape changes)."""

@@ -27,28 +27,17 @@ class Deconvolution(Convolution):
         return self.blobs[0].shape[0]
 
     @staticmethod
-    def transposed_size(size, k, s, p, d):
+    def output_size(size, k, s, p, d):
         """The output extent of a transposed convolution along one axis."""
         return (size - 1) * s - 2 * p + d * (k - 1) + 1
 
-    def reshape(self, bottom, top):
-        if self.nd:
-            return self._reshape_nd(bottom, top, lambda spatial: tuple(
-                self.transposed_size(*a) for a in zip(spatial, *self.geometry)))
-        kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
-        first = bottom[0].shape
-        for b, t in zip(bottom, top):
-            self._check_bottom(b)
-            if b.shape != first:
-                raise ShapeError(f"all bottoms need one shape, got {first} and {b.shape}", key="bottom")
-            self._check_weight_channels(b.shape, b.shape[1])
-            out_h = self.transposed_size(b.shape[2], kh, sy, ph, dy)
-            out_w = self.transposed_size(b.shape[3], kw, sx, pw, dx)
-            if out_h < 1 or out_w < 1:
-                raise ShapeError(f"pad {ph}x{pw} leaves no output for bottom shape {b.shape}", key="convolution.pad")
-            t.reshape(b.shape[0], self.num_output, out_h, out_w)
+    def _no_output(self, shape):
+        ph, pw = self.geometry[4:6]
+        return ShapeError(f"pad {ph}x{pw} leaves no output for bottom shape {shape}", key="convolution.pad")
+
+    def _engine_shapes(self, bottom_shape, top_shape):
         # the engines see the convolution this layer transposes: from the top's shape to the bottom's
-        self._choose_engines(top[0].shape, first)
+        return top_shape, bottom_shape
 
     def forward(self, bottom, top):
         f = self._flat

@@ -112,18 +112,25 @@ class SoftmaxWithLoss(_LossNormalization, LossLayer):
         if len(top) > 1:
             top[1].reshape(shape)
 
-    def forward(self, bottom, top):
-        xp = get_array_module(bottom[0].data)
+    def _probabilities(self, bottom):
+        """Softmax of the scores and the checked labels (kept for backward); p as (outer, C, inner)."""
         self.prob = softmax(bottom[0].data, self.axis)
         self.label, self.valid = class_labels(self, bottom[1], self.outer, self.inner, self.channels,
                                               self.ignore_label)
-        p = self.prob.reshape(self.outer, self.channels, self.inner)
-        p_label = xp.take_along_axis(p, self.label[:, None, :], axis=1)[:, 0, :]
-        loss = -(xp.log(xp.maximum(p_label, FLT_MIN)) * self.valid).sum()
+        return self.prob.reshape(self.outer, self.channels, self.inner)
+
+    def _write_loss(self, loss, top):
+        """The summed loss, normalised, into top 0; the probabilities into the optional top 1."""
         self.norm = self.normalizer(int(self.valid.sum()))
         top[0].data[...] = loss / self.norm
         if len(top) > 1:
             top[1].data[...] = self.prob
+
+    def forward(self, bottom, top):
+        xp = get_array_module(bottom[0].data)
+        p = self._probabilities(bottom)
+        p_label = xp.take_along_axis(p, self.label[:, None, :], axis=1)[:, 0, :]
+        self._write_loss(-(xp.log(xp.maximum(p_label, FLT_MIN)) * self.valid).sum(), top)
 
     def backward(self, top, propagate_down, bottom):
         self.refuse_label_gradient(propagate_down)
@@ -184,17 +191,10 @@ class InfogainLoss(SoftmaxWithLoss):
     def forward(self, bottom, top):
         xp = get_array_module(bottom[0].data)
         self.h = (bottom[2].data if len(bottom) > 2 else self.fixed_h).reshape(self.channels, self.channels)
-        self.prob = softmax(bottom[0].data, self.axis)
-        self.label, self.valid = class_labels(self, bottom[1], self.outer, self.inner, self.channels,
-                                              self.ignore_label)
-        p = self.prob.reshape(self.outer, self.channels, self.inner)
+        p = self._probabilities(bottom)
         rows = self.h[self.label]  # (outer, inner, C): H[label_n]
         log_p = xp.log(xp.maximum(p, LOG_THRESHOLD)).transpose(0, 2, 1)
-        loss = -((rows * log_p).sum(axis=2) * self.valid).sum()
-        self.norm = self.normalizer(int(self.valid.sum()))
-        top[0].data[...] = loss / self.norm
-        if len(top) > 1:
-            top[1].data[...] = self.prob
+        self._write_loss(-((rows * log_p).sum(axis=2) * self.valid).sum(), top)
 
     def backward(self, top, propagate_down, bottom):
         self.refuse_label_gradient(propagate_down)
