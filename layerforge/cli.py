@@ -24,6 +24,7 @@ COMMANDS = {
     "plan": "plan",
     "summary": "summary",
     "test": "test",
+    "testbed": "testbed",
     "time": "time",
     "train": "train",
 }
