@@ -241,7 +241,7 @@ class TestBed:
 
     def environment(self, extra=None):
         """The caller's environment plus the transport settings that send inter-host traffic over the links."""
-        return dict(os.environ, **TRANSPORT_ENV, **(extra or {}))
+        return {**os.environ, **TRANSPORT_ENV, **(extra or {})}
 
     def run(self, argv, ranks_per_host=1, hosts=None, env=None, timeout=None, capture=True):
         """Run ``argv`` under mpiexec across the bed; returns the CompletedProcess."""

@@ -83,10 +83,11 @@ def run(args):
         return 0
     if args.action == "exec":
         return _exec(TestBed.existing(args.prefix), args)
+    rates = _rates(args.gbit)
     reason = unavailable_reason()
     if reason:
         raise LayerforgeError(f"testbed: {reason}")
-    bed = TestBed(args.hosts, _rates(args.gbit), args.latency_us, args.prefix)
+    bed = TestBed(args.hosts, rates, args.latency_us, args.prefix)
     if args.action == "up":
         bed.up()
         print(f"up: {bed.describe()}; `layerforge testbed exec -- CMD` runs across it, `layerforge testbed down` "
