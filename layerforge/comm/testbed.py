@@ -16,7 +16,7 @@ launcher as it would call ssh (``launch -x HOST COMMAND``) and the launcher runs
 namespace with its hostname set, so MPICH sees H nodes. With the PyPI mpich (ch4:ucx) UCX would reach the
 other namespaces through shared memory (one kernel, one /dev/shm); ``UCX_TLS=tcp,self`` and
 ``UCX_NET_DEVICES=tb0`` make inter-host pairs use TCP over the shaped links, while ranks of one host still
-use MPICH's own shared memory. Byte counters of the switch ports show what crossed each link.
+use MPICH's own shared memory (``UCX_RNDV_THRESH=inf``: see :data:`TRANSPORT_ENV`). Byte counters of the switch ports show what crossed each link.
 
 Needs root or CAP_NET_ADMIN (``ip netns add``); :func:`unavailable_reason` says why not where it fails.
 """
@@ -33,7 +33,10 @@ SUBNET = "10.253.17"  # /24 private addresses; routed nowhere outside the test b
 HEAD_OCTET = 254
 IFACE = "tb0"
 DEFAULT_PREFIX = "lftb"
-TRANSPORT_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": IFACE}
+# UCX over TCP, on the test bed's interface only. Eager sends at every size: UCX's rendezvous protocol over
+# TCP serialised the two directions of a Sendrecv between some host pairs here (25 MB took 2x or 3x the link
+# time, with no drops or retransmissions), which made the schedule's speed depend on which hosts paired up.
+TRANSPORT_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": IFACE, "UCX_RNDV_THRESH": "inf"}
 
 # hydra's ssh launcher calls: <launcher> [ssh options] HOST COMMAND...; the host name is its namespace's name
 _LAUNCHER = """#!/bin/sh
