@@ -16,7 +16,8 @@ launcher as it would call ssh (``launch -x HOST COMMAND``) and the launcher runs
 namespace with its hostname set, so MPICH sees H nodes. With the PyPI mpich (ch4:ucx) UCX would reach the
 other namespaces through shared memory (one kernel, one /dev/shm); ``UCX_TLS=tcp,self`` and
 ``UCX_NET_DEVICES=tb0`` make inter-host pairs use TCP over the shaped links, while ranks of one host still
-use MPICH's own shared memory (``UCX_RNDV_THRESH=inf``: see :data:`TRANSPORT_ENV`). Byte counters of the switch ports show what crossed each link.
+use MPICH's own shared memory (``UCX_RNDV_THRESH=inf``: see :data:`TRANSPORT_ENV`). Byte counters of the
+switch ports show what crossed each link.
 
 Needs root or CAP_NET_ADMIN (``ip netns add``); :func:`unavailable_reason` says why not where it fails.
 """
@@ -237,7 +238,8 @@ class TestBed:
         ranks 0..k-1 on host 0, so ``rank // ranks_per_host`` is the host)."""
         hosts = self.hosts if hosts is None else hosts
         if not 1 <= hosts <= self.hosts or ranks_per_host < 1:
-            raise LayerforgeError(f"test bed: cannot place {hosts} hosts x {ranks_per_host} ranks on {self.hosts} hosts")
+            raise LayerforgeError(f"test bed: cannot place {hosts} hosts x {ranks_per_host} ranks on a bed of "
+                                  f"{self.hosts} hosts")
         return ["ip", "netns", "exec", self.head, find_mpiexec(), "-launcher", "ssh", "-launcher-exec", self.launcher,
                 "-f", self.hostfile(ranks_per_host, hosts), "-localhost", f"{SUBNET}.{HEAD_OCTET}",
                 "-n", str(hosts * ranks_per_host), *argv]
