@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 from ..errors import LayerforgeError
 
@@ -203,8 +204,9 @@ class TestBed:
         return down(self.prefix)
 
     def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
         try:
             return self.up()
         except BaseException:
