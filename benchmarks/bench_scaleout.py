@@ -4,6 +4,7 @@ iterations (LeNet, small-batch AlexNet) with and without overlap. Needs root or 
 
     python benchmarks/bench_scaleout.py [--out DIR] [--rates 1,10] [--layouts 2x1,2x2,4x1,4x2]
                                         [--sizes 1M,10M,100M] [--nets lenet,alexnet] [--skip-allreduce]
+    python benchmarks/bench_scaleout.py --report DIR/results.json    # the tables of docs/distributed.md
 
 Each table is printed as Markdown with the machine's load average when it was measured. JSON per run goes
 to --out. The allreduce part reuses `layerforge bench-allreduce` under `mpiexec` across the bed, one run per
@@ -116,6 +117,43 @@ def print_targets(all_rows):
               f"{best / at['mpi']['busbw_GBps']:.2f} |")
 
 
+def milliseconds(seconds):
+    ms = seconds * 1e3
+    return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.3g} ms"
+
+
+def print_report(path):
+    """The condensed tables of docs/distributed.md from a results.json this script wrote."""
+    with open(path) as f:
+        results = json.load(f)
+    cells = {}
+    for r in results["allreduce"]:
+        cells.setdefault((r["gbit"], r["hosts"], r["ranks_per_host"], r["bytes"]), {})[r["algorithm"]] = r
+    print("| Gbit/s | hosts x ranks | size | " + " | ".join(ALGORITHMS) + " | load |")
+    print("|---:|---|---:|" + "---:|" * (len(ALGORITHMS) + 1))
+    for (gbit, hosts, rph, nbytes), at in sorted(cells.items()):
+        print(f"| {gbit:g} | {hosts}x{rph} | {nbytes / 2 ** 20:g} MiB | " + " | ".join(
+            f"{at[a]['busbw_GBps']:.3f} ({milliseconds(at[a]['latency_s'])})" for a in ALGORITHMS) +
+            f" | {max(r['load'] for r in at.values()):.1f} |")
+    print("\n| Gbit/s | hosts x ranks | " + " | ".join(f"{a} MB | meas/pred" for a in ALGORITHMS) + " |")
+    print("|---:|---|" + "---:|---:|" * len(ALGORITHMS))
+    largest = max(k[3] for k in cells)
+    for (gbit, hosts, rph, nbytes), at in sorted(cells.items()):
+        if nbytes == largest:
+            print(f"| {gbit:g} | {hosts}x{rph} | " + " | ".join(
+                f"{mb(at[a]['counted_inter_per_host']) + ' / ' if at[a]['counted_inter_per_host'] else ''}"
+                f"{mb(at[a]['link_bytes_per_host'])} | {at[a]['latency_s'] / at[a]['predicted_s']:.2f}"
+                for a in ALGORITHMS) + " |")
+    print("\n| Gbit/s | net | hosts x ranks | overlap | s/iter | 1 rank s/iter | compute s | exposed s | exposed % "
+          "| efficiency | plan s/iter | measured/plan | load |")
+    print("|---:|---|---|---|" + "---:|" * 9)
+    for r in results["training"]:
+        print(f"| {r['gbit']:g} | {r['net']} | {r['hosts']}x{r['ranks_per_host']} | {'on' if r['overlap'] else 'off'} "
+              f"| {r['s_per_iter']:.3f} | {r['one_rank_s_per_iter']:.3f} | {r['compute_s']:.3f} | {r['exposed_s']:.3f} "
+              f"| {100 * r['exposed_s'] / r['s_per_iter']:.0f}% | {100 * r['efficiency']:.0f}% | {r['plan_s']:.3f} "
+              f"| {r['s_per_iter'] / r['plan_s']:.2f} | {r['load']:.1f} |")
+
+
 def solver_copy(solver, workdir, net, **keys):
     """The solver YAML with absolute net path, no testing or snapshots, plus ``keys``; returns its path."""
     import yaml
@@ -208,7 +246,10 @@ def main():
     parser.add_argument("--train-allreduce", default="topology")
     parser.add_argument("--skip-allreduce", action="store_true")
     parser.add_argument("--prefix", default="lfbench", help="the bed's name prefix")
+    parser.add_argument("--report", metavar="RESULTS_JSON", help="only print the docs' tables from an earlier run")
     args = parser.parse_args()
+    if args.report:
+        return print_report(args.report)
     reason = unavailable_reason()
     if reason:
         sys.exit(f"bench_scaleout: {reason}")
