@@ -44,7 +44,7 @@ def add_arguments(parser):
                                 ("exec", (common, launch), "run the command across the bed that is up"),
                                 ("status", (common,), "namespaces and bytes per host link"),
                                 ("down", (common,), "remove everything named PREFIX-*, leftovers included")):
-        actions.add_parser(name, parents=parents, help=text, description=text)
+        actions.add_parser(name, parents=parents, help=text, description=text, formatter_class=parser.formatter_class)
 
 
 def _print_links(bed, before, after):

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from layerforge.cli import main as cli_main
+from layerforge.errors import LayerforgeError
 from layerforge.comm.testbed import TestBed, down, link_delta, namespaces, unavailable_reason
 from tests.comm.mpirun import ROOT
 
@@ -93,6 +94,19 @@ def test_hosts_have_their_own_names_and_addresses(prefix):
 
 
 @needs_netns
+def test_latency_is_netem_or_a_one_line_error(prefix):
+    """This kernel may lack netem: then asking for a delay fails in one line and leaves nothing behind."""
+    try:
+        with TestBed(1, gbit=1, latency_us=50, prefix=prefix) as bed:
+            shown = subprocess.run(["tc", "-n", bed.host_names[0], "qdisc", "show", "dev", "tb0"],
+                                   capture_output=True, text=True).stdout
+            assert "netem" in shown and "delay 50us" in shown and "tbf" in shown, shown
+    except LayerforgeError as e:
+        assert "CONFIG_NET_SCH_NETEM" in str(e) and "\n" not in str(e)
+    assert namespaces(prefix) == []
+
+
+@needs_netns
 def test_tear_down_runs_on_error(prefix):
     with pytest.raises(RuntimeError):
         with TestBed(2, prefix=prefix):
@@ -147,3 +161,13 @@ def test_unprivileged_reason_names_the_capability():
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
     assert "CAP_NET_ADMIN" in done.stdout, done.stdout + done.stderr
 
+
+
+@needs_netns
+def test_cli_run_builds_runs_reports_and_tears_down(prefix, capfd):
+    assert cli_main(["testbed", "run", "--hosts", "2", "--ranks-per-host", "2", "--prefix", prefix, "--",
+                     "hostname"]) == 0
+    out, err = capfd.readouterr()
+    assert sorted(out.split()) == [f"{prefix}-h0"] * 2 + [f"{prefix}-h1"] * 2
+    assert f"{prefix}-h0: sent" in err and f"{prefix}-h1: sent" in err
+    assert namespaces(prefix) == []
