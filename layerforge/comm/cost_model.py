@@ -7,12 +7,16 @@ power of two <= p, L = log2 pof2, r = p - pof2), groups of q (G = pof2/q groups)
     doubling   L alpha + n (log2 q beta_intra + log2 G beta_inter) + L n gamma                + fold
     recursive  2L alpha + 2n (q-1)/P beta_intra + 2n (P-q)/P beta_inter + n (P-1)/P gamma     + fold
     topology   2L alpha + 2n (P-P/q)/P beta_intra + 2n (P/q-1)/P beta_inter + n (P-1)/P gamma + fold
-    ring       2(p-1) alpha + 2n (p-1)/p beta_slowest + n (p-1)/p gamma
-    hierarchical  2 l (alpha + n beta_intra) + l n gamma + Rabenseifner over G' leaders with beta_inter,
+    ring       2(p-1) alpha + 2n (p-1)/p beta_slowest + n (p-1)/p gamma,  beta_slowest = beta_inter / q
+    hierarchical  2 l (alpha + n beta_intra) + l n gamma + Rabenseifner over G' leaders with beta_inter / q,
                l = ceil(log2 q), G' = ceil(p / q) groups (its own pof2 folding among the leaders)
     fold       (r > 0) 2 alpha + 2n beta_intra + n gamma
 
-with P = pof2. ``mpi`` is modelled as what MPICH picks (doubling for short vectors, else Rabenseifner with
+with P = pof2. ``beta_inter`` is what one rank pays per byte while all q ranks of its group cross at once
+(that is how :func:`calibrate` measures it, and how the recursive, topology and doubling schedules cross:
+every rank in the same step). Ring and hierarchical send one stream per group across at a time, which has
+the group's link to itself: beta_inter / q (measured on the multi-host test bed: with 2 ranks per host they
+ran at half the time the shared-link formula gave). ``mpi`` is modelled as what MPICH picks (doubling for short vectors, else Rabenseifner with
 the distance-1-first order, whose crossings on a group-by-group layout are those of ``topology``).
 ``auto`` takes the cheapest of :data:`AUTO_CANDIDATES` for each message size.
 """
@@ -62,6 +66,8 @@ def predict(algorithm, nbytes, p, q, params):
     n = float(nbytes)
     if p <= 1:
         return 0.0
+    q_real = max(1, min(q, p))  # ranks per group as laid out, before the power-of-two schedule's view
+    crosses = p > q_real
     P, L, q, G = _shape(p, q)
     fold = (2 * a + 2 * n * bi + n * g) if p > P else 0.0
     if algorithm == "doubling":
@@ -70,15 +76,15 @@ def predict(algorithm, nbytes, p, q, params):
         return 2 * L * a + 2 * n * ((q - 1) * bi + (P - q) * bx) / P + n * (P - 1) / P * g + fold
     if algorithm == "topology":
         return 2 * L * a + 2 * n * ((P - P / q) * bi + (P / q - 1) * bx) / P + n * (P - 1) / P * g + fold
+    lone_stream = bx / q_real  # one rank of the group crossing alone gets the whole link
     if algorithm in ("ring", "nccl"):
-        slowest = bx if G > 1 or p > P else bi
+        slowest = lone_stream if crosses else bi
         return 2 * (p - 1) * a + 2 * n * (p - 1) / p * slowest + n * (p - 1) / p * g
     if algorithm == "hierarchical":
-        q_real = max(1, min(q, p))
         groups = -(-p // q_real)
         steps = (q_real - 1).bit_length()  # ceil(log2 q)
         inside = 2 * steps * (a + n * bi) + steps * n * g
-        leaders = CostParams(a, bx, bx, g)  # the leaders' exchange runs on the inter-group links
+        leaders = CostParams(a, lone_stream, lone_stream, g)  # only the leaders cross, one per group's link
         return inside + predict("recursive", nbytes, groups, 1, leaders)
     if algorithm == "mpi":
         return min(predict("doubling", nbytes, p, q, params), predict("topology", nbytes, p, q, params))

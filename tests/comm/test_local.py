@@ -71,8 +71,12 @@ def test_cost_formulas_by_hand():
     # p = 8, q = 4: 2*3 alpha + 2n(3*bi + 4*bx)/8 + n*7/8*g
     assert cost_model.predict("recursive", n, 8, 4, p) == pytest.approx(6 + 200 * (0.03 + 0.4) + 0.7)
     assert cost_model.predict("topology", n, 8, 4, p) == pytest.approx(6 + 200 * (0.06 + 0.1) + 0.7)
-    assert cost_model.predict("ring", n, 8, 4, p) == pytest.approx(14 + 1400 * 0.1 + 0.7)
+    assert cost_model.predict("ring", n, 8, 4, p) == pytest.approx(14 + 1400 * 0.1 / 4 + 0.7)  # one stream per link
     assert cost_model.predict("doubling", n, 8, 4, p) == pytest.approx(3 + 800 * (0.02 + 0.1) + 2.4)
+    # 2 tree steps inside each group of 4, then Rabenseifner over 2 leaders, each alone on its group's link
+    inside = 2 * 2 * (1 + 800 * 0.01) + 2 * 800 * 0.001
+    leaders = 2 * 1 + 2 * 800 * 0.1 / 4 / 2 + 800 / 2 * 0.001
+    assert cost_model.predict("hierarchical", n, 8, 4, p) == pytest.approx(inside + leaders)
     # fold for p = 5: 2 alpha + 2n beta_intra + n gamma on top of the p = 4 core
     assert cost_model.predict("recursive", n, 5, 1, p) - cost_model.predict("recursive", n, 4, 1, p) == \
         pytest.approx(2 + 16 + 0.8)
@@ -80,7 +84,9 @@ def test_cost_formulas_by_hand():
 
 def test_auto_picks_latency_then_bandwidth_algorithms():
     assert cost_model.choose(8, 64, 8, PARAMS) == "doubling"
-    assert cost_model.choose(1 << 26, 64, 8, PARAMS) == "topology"
+    # 8 ranks per group share one link: ring's lone crossing stream beats topology's shared crossings
+    assert cost_model.choose(1 << 26, 64, 8, PARAMS) == "ring"
+    assert cost_model.choose(1 << 26, 8, 2, PARAMS) == "topology"
     assert cost_model.choose(1 << 26, 64, 64, PARAMS) == "topology"  # one group: ties go to the first
 
 
