@@ -55,9 +55,14 @@ class BatchNorm(Layer):
         return a.reshape(a.shape[0], self.channels, -1)
 
     def forward(self, bottom, top):
+        top[0].data[...] = self.normalise(bottom[0].data).reshape(top[0].shape)
+
+    def normalise(self, x):
+        """``self.x_norm`` (N, C, S) = normalised ``x`` (and ``self.std``, the running statistics updated as the
+        phase says); the fused BatchNorm + Scale (+ ReLU) of layerforge.fusion calls it too."""
         xp = self.xp
         p = self.layer_param.batch_norm
-        x = self._view(bottom[0].data)
+        x = self._view(x)
         m = x.shape[0] * x.shape[2]
         x_norm = getattr(self, "x_norm", None)
         if x_norm is None or x_norm.shape != x.shape:
@@ -77,16 +82,16 @@ class BatchNorm(Layer):
         self.std = xp.sqrt(var + p.eps).astype(self.dtype, copy=False)
         x_norm *= (1 / self.std)[None, :, None]
         self.x_norm = x_norm
-        top[0].data[...] = x_norm.reshape(top[0].shape)
+        return x_norm
 
     def backward(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        xp = self.xp
-        gy = self._view(top[0].diff)
-        gx = self._view(bottom[0].diff)  # may be gy itself (in place): every step below is element-wise
-        inv_std = (1 / self.std)[None, :, None]
+        if propagate_down[0]:
+            self.normalise_backward(top[0].diff, bottom[0].diff)
+
+    def normalise_backward(self, gy, gx):
+        """``gx`` = the gradient through :meth:`normalise` of ``gy`` (``gx`` may be ``gy``: in place)."""
+        gy, gx = self._view(gy), self._view(gx)  # every step below is element-wise: gx may be gy
         if self.use_global_stats:
-            xp.multiply(gy, inv_std, out=gx)
+            self.xp.multiply(gy, (1 / self.std)[None, :, None], out=gx)
             return
         batch_norm_backward(gy, self.x_norm, 1 / self.std, out=gx)
