@@ -421,10 +421,12 @@ class Net:
             self.set_inputs(**inputs)
         lo, hi = self._range(start, end)
         loss = 0.0
-        cut = self._fused.get(hi)  # a range that ends inside a fused group shows that layer's own output
-        fuse = cut is None or cut.last == hi
+        # a range that starts or ends inside a fused group runs that group's layers one by one, as written
+        cut = [g for g in (self._fused.get(lo), self._fused.get(hi)) if g and not lo <= g.first <= g.last <= hi]
+        for group in cut:
+            group.ran_fused = False
         for i in range(lo, hi + 1):
-            loss += self.forward_layer(i, fuse=fuse)
+            loss += self.forward_layer(i, fuse=self._fused.get(i) not in cut)
         self.loss = loss
         return {name: self.blobs[name].data for name in self.outputs}
 

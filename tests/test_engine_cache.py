@@ -46,7 +46,7 @@ def use_cache(monkeypatch, path):
 
 
 def test_resume_is_bit_identical_when_the_timings_now_pick_other_engines(tmp_path, monkeypatch):
-    keys = dict(net_param=CONV_NET, base_lr=0.05, momentum=0.9, max_iter=12, snapshot=6, random_seed=5,
+    keys = dict(net_param=CONV_NET, base_lr=0.05, momentum=0.9, max_iter=12, snapshot=3, random_seed=5,
                 display=0, snapshot_prefix=str(tmp_path / "a"))
     use_cache(monkeypatch, tmp_path / "cache_a")
     prefer(monkeypatch, "IMPLICIT")
@@ -67,6 +67,15 @@ def test_resume_is_bit_identical_when_the_timings_now_pick_other_engines(tmp_pat
     resumed.solve(resume_file=str(tmp_path / "a_iter_6.solverstate.npz"))
     assert choices(resumed.net) == choices(whole.net)
     assert params(resumed) == params(whole)
+
+    # at iteration 3 AUTO was half-way through its 6 timing passes: the resumed run goes on with the saved
+    # round-robin and times (here the same timer), not with what this machine's cache says (IM2COL)
+    monkeypatch.undo()
+    prefer(monkeypatch, "IMPLICIT")
+    use_cache(monkeypatch, tmp_path / "cache_b")
+    early = get_solver(dict(keys, snapshot_prefix=str(tmp_path / "e")))
+    early.solve(resume_file=str(tmp_path / "a_iter_3.solverstate.npz"))
+    assert params(early) == params(whole)
 
 
 def build_and_run(passes=3):

@@ -124,7 +124,7 @@ def test_against_torch(shape):
     numpy.testing.assert_allclose(net.params["scale"][1].diff, beta.grad.numpy(), rtol=1e-9, atol=1e-12)
 
 
-def test_a_forward_that_stops_inside_a_group_shows_the_layer_own_output():
+def test_a_forward_that_starts_or_stops_inside_a_group_runs_its_layers_one_by_one():
     shape, r = (4, 3, 2, 2), numpy.random.default_rng(8)
     x, target = r.standard_normal(shape), r.standard_normal(shape)
     fused, plain = Net(group_net(shape), dtype="float64"), Net(group_net(shape, fuse=False), dtype="float64")
@@ -136,6 +136,10 @@ def test_a_forward_that_stops_inside_a_group_shows_the_layer_own_output():
             net.forward(end=end)
         numpy.testing.assert_allclose(fused.blobs["h"].data, plain.blobs["h"].data, rtol=1e-12, err_msg=end)
         assert (fused.blobs["h"].data < 0).any() == (end != "relu")  # the ReLU has run only at the end
+    for net in (fused, plain):  # a range starting inside a group runs its layers on the blob as it is
+        net.forward()
+        net.forward(start="scale")
+    numpy.testing.assert_allclose(fused.blobs["h"].data, plain.blobs["h"].data, rtol=1e-12)
 
 
 def test_the_parameters_stay_with_their_layers(tmp_path):

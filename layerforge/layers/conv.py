@@ -303,8 +303,10 @@ class Convolution(Layer):
                 self.tuning[direction].choice = name
         for direction, progress in state.get("timing", {}).items():
             tune = self.tuning.get(direction)
-            if tune is not None and not tune.choice and set(progress["times"]) == set(tune.times):
-                tune.calls, tune.times = int(progress["calls"]), {k: list(v) for k, v in progress["times"].items()}
+            if tune is not None and set(progress["times"]) == set(tune.times):
+                # the saved run was still timing: go on with its round-robin, even where the cache knows better
+                tune.choice, tune.calls = None, int(progress["calls"])
+                tune.times = {k: list(v) for k, v in progress["times"].items()}
         self._release_unchosen()
 
     def _release_unchosen(self):
