@@ -47,11 +47,10 @@ class BatchNormScaleReLU:
         net, bn = self.net, self.batch_norm
         if not any(net.layer_need_backward[k] for k in self.members):
             return
-        blob = net.bottom_blobs(self.first)[0]
-        gy = _channels(blob.diff, bn.channels)
-        g_gamma, g_beta = (b.diff if down else None for b, down in zip(self.scale.blobs, self.scale.param_propagate_down))
-        scale_shift_relu_backward(gy, _channels(blob.data, bn.channels), bn.x_norm, self.scale.blobs[0].data, self.negative_slope,
-                                  g_gamma, g_beta)
+        blob, scale = net.bottom_blobs(self.first)[0], self.scale
+        g_gamma, g_beta = (b.diff if down else None for b, down in zip(scale.blobs, scale.param_propagate_down))
+        scale_shift_relu_backward(_channels(blob.diff, bn.channels), _channels(blob.data, bn.channels), bn.x_norm,
+                                  scale.blobs[0].data, self.negative_slope, g_gamma, g_beta)
         if net.bottom_need_backward[self.first][0]:
             bn.normalise_backward(blob.diff, blob.diff)
 

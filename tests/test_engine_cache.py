@@ -2,6 +2,7 @@
 machine's timings would now pick other engines) and in the on-disk cache (a second start does no timing)."""
 import json
 import logging
+import os
 import types
 
 import numpy
@@ -11,18 +12,8 @@ from layerforge import Net, engine_cache
 from layerforge.layers import conv
 from layerforge.solvers import get_solver
 
-CONV_NET = {"name": "c", "layers": [
-    {"name": "data", "type": "DummyData", "top": ["data", "label"],
-     "dummy_data": {"shape": [[8, 3, 12, 12], [8]], "data_filler": [{"type": "gaussian"},
-                                                                  {"type": "uniform", "min": 0, "max": 4}],
-                    "integer": [False, True]}},
-    {"name": "conv1", "type": "Convolution", "bottom": "data", "top": "conv1",
-     "convolution": {"num_output": 6, "kernel_size": 3, "pad": 1, "weight_filler": {"type": "xavier"}}},
-    {"name": "relu", "type": "ReLU", "bottom": "conv1", "top": "conv1"},
-    {"name": "conv2", "type": "Convolution", "bottom": "conv1", "top": "conv2",
-     "convolution": {"num_output": 5, "kernel_size": 3, "stride": 2, "weight_filler": {"type": "xavier"}}},
-    {"name": "ip", "type": "InnerProduct", "bottom": "conv2", "top": "ip", "inner_product": {"num_output": 4}},
-    {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]}
+from .solvers.test_snapshot import CONV_NET  # DummyData -> conv1 -> ReLU -> conv2 -> ip -> loss
+
 CONVS = ("conv1", "conv2")
 
 
@@ -121,7 +112,6 @@ def test_a_new_shape_misses_the_cache_and_is_timed(monkeypatch):
 @pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b'{"m": 3}', b"\xff\xfe\x00"])
 def test_a_corrupt_cache_is_one_warning_naming_it_and_is_replaced(content, caplog):
     path = engine_cache.cache_path()
-    import os
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(content)
