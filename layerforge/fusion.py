@@ -16,7 +16,7 @@ runs at its BatchNorm's index (``Net.forward_layer``); Scale and ReLU then do no
 ``layerforge time`` shows the group's time on the BatchNorm row. A ``Net.forward(end=...)`` that stops inside
 a group runs it unfused. The net key ``fuse_batch_norm: false`` turns fusion off.
 """
-from .kernels.fused_batch_norm import scale_shift_relu, scale_shift_relu_backward
+from .kernels.fused_batch_norm import bn_scale_relu_backward, scale_shift_relu
 
 
 class BatchNormScaleReLU:
@@ -49,10 +49,10 @@ class BatchNormScaleReLU:
             return
         blob, scale = net.bottom_blobs(self.first)[0], self.scale
         g_gamma, g_beta = (b.diff if down else None for b, down in zip(scale.blobs, scale.param_propagate_down))
-        scale_shift_relu_backward(_channels(blob.diff, bn.channels), _channels(blob.data, bn.channels), bn.x_norm,
-                                  scale.blobs[0].data, self.negative_slope, g_gamma, g_beta)
-        if net.bottom_need_backward[self.first][0]:
-            bn.normalise_backward(blob.diff, blob.diff)
+        gy = _channels(blob.diff, bn.channels)
+        bn_scale_relu_backward(gy, _channels(blob.data, bn.channels), bn.x_norm, 1 / bn.std, scale.blobs[0].data,
+                               self.negative_slope, not bn.use_global_stats, g_gamma, g_beta,
+                               gx=gy if net.bottom_need_backward[self.first][0] else None)
 
 
 def batch_norm_groups(net):

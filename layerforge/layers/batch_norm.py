@@ -85,13 +85,13 @@ class BatchNorm(Layer):
         return x_norm
 
     def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            self.normalise_backward(top[0].diff, bottom[0].diff)
-
-    def normalise_backward(self, gy, gx):
-        """``gx`` = the gradient through :meth:`normalise` of ``gy`` (``gx`` may be ``gy``: in place)."""
-        gy, gx = self._view(gy), self._view(gx)  # every step below is element-wise: gx may be gy
+        if not propagate_down[0]:
+            return
+        xp = self.xp
+        gy = self._view(top[0].diff)
+        gx = self._view(bottom[0].diff)  # may be gy itself (in place): every step below is element-wise
+        inv_std = (1 / self.std)[None, :, None]
         if self.use_global_stats:
-            self.xp.multiply(gy, (1 / self.std)[None, :, None], out=gx)
+            xp.multiply(gy, inv_std, out=gx)
             return
         batch_norm_backward(gy, self.x_norm, 1 / self.std, out=gx)
