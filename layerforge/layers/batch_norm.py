@@ -10,7 +10,8 @@ class BatchNorm(Layer):
     """y = (x - mu_c) / sqrt(var_c + eps) per channel c = axis 1, over N and the spatial axes; no affine.
 
     x: (N, C, ...) -> y of the same shape (a 1-D x is treated as (N, 1)); works in place. Follow it by
-    a Scale layer with ``bias_term: true`` for Caffe's learnable gamma and beta.
+    a Scale layer with ``bias_term: true`` for Caffe's learnable gamma and beta; in place, the two (and a
+    ReLU after them) run fused unless the net says ``fuse_batch_norm: false`` (``layerforge.fusion``).
 
     Blobs (running statistics, not weights, so ``learnable`` is False and the net gives them lr_mult 0):
     ``blobs[0]`` sum of means (C,), ``blobs[1]`` sum of variances (C,), ``blobs[2]`` the scale factor (1,).
