@@ -14,10 +14,13 @@ A cache that cannot be read (corrupt JSON, wrong layout, no permission) is ignor
 the file, and is replaced by the next store; an unwritable cache directory costs only the timing next time.
 ``$LAYERFORGE_CACHE_DIR`` set to ``off`` turns the cache off.
 """
+import functools
 import json
 import logging
 import os
 import platform
+
+import numpy
 
 from .errors import LayerforgeError
 from .npz import write_atomic
@@ -45,6 +48,7 @@ def cache_path():
     return None if d is None else os.path.join(d, FILE_NAME)
 
 
+@functools.lru_cache(maxsize=None)
 def _cpu_model():
     try:
         with open("/proc/cpuinfo") as f:
@@ -58,7 +62,6 @@ def _cpu_model():
 
 def machine_key(xp):
     """What the timing depended on, as one string (see the module docstring)."""
-    import numpy
     try:
         blas = numpy.__config__.CONFIG["Build Dependencies"]["blas"]
         blas = f"{blas['name']}-{blas['version']}"
@@ -66,15 +69,16 @@ def machine_key(xp):
         blas = "unknown-blas"
     threads = ",".join(f"{v}={os.environ[v]}" for v in THREAD_VARS if v in os.environ) or "threads=default"
     parts = [_cpu_model(), f"cores={os.cpu_count()}", threads, f"numpy-{numpy.__version__}", blas]
-    if xp is not numpy:
-        device = xp.cuda.Device()
-        name = xp.cuda.runtime.getDeviceProperties(device.id)["name"]
-        name = name.decode() if isinstance(name, bytes) else name
-        parts = ["gpu", name, f"sm_{device.compute_capability}", f"cupy-{xp.__version__}",
-                 f"cuda-{xp.cuda.runtime.runtimeGetVersion()}"] + parts
-    else:
-        parts = ["cpu"] + parts
-    return "|".join(parts)
+    return "|".join((_gpu(xp.cuda.Device().id) if xp is not numpy else ("cpu",)) + tuple(parts))
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu(device_id):
+    import cupy
+    name = cupy.cuda.runtime.getDeviceProperties(device_id)["name"]
+    name = name.decode() if isinstance(name, bytes) else name
+    return ("gpu", name, f"sm_{cupy.cuda.Device(device_id).compute_capability}", f"cupy-{cupy.__version__}",
+            f"cuda-{cupy.cuda.runtime.runtimeGetVersion()}")
 
 
 def layer_key(layer_type, x_shape, y_shape, w_shape, geometry, group, dtype, engines):
