@@ -8,7 +8,8 @@ from layerforge.kernels import cuda
 
 
 def test_sources_and_defines():
-    assert set(cuda.sources()) == {"im2col", "implicit_gemm", "pooling", "lrn", "softmax_loss", "batch_norm"}
+    assert set(cuda.sources()) == {"im2col", "implicit_gemm", "pooling", "lrn", "softmax_loss", "batch_norm",
+                                   "fused_batch_norm"}
     assert cuda.defines(numpy.float32) == ("-DLF_REAL=float",)
     assert cuda.defines("float64") == ("-DLF_REAL=double",)
     with pytest.raises(KeyError):
