@@ -6,15 +6,17 @@ Where a net has, one after the other and all in place on one blob,
 
 (negative_slope >= 0, no loss weight on any of them), the three run as one: forward normalises once and
 writes ``relu(gamma x_norm + beta)`` straight into the blob; backward turns the blob's diff into the input's
-in one sweep. Unfused, BatchNorm keeps ``x_norm``, Scale keeps a copy of its (in-place) input for the gamma
+in one sweep for two per-channel sums and one for the gradient (``kernels.fused_batch_norm``). Unfused, BatchNorm keeps ``x_norm``, Scale keeps a copy of its (in-place) input for the gamma
 gradient, and the forward copies x_norm into the blob; fused, only ``x_norm`` (BatchNorm's own attribute) is
 kept, so each group holds one activation-sized array fewer (``Net.memory_report``'s ``cache_bytes``).
 
 The layers stay in ``Net.layers`` with their own blobs (BatchNorm's three statistics, Scale's gamma and beta):
 snapshots, weights files, caffemodel and ONNX export, pycaffe's ``net.params`` see the unfused net. The group
-runs at its BatchNorm's index (``Net.forward_layer``); Scale and ReLU then do nothing in that pass, so
-``layerforge time`` shows the group's time on the BatchNorm row. A ``Net.forward(end=...)`` that stops inside
-a group runs it unfused. The net key ``fuse_batch_norm: false`` turns fusion off.
+runs forward at its BatchNorm's index (``Net.forward_layer``) and backward at its last layer's
+(``Net.backward_layer``); the other layers then do nothing in that pass, so ``layerforge time`` shows the
+group's forward on the BatchNorm row and its backward on the ReLU's (or Scale's). A ``Net.forward`` range
+that starts or ends inside a group runs its layers one by one. ``fuse_batch_norm: false`` (a net key) turns
+fusion off.
 """
 from .kernels.fused_batch_norm import bn_scale_relu_backward, scale_shift_relu
 
