@@ -6,9 +6,10 @@ Where a net has, one after the other and all in place on one blob,
 
 (negative_slope >= 0, no loss weight on any of them), the three run as one: forward normalises once and
 writes ``relu(gamma x_norm + beta)`` straight into the blob; backward turns the blob's diff into the input's
-in one sweep for two per-channel sums and one for the gradient (``kernels.fused_batch_norm``). Unfused, BatchNorm keeps ``x_norm``, Scale keeps a copy of its (in-place) input for the gamma
-gradient, and the forward copies x_norm into the blob; fused, only ``x_norm`` (BatchNorm's own attribute) is
-kept, so each group holds one activation-sized array fewer (``Net.memory_report``'s ``cache_bytes``).
+with one sweep for two per-channel sums and one for the gradient (``kernels.fused_batch_norm``). Unfused,
+BatchNorm keeps ``x_norm``, Scale keeps a copy of its (in-place) input for the gamma gradient, and the
+forward copies x_norm into the blob; fused, only ``x_norm`` (BatchNorm's own attribute) is kept, so each
+group holds one activation-sized array fewer (``Net.memory_report``'s ``cache_bytes``).
 
 The layers stay in ``Net.layers`` with their own blobs (BatchNorm's three statistics, Scale's gamma and beta):
 snapshots, weights files, caffemodel and ONNX export, pycaffe's ``net.params`` see the unfused net. The group
