@@ -16,7 +16,7 @@ snapshots, weights files, caffemodel and ONNX export, pycaffe's ``net.params`` s
 runs forward at its BatchNorm's index (``Net.forward_layer``) and backward at its last layer's
 (``Net.backward_layer``); the other layers then do nothing in that pass, so ``layerforge time`` shows the
 group's forward on the BatchNorm row and its backward on the ReLU's (or Scale's). A ``Net.forward`` range
-that starts or ends inside a group runs its layers one by one. ``fuse_batch_norm: false`` (a net key) turns
+or ``Net.backward`` range that starts or ends inside a group runs its layers one by one. ``fuse_batch_norm: false`` (a net key) turns
 fusion off.
 """
 from .kernels.fused_batch_norm import bn_scale_relu_backward, scale_shift_relu
@@ -40,11 +40,20 @@ class BatchNormScaleReLU:
         return None if self.relu is None else self.relu.negative_slope
 
     def forward(self):
+        self.scale.x = None  # a copy that unfuse() made is not needed
         blob = self.net.bottom_blobs(self.first)[0]
         x_norm = self.batch_norm.normalise(blob.data)
         gamma, beta = (b.data for b in self.scale.blobs)
         scale_shift_relu(x_norm, gamma, beta, self.negative_slope, out=_channels(blob.data, self.batch_norm.channels))
         self.ran_fused = True
+
+    def unfuse(self):
+        """After a fused forward, let each layer run its own backward (a backward range that cuts the group):
+        Scale's input, which its own forward would have copied, is BatchNorm's x_norm."""
+        if self.ran_fused:
+            blob = self.net.bottom_blobs(self.first)[0]
+            self.scale.x = self.batch_norm.x_norm.reshape(blob.shape).copy()
+            self.ran_fused = False
 
     def backward(self):
         net, bn = self.net, self.batch_norm

@@ -473,6 +473,9 @@ class Net:
             ``{name: diff array}`` for the input blobs.
         """
         lo, hi = self._range(start, end)
+        for group in (self._fused.get(lo), self._fused.get(hi)):
+            if group and not lo <= group.first <= group.last <= hi:
+                group.unfuse()  # a range that cuts a fused group runs its layers' own backward
         for i in range(hi, lo - 1, -1):
             self.backward_layer(i)
         return {name: self.blobs[name].diff for name in self.inputs}

@@ -48,7 +48,7 @@ SHAPES = [(4, 3, 5, 6), (2, 5, 3), (8, 4), (3, 2, 1, 7)]
 
 
 def arrays(net):
-    return {"h": net.blobs["h"].data, "gx": net.blobs["x"].diff,
+    return {"h": net.blobs["h"].data, "gh": net.blobs["h"].diff, "gx": net.blobs["x"].diff,
             **{f"{name}/{j}/{kind}": getattr(b, kind) for name, blobs in net.params.items()
                for j, b in enumerate(blobs) for kind in ("data", "diff")}}
 
@@ -140,6 +140,22 @@ def test_a_forward_that_starts_or_stops_inside_a_group_runs_its_layers_one_by_on
         net.forward()
         net.forward(start="scale")
     numpy.testing.assert_allclose(fused.blobs["h"].data, plain.blobs["h"].data, rtol=1e-12)
+
+
+@pytest.mark.parametrize("start,end", [("relu", "scale"), ("scale", "bn"), ("scale", "scale"), ("bn", "bn"),
+                                       ("relu", "bn"), ("loss", "scale")])
+def test_a_backward_range_that_cuts_a_group_runs_its_layers_one_by_one(start, end):
+    shape, r = (4, 3, 2, 2), numpy.random.default_rng(10)
+    x, target = r.standard_normal(shape), r.standard_normal(shape)
+    nets = [run(group_net(shape, fuse=fuse), "TRAIN", x, target, passes=1) for fuse in (True, False)]
+    for net in nets:
+        net.clear_param_diffs()
+        net.blobs["h"].diff[...] = target  # as pycaffe's backward(diffs=...) sets the start layer's top diff
+        net.backward(start=end, end=start)  # layerforge's range runs bottom-up: from `start` down to `end`
+    fused, plain = (arrays(net) for net in nets)
+    for key, a in plain.items():
+        numpy.testing.assert_allclose(fused[key], a, rtol=1e-10, atol=1e-12, err_msg=key)
+    assert nets[0].layer_dict["scale"].blobs[0].diff.any() == (start != "bn")  # Scale ran iff in the range
 
 
 def test_the_parameters_stay_with_their_layers(tmp_path):
