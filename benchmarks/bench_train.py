@@ -97,7 +97,7 @@ NETS = {"lenet": lenet, "alexnet": alexnet, "vgg16": vgg16, "resnet50": resnet50
 FILL = {"type": "msra"}
 
 
-def layerforge_def(nodes, batch, shape):
+def layerforge_def(nodes, batch, shape, fuse_batch_norm=True):
     """The nodes as a layerforge net dict; in-place layers where Caffe's model files put them."""
     c, size, classes = shape
     layers = [{"name": "data", "type": "Input", "top": ["data", "label"],
@@ -131,7 +131,7 @@ def layerforge_def(nodes, batch, shape):
             layers.append({"name": name, "type": "Eltwise", "bottom": b, "top": name})
         blob[name] = top
     layers.append({"name": "loss", "type": "SoftmaxWithLoss", "bottom": [blob[nodes[-1][0]], "label"], "top": "loss"})
-    return {"name": "bench", "layers": layers}
+    return {"name": "bench", "fuse_batch_norm": fuse_batch_norm, "layers": layers}
 
 
 def torch_module(nodes, shape):
@@ -199,14 +199,14 @@ def max_rss():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_layerforge(net_name, iterations, threads):
+def run_layerforge(net_name, iterations, threads, fuse_batch_norm=True):
     import numpy
     sys.path.insert(0, ROOT)
     from layerforge.net import Net
 
     shape, nodes = NETS[net_name]()
     batch = BATCH[net_name]
-    net = Net(layerforge_def(nodes, batch, shape))
+    net = Net(layerforge_def(nodes, batch, shape, fuse_batch_norm))
     net.optimize_memory()
     g = numpy.random.default_rng(0)
     net.blobs["data"].data[...] = g.standard_normal(net.blobs["data"].shape)
@@ -275,15 +275,18 @@ def run_torch(net_name, iterations, threads):
 
 
 def child(args):
-    fn = run_layerforge if args.child == "layerforge" else run_torch
-    print(json.dumps(fn(args.net, args.iterations, args.threads)))
+    if args.child == "layerforge":
+        result = run_layerforge(args.net, args.iterations, args.threads, not args.no_fuse)
+    else:
+        result = run_torch(args.net, args.iterations, args.threads)
+    print(json.dumps(result))
 
 
-def measure(framework, net, iterations, threads):
+def measure(framework, net, iterations, threads, no_fuse=False):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", framework, "--net", net,
-                           "--iterations", str(iterations), "--threads", str(threads)],
+                           "--iterations", str(iterations), "--threads", str(threads)] + ["--no-fuse"] * no_fuse,
                           capture_output=True, text=True, env=env)
     if proc.returncode:
         raise RuntimeError(f"{framework} {net} failed:\n{proc.stderr[-3000:]}")
@@ -303,6 +306,8 @@ def main():
                         help="alternate layerforge / torch subprocesses this many times (contention hits both alike)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--no-fuse", action="store_true",
+                        help="layerforge nets with fuse_batch_norm: false (BatchNorm, Scale, ReLU one by one)")
     parser.add_argument("--child", choices=("layerforge", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--net", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -317,7 +322,7 @@ def main():
         runs = {"layerforge": [], "torch": []}
         for _ in range(args.rounds):
             for framework in runs:
-                runs[framework].append(measure(framework, net, args.iterations, args.threads))
+                runs[framework].append(measure(framework, net, args.iterations, args.threads, args.no_fuse))
         lf = runs["layerforge"][-1]
         lf_times = [t for r in runs["layerforge"] for t in r["times"]]
         tc_times = [t for r in runs["torch"] for t in r["times"]]

@@ -10,7 +10,7 @@ import collections
 
 import numpy
 
-from . import backend, memory
+from . import backend, fusion, memory
 from .blob import Blob
 from .errors import ConfigError, DataError, LabelError, LayerforgeError, ShapeError
 from .layers import LAYER_REGISTRY
@@ -212,6 +212,8 @@ class Net:
         self.outputs = [v.name for e in entries for v in e[3]
                         if id(v) not in consumed and not v.anonymous and self.blobs[v.name] is v.blob]
         self._layer_index = {layer.name: i for i, layer in enumerate(self.layers)}
+        # BatchNorm + Scale (+ ReLU) in place run as one (layerforge.fusion): {member index: group}
+        self._fused = fusion.batch_norm_groups(self) if self.netdef.fuse_batch_norm else {}
 
     def _insert_splits(self, entries):
         out = []
@@ -419,17 +421,31 @@ class Net:
             self.set_inputs(**inputs)
         lo, hi = self._range(start, end)
         loss = 0.0
+        # a range that starts or ends inside a fused group runs that group's layers one by one, as written
+        cut = [g for g in (self._fused.get(lo), self._fused.get(hi)) if g and not lo <= g.first <= g.last <= hi]
+        for group in cut:
+            group.ran_fused = False
         for i in range(lo, hi + 1):
-            loss += self.forward_layer(i)
+            loss += self.forward_layer(i, fuse=self._fused.get(i) not in cut)
         self.loss = loss
         return {name: self.blobs[name].data for name in self.outputs}
 
-    def forward_layer(self, i):
+    def forward_layer(self, i, fuse=True):
         """Run layer ``i``'s forward; returns its weighted loss contribution.
 
         A layer whose top shapes follow its data (Filter) may change them in forward: the layers after it
-        are then reshaped at once, as Caffe's per-forward Reshape would.
+        are then reshaped at once, as Caffe's per-forward Reshape would. The first layer of a fused group
+        (layerforge.fusion) runs the whole group unless ``fuse`` is False; the others then do nothing.
         """
+        group = self._fused.get(i)
+        if group is not None:
+            if i == group.first:
+                group.ran_fused = fuse
+                if fuse:
+                    group.forward()
+                    return 0.0
+            elif group.ran_fused:
+                return 0.0
         top = self._top_vecs[i]
         shapes = [t.shape for t in top]
         try:
@@ -457,6 +473,9 @@ class Net:
             ``{name: diff array}`` for the input blobs.
         """
         lo, hi = self._range(start, end)
+        for group in (self._fused.get(lo), self._fused.get(hi)):
+            if group and not lo <= group.first <= group.last <= hi:
+                group.unfuse()  # a range that cuts a fused group runs its layers' own backward
         for i in range(hi, lo - 1, -1):
             self.backward_layer(i)
         return {name: self.blobs[name].diff for name in self.inputs}
@@ -484,6 +503,11 @@ class Net:
         A parameter whose ``param_propagate_down`` is False (lr_mult 0) keeps its diff: the layer writes
         that gradient into a scratch array, which is dropped.
         """
+        group = self._fused.get(i)
+        if group is not None and group.ran_fused:
+            if i == group.last:  # the whole group, at the first of its layers backward meets
+                group.backward()
+            return
         if not self.layer_need_backward[i]:
             return
         layer = self.layers[i]

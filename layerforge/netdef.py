@@ -38,10 +38,12 @@ LAYER_KEYS = {
 }
 
 NET_KEYS = ("name", "input", "input_shape", "input_dim", "force_backward", "state", "layers", "layer", "blocks",
-            "unique_layer_names", "skip_undifferentiable")
+            "unique_layer_names", "skip_undifferentiable", "fuse_batch_norm")
 
 # layerforge's choices where Caffe's behaviour is a trap; each off by default, so a Caffe net runs as in Caffe
 NET_OPTIONS = ("unique_layer_names", "skip_undifferentiable")
+# optimisations that change no result beyond float rounding; each on by default (docs/net-format.md)
+NET_OPTIMISATIONS = ("fuse_batch_norm",)
 
 
 class LayerParameter:
@@ -149,9 +151,10 @@ class NetParameter:
     default phase / level / stage) and the options of ``NET_OPTIONS`` (docs/net-format.md)."""
 
     def __init__(self, name, layers, force_backward, path, state, unique_layer_names=False,
-                 skip_undifferentiable=False):
+                 skip_undifferentiable=False, fuse_batch_norm=True):
         self.name, self.layers, self.force_backward, self.path, self.state = name, layers, force_backward, path, state
         self.unique_layer_names, self.skip_undifferentiable = unique_layer_names, skip_undifferentiable
+        self.fuse_batch_norm = fuse_batch_norm
 
 
 def load_net_def(source, path=None):
@@ -181,8 +184,8 @@ def load_net_def(source, path=None):
         raise ConfigError("'layers' must be a list", path, mapping.line_of("layers"), key="layers")
     name = mapping.get("name", "net")
     flags = {}
-    for key in ("force_backward",) + NET_OPTIONS:
-        flags[key] = mapping.get(key, False)
+    for key in ("force_backward",) + NET_OPTIONS + NET_OPTIMISATIONS:
+        flags[key] = mapping.get(key, key in NET_OPTIMISATIONS)
         if not isinstance(flags[key], bool):
             raise ConfigError("expected true or false", path, mapping.line_of(key), key=key)
     try:

@@ -41,3 +41,10 @@ def _fresh_layerforge_logger():
         logger.removeHandler(handler)
     logger.propagate = True
     logger.setLevel(logging.NOTSET)
+
+
+@pytest.fixture(autouse=True)
+def _own_engine_cache(tmp_path_factory, monkeypatch):
+    """Each test starts with an empty engine-choice cache of its own (never the user's ~/.cache/layerforge), so
+    AUTO times the engines as on a first start unless the test itself fills the cache."""
+    monkeypatch.setenv("LAYERFORGE_CACHE_DIR", str(tmp_path_factory.mktemp("engine_cache")))

@@ -10,7 +10,8 @@ class BatchNorm(Layer):
     """y = (x - mu_c) / sqrt(var_c + eps) per channel c = axis 1, over N and the spatial axes; no affine.
 
     x: (N, C, ...) -> y of the same shape (a 1-D x is treated as (N, 1)); works in place. Follow it by
-    a Scale layer with ``bias_term: true`` for Caffe's learnable gamma and beta.
+    a Scale layer with ``bias_term: true`` for Caffe's learnable gamma and beta; in place, the two (and a
+    ReLU after them) run fused unless the net says ``fuse_batch_norm: false`` (``layerforge.fusion``).
 
     Blobs (running statistics, not weights, so ``learnable`` is False and the net gives them lr_mult 0):
     ``blobs[0]`` sum of means (C,), ``blobs[1]`` sum of variances (C,), ``blobs[2]`` the scale factor (1,).
@@ -55,9 +56,14 @@ class BatchNorm(Layer):
         return a.reshape(a.shape[0], self.channels, -1)
 
     def forward(self, bottom, top):
+        top[0].data[...] = self.normalise(bottom[0].data).reshape(top[0].shape)
+
+    def normalise(self, x):
+        """``self.x_norm`` (N, C, S) = normalised ``x`` (and ``self.std``, the running statistics updated as the
+        phase says); the fused BatchNorm + Scale (+ ReLU) of layerforge.fusion calls it too."""
         xp = self.xp
         p = self.layer_param.batch_norm
-        x = self._view(bottom[0].data)
+        x = self._view(x)
         m = x.shape[0] * x.shape[2]
         x_norm = getattr(self, "x_norm", None)
         if x_norm is None or x_norm.shape != x.shape:
@@ -77,7 +83,7 @@ class BatchNorm(Layer):
         self.std = xp.sqrt(var + p.eps).astype(self.dtype, copy=False)
         x_norm *= (1 / self.std)[None, :, None]
         self.x_norm = x_norm
-        top[0].data[...] = x_norm.reshape(top[0].shape)
+        return x_norm
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:

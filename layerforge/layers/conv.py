@@ -2,6 +2,7 @@
 import logging
 import time
 
+from .. import engine_cache
 from ..errors import ShapeError
 from ..kernels.im2col import conv_output_size
 from ..kernels.implicit_gemm import ENGINES, NdIm2colConv, free_arenas
@@ -88,7 +89,8 @@ class Convolution(Layer):
     group for the whole minibatch over a full column buffer; IMPLICIT lowers bounded tiles; AUTO times
     both over the first calls, separately for forward and backward, and keeps the faster
     (``engine_choice``; logged on the "layerforge" logger), except that it does not try IM2COL where
-    the full column buffer would exceed ``AUTO_WORKSPACE_LIMIT``.
+    the full column buffer would exceed ``AUTO_WORKSPACE_LIMIT``. Snapshots and the on-disk engine cache
+    (``layerforge.engine_cache``) keep AUTO's choices, so a resumed run or a second start does not time again.
 
     N-d (Caffe's N-d path): with ``axis`` the channel axis, the axes before it are batch axes and the D
     axes after it spatial; kernel_size / stride / pad / dilation take one value or D. Anything but a 4-D
@@ -170,7 +172,7 @@ class Convolution(Layer):
         self.num_output, self.group, self.bias_term = p.num_output, p.group, p.bias_term
         self.engine = "AUTO" if p.engine == "DEFAULT" else p.engine
         self.engines = {}
-        self._tuned_shape = None
+        self._tuned_shape, self._cache_key = None, None
         shape = bottom[0].shape
         self.axis = canonical_axis(p.axis, len(shape), "convolution.axis")
         self.nd = self.wants_nd(self.layer_param) or len(shape) - self.axis - 1 != 2
@@ -269,6 +271,15 @@ class Convolution(Layer):
             names = ("IMPLICIT",)  # like cuDNN's workspace limit: never allocate a huge column buffer to try it
         self.engines = {name: ENGINES[name](self.geometry, self.group) for name in names}
         self.tuning = {d: AutoChoice(names) for d in ("forward", "backward")}
+        self._cache_key = None
+        if len(names) > 1:
+            self._cache_key = (engine_cache.machine_key(self.xp), engine_cache.layer_key(
+                self.type, x_shape, y_shape, self.blobs[0].shape, self.geometry, self.group, self.dtype, names))
+            cached = engine_cache.lookup(*self._cache_key)
+            if cached and set(cached) == set(self.tuning) and set(cached.values()) <= set(names):
+                self.set_state({"shape": list(x_shape), "choice": cached})
+                logger.info("%s '%s': forward engine %s, backward engine %s (from the engine cache %s)", self.type,
+                            self.name, cached["forward"], cached["backward"], engine_cache.cache_path())
 
     def _im2col_bytes(self, x_shape, y_shape):
         kh, kw = self.geometry[:2]
@@ -277,10 +288,12 @@ class Convolution(Layer):
 
     def get_state(self):
         """AUTO's engine choices and the bottom shape they were made for (a snapshot keeps them, so a resumed run
-        computes with the same engines, bit for bit, instead of timing them again)."""
+        computes with the same engines, bit for bit, instead of timing them again); a direction still being
+        timed keeps its call count and times, so the resumed run goes on with the same round-robin."""
         if not getattr(self, "tuning", None) or self._tuned_shape is None:
             return None
-        return {"shape": list(self._tuned_shape), "choice": self.engine_choice}
+        return {"shape": list(self._tuned_shape), "choice": self.engine_choice,
+                "timing": {d: {"calls": t.calls, "times": t.times} for d, t in self.tuning.items() if not t.choice}}
 
     def set_state(self, state):
         """Take the engine choices of :meth:`get_state` when they were made for the current shape."""
@@ -289,6 +302,23 @@ class Convolution(Layer):
         for direction, name in state["choice"].items():
             if name in self.engines and direction in self.tuning:
                 self.tuning[direction].choice = name
+        for direction, progress in state.get("timing", {}).items():
+            tune = self.tuning.get(direction)
+            if tune is not None and set(progress["times"]) == set(tune.times):
+                # the saved run was still timing: go on with its round-robin, even where the cache knows better
+                tune.choice, tune.calls = None, int(progress["calls"])
+                tune.times = {k: list(v) for k, v in progress["times"].items()}
+        self._release_unchosen()
+
+    def _release_unchosen(self):
+        """Once both directions are settled, free the other engines' workspaces."""
+        chosen = {t.choice for t in self.tuning.values()}
+        if None in chosen:
+            return
+        for k, engine in self.engines.items():
+            if k not in chosen:
+                engine.release()
+        free_arenas()  # shrink to what the chosen engines ask for from the next call on
 
     @property
     def engine_choice(self):
@@ -303,18 +333,17 @@ class Convolution(Layer):
     def _run(self, direction, *args, method=None):
         """Run engine ``method`` (default: ``direction``), timing it for AUTO's choice in ``direction``."""
         tune = self.tuning[direction]
+        if tune.choice:
+            return getattr(self.engines[tune.choice], method or direction)(*args)
         name = tune.next()
         t0 = time.perf_counter()
         getattr(self.engines[name], method or direction)(*args)
         if tune.record(name, time.perf_counter() - t0):
             times = ", ".join(f"{k} {1000 * min(v):.3f} ms" for k, v in tune.times.items())
             logger.info("%s '%s': %s engine %s (%s)", self.type, self.name, direction, tune.choice, times)
-            chosen = {t.choice for t in self.tuning.values()}
-            if None not in chosen:
-                for k, engine in self.engines.items():
-                    if k not in chosen:
-                        engine.release()
-                free_arenas()  # shrink to what the chosen engines ask for from the next call on
+            self._release_unchosen()
+            if self._cache_key and None not in self.engine_choice.values():
+                engine_cache.store(*self._cache_key, self.engine_choice)
 
     def forward(self, bottom, top):
         b = self.blobs[1].data if self.bias_term else None

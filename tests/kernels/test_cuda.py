@@ -8,7 +8,8 @@ from layerforge.kernels import cuda
 
 
 def test_sources_and_defines():
-    assert set(cuda.sources()) == {"im2col", "implicit_gemm", "pooling", "lrn", "softmax_loss", "batch_norm"}
+    assert set(cuda.sources()) == {"im2col", "implicit_gemm", "pooling", "lrn", "softmax_loss", "batch_norm",
+                                   "fused_batch_norm"}
     assert cuda.defines(numpy.float32) == ("-DLF_REAL=float",)
     assert cuda.defines("float64") == ("-DLF_REAL=double",)
     with pytest.raises(KeyError):
@@ -38,7 +39,8 @@ def test_importing_the_kernels_does_not_import_cupy():
     import subprocess
     code = ("import sys, layerforge.kernels.cuda, layerforge.kernels.cuda.implicit_gemm, "
             "layerforge.kernels.cuda.pooling, layerforge.kernels.lrn, layerforge.kernels.batch_norm, "
-            "layerforge.kernels.softmax_loss; print('cupy' in sys.modules)")
+            "layerforge.kernels.softmax_loss, layerforge.kernels.fused_batch_norm, layerforge.kernels.cuda.fused_batch_norm; "
+            "print('cupy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -113,7 +115,7 @@ def _check(fake, dtype):
 
 @pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
 def test_launchers_match_kernel_signatures(fake_cupy, dtype):
-    from layerforge.kernels.cuda import batch_norm, im2col, implicit_gemm, lrn, pooling, softmax_loss
+    from layerforge.kernels.cuda import batch_norm, fused_batch_norm, im2col, implicit_gemm, lrn, pooling, softmax_loss
     x = numpy.ones((2, 4, 6, 5), dtype)
     col = im2col.im2col_gpu(x, 3, 3, 1, 1, 1, 1)
     im2col.col2im_gpu(col, 1, 1, 1, 1, 6, 5)
@@ -134,6 +136,11 @@ def test_launchers_match_kernel_signatures(fake_cupy, dtype):
     x3 = x.reshape(2, 4, 30)
     batch_norm.batch_stats_gpu(x3, numpy.empty_like(x3))
     batch_norm.batch_norm_backward_gpu(x3, x3, numpy.ones(4, dtype), numpy.empty_like(x3))
+    c4 = numpy.ones(4, dtype)
+    for slope in (None, 0.0, 0.1):  # no ReLU, ReLU, leaky ReLU: the relu flag and slope as the kernel takes them
+        fused_batch_norm.scale_shift_relu_gpu(x3, c4, c4, slope, numpy.empty_like(x3))
+        fused_batch_norm.grad_sums_gpu(x3, x3, x3, slope)
+        fused_batch_norm.fused_backward_gpu(x3, x3, x3, c4, c4, c4, slope, numpy.empty_like(x3))
     names = {launch[0] for launch in fake_cupy.launches}
     assert names == {kernel for _, kernel in _signatures()}  # every kernel launched at least once
     _check(fake_cupy, dtype)

@@ -1,0 +1,58 @@
+"""The fused BatchNorm + Scale (+ ReLU) kernels against the formulas, on numpy and cupy; the .cu entry points."""
+import numpy
+import pytest
+
+from layerforge.kernels import cuda
+from layerforge.kernels.fused_batch_norm import bn_scale_relu_backward, scale_shift_relu
+
+
+def host(a):
+    return a if isinstance(a, numpy.ndarray) else a.get()
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (4, 1, 7), (3, 6, 1)])
+@pytest.mark.parametrize("slope", [None, 0.0, 0.2])
+@pytest.mark.parametrize("batch_stats", [True, False])
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+def test_forward_and_backward_match_the_formulas(xp, shape, slope, batch_stats, dtype):
+    r = numpy.random.default_rng(1)
+    x_norm, gy = r.standard_normal(shape), r.standard_normal(shape)
+    gamma, beta, inv_std = r.uniform(0.5, 2, shape[1]), r.uniform(-1, 1, shape[1]), r.uniform(0.5, 2, shape[1])
+    ch = lambda v: v[None, :, None]  # noqa: E731
+    z = ch(gamma) * x_norm + ch(beta)
+    y = z if slope is None else numpy.where(z > 0, z, slope * z)
+    gz = gy if slope is None else numpy.where(z > 0, gy, slope * gy)
+    g_xn = gz * ch(gamma)  # the chain rule through Scale, then BatchNorm's own formula
+    m = shape[0] * shape[2]
+    if batch_stats:
+        gx = (g_xn - g_xn.sum(axis=(0, 2), keepdims=True) / m
+              - x_norm * (g_xn * x_norm).sum(axis=(0, 2), keepdims=True) / m) * ch(inv_std)
+    else:
+        gx = g_xn * ch(inv_std)
+    d = lambda a: xp.asarray(a.astype(dtype))  # noqa: E731
+    out = xp.empty(shape, dtype=dtype)
+    scale_shift_relu(d(x_norm), d(gamma), d(beta), slope, out)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == numpy.float32 else dict(rtol=1e-12, atol=1e-13)
+    numpy.testing.assert_allclose(host(out), y, **tol)
+    g, g_gamma, g_beta = d(gy), xp.ones(shape[1], dtype=dtype), xp.zeros(shape[1], dtype=dtype)
+    bn_scale_relu_backward(g, out, d(x_norm), d(inv_std), d(gamma), slope, batch_stats, g_gamma, g_beta, gx=g)
+    numpy.testing.assert_allclose(host(g), gx, **tol)
+    numpy.testing.assert_allclose(host(g_beta), gz.sum(axis=(0, 2)), **tol)
+    numpy.testing.assert_allclose(host(g_gamma), 1 + (gz * x_norm).sum(axis=(0, 2)), **tol)  # accumulates
+
+
+def test_only_what_is_asked_for_is_written(xp):
+    shape = (2, 3, 4)
+    r = numpy.random.default_rng(2)
+    x_norm, gy = (xp.asarray(r.standard_normal(shape)) for _ in range(2))
+    gamma, inv_std = xp.ones(3), xp.ones(3)
+    y = scale_shift_relu(x_norm, gamma, xp.zeros(3), 0.0, xp.empty(shape))
+    g_beta = xp.zeros(3)
+    assert bn_scale_relu_backward(gy, y, x_norm, inv_std, gamma, 0.0, True, None, g_beta, gx=None) is None
+    assert host(g_beta).any()
+
+
+def test_the_cuda_source_defines_what_the_launchers_run():
+    text = cuda.sources()["fused_batch_norm"].read_text()
+    for name in ("scale_shift_relu", "fused_grad_sums", "fused_backward"):
+        assert f'extern "C" __global__ void {name}(' in text
