@@ -13,11 +13,14 @@ from .caffe_pb import Datum
 
 
 def array_to_datum(array, label=0):
-    """A Datum of ``array`` (C, H, W): uint8 into ``data``, any other dtype into ``float_data``."""
+    """A Datum of ``array`` (C, H, W): uint8 into ``data``, any other dtype into ``float_data``; ``label``
+    None leaves the field unset (reads back as 0)."""
     array = numpy.asarray(array)
     if array.ndim != 3:
         raise ValueError(f"a Datum holds a (C, H, W) array, got shape {array.shape}")
-    datum = Datum(channels=array.shape[0], height=array.shape[1], width=array.shape[2], label=int(label))
+    datum = Datum(channels=array.shape[0], height=array.shape[1], width=array.shape[2])
+    if label is not None:
+        datum.label = int(label)
     if array.dtype == numpy.uint8:
         datum.data = array.tobytes()
     else:

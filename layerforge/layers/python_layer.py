@@ -127,9 +127,12 @@ class Python(Layer):
             p = self.layer_param.python
             message = f"python.module '{p.module}' class '{p.layer}': {what} raised {type(e).__name__}: {e}"
             if what in ("creating", "setup"):
-                raise ConfigError(message, getattr(self.layer_param, "path", None),
-                                  self.layer_param.line_of("python"), self.name, self.type) from e
-            raise LayerforgeError(f"layer '{self.name}' (Python): {message}") from e
+                error = ConfigError(message, getattr(self.layer_param, "path", None),
+                                    self.layer_param.line_of("python"), self.name, self.type)
+            else:
+                error = LayerforgeError(f"layer '{self.name}' (Python): {message}")
+            error.user_exception = e  # pycaffe re-raises the user's own exception, as Caffe does
+            raise error from e
 
     def reshape(self, bottom, top):
         self.call(self.impl.reshape, bottom, top, what="reshape")

@@ -6,8 +6,8 @@ differs from Caffe.
 """
 from ..errors import LayerforgeError
 from ..layers.python_layer import PythonLayerBase as Layer
-from . import draw, io
-from .mode import set_device, set_mode_cpu, set_mode_gpu, set_random_seed
+from . import coord_map, draw, io
+from .mode import NCCL, has_nccl, set_device, set_mode_cpu, set_mode_gpu, set_random_seed
 from . import proto
 from .net import TEST, TRAIN, Net
 from .net_spec import NetSpec, layers, params, to_proto
@@ -24,6 +24,6 @@ def layer_type_list():
     return sorted(LAYER_REGISTRY)
 
 
-__all__ = ["draw", "Layer", "NetSpec", "layers", "params", "to_proto", "proto", "Net", "TRAIN", "TEST", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver",
+__all__ = ["coord_map", "has_nccl", "NCCL", "draw", "Layer", "NetSpec", "layers", "params", "to_proto", "proto", "Net", "TRAIN", "TEST", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver",
            "AdaDeltaSolver", "AdamSolver", "get_solver", "set_mode_cpu", "set_mode_gpu", "set_device",
            "set_random_seed", "layer_type_list", "io", "LayerforgeError"]

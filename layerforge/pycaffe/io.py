@@ -141,14 +141,22 @@ def blobproto_to_array(blob, return_diff=False):
     from ..caffe.caffemodel import blob_to_array
 
     if not return_diff:
-        return blob_to_array(blob)
+        return _as_value_error(blob_to_array, blob)
     values = caffe_pb.BlobProto()
     values.CopyFrom(blob)
     values.ClearField("data")
     values.ClearField("double_data")
     values.data.extend(blob.diff)
     values.double_data.extend(blob.double_diff)
-    return blob_to_array(values)
+    return _as_value_error(blob_to_array, values)
+
+
+def _as_value_error(convert, blob):
+    # pycaffe reports a BlobProto whose values do not fill its shape as numpy's ValueError
+    try:
+        return convert(blob)
+    except LayerforgeError as e:
+        raise ValueError(str(e)) from None
 
 
 def array_to_blobproto(arr, diff=None):
@@ -185,7 +193,7 @@ def array_to_datum(arr, label=None):
 
     if numpy.asarray(arr).ndim != 3:
         raise ValueError("Incorrect array shape.")
-    return to_datum(arr, 0 if label is None else label)
+    return to_datum(arr, label)
 
 
 def datum_to_array(datum):

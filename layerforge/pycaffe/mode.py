@@ -3,6 +3,7 @@ import numpy
 
 from .. import rng
 from ..backend import gpu_array_module
+from ..errors import LayerforgeError
 
 _mode = {"gpu": False, "device": 0}
 
@@ -35,3 +36,32 @@ def array_module():
 def solver_overrides():
     """The solver keys that the global mode sets."""
     return {"solver_mode": "GPU", "device_id": _mode["device"]} if _mode["gpu"] else {}
+
+
+def has_nccl():
+    """True when NCCL can be used here (cupy built with NCCL and a CUDA device)."""
+    from ..comm import nccl
+
+    return nccl.available()
+
+
+class NCCL:
+    """pycaffe's NCCL handle. ``NCCL.new_uid()`` makes a unique id (bytes) as Caffe's does.
+
+    Caffe's multi-GPU Python training (one process per GPU, ``NCCL(solver, uid)`` as a solver callback) is
+    done in layerforge by ``layerforge train --devices 0,1,...`` or ``mpiexec`` with ``allreduce: nccl``;
+    constructing this handle says so.
+    """
+
+    @staticmethod
+    def new_uid():
+        if not has_nccl():
+            raise LayerforgeError("caffe.NCCL.new_uid(): NCCL is not available (needs cupy with NCCL and a "
+                                  "CUDA device); check caffe.has_nccl() first")
+        from cupy.cuda import nccl
+
+        return bytes(numpy.array(nccl.get_unique_id(), numpy.int8).view(numpy.uint8))
+
+    def __init__(self, solver, uid):
+        raise LayerforgeError("caffe.NCCL(solver, uid): multi-GPU training runs through `layerforge train "
+                              "--devices 0,1,...` or mpiexec with `allreduce: nccl` (docs/distributed.md)")

@@ -6,6 +6,7 @@ counts ``start``/``end`` from the top of the net down, ``top_names``/``bottom_na
 dicts, phases are pycaffe's ``TRAIN = 0``/``TEST = 1``, and a model file may be YAML or prototxt.
 """
 import collections
+import contextlib
 import warnings
 
 import numpy
@@ -16,6 +17,19 @@ from . import mode
 
 TRAIN, TEST = 0, 1
 _PHASES = {TRAIN: "train", TEST: "test", "train": "train", "test": "test", "TRAIN": "train", "TEST": "test"}
+
+
+@contextlib.contextmanager
+def user_exceptions():
+    """Let an exception raised by a Python layer's own code through as itself, as pycaffe does (layerforge
+    turns it into a one-line error naming the layer)."""
+    try:
+        yield
+    except LayerforgeError as e:
+        user = getattr(e, "user_exception", None)
+        if user is None:
+            raise
+        raise user from e
 
 
 def phase_name(phase):
@@ -44,8 +58,10 @@ class Net:
             phase = args[0]
         else:
             raise TypeError("Net(model, phase, level=0, stages=None, weights=None) takes a model and a phase")
-        self.net = _Net(model, phase=phase_name(phase), level=level, stages=tuple(stages or ()),
-                        xp=mode.array_module())
+        with user_exceptions():
+            self.net = _Net(model, phase=phase_name(phase), level=level, stages=tuple(stages or ()),
+                            xp=mode.array_module())
+        self._input_shapes = self._shapes_of_inputs()
         if weights is not None:
             self.copy_from(weights)
 
@@ -105,7 +121,10 @@ class Net:
         Returns {blob name: data} of the end layer's tops (the net outputs without ``end``) and ``blobs``.
         """
         self._put(kwargs, self.inputs, "data")
-        self.net.forward(start=start, end=end)
+        if self._shapes_of_inputs() != getattr(self, "_input_shapes", None):
+            self.reshape()  # an input blob was reshaped: Caffe reshapes every layer before its forward
+        with user_exceptions():
+            self.net.forward(start=start, end=end)
         names = (self.top_names[end] if end is not None else self.outputs) + list(blobs or [])
         return {name: self.net.blobs[name].data for name in names}
 
@@ -115,7 +134,8 @@ class Net:
         Returns {blob name: diff} of the end layer's bottoms (the net inputs without ``end``) and ``diffs``.
         """
         self._put(kwargs, self.outputs, "diff")
-        self.net.backward(start=end, end=start)  # layerforge's range runs bottom-up; backward walks it down
+        with user_exceptions():
+            self.net.backward(start=end, end=start)  # layerforge's range runs bottom-up; backward walks it down
         names = (self.bottom_names[end] if end is not None else self.inputs) + list(diffs or [])
         return {name: self.net.blobs[name].diff for name in names}
 
@@ -174,7 +194,13 @@ class Net:
         return out
 
     def reshape(self):
-        self.net.reshape()
+        """Propagate changed input blob shapes through every layer (Caffe's Net::Reshape)."""
+        with user_exceptions():
+            self.net.reshape()
+        self._input_shapes = self._shapes_of_inputs()
+
+    def _shapes_of_inputs(self):
+        return [self.net.blobs[name].shape for name in self.net.inputs]
 
     def clear_param_diffs(self):
         self.net.clear_param_diffs()

@@ -22,6 +22,9 @@ def _param_block_names():
 
 
 PARAM_BLOCKS = _param_block_names()
+# layer types that share another type's parameter message (Caffe's NetSpec makes users spell
+# convolution_param for these; here their own keywords work too)
+PARAM_BLOCKS.update(Deconvolution="convolution", Im2col="convolution")
 
 
 def assign(message, name, value):

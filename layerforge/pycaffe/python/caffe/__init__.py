@@ -1,0 +1,20 @@
+"""``import caffe`` for scripts and tests written for Caffe: this package stands in for layerforge.pycaffe.
+
+Caffe is used from Python by putting ``caffe/python`` on PYTHONPATH; the same step with layerforge::
+
+    export PYTHONPATH=$(python -m layerforge.pycaffe --python-path):$PYTHONPATH
+
+after which ``import caffe`` (and ``caffe.proto.caffe_pb2``, ``caffe.io``, ``caffe.draw``, ``caffe.net_spec``,
+``caffe.coord_map``, ``caffe.pycaffe``) are layerforge.pycaffe and its modules: the same module objects, so
+``caffe.Net is layerforge.pycaffe.Net``. Nothing is installed under the name ``caffe`` by default, so a
+real Caffe on the path is never shadowed.
+"""
+import importlib
+import sys
+
+_pycaffe = importlib.import_module("layerforge.pycaffe")
+for _name in ("proto", "proto.caffe_pb2", "io", "draw", "net_spec", "coord_map"):
+    sys.modules[f"caffe.{_name}"] = importlib.import_module(f"layerforge.pycaffe.{_name}")
+sys.modules["caffe.pycaffe"] = _pycaffe  # Caffe's module of Net/Solver helpers; here they are the package's
+_pycaffe.pycaffe = _pycaffe
+sys.modules["caffe"] = _pycaffe

@@ -1,0 +1,123 @@
+"""``import caffe`` through ``python -m layerforge.pycaffe --python-path``, and the pycaffe behaviours
+Caffe's own python tests check beyond the API surface (exceptions of Python layers, reshape before
+forward, BlobProto and Datum edge cases, NCCL handles)."""
+import os
+import subprocess
+import sys
+
+import numpy
+import pytest
+
+import layerforge.pycaffe as caffe
+
+
+def python_path():
+    out = subprocess.run([sys.executable, "-m", "layerforge.pycaffe", "--python-path"], capture_output=True,
+                         text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_import_caffe_gives_layerforge_pycaffe_and_its_modules():
+    code = ("import caffe, caffe.draw, caffe.io, caffe.coord_map, caffe.net_spec, caffe.pycaffe\n"
+            "from caffe.proto import caffe_pb2\n"
+            "from caffe import layers as L, params as P\n"
+            "import layerforge.pycaffe as lp\n"
+            "assert caffe is lp and caffe.pycaffe is lp and caffe.io is lp.io and caffe.draw is lp.draw\n"
+            "assert caffe.coord_map is lp.coord_map and caffe.net_spec is lp.net_spec\n"
+            "assert caffe_pb2 is lp.proto.caffe_pb2 and caffe_pb2.NetParameter().DESCRIPTOR.full_name == "
+            "'caffe.NetParameter'\n"
+            "assert L.Convolution is not None and P.Pooling.MAX == 0\n"
+            "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([python_path(), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_python_path_is_not_importable_as_caffe_by_default():
+    out = subprocess.run([sys.executable, "-c", "import caffe"], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, cwd="/")
+    assert out.returncode != 0 and "No module named 'caffe'" in out.stderr
+
+
+LAYERS = '''
+import layerforge.pycaffe as caffe
+
+class Times(caffe.Layer):
+    def setup(self, bottom, top):
+        if self.param_str == "refuse":
+            raise KeyError("refused")
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+    def forward(self, bottom, top):
+        if bottom[0].data.min() < 0:
+            raise ArithmeticError("negative input")
+        top[0].data[...] = 3 * bottom[0].data
+    def backward(self, top, propagate_down, bottom):
+        bottom[0].diff[...] = 3 * top[0].diff
+'''
+
+
+@pytest.fixture
+def python_net(tmp_path):
+    (tmp_path / "times_layer.py").write_text(LAYERS)
+
+    def make(param_str=""):
+        path = tmp_path / "net.prototxt"
+        path.write_text("name: 'p' force_backward: true\n"
+                        "input: 'data' input_shape { dim: 10 dim: 9 dim: 8 }\n"
+                        "layer { type: 'Python' name: 'a' bottom: 'data' top: 'a'\n"
+                        f"  python_param {{ module: 'times_layer' layer: 'Times' param_str: '{param_str}' }} }}\n"
+                        "layer { type: 'Python' name: 'b' bottom: 'a' top: 'b'\n"
+                        "  python_param { module: 'times_layer' layer: 'Times' } }\n")
+        return caffe.Net(str(path), caffe.TEST)
+    yield make
+    sys.modules.pop("times_layer", None)
+
+
+def test_a_python_layers_exception_reaches_the_caller_as_itself(python_net):
+    with pytest.raises(KeyError, match="refused"):
+        python_net("refuse")
+    net = python_net()
+    net.blobs["data"].data[...] = -1
+    with pytest.raises(ArithmeticError, match="negative input"):
+        net.forward()
+
+
+@pytest.mark.parametrize("shape", [(4, 4, 4, 4), (2, 3), (10, 9, 8)])
+def test_reshaping_an_input_blob_reshapes_the_net_at_the_next_forward(python_net, shape):
+    net = python_net()
+    net.blobs["data"].reshape(*shape)
+    net.blobs["data"].data[...] = 2
+    out = net.forward()
+    assert all(blob.data.shape == shape for blob in net.blobs.values())
+    numpy.testing.assert_array_equal(out["b"], numpy.full(shape, 18))
+    net.blobs["b"].diff[...] = 1
+    numpy.testing.assert_array_equal(net.backward()["data"], numpy.full(shape, 9))
+
+
+def test_blobproto_with_too_few_values_for_its_shape_is_a_value_error():
+    blob = caffe.proto.caffe_pb2.BlobProto()
+    blob.data.extend(numpy.zeros(100).tolist())  # no shape: a scalar, but 100 values
+    with pytest.raises(ValueError, match="100 values"):
+        caffe.io.blobproto_to_array(blob)
+    scalar = caffe.proto.caffe_pb2.BlobProto()
+    scalar.data.append(123)
+    assert caffe.io.blobproto_to_array(scalar) == 123
+
+
+def test_a_datum_without_label_leaves_the_field_out():
+    image = numpy.ones((3, 10, 10))
+    labelled, unlabelled = caffe.io.array_to_datum(image, label=1), caffe.io.array_to_datum(image)
+    assert labelled.HasField("label") and not unlabelled.HasField("label")
+    assert len(labelled.SerializeToString()) == len(unlabelled.SerializeToString()) + 2  # tag + varint 1
+
+
+def test_nccl_handles_follow_availability():
+    if caffe.has_nccl():
+        assert isinstance(caffe.NCCL.new_uid(), bytes)
+    else:
+        with pytest.raises(caffe.LayerforgeError, match="NCCL is not available"):
+            caffe.NCCL.new_uid()
+    with pytest.raises(caffe.LayerforgeError, match="--devices"):
+        caffe.NCCL(None, b"")
