@@ -66,8 +66,15 @@ class SparseGradient:
         """Sum the rows of repeated indices and sort: any (indices (k,), rows (k, ...)) -> a SparseGradient."""
         xp = get_array_module(rows)
         unique, inverse = xp.unique(xp.asarray(indices, dtype=xp.int64).reshape(-1), return_inverse=True)
+        inverse = inverse.reshape(-1)
         summed = xp.zeros((len(unique),) + tuple(rows.shape[1:]), dtype=rows.dtype)
-        xp.add.at(summed, inverse.reshape(-1), rows)
+        if len(unique) == len(inverse):
+            summed[inverse] = rows
+            return cls(unique, summed)
+        # a 1-d scatter-add of every element is several times faster than add.at over whole rows
+        width = int(numpy.prod(rows.shape[1:], dtype=numpy.int64))
+        flat = (inverse[:, None] * width + xp.arange(width)).reshape(-1)
+        xp.add.at(summed.reshape(-1), flat, rows.reshape(-1))
         return cls(unique, summed)
 
     @classmethod
