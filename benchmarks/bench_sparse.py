@@ -5,7 +5,7 @@
 
 launches ``mpiexec -n P`` for each P and prints one table per (P, vocabulary): per path the bytes one rank
 sends per iteration (mean over ranks, ``comm.bytes_sent``), the aggregation time (median over iterations
-of the slowest rank; the paths take turns within each iteration, so they share the load), the cost model's prediction (``predict_sparse`` with the calibrated alpha, beta,
+of the slowest rank; the paths take turns within each iteration, in a rotating order, so they share the load), the cost model's prediction (``predict_sparse`` with the calibrated alpha, beta,
 gamma of ``load_or_calibrate``) and, for auto, the path it picked.
 
 Each iteration every rank holds the gradient of an embedding table (vocab x dim, float32) for ``--tokens``
@@ -57,7 +57,7 @@ def worker(args):
         chosen = choose_sparse(*model)
         times, sent = {path: [] for path in PATHS}, {path: [] for path in PATHS}
         for k, grad in enumerate(grads):
-            for path in PATHS:  # interleaved, so that every path sees the same load
+            for path in PATHS[k % len(PATHS):] + PATHS[:k % len(PATHS)]:  # taking turns: the same load for all
                 comm.reset_counters()
                 comm.comm.Barrier()
                 t0 = time.perf_counter()

@@ -239,5 +239,8 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
     log.info("Data parallel over %d ranks (%d node group(s)): allreduce %s, %d gradient values in %d bucket(s)%s",
              comm.size, comm.num_groups, exchange.algorithm, exchange.buffer.size, len(exchange.buckets),
              ", float16 payload" if exchange.fp16 else "")
+    if rows:
+        log.info("%d parameter(s) with row gradients (%s) left out of the allreduce: sparse aggregation %s",
+                 len(rows), ", ".join(p.name or "?" for p in rows), solver.sparse_exchange.algorithm)
     return exchange
 

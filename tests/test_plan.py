@@ -73,7 +73,7 @@ def test_plan_includes_the_sparse_paths_of_an_embedding(tmp_path):
     [sparse] = result["sparse"]
     assert (sparse["rows_per_rank"], sparse["rows_in_sum"], sparse["num_rows"]) == (1, 1, 1000)
     a, bx, g = 1e-5, 4e-9, 1e-10 * 8  # two groups: the slow link; 8 = COMBINE_FACTOR
-    allgather = 3 * 2 * a + 3 * (40 + 8) * bx + 4 * 40 * g
+    allgather = 2 * 2 * a + 3 * (40 + 8) * bx + 4 * 40 * g
     assert sparse["ms"]["allgather"] == pytest.approx(allgather * 1e3, rel=1e-9)
     assert sparse["chosen"] == "allgather" and sparse["ms"]["dense"] > sparse["ms"]["allgather"]
     rows = {r["algorithm"]: r for r in result["rows"]}

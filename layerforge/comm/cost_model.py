@@ -15,9 +15,10 @@ power of two <= p, L = log2 pof2, r = p - pof2), groups of q (G = pof2/q groups)
 with P = pof2. Row gradients (:mod:`.sparse`; r = bytes of one row + 8 for its index, n_i the rows of rank
 i, N = sum n_i, u the rows of the sum, V the table's rows, beta the slowest link, gamma_c per byte combined):
 
-    sparse dense      the cheapest allreduce above of V (r - 8) bytes
-    sparse allgather  3 ceil(log2 p) alpha + (N - min n_i) r beta + N (r - 8) gamma_c
-    sparse sharded    3 ceil(log2 p) alpha + 3 (p-1) alpha + max(max n_i, N/p) (p-1)/p r beta    (to owners)
+    sparse dense      the cheapest allreduce above of V (r - 8) bytes + 3 V (r - 8) gamma (zero the table,
+                      add the rows, find the non-zero rows of the sum)
+    sparse allgather  2 ceil(log2 p) alpha + (N - min n_i) r beta + N (r - 8) gamma_c
+    sparse sharded    2 ceil(log2 p) alpha + 2 (p-1) alpha + max(max n_i, N/p) (p-1)/p r beta    (to owners)
                       + u (p-1)/p r beta + (N/p) (r - 8) gamma_c                              (back)
                       with groups of q > 1 (G > 1): + (q-1)(alpha + n r beta_intra) + q n (r - 8) gamma_c
                       to the leader, the sharded exchange over G leaders of min(u, q n) rows each, and
@@ -123,9 +124,10 @@ def predict_sparse(path, counts, union, row_bytes, num_rows, q, params):
     r = row_bytes + 8
     N, L = float(sum(counts)), (p - 1).bit_length()
     if path == "dense":
-        return min(predict(name, num_rows * row_bytes, p, q, params) for name in AUTO_CANDIDATES)
+        local = 3 * num_rows * row_bytes * params.gamma
+        return local + min(predict(name, num_rows * row_bytes, p, q, params) for name in AUTO_CANDIDATES)
     if path == "allgather":
-        return 3 * L * a + (N - min(counts)) * r * beta + N * row_bytes * g
+        return 2 * L * a + (N - min(counts)) * r * beta + N * row_bytes * g
     if path == "sharded":
         if groups > 1 and q > 1:
             n = N / p
@@ -134,7 +136,7 @@ def predict_sparse(path, counts, union, row_bytes, num_rows, q, params):
             leaders = CostParams(a, params.beta_inter, params.beta_inter, params.gamma)
             return inside + predict_sparse("sharded", [min(union, q * n)] * groups, union, row_bytes, num_rows, 1,
                                            leaders)
-        to_owners = 3 * L * a + 3 * (p - 1) * a + max(max(counts), N / p) * (p - 1) / p * r * beta
+        to_owners = 2 * L * a + 2 * (p - 1) * a + max(max(counts), N / p) * (p - 1) / p * r * beta
         return to_owners + union * (p - 1) / p * r * beta + N / p * row_bytes * g
     raise KeyError(f"no cost formula for sparse aggregation {path!r}")
 

@@ -3,7 +3,8 @@
 An embedding's gradient touches only the rows of the tokens in the batch. Every path here has the signature
 ``fn(comm, grad, num_rows) -> SparseGradient``: ``grad`` this rank's rows (a
 :class:`~layerforge.blob.SparseGradient` of a (num_rows, ...) parameter), the result the sum over all ranks,
-the same on every rank. Buffers move with the uppercase, buffer-based mpi4py calls (no pickling); the bytes
+the same on every rank. Each row travels as one record (its int64 index, then its values), so a path needs
+one message of records plus one of counts per step. Buffers move with the uppercase, buffer-based mpi4py calls (no pickling); the bytes
 each rank sends are added to ``comm.bytes_sent`` as the allreduce algorithms do.
 
     dense      scatter the rows into a (num_rows, ...) array and allreduce it: n = num_rows rows
@@ -71,13 +72,28 @@ def _everyone(comm):
     return _Members(comm, comm.comm, range(comm.size))
 
 
+def _records(grad):
+    """(k, 8 + row bytes) uint8: each row's index followed by its values, so one message carries both."""
+    k = len(grad)
+    width = int(numpy.prod(grad.rows.shape[1:], dtype=numpy.int64))
+    out = numpy.empty((k, 8 + width * grad.rows.itemsize), numpy.uint8)
+    out[:, :8] = grad.indices.astype(numpy.int64).view(numpy.uint8).reshape(k, 8)
+    out[:, 8:] = numpy.ascontiguousarray(grad.rows).reshape(k, width).view(numpy.uint8)
+    return out
+
+
+def _unpack(records, row_shape, dtype):
+    indices = numpy.ascontiguousarray(records[:, :8]).view(numpy.int64).reshape(-1)
+    rows = numpy.ascontiguousarray(records[:, 8:]).view(dtype).reshape((-1,) + tuple(row_shape))
+    return indices, rows
+
+
 def _gather_rows(members, grad):
     """Every member's (indices, rows) concatenated on every member (not yet summed)."""
-    width = int(numpy.prod(grad.rows.shape[1:], dtype=numpy.int64))
+    records = _records(grad)
     counts = members.allgather_counts(len(grad))
-    indices = members.allgatherv(grad.indices, counts)
-    rows = members.allgatherv(grad.rows.reshape(-1), counts * width)
-    return indices, rows.reshape((-1,) + tuple(grad.rows.shape[1:]))
+    gathered = members.allgatherv(records.reshape(-1), counts * records.shape[1])
+    return _unpack(gathered.reshape(-1, records.shape[1]), grad.rows.shape[1:], grad.rows.dtype)
 
 
 def sparse_dense(comm, grad, num_rows, allreduce="auto"):
@@ -95,16 +111,15 @@ def sparse_allgather(comm, grad, num_rows):
 
 def _sharded(members, grad):
     P = len(members.ranks)
-    width = int(numpy.prod(grad.rows.shape[1:], dtype=numpy.int64))
     owner = grad.indices % P
-    order = numpy.argsort(owner, kind="stable")
+    records = _records(grad)[numpy.argsort(owner, kind="stable")]
     sendcounts = numpy.bincount(owner, minlength=P).astype(numpy.int64)
     recvcounts = numpy.empty(P, numpy.int64)
     members.mpi.Alltoall(sendcounts, recvcounts)
     members.count_to_all(8)
-    indices = members.alltoallv(grad.indices[order], sendcounts, recvcounts)
-    rows = members.alltoallv(grad.rows[order].reshape(-1), sendcounts * width, recvcounts * width)
-    shard = SparseGradient.coalesce(indices, rows.reshape((-1,) + tuple(grad.rows.shape[1:])))
+    width = records.shape[1]
+    received = members.alltoallv(records.reshape(-1), sendcounts * width, recvcounts * width)
+    shard = SparseGradient.coalesce(*_unpack(received.reshape(-1, width), grad.rows.shape[1:], grad.rows.dtype))
     indices, rows = _gather_rows(members, shard)
     order = numpy.argsort(indices, kind="stable")  # shards are disjoint: sorting is all that is left
     return SparseGradient(indices[order], rows[order])

@@ -55,7 +55,7 @@ def main(argv):
                 expected_rows = union if algorithm != "dense" else SparseGradient.from_dense(want_dense).indices
                 ok = (got.rows.dtype == dtype and numpy.array_equal(got.indices, expected_rows)
                       and numpy.allclose(dense, want_dense, rtol=tol, atol=tol))
-                if algorithm == "allgather":  # count + indices + rows to each of the p - 1 others
+                if algorithm == "allgather":  # count + indices + rows (one record each) to each of the p - 1 others
                     ok = ok and sum(comm.bytes_sent.values()) == (p - 1) * (8 + mine.nbytes)
                 if not ok:
                     failures += 1
