@@ -16,6 +16,9 @@ One iteration (:meth:`Solver.step`), in this order::
 Caffe clips the sum of the iter_size passes, before it normalises (SGDSolver::ApplyUpdate), and so does this
 loop; ``clip_after_normalize: true`` swaps the two, so that the clip threshold means the same for every
 iter_size and ``iter_size: k`` with batch b stays equivalent to batch k*b even with clipping.
+
+``sparse_update: lazy`` runs clip, normalise, regularise, compute_update and apply on only the rows of a
+parameter whose gradient came as rows (Embed), see :meth:`Solver.update_rows`.
 """
 import collections
 import contextlib
@@ -145,6 +148,7 @@ class Solver:
         self.root = True
         self.test_reduce, self.agree_action, self.snapshot_hooks = None, None, []
         self.requested_early_exit = False
+        self._lazy = {}  # sparse_update lazy: {parameter index: its SparseGradient} during apply_update
         self.last_snapshot = None
         self.test_scores = [None] * len(self.test_nets)
         self._pending = []  # (signal number, effect) requested by signal handlers
@@ -309,7 +313,7 @@ class Solver:
 
     def _gradients(self):
         # the arrays clip and normalise scale: the rows of lazily updated parameters, else the full diffs
-        lazy = getattr(self, "_lazy", {})
+        lazy = self._lazy
         return [lazy[i].rows if i in lazy else p.diff for i, p in enumerate(self.net.learnable_params)]
 
     def normalize(self):
