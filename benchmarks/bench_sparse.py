@@ -5,8 +5,9 @@
 
 launches ``mpiexec -n P`` for each P and prints one table per (P, vocabulary): per path the bytes one rank
 sends per iteration (mean over ranks, ``comm.bytes_sent``), the aggregation time (median over iterations
-of the slowest rank; the paths take turns within each iteration, in a rotating order, so they share the load), the cost model's prediction (``predict_sparse`` with the calibrated alpha, beta,
-gamma of ``load_or_calibrate``) and, for auto, the path it picked.
+of the slowest rank; the paths take turns within each iteration, in a rotating order, so they share the
+load), the cost model's prediction (``predict_sparse`` with alpha, beta, gamma calibrated in the same run)
+and, for auto, the path it picked.
 
 Each iteration every rank holds the gradient of an embedding table (vocab x dim, float32) for ``--tokens``
 token ids (Zaremba et al.'s medium LSTM: 20 sequences x 35 steps = 700), drawn i.i.d. from a Zipf law
@@ -49,7 +50,8 @@ def worker(args):
         grads = []
         for _ in range(args.iterations + 1):  # + 1 warm-up
             tokens = zipf_tokens(rng, vocab, args.tokens)
-            grads.append(SparseGradient.coalesce(tokens, rng.standard_normal((args.tokens, args.dim)).astype(numpy.float32)))
+            rows = rng.standard_normal((args.tokens, args.dim)).astype(numpy.float32)
+            grads.append(SparseGradient.coalesce(tokens, rows))
         counts = numpy.empty(comm.size, numpy.int64)
         comm.comm.Allgather(numpy.array([len(grads[0])], numpy.int64), counts)
         union = len(aggregate(comm, grads[0], vocab, "allgather"))
@@ -70,7 +72,8 @@ def worker(args):
             run = chosen if path == "auto" else path
             results.append({"p": comm.size, "vocab": vocab, "dim": args.dim, "tokens": args.tokens,
                             "rows_per_rank": int(counts.max()), "rows_in_sum": union, "path": path, "ran": run,
-                            "bytes_per_rank": float(numpy.mean(sent[path])), "ms": 1e3 * float(numpy.median(times[path])),
+                            "bytes_per_rank": float(numpy.mean(sent[path])),
+                            "ms": 1e3 * float(numpy.median(times[path])),
                             "predicted_ms": 1e3 * predict_sparse(run, *model)})
     if comm.rank == 0:
         print(json.dumps({"results": results, "cost_params": comm.cost_params.to_dict()}))
@@ -86,10 +89,11 @@ def print_table(results):
         best = min((r for r in rows if r["path"] != "auto"), key=lambda r: r["ms"])
         print(f"\nP = {p}, vocabulary {vocab}, dim {r0['dim']}, {r0['tokens']} tokens per rank: "
               f"{r0['rows_per_rank']} rows per rank at most, {r0['rows_in_sum']} in the sum")
-        print(f"{'path':10s} {'MB sent/rank':>13s} {'vs dense':>9s} {'ms':>9s} {'speed-up':>9s} {'predicted ms':>13s}")
+        print(f"{'path':18s} {'MB sent/rank':>8s} {'vs dense':>9s} {'ms':>9s} {'speed-up':>9s} {'predicted ms':>13s}")
         for r in rows:
             name = f"auto ({r['ran']})" if r["path"] == "auto" else r["path"]
-            print(f"{name:18s} {r['bytes_per_rank'] / 1e6:8.2f} {dense['bytes_per_rank'] / max(r['bytes_per_rank'], 1):8.1f}x "
+            fewer = dense["bytes_per_rank"] / max(r["bytes_per_rank"], 1)
+            print(f"{name:18s} {r['bytes_per_rank'] / 1e6:8.2f} {fewer:8.1f}x "
                   f"{r['ms']:9.2f} {dense['ms'] / r['ms']:8.2f}x {r['predicted_ms']:13.2f}")
         auto = next(r for r in rows if r["path"] == "auto")
         print(f"auto vs best measured ({best['path']}): {100 * (auto['ms'] / best['ms'] - 1):+.1f}%")

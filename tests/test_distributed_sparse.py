@@ -70,10 +70,12 @@ def one_rank(tmp, **keys):
 
 CASES = [(2, "dense", {}), (2, "allgather", {}), (3, "sharded", {}), (4, "sharded", {}), (4, "auto", {}),
          (4, "sharded", {"group_size": 2}), (3, "allgather", {"type": "Adam", "sparse_update": "lazy"}),
-         (4, "sharded", {"type": "Adam", "sparse_update": "lazy", "group_size": 2}), (3, "auto", {"type": "AdaGrad", "momentum": 0.0})]
+         (4, "sharded", {"type": "Adam", "sparse_update": "lazy", "group_size": 2}),
+         (3, "auto", {"type": "AdaGrad", "momentum": 0.0})]
+IDS = [f"{p}-{path}-{'-'.join(map(str, k.values()))}" for p, path, k in CASES]
 
 
-@pytest.mark.parametrize("p,path,keys", CASES, ids=[f"{p}-{path}-{'-'.join(map(str, k.values()))}" for p, path, k in CASES])
+@pytest.mark.parametrize("p,path,keys", CASES, ids=IDS)
 def test_p_ranks_equal_one_rank_on_every_sparse_path(db, p, path, keys):
     expected, expected_history = one_rank(db, **{k: v for k, v in keys.items() if k != "group_size"})
     tag = f"{p}_{path}_" + "_".join(f"{k}{v}" for k, v in sorted(keys.items()))

@@ -25,7 +25,9 @@ i, N = sum n_i, u the rows of the sum, V the table's rows, beta the slowest link
                       a tree broadcast of u rows inside the group, ceil(log2 q) (alpha + u r beta_intra)
 
 gamma_c is the time per byte of summing rows by index (sort + scatter-add), which is several times the
-gamma of a contiguous add: :data:`COMBINE_FACTOR` gamma. ``mpi`` is modelled as what MPICH picks (doubling for short vectors, else Rabenseifner with
+gamma of a contiguous add: :data:`COMBINE_FACTOR` gamma.
+
+``mpi`` is modelled as what MPICH picks (doubling for short vectors, else Rabenseifner with
 the distance-1-first order, whose crossings on a group-by-group layout are those of ``topology``).
 ``auto`` takes the cheapest of :data:`AUTO_CANDIDATES` for each message size.
 """

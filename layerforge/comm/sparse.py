@@ -4,7 +4,8 @@ An embedding's gradient touches only the rows of the tokens in the batch. Every 
 ``fn(comm, grad, num_rows) -> SparseGradient``: ``grad`` this rank's rows (a
 :class:`~layerforge.blob.SparseGradient` of a (num_rows, ...) parameter), the result the sum over all ranks,
 the same on every rank. Each row travels as one record (its int64 index, then its values), so a path needs
-one message of records plus one of counts per step. Buffers move with the uppercase, buffer-based mpi4py calls (no pickling); the bytes
+one message of records plus one of counts per step. Buffers move with the uppercase, buffer-based mpi4py
+calls (no pickling); the bytes
 each rank sends are added to ``comm.bytes_sent`` as the allreduce algorithms do.
 
     dense      scatter the rows into a (num_rows, ...) array and allreduce it: n = num_rows rows
