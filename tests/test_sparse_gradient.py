@@ -60,3 +60,34 @@ def test_replacing_diff_keeps_pending_rows_with_the_old_array(xp):
     b.diff = kept
     numpy.testing.assert_array_equal(to_numpy(b.diff).ravel(), [1, 0, 0])
     numpy.testing.assert_array_equal(to_numpy(scratch).ravel(), [0, 9, 0])
+
+
+@pytest.mark.parametrize("aggregation", ["allgather", "sharded", "auto"])
+def test_data_parallel_exchange_sends_the_rows_embed_added(monkeypatch, aggregation):
+    # nothing may read the table's dense diff between backward and the exchange: the exchange gets the
+    # rows themselves (from_dense would scan all V rows), and the table stays out of the dense buffer
+    from mpi4py import MPI
+
+    from layerforge.comm import Communicator, CostParams
+    from layerforge.distributed import make_data_parallel
+    from tests.solvers.test_sparse_update import embed_net
+
+    from layerforge.solvers import get_solver
+    solver = get_solver({"net_param": embed_net(4), "dtype": "float64", "momentum": 0.9, "iter_size": 2,
+                         "sparse_aggregation": aggregation})
+    solver.feed = lambda it, k: {"x": numpy.array([1.0, 1.0, 5.0, 2.0]), "label": numpy.array([0, 1, 2, 0])}
+    comm = Communicator(MPI.COMM_SELF, groups=[0], cost_params=CostParams(1e-6, 1e-9, 1e-9, 1e-10))
+    exchange = make_data_parallel(solver, comm)
+    table = solver.net.learnable_params[0]
+    assert exchange.buffer.size == sum(p.count for p in solver.net.learnable_params[1:])
+
+    def no_dense(dense):
+        raise AssertionError("the exchange read the dense table")
+
+    monkeypatch.setattr(SparseGradient, "from_dense", classmethod(lambda cls, dense: no_dense(dense)))
+    before = table.data.copy()
+    solver.step(1)
+    assert solver.sparse_exchange.calls == 1
+    assert solver.sparse_exchange.paths[0] in ("allgather", "sharded")
+    moved = numpy.flatnonzero((table.data != before).any(axis=1)).tolist()
+    assert moved == [1, 2, 5]

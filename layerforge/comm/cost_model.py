@@ -117,6 +117,9 @@ def predict_sparse(path, counts, union, row_bytes, num_rows, q, params):
         row_bytes: bytes of one row (D x itemsize). num_rows: rows of the whole table (V).
     """
     p = len(counts)
+    if path == "dense":  # the local scatter and scan cost even on one rank
+        local = 3 * num_rows * row_bytes * params.gamma
+        return local + min(predict(name, num_rows * row_bytes, p, q, params) for name in AUTO_CANDIDATES)
     if p <= 1:
         return 0.0
     a, g = params.alpha, params.gamma * COMBINE_FACTOR
@@ -125,9 +128,6 @@ def predict_sparse(path, counts, union, row_bytes, num_rows, q, params):
     beta = params.beta_inter if groups > 1 else params.beta_intra
     r = row_bytes + 8
     N, L = float(sum(counts)), (p - 1).bit_length()
-    if path == "dense":
-        local = 3 * num_rows * row_bytes * params.gamma
-        return local + min(predict(name, num_rows * row_bytes, p, q, params) for name in AUTO_CANDIDATES)
     if path == "allgather":
         return 2 * L * a + (N - min(counts)) * r * beta + N * row_bytes * g
     if path == "sharded":
