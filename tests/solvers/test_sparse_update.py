@@ -128,3 +128,26 @@ def test_sparse_update_key_is_checked():
     from layerforge.errors import ConfigError
     with pytest.raises(ConfigError, match="sparse_update"):
         get_solver({"net_param": embed_net(2), "sparse_update": "sometimes"})
+
+
+def test_lazy_adam_equals_torch_sparse_adam():
+    # torch.optim.SparseAdam is lazy Adam with Caffe's placement of delta (added to the uncorrected sqrt(v),
+    # the correction multiplying the step); the classifier is frozen on both sides (lr_mult 0 / not optimised)
+    torch = pytest.importorskip("torch")
+    batch, lr, b1, b2, eps = 5, 0.05, 0.9, 0.99, 1e-8
+    data = batches(6, batch, seed=11)
+    net = embed_net(batch)
+    net["layers"][2]["param"] = [{"lr_mult": 0}, {"lr_mult": 0}]
+    s = solver(net, data, type="Adam", sparse_update="lazy", base_lr=lr, momentum=b1, momentum2=b2, delta=eps)
+    table, ip = (torch.tensor(p.data.copy()) for p in s.net.learnable_params[:2])
+    embedding = torch.nn.Embedding(V, D, sparse=True, _weight=table.clone())
+    optimizer = torch.optim.SparseAdam(embedding.parameters(), lr=lr, betas=(b1, b2), eps=eps)
+    bias = torch.tensor(s.net.learnable_params[2].data.copy())
+    for x, label in data:
+        optimizer.zero_grad()
+        y = embedding(torch.as_tensor(x)) @ ip.T + bias
+        torch.nn.functional.cross_entropy(y, torch.as_tensor(label)).backward()
+        optimizer.step()
+    s.step(len(data))
+    numpy.testing.assert_allclose(s.net.learnable_params[0].data, embedding.weight.detach().numpy(), rtol=1e-10,
+                                  atol=1e-12)
