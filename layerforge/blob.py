@@ -1,8 +1,15 @@
-"""Blob: an N-d array with its gradient, as in Caffe (``data`` and ``diff`` of the same shape)."""
+"""Blob: an N-d array with its gradient, as in Caffe (``data`` and ``diff`` of the same shape).
+
+A parameter whose gradient touches few rows (an embedding table) may also hold it as a
+:class:`SparseGradient`: the rows are kept apart and added into ``diff`` the first time ``diff`` is read, so
+code that reads ``diff`` always sees the full gradient, and code that knows rows (the data-parallel sparse
+aggregation, ``sparse_update: lazy``) reads :meth:`Blob.sparse_diff` without ever making the dense array.
+"""
 import os
 
 import numpy
 
+from .backend import get_array_module
 from .errors import ShapeError
 
 # Allocations below this size skip the free-memory check (it reads /proc or asks the device).
@@ -43,6 +50,60 @@ def _gib(nbytes):
     return format_bytes(nbytes)
 
 
+class SparseGradient:
+    """A gradient that is zero outside a few rows: ``dense[indices[k]] = rows[k]``, every other row 0.
+
+    Attributes:
+        indices: (k,) int64 row numbers, unique and ascending.
+        rows: (k,) + row shape, the gradient's dtype; numpy or cupy (with ``indices`` on the same module).
+    """
+
+    def __init__(self, indices, rows):
+        self.indices, self.rows = indices, rows
+
+    @classmethod
+    def coalesce(cls, indices, rows):
+        """Sum the rows of repeated indices and sort: any (indices (k,), rows (k, ...)) -> a SparseGradient."""
+        xp = get_array_module(rows)
+        unique, inverse = xp.unique(xp.asarray(indices, dtype=xp.int64).reshape(-1), return_inverse=True)
+        inverse = inverse.reshape(-1)
+        summed = xp.zeros((len(unique),) + tuple(rows.shape[1:]), dtype=rows.dtype)
+        if len(unique) == len(inverse):
+            summed[inverse] = rows
+            return cls(unique, summed)
+        # a 1-d scatter-add of every element is several times faster than add.at over whole rows
+        width = int(numpy.prod(rows.shape[1:], dtype=numpy.int64))
+        flat = (inverse[:, None] * width + xp.arange(width)).reshape(-1)
+        xp.add.at(summed.reshape(-1), flat, rows.reshape(-1))
+        return cls(unique, summed)
+
+    @classmethod
+    def from_dense(cls, dense):
+        """The rows of ``dense`` (first axis) that hold a non-zero value."""
+        xp = get_array_module(dense)
+        indices = xp.flatnonzero(dense.reshape(len(dense), -1).any(axis=1)).astype(xp.int64)
+        return cls(indices, dense[indices])
+
+    @classmethod
+    def empty(cls, row_shape, dtype, xp=numpy):
+        return cls(xp.zeros(0, xp.int64), xp.zeros((0,) + tuple(row_shape), dtype))
+
+    def add_to(self, dense):
+        """``dense[indices] += rows`` (indices are unique, so plain fancy indexing adds every row once)."""
+        dense[self.indices] += self.rows
+
+    @property
+    def nbytes(self):
+        """Bytes of indices and rows together (what a sparse exchange sends)."""
+        return int(self.indices.nbytes + self.rows.nbytes)
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __repr__(self):
+        return f"SparseGradient({len(self)} rows of shape {tuple(self.rows.shape[1:])})"
+
+
 class Blob:
     """Holds ``data`` and ``diff`` arrays of one shape and dtype.
 
@@ -53,12 +114,15 @@ class Blob:
     """
 
     name = None  # what the blob is, for messages ("layer 'conv1' parameter 0"); the Net names its blobs
+    sparse_rows = False  # True when a layer adds this parameter's gradient as rows (add_sparse_diff)
 
     def __init__(self, shape=(), dtype=numpy.float32, xp=numpy):
         self.xp = xp
         self.dtype = numpy.dtype(dtype)
         self._data = zeros_checked(shape, self.dtype, xp)
         self._diff = zeros_checked(shape, self.dtype, xp, "the gradient of a blob")
+        self._pending = []  # SparseGradients not yet added into _diff
+        self._diff_zero = True  # _diff is known to be all zero: the gradient is exactly the pending rows
 
     # data and diff may be given new arrays (views, shared storage), but only of the blob's shape and dtype:
     # a wrong one would otherwise fail deep inside a kernel, far from the assignment
@@ -72,11 +136,58 @@ class Blob:
 
     @property
     def diff(self):
+        self._flush()
+        self._diff_zero = False  # the caller may write into it
         return self._diff
 
     @diff.setter
     def diff(self, array):
+        self._flush()  # pending rows belong to the array being replaced
         self._diff = self._checked(array, "diff", getattr(self, "_diff", None))
+        self._diff_zero = False
+
+    def _flush(self):
+        pending = getattr(self, "_pending", None)
+        if pending:
+            self._pending = []
+            self._coalesced(pending).add_to(self._diff)
+
+    @staticmethod
+    def _coalesced(pending):
+        if len(pending) == 1:
+            return pending[0]
+        xp = get_array_module(pending[0].rows)
+        return SparseGradient.coalesce(xp.concatenate([g.indices for g in pending]),
+                                       xp.concatenate([g.rows for g in pending]))
+
+    def add_sparse_diff(self, indices, rows):
+        """Add a gradient that touches only ``indices`` (k,) of the first axis, ``rows`` (k,) + shape[1:]:
+        ``diff[indices] += rows`` with repeated indices summed, kept as rows until ``diff`` is read."""
+        self._pending.append(SparseGradient.coalesce(indices, rows))
+
+    def sparse_diff(self):
+        """The gradient as a :class:`SparseGradient` (exactly the added rows while nothing wrote ``diff``,
+        else the non-zero rows of ``diff``); writing into its ``rows`` changes the gradient."""
+        if not self._diff_zero:
+            return SparseGradient.from_dense(self.diff)
+        if not self._pending:
+            return SparseGradient.empty(self.shape[1:], self.dtype, self.xp)
+        self._pending = [self._coalesced(self._pending)]
+        return self._pending[0]
+
+    def set_sparse_diff(self, grad):
+        """Make ``grad`` (a SparseGradient) the whole gradient."""
+        if not self._diff_zero:
+            self._pending = []
+            self._diff[...] = 0
+            self._diff_zero = True
+        self._pending = [grad]
+
+    def clear_diff(self):
+        """diff = 0 (and no pending rows)."""
+        self._pending = []
+        self._diff[...] = 0
+        self._diff_zero = True
 
     def _checked(self, array, what, current):
         if array is None or current is None:
@@ -130,9 +241,11 @@ class Blob:
             return self
         size = int(numpy.prod(shape, dtype=numpy.int64))
         if size == self.data.size:
+            self._flush()
             self._data = self.data.reshape(shape)
-            self._diff = self.diff.reshape(shape)
+            self._diff = self._diff.reshape(shape)
         else:
+            self._pending, self._diff_zero = [], True
             self._data = self._diff = None  # the old arrays are freed before the new ones count against memory
             self._data = zeros_checked(shape, self.dtype, self.xp)
             self._diff = zeros_checked(shape, self.dtype, self.xp, "the gradient of a blob")

@@ -79,6 +79,57 @@ class GradientExchange:
         self.calls += 1
 
 
+class SparseGradientExchange:
+    """The gradient hook for parameters whose gradient comes as rows (Embed): each parameter's rows are summed
+    by a path of :mod:`layerforge.comm.sparse` and divided by P; the dense exchange leaves these out.
+
+    ``auto`` aggregates the first iteration by allgather, which tells every rank how many rows each rank
+    had and how many the sum has; from that density the cost model (``predict_sparse``) picks the path
+    used from then on, the same on every rank, logged once per parameter.
+
+    Args:
+        params: the learnable Blobs with ``sparse_rows``. comm: a Communicator.
+        algorithm: ``allgather``, ``sharded``, ``dense`` or ``auto``. allreduce: the dense path's allreduce.
+    """
+
+    def __init__(self, params, comm, algorithm="auto", allreduce="auto", names=None):
+        self.params, self.comm, self.algorithm, self.allreduce = list(params), comm, algorithm, allreduce
+        self.names = names or [p.name or f"parameter {k}" for k, p in enumerate(self.params)]
+        self.paths = [None if algorithm == "auto" else algorithm for _ in self.params]
+        self.seconds, self.calls = 0.0, 0
+
+    def __call__(self, solver=None):
+        from .comm.sparse import aggregate
+        t0 = time.perf_counter()
+        for k, p in enumerate(self.params):
+            grad = p.sparse_diff()
+            summed = aggregate(self.comm, grad, p.shape[0], self.paths[k] or "allgather", self.allreduce)
+            if self.paths[k] is None:
+                self.paths[k] = self._choose(k, p, grad, summed)
+            summed.rows /= summed.rows.dtype.type(self.comm.size)
+            p.set_sparse_diff(summed)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+
+    def _choose(self, k, p, grad, summed):
+        from .comm import cost_model
+        comm = self.comm
+        if comm.cost_params is None:
+            comm.cost_params = cost_model.load_or_calibrate(comm)
+        counts = numpy.empty(comm.size, numpy.int64)
+        comm.comm.Allgather(numpy.array([len(grad)], numpy.int64), counts)
+        row_bytes = int(numpy.prod(p.shape[1:], dtype=numpy.int64)) * p.dtype.itemsize
+        args = (counts.tolist(), len(summed), row_bytes, p.shape[0], comm.group_size, comm.cost_params)
+        path = cost_model.choose_sparse(*args)
+        if comm.rank == 0:
+            times = ", ".join(f"{name} {cost_model.predict_sparse(name, *args) * 1e3:.3g} ms"
+                              for name in cost_model.SPARSE_PATHS)
+            log.info("Sparse aggregation of %s: %d of %d rows per rank at most, %d in the sum (density %.3g): "
+                     "%s chosen (predicted %s)", self.names[k], max(counts), p.shape[0], len(summed),
+                     len(summed) / p.shape[0], path, times)
+        return path
+
+
 def pack(blobs, what="data"):
     """All ``blob.<what>`` arrays as one contiguous float64 host vector."""
     if not blobs:
@@ -142,15 +193,25 @@ def parameters_digest(net):
 def make_data_parallel(solver, comm, algorithm=None, digest=None):
     """Attach data-parallel training over ``comm`` to a Solver built with ``shard=(comm.rank, comm.size)``.
 
-    Returns the :class:`GradientExchange` (its ``seconds`` tell the time spent communicating).
+    Returns the :class:`GradientExchange` (its ``seconds`` tell the time spent communicating). Parameters
+    with row gradients (Embed) go through ``solver.sparse_exchange`` (a :class:`SparseGradientExchange`)
+    unless ``sparse_aggregation`` is ``dense``.
     """
     sp = solver.param
     if digest is not None:
         check_same(comm, digest, "configuration (solver or net files, or command-line options)")
     broadcast_parameters(comm, solver.net)
-    exchange = GradientExchange(solver.net.learnable_params, comm, algorithm or sp.allreduce.lower(),
-                                bucket_bytes=int(sp.allreduce_bucket_mb * 2 ** 20), fp16=sp.allreduce_fp16)
+    params = solver.net.learnable_params
+    rows = [p for p in params if p.sparse_rows] if sp.sparse_aggregation != "DENSE" else []
+    exchange = GradientExchange([p for p in params if not any(p is q for q in rows)], comm,
+                                algorithm or sp.allreduce.lower(), bucket_bytes=int(sp.allreduce_bucket_mb * 2 ** 20),
+                                fp16=sp.allreduce_fp16)
     solver.gradient_hooks.append(exchange)
+    solver.sparse_exchange = None
+    if rows:
+        solver.sparse_exchange = SparseGradientExchange(rows, comm, sp.sparse_aggregation.lower(),
+                                                        algorithm or sp.allreduce.lower())
+        solver.gradient_hooks.append(solver.sparse_exchange)
     solver.root = comm.rank == 0
 
     def test_reduce(sums, loss, n):
@@ -178,5 +239,8 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
     log.info("Data parallel over %d ranks (%d node group(s)): allreduce %s, %d gradient values in %d bucket(s)%s",
              comm.size, comm.num_groups, exchange.algorithm, exchange.buffer.size, len(exchange.buckets),
              ", float16 payload" if exchange.fp16 else "")
+    if rows:
+        log.info("%d parameter(s) with row gradients (%s) left out of the allreduce: sparse aggregation %s",
+                 len(rows), ", ".join(p.name or "?" for p in rows), solver.sparse_exchange.algorithm)
     return exchange
 

@@ -537,7 +537,7 @@ class Net:
 
     def clear_param_diffs(self):
         for blob in self.learnable_params:
-            blob.diff[...] = 0
+            blob.clear_diff()
 
     # ------------------------------------------------------------------------------------------
     # introspection

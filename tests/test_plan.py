@@ -48,3 +48,33 @@ def test_plan_rejects_bad_cost(tmp_path):
                            "--nodes", "4", "--cost", "1,2"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: --cost '1,2': give four numbers alpha,beta_intra,beta_inter,gamma"
+
+
+def test_plan_includes_the_sparse_paths_of_an_embedding(tmp_path):
+    # 4 x 3 tokens, all id 2: one row per rank and one in the sum; the table leaves the dense allreduce
+    net = {"name": "embed_plan", "layers": [
+        {"name": "tokens", "type": "DummyData", "top": ["tokens", "label"],
+         "dummy_data": {"shape": [[4, 3], [4]], "data_filler": [{"type": "constant", "value": 2},
+                                                               {"type": "constant", "value": 0}]}},
+        {"name": "embed", "type": "Embed", "bottom": "tokens", "top": "embed",
+         "embed": {"num_output": 10, "input_dim": 1000}},
+        {"name": "ip", "type": "InnerProduct", "bottom": "embed", "top": "ip", "inner_product": {"num_output": 3}},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]}
+    (tmp_path / "net.yaml").write_text(json.dumps(net))
+    (tmp_path / "solver.yaml").write_text(json.dumps({"net": "net.yaml"}))
+    timing = tmp_path / "timing.json"
+    timing.write_text(json.dumps({"forward_backward_ms": 10.0}))
+    proc = subprocess.run([sys.executable, "-m", "layerforge", "plan", "--solver", str(tmp_path / "solver.yaml"),
+                           "--timing", str(timing), "--cost", COST, "--json", "--nodes", "4", "--group", "2"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["gradient_bytes"] == (10 + 3 * 30 + 3) * 4
+    [sparse] = result["sparse"]
+    assert (sparse["rows_per_rank"], sparse["rows_in_sum"], sparse["num_rows"]) == (1, 1, 1000)
+    a, bx, g = 1e-5, 4e-9, 1e-10 * 8  # two groups: the slow link; 8 = COMBINE_FACTOR
+    allgather = 2 * 2 * a + 3 * (40 + 8) * bx + 4 * 40 * g
+    assert sparse["ms"]["allgather"] == pytest.approx(allgather * 1e3, rel=1e-9)
+    assert sparse["chosen"] == "allgather" and sparse["ms"]["dense"] > sparse["ms"]["allgather"]
+    rows = {r["algorithm"]: r for r in result["rows"]}
+    assert rows["ring"]["allreduce_ms"] > sparse["ms"]["allgather"]

@@ -6,12 +6,14 @@
     comm.mean(grad)                             # average, algorithm chosen by the cost model
 
 Algorithms (``ALGORITHMS``): recursive (Rabenseifner), topology (swCaffe's round-robin mapping), ring,
-doubling, mpi (the library's own), nccl (cupy), auto. See docs/distributed.md.
+doubling, mpi (the library's own), nccl (cupy), auto. Row gradients (``SPARSE_ALGORITHMS``, :mod:`.sparse`):
+dense, allgather, sharded, summed by ``aggregate(comm, grad, num_rows, algorithm)``. See docs/distributed.md.
 """
 from .algorithms import ALGORITHMS, available_algorithms, get_algorithm
 from .communicator import Communicator, as_communicator, discover_groups
 from .cost_model import CostParams
 from .guard import abort, guarded, launch_guard
+from .sparse import SPARSE_ALGORITHMS, aggregate
 
-__all__ = ["ALGORITHMS", "Communicator", "CostParams", "abort", "as_communicator", "available_algorithms",
-           "discover_groups", "get_algorithm", "guarded", "launch_guard"]
+__all__ = ["ALGORITHMS", "Communicator", "CostParams", "SPARSE_ALGORITHMS", "abort", "aggregate", "as_communicator",
+           "available_algorithms", "discover_groups", "get_algorithm", "guarded", "launch_guard"]

@@ -16,7 +16,24 @@ with P = pof2. ``beta_inter`` is what one rank pays per byte while all q ranks o
 (that is how :func:`calibrate` measures it, and how the recursive, topology and doubling schedules cross:
 every rank in the same step). Ring and hierarchical send one stream per group across at a time, which has
 the group's link to itself: beta_inter / q (measured on the multi-host test bed: with 2 ranks per host they
-ran at half the time the shared-link formula gave). ``mpi`` is modelled as what MPICH picks (doubling for short vectors, else Rabenseifner with
+ran at half the time the shared-link formula gave).
+
+Row gradients (:mod:`.sparse`; r = bytes of one row + 8 for its index, n_i the rows of rank
+i, N = sum n_i, u the rows of the sum, V the table's rows, beta the slowest link, gamma_c per byte combined):
+
+    sparse dense      the cheapest allreduce above of V (r - 8) bytes + 3 V (r - 8) gamma (zero the table,
+                      add the rows, find the non-zero rows of the sum)
+    sparse allgather  2 ceil(log2 p) alpha + (N - min n_i) r beta + N (r - 8) gamma_c
+    sparse sharded    2 ceil(log2 p) alpha + 2 (p-1) alpha + max(max n_i, N/p) (p-1)/p r beta    (to owners)
+                      + u (p-1)/p r beta + (N/p) (r - 8) gamma_c                              (back)
+                      with groups of q > 1 (G > 1): + (q-1)(alpha + n r beta_intra) + q n (r - 8) gamma_c
+                      to the leader, the sharded exchange over G leaders of min(u, q n) rows each, and
+                      a tree broadcast of u rows inside the group, ceil(log2 q) (alpha + u r beta_intra)
+
+gamma_c is the time per byte of summing rows by index (sort + scatter-add), which is several times the
+gamma of a contiguous add: :data:`COMBINE_FACTOR` gamma.
+
+``mpi`` is modelled as what MPICH picks (doubling for short vectors, else Rabenseifner with
 the distance-1-first order, whose crossings on a group-by-group layout are those of ``topology``).
 ``auto`` takes the cheapest of :data:`AUTO_CANDIDATES` for each message size.
 """
@@ -94,6 +111,49 @@ def predict(algorithm, nbytes, p, q, params):
 def choose(nbytes, p, q, params, candidates=AUTO_CANDIDATES):
     """The candidate with the lowest predicted time (the first one on ties)."""
     return min(candidates, key=lambda name: predict(name, nbytes, p, q, params))
+
+
+COMBINE_FACTOR = 8.0
+SPARSE_PATHS = ("dense", "allgather", "sharded")
+
+
+def predict_sparse(path, counts, union, row_bytes, num_rows, q, params):
+    """Predicted seconds of one sparse aggregation (:mod:`.sparse`) over ``len(counts)`` ranks in groups of ``q``.
+
+    Args:
+        counts: rows (unique indices) each rank contributes. union: rows in the sum.
+        row_bytes: bytes of one row (D x itemsize). num_rows: rows of the whole table (V).
+    """
+    p = len(counts)
+    if path == "dense":  # the local scatter and scan cost even on one rank
+        local = 3 * num_rows * row_bytes * params.gamma
+        return local + min(predict(name, num_rows * row_bytes, p, q, params) for name in AUTO_CANDIDATES)
+    if p <= 1:
+        return 0.0
+    a, g = params.alpha, params.gamma * COMBINE_FACTOR
+    q = max(1, min(q, p))
+    groups = -(-p // q)
+    beta = params.beta_inter if groups > 1 else params.beta_intra
+    r = row_bytes + 8
+    N, L = float(sum(counts)), (p - 1).bit_length()
+    if path == "allgather":
+        return 2 * L * a + (N - min(counts)) * r * beta + N * row_bytes * g
+    if path == "sharded":
+        if groups > 1 and q > 1:
+            n = N / p
+            inside = (q - 1) * (a + n * r * params.beta_intra) + q * n * row_bytes * g
+            inside += (q - 1).bit_length() * (a + union * r * params.beta_intra)
+            leaders = CostParams(a, params.beta_inter, params.beta_inter, params.gamma)
+            return inside + predict_sparse("sharded", [min(union, q * n)] * groups, union, row_bytes, num_rows, 1,
+                                           leaders)
+        to_owners = 2 * L * a + 2 * (p - 1) * a + max(max(counts), N / p) * (p - 1) / p * r * beta
+        return to_owners + union * (p - 1) / p * r * beta + N / p * row_bytes * g
+    raise KeyError(f"no cost formula for sparse aggregation {path!r}")
+
+
+def choose_sparse(counts, union, row_bytes, num_rows, q, params, candidates=SPARSE_PATHS):
+    """The sparse path with the lowest predicted time (the first one on ties)."""
+    return min(candidates, key=lambda path: predict_sparse(path, counts, union, row_bytes, num_rows, q, params))
 
 
 def _pair_time(comm, order, nbytes, reps):

@@ -7,10 +7,15 @@ Model (weak scaling, batch b per rank): one iteration = the net's forward-backwa
 here, or read from ``layerforge time --json``) + one allreduce of all gradients, n bytes, whose time the
 alpha-beta-gamma model of layerforge.comm.cost_model predicts for p = N ranks in groups of Q. The
 exchange runs after backward (it is not overlapped), so efficiency = T_c / (T_c + T_allreduce) and the
-speed-up over one rank is p * efficiency.
+speed-up over one rank is p * efficiency. Parameters with row gradients (Embed) are left out of n unless
+``sparse_aggregation`` is dense: their rows per rank and in the sum are measured over N forward-backward
+passes, and the sparse path's predicted time (the solver's choice, or the cheapest for auto) is added.
 """
 import json
 
+import numpy
+
+from .. import backend
 from ..errors import LayerforgeError
 
 HELP = "predict data-parallel iteration time, efficiency and throughput per allreduce algorithm at N ranks"
@@ -69,13 +74,46 @@ def read_timing(path):
         raise LayerforgeError(f"{path}: cannot read the timing JSON: {e}") from None
 
 
-def predict_plan(compute_ms, grad_bytes, p, q, params, batch):
-    """Rows ``{algorithm, allreduce_ms, iteration_ms, efficiency, speedup, images_per_s}`` per algorithm."""
+def sparse_plan(net, sp, p, q, params):
+    """Per parameter with row gradients (Embed): rows per rank and in the sum, measured over p forward-backward
+    passes (the batches p ranks would see), and the predicted ms of every sparse path.
+
+    Returns ``[{name, rows_per_rank, rows_in_sum, num_rows, ms: {path: ms}, chosen}]``; empty when
+    ``sparse_aggregation`` is dense (the rows then travel in the dense allreduce).
+    """
+    from ..comm.cost_model import SPARSE_PATHS, choose_sparse, predict_sparse
+
+    sparse = [b for b in net.learnable_params if b.sparse_rows]
+    if not sparse or sp.sparse_aggregation == "DENSE":
+        return []
+    seen = {id(b): [] for b in sparse}
+    for _ in range(p):
+        net.clear_param_diffs()
+        net.forward()
+        net.backward()
+        for b in sparse:
+            seen[id(b)].append(backend.to_numpy(b.sparse_diff().indices))
+    net.clear_param_diffs()
+    out = []
+    for b in sparse:
+        counts = [len(i) for i in seen[id(b)]]
+        union = len(numpy.unique(numpy.concatenate(seen[id(b)])))
+        row_bytes = int(numpy.prod(b.shape[1:], dtype=numpy.int64)) * b.dtype.itemsize
+        args = (counts, union, row_bytes, b.shape[0], q, params)
+        chosen = choose_sparse(*args) if sp.sparse_aggregation == "AUTO" else sp.sparse_aggregation.lower()
+        out.append({"name": b.name, "rows_per_rank": max(counts), "rows_in_sum": union, "num_rows": b.shape[0],
+                    "ms": {path: predict_sparse(path, *args) * 1000.0 for path in SPARSE_PATHS}, "chosen": chosen})
+    return out
+
+
+def predict_plan(compute_ms, grad_bytes, p, q, params, batch, sparse_ms=0.0):
+    """Rows ``{algorithm, allreduce_ms, iteration_ms, efficiency, speedup, images_per_s}`` per algorithm;
+    ``sparse_ms`` (the chosen sparse paths) is added to every row's exchange time."""
     from ..comm.cost_model import predict
 
     rows = []
     for name in ALGORITHMS:
-        ar = predict(name, grad_bytes, p, q, params) * 1000.0
+        ar = predict(name, grad_bytes, p, q, params) * 1000.0 + sparse_ms
         it = compute_ms + ar
         eff = compute_ms / it if it > 0 else 1.0
         rows.append({"algorithm": name, "allreduce_ms": ar, "iteration_ms": it, "efficiency": eff,
@@ -104,13 +142,17 @@ def run(args):
     timing = read_timing(args.timing) if args.timing else time_net(net, args.iterations)
     compute_ms = float(timing["forward_backward_ms"]) * sp.iter_size
     itemsize = 2 if sp.allreduce_fp16 else net.dtype.itemsize
-    grad_bytes = sum(b.count for b in net.learnable_params) * itemsize
     batch = batch_size(net)
     params, source_of_params = load_cost_params(args.cost)
-    rows = predict_plan(compute_ms, grad_bytes, args.nodes, args.group, params, batch * sp.iter_size)
+    sparse = sparse_plan(net, sp, args.nodes, args.group, params)
+    sparse_names = {s["name"] for s in sparse}
+    grad_bytes = sum(b.count for b in net.learnable_params if b.name not in sparse_names) * itemsize
+    rows = predict_plan(compute_ms, grad_bytes, args.nodes, args.group, params, batch * sp.iter_size,
+                        sum(s["ms"][s["chosen"]] for s in sparse))
     if args.json:
         print(json.dumps({"nodes": args.nodes, "group": args.group, "compute_ms": compute_ms,
-                          "gradient_bytes": grad_bytes, "cost_params": params.to_dict(), "rows": rows}, indent=1))
+                          "gradient_bytes": grad_bytes, "cost_params": params.to_dict(), "rows": rows,
+                          "sparse": sparse}, indent=1))
         return 0
     print(f"net '{net.name}': forward-backward {compute_ms:.1f} ms per iteration per rank (batch {batch} x iter_size "
           f"{sp.iter_size}), gradients {grad_bytes / 2 ** 20:.2f} MiB")
@@ -118,6 +160,11 @@ def run(args):
           f"{1 / params.beta_intra / 1e9 if params.beta_intra else float('inf'):.2f} GB/s, beta_inter "
           f"{1 / params.beta_inter / 1e9 if params.beta_inter else float('inf'):.2f} GB/s, gamma "
           f"{1 / params.gamma / 1e9 if params.gamma else float('inf'):.2f} GB/s (from {source_of_params})")
+    for s in sparse:
+        paths = ", ".join(f"{path} {ms:.2f} ms" for path, ms in s["ms"].items())
+        print(f"row gradients of {s['name']}: {s['rows_per_rank']} of {s['num_rows']} rows per rank, "
+              f"{s['rows_in_sum']} in the sum; {paths}; {s['chosen']} (sparse_aggregation "
+              f"{sp.sparse_aggregation.lower()}), added to every allreduce below")
     print(f"{'algorithm':10s} {'allreduce ms':>13s} {'iteration ms':>13s} {'efficiency':>11s} {'speed-up':>9s} "
           f"{'images/s':>10s}")
     for r in rows:

@@ -1,5 +1,6 @@
 """Embed: a learned lookup table from integer indices to vectors (Caffe's EmbedLayer)."""
 from ..backend import get_array_module, to_numpy
+from ..blob import SparseGradient
 from ..errors import DataError
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
@@ -10,11 +11,8 @@ def embedding_rows(index, gy, input_dim):
 
     ``index`` holds the looked-up rows (any shape), ``gy`` their output gradients (index.shape + (D,)).
     """
-    xp = get_array_module(gy)
-    rows, inverse = xp.unique(index.reshape(-1), return_inverse=True)
-    summed = xp.zeros((len(rows), gy.shape[-1]), dtype=gy.dtype)
-    xp.add.at(summed, inverse.reshape(-1), gy.reshape(-1, gy.shape[-1]))
-    return rows, summed
+    grad = SparseGradient.coalesce(index.reshape(-1), gy.reshape(-1, gy.shape[-1]))
+    return grad.indices, grad.rows
 
 
 @register_layer("Embed")
@@ -22,7 +20,9 @@ class Embed(Layer):
     """y[..., :] = W[x[...], :] (+ b): x any shape of integer values in [0, input_dim); y x.shape + (num_output,).
 
     Blobs: W (input_dim, num_output), b (num_output,) with ``bias_term``. Backward: gW[k] += the sum of gy
-    over the positions where x = k; gb += the sum of gy; the indices take no gradient.
+    over the positions where x = k; gb += the sum of gy; the indices take no gradient. gW is added as rows
+    (``Blob.add_sparse_diff``: a SparseGradient of the unique indices), so data-parallel training can send
+    only those rows and ``sparse_update: lazy`` can update only them.
     """
 
     param_blocks = {"embed": {
@@ -40,6 +40,7 @@ class Embed(Layer):
     def layer_setup(self, bottom, top):
         p = self.layer_param.embed
         self.blobs = [self.make_param((p.input_dim, p.num_output), p.weight_filler)]
+        self.blobs[0].sparse_rows = True
         if p.bias_term:
             self.blobs.append(self.make_param((p.num_output,), p.bias_filler))
 
@@ -66,6 +67,6 @@ class Embed(Layer):
     def backward(self, top, propagate_down, bottom):
         gy = top[0].diff
         rows, summed = embedding_rows(self._index(bottom), gy, self.layer_param.embed.input_dim)
-        self.blobs[0].diff[rows] += summed
+        self.blobs[0].add_sparse_diff(rows, summed)
         if self.layer_param.embed.bias_term:
             self.blobs[1].diff += gy.reshape(-1, gy.shape[-1]).sum(axis=0)

@@ -49,6 +49,9 @@ SOLVER_KEYS = {
     "clip_after_normalize": Field("bool", False, doc="clip the mean gradient of the iter_size passes, not their "
                                                      "sum as Caffe does (the threshold then means the same for "
                                                      "every iter_size)"),
+    "sparse_update": Field("enum", "EXACT", choices=("EXACT", "LAZY"),
+                           doc="parameters with row gradients (Embed): exact updates every row as the dense "
+                               "rule does; lazy updates (decay, history, weights) only the rows with a gradient"),
     # loop, logging, testing
     "max_iter": Field("int", 0, min=0, doc="iterations to train"),
     "display": Field("int", 0, min=0, doc="log every this many iterations (0: never)"),
@@ -76,6 +79,10 @@ SOLVER_KEYS = {
     "allreduce_bucket_mb": Field("float", 0.0, min=0.0,
                                  doc="pack gradients into buckets of at most this many MB (0: one buffer)"),
     "allreduce_fp16": Field("bool", False, doc="send gradients as float16 (halves the bytes, rounds them)"),
+    "sparse_aggregation": Field("enum", "AUTO", choices=("DENSE", "ALLGATHER", "SHARDED", "AUTO"),
+                                doc="how row gradients (Embed) are summed across ranks: as dense arrays in the "
+                                    "allreduce, allgather of the rows, Parallax's sharded exchange, or the one "
+                                    "the cost model picks from the measured density"),
     "group_size": Field("int", 0, min=0, doc="ranks per node group for the topology-aware allreduce "
                                               "(0: discover shared-memory nodes)"),
     "sync": Field("enum", "TREE", choices=("TREE", "HOST"), doc="how ranks synchronise (distributed training)"),
@@ -91,8 +98,8 @@ class SolverParameter:
     """A validated solver: one attribute per key of ``SOLVER_KEYS`` plus ``path`` (the file, or None).
 
     ``net``/``train_net``/``test_net`` paths are resolved against the solver file's directory.
-    ``lr_policy``, ``regularization_type``, ``solver_mode``, ``dtype``, ``allreduce`` and ``sync`` are
-    upper-case; ``type`` is the registered spelling (``"Adam"``).
+    ``lr_policy``, ``regularization_type``, ``solver_mode``, ``dtype``, ``allreduce``, ``sync``, ``sparse_update`` and
+    ``sparse_aggregation`` are upper-case; ``type`` is the registered spelling (``"Adam"``).
     """
 
     def __init__(self, params, path, source):

@@ -16,6 +16,9 @@ One iteration (:meth:`Solver.step`), in this order::
 Caffe clips the sum of the iter_size passes, before it normalises (SGDSolver::ApplyUpdate), and so does this
 loop; ``clip_after_normalize: true`` swaps the two, so that the clip threshold means the same for every
 iter_size and ``iter_size: k`` with batch b stays equivalent to batch k*b even with clipping.
+
+``sparse_update: lazy`` runs clip, normalise, regularise, compute_update and apply on only the rows of a
+parameter whose gradient came as rows (Embed), see :meth:`Solver.update_rows`.
 """
 import collections
 import contextlib
@@ -61,6 +64,17 @@ def get_solver(source, shard=None, **overrides):
 
 class NonFiniteError(LayerforgeError):
     """The loss (or a parameter) became NaN or infinite; training stopped without a snapshot of the bad state."""
+
+
+class _Rows:
+    """Some rows of a parameter Blob, standing in for it while a rule updates only those rows."""
+
+    def __init__(self, blob, diff, data):
+        self.diff, self.data, self.xp, self.dtype = diff, data, blob.xp, blob.dtype
+
+    @property
+    def shape(self):
+        return self.data.shape
 
 
 def _g(x):
@@ -134,6 +148,7 @@ class Solver:
         self.root = True
         self.test_reduce, self.agree_action, self.snapshot_hooks = None, None, []
         self.requested_early_exit = False
+        self._lazy = {}  # sparse_update lazy: {parameter index: its SparseGradient} during apply_update
         self.last_snapshot = None
         self.test_scores = [None] * len(self.test_nets)
         self._pending = []  # (signal number, effect) requested by signal handlers
@@ -265,10 +280,16 @@ class Solver:
         return learning_rate(self.param, self.iter)
 
     def apply_update(self, display=False):
-        """Learning rate -> clip -> normalise -> regularise -> compute_update -> data -= diff (Caffe's order)."""
+        """Learning rate -> clip -> normalise -> regularise -> compute_update -> data -= diff (Caffe's order).
+
+        With ``sparse_update: lazy``, a parameter whose gradient came as rows (Embed) goes through the same
+        sequence on those rows only (see :meth:`update_rows`); every other parameter, and every parameter
+        with ``exact``, uses ``diff``, which holds the rows added into the full array.
+        """
         rate = self.get_learning_rate()
         if display:
             log.info("Iteration %d, lr = %s", self.iter, _g(rate))
+        self._lazy = self._lazy_rows()
         if self.param.clip_after_normalize:
             self.normalize()
             self.clip_gradients()
@@ -276,27 +297,42 @@ class Solver:
             self.clip_gradients()
             self.normalize()
         for i in range(len(self.net.learnable_params)):
+            if i in self._lazy:
+                self.update_rows(i, rate, self._lazy[i])
+                continue
             self.regularize(i)
             self.compute_update(i, rate)
-        for p in self.net.learnable_params:
-            p.data -= p.diff
+        for i, p in enumerate(self.net.learnable_params):
+            if i not in self._lazy:
+                p.data -= p.diff
+
+    def _lazy_rows(self):
+        if self.param.sparse_update != "LAZY":
+            return {}
+        return {i: p.sparse_diff() for i, p in enumerate(self.net.learnable_params) if p.sparse_rows}
+
+    def _gradients(self):
+        # the arrays clip and normalise scale: the rows of lazily updated parameters, else the full diffs
+        lazy = self._lazy
+        return [lazy[i].rows if i in lazy else p.diff for i, p in enumerate(self.net.learnable_params)]
 
     def normalize(self):
         if self.param.iter_size > 1:
-            for p in self.net.learnable_params:
-                p.diff *= 1.0 / self.param.iter_size
+            for g in self._gradients():
+                g *= 1.0 / self.param.iter_size
 
     def clip_gradients(self):
         c = self.param.clip_gradients
         if c < 0:
             return
-        norm = math.sqrt(sum(float((p.diff * p.diff).sum()) for p in self.net.learnable_params))
+        gradients = self._gradients()  # a row gradient's indices are unique, so its rows give the same norm
+        norm = math.sqrt(sum(float((g * g).sum()) for g in gradients))
         if norm > c:
             scale = c / norm
             log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
                      _g(norm), _g(c), _g(scale))
-            for p in self.net.learnable_params:
-                p.diff *= scale
+            for g in gradients:
+                g *= scale
 
     def regularize(self, i):
         decay = self.param.weight_decay * self.net.params_weight_decay[i]
@@ -307,6 +343,35 @@ class Solver:
             p.diff += decay * p.data
         else:
             p.diff += decay * self.xp.sign(p.data)
+
+    def update_rows(self, i, rate, grad):
+        """``sparse_update: lazy`` for parameter ``i`` with the row gradient ``grad`` (a SparseGradient).
+
+        Only the rows ``grad.indices`` change: their weights, their history (momentum, Adam's moments, the
+        squared-gradient sums) and their weight decay; every other row is left as it is, as if its gradient
+        had not been computed (TensorFlow's LazyAdam, PyTorch's SparseAdam; Adam's t still counts every
+        iteration). :meth:`regularize` and the rule's :meth:`compute_update` run unchanged on the gathered
+        rows: for the call, parameter ``i`` and its history slots hold only those rows; the results are
+        scattered back.
+        """
+        p, idx = self.net.learnable_params[i], grad.indices
+        n = len(self.net.learnable_params)
+        slots = [k * n + i for k in range(self.history_per_param)]
+        full = [self.history[s] for s in slots]
+        rows = _Rows(p, grad.rows, p.data[idx])
+        params = self.net.learnable_params
+        params[i] = rows
+        for s, h in zip(slots, full):
+            self.history[s] = h[idx]
+        try:
+            self.regularize(i)
+            self.compute_update(i, rate)
+        finally:
+            params[i] = p
+            for s, h in zip(slots, full):
+                h[idx] = self.history[s]
+                self.history[s] = h
+        p.data[idx] -= rows.diff
 
     def compute_update(self, i, rate):
         """Turn ``learnable_params[i].diff`` into the step to subtract; use ``rate * net.params_lr[i]``."""
