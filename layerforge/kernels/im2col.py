@@ -20,6 +20,7 @@ import itertools
 import numpy
 
 from ..backend import get_array_module
+from .parallel import host_work, parallel_for
 
 
 def conv_output_size(size, k, s, p, d=1):
@@ -70,8 +71,14 @@ def im2col_tile(xt, col, kh, kw, sy, sx, ph, pw, dy=1, dx=1, r0=0):
     """Write columns of ``xt`` (C, n, H, W) into ``col`` (C, kh, kw, n, rows, out_w) for output rows ``r0 ..``.
 
     ``col`` may be any strided view (the engines pass transposed views of their own layouts); every
-    element is written, so a reused buffer needs no clearing.
+    element is written, so a reused buffer needs no clearing. numpy arrays are split over channels on
+    the kernel threads (kernels.parallel).
     """
+    parallel_for(xt.shape[0], lambda lo, hi: _im2col_slice(xt[lo:hi], col[lo:hi], kh, kw, sy, sx, ph, pw, dy, dx,
+                                                           r0), work=host_work(col, kh * kw))
+
+
+def _im2col_slice(xt, col, kh, kw, sy, sx, ph, pw, dy, dx, r0):
     c, n, h, w = xt.shape
     rows, out_w = col.shape[4:]
     for i, j, a, b, a2, b2, ys, xs in _taps(h, w, kh, kw, sy, sx, ph, pw, dy, dx, r0, rows, out_w):
@@ -91,7 +98,13 @@ def im2col_tile(xt, col, kh, kw, sy, sx, ph, pw, dy=1, dx=1, r0=0):
 
 
 def col2im_tile(col, gxt, kh, kw, sy, sx, ph, pw, dy=1, dx=1, r0=0):
-    """Add ``col`` (C, kh, kw, n, rows, out_w) into ``gxt`` (C, n, H, W): the adjoint of :func:`im2col_tile`."""
+    """Add ``col`` (C, kh, kw, n, rows, out_w) into ``gxt`` (C, n, H, W): the adjoint of :func:`im2col_tile`
+    (split over channels like it)."""
+    parallel_for(gxt.shape[0], lambda lo, hi: _col2im_slice(col[lo:hi], gxt[lo:hi], kh, kw, sy, sx, ph, pw, dy,
+                                                            dx, r0), work=host_work(col, kh * kw))
+
+
+def _col2im_slice(col, gxt, kh, kw, sy, sx, ph, pw, dy, dx, r0):
     c, n, h, w = gxt.shape
     rows, out_w = col.shape[4:]
     for i, j, a, b, a2, b2, ys, xs in _taps(h, w, kh, kw, sy, sx, ph, pw, dy, dx, r0, rows, out_w):

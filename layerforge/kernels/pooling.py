@@ -7,11 +7,13 @@ from the caller (``pooling_output_size``), so a ceil-mode window may reach past 
 padded buffer is made large enough, and the part beyond the image counts as -inf (MAX) or contributes
 nothing (AVE). Without padding, when every window lies inside the image (LeNet's 2x2/2, VGG's), the
 windows are slices of x itself; when they are also disjoint, backward assigns each window's share
-instead of accumulating into a cleared buffer. cupy arrays go to kernels/cuda/pooling.cu (argmax int32).
+instead of accumulating into a cleared buffer. numpy batches are split over images on the kernel threads
+(kernels.parallel); cupy arrays go to kernels/cuda/pooling.cu (argmax int32).
 """
 import numpy
 
 from ..backend import get_array_module
+from .parallel import parallel_for
 
 
 def _window(i, j, sy, sx, out_h, out_w):
@@ -67,11 +69,18 @@ def max_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
     if xp is not numpy:  # kernels/cuda/pooling.cu
         from .cuda import pooling as gpu
         return gpu.max_pooling_forward_gpu(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out)
+    y = _result(out, (x.shape[0], x.shape[1], out_h, out_w), x.dtype, xp)
+    argmax = xp.zeros(y.shape, dtype=xp.uint8 if kh * kw <= 256 else xp.int32)
+    parallel_for(len(x), lambda lo, hi: _max_forward(x[lo:hi], kh, kw, sy, sx, ph, pw, out_h, out_w, y[lo:hi],
+                                                     argmax[lo:hi]), work=y.size)
+    return y, argmax
+
+
+def _max_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, y, argmax):
+    xp = numpy
     img = x if _direct(x.shape, kh, kw, sy, sx, ph, pw, out_h, out_w) else \
         _pad(x, -xp.inf, kh, kw, sy, sx, ph, pw, out_h, out_w)
-    y = _result(out, (x.shape[0], x.shape[1], out_h, out_w), x.dtype, xp)
     y[...] = img[_window(0, 0, sy, sx, out_h, out_w)]
-    argmax = xp.zeros(y.shape, dtype=xp.uint8 if kh * kw <= 256 else xp.int32)
     better = xp.empty(y.shape, dtype=bool)
     for i in range(kh):
         for j in range(kw):
@@ -81,7 +90,6 @@ def max_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
             xp.greater(v, y, out=better)
             xp.maximum(y, v, out=y)
             xp.copyto(argmax, argmax.dtype.type(i * kw + j), where=better)
-    return y, argmax
 
 
 def max_pooling_backward(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out=None):
@@ -90,6 +98,14 @@ def max_pooling_backward(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out=None):
     if xp is not numpy:  # kernels/cuda/pooling.cu
         from .cuda import pooling as gpu
         return gpu.max_pooling_backward_gpu(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out)
+    gx = _result(out, x_shape, gy.dtype, xp)
+    parallel_for(len(gy), lambda lo, hi: _max_backward(gy[lo:hi], argmax[lo:hi], (hi - lo,) + tuple(x_shape[1:]),
+                                                       kh, kw, sy, sx, ph, pw, gx[lo:hi]), work=gy.size)
+    return gx
+
+
+def _max_backward(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out):
+    xp = numpy
     n, c, out_h, out_w = gy.shape
     h, w = x_shape[2:]
     hit = xp.empty(gy.shape, dtype=bool)
@@ -137,9 +153,16 @@ def average_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
     if xp is not numpy:  # kernels/cuda/pooling.cu
         from .cuda import pooling as gpu
         return gpu.average_pooling_forward_gpu(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out)
+    y = _result(out, (x.shape[0], x.shape[1], out_h, out_w), x.dtype, xp)
+    parallel_for(len(x), lambda lo, hi: _average_forward(x[lo:hi], kh, kw, sy, sx, ph, pw, out_h, out_w, y[lo:hi]),
+                 work=y.size)
+    return y
+
+
+def _average_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, y):
+    xp = numpy
     direct = _direct(x.shape, kh, kw, sy, sx, ph, pw, out_h, out_w)
     img = x if direct else _pad(x, 0, kh, kw, sy, sx, ph, pw, out_h, out_w)
-    y = _result(out, (x.shape[0], x.shape[1], out_h, out_w), x.dtype, xp)
     y[...] = img[_window(0, 0, sy, sx, out_h, out_w)]
     for i in range(kh):
         for j in range(kw):
@@ -149,7 +172,6 @@ def average_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
         y *= x.dtype.type(1.0 / (kh * kw))
     else:
         y /= average_pool_size(x.shape[2], x.shape[3], kh, kw, sy, sx, ph, pw, out_h, out_w, xp, x.dtype)
-    return y
 
 
 def average_pooling_backward(gy, x_shape, kh, kw, sy, sx, ph, pw, out=None):
@@ -158,6 +180,14 @@ def average_pooling_backward(gy, x_shape, kh, kw, sy, sx, ph, pw, out=None):
     if xp is not numpy:  # kernels/cuda/pooling.cu
         from .cuda import pooling as gpu
         return gpu.average_pooling_backward_gpu(gy, x_shape, kh, kw, sy, sx, ph, pw, out)
+    gx = _result(out, x_shape, gy.dtype, xp)
+    parallel_for(len(gy), lambda lo, hi: _average_backward(gy[lo:hi], (hi - lo,) + tuple(x_shape[1:]), kh, kw, sy,
+                                                           sx, ph, pw, gx[lo:hi]), work=gy.size)
+    return gx
+
+
+def _average_backward(gy, x_shape, kh, kw, sy, sx, ph, pw, out):
+    xp = numpy
     n, c, out_h, out_w = gy.shape
     h, w = x_shape[2:]
     if _direct(x_shape, kh, kw, sy, sx, ph, pw, out_h, out_w):

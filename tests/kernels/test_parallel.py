@@ -1,0 +1,128 @@
+"""kernels.parallel: the threaded CPU bodies give the same bits as one thread, for any thread count."""
+import threading
+
+import numpy
+import pytest
+
+from layerforge.kernels import parallel, pooling
+from layerforge.kernels.im2col import col2im_cpu, conv_output_size, im2col_cpu
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """Set the kernel thread count (every size threaded); restores the BLAS-following default afterwards."""
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_ELEMENTS", 0)
+
+    def use(n):
+        parallel.set_num_threads(n)
+    yield use
+    parallel.set_num_threads(None)
+
+
+def same_for_all_thread_counts(threads, compute):
+    threads(1)
+    reference = compute()
+    for n in (2, 3, 5):
+        threads(n)
+        for got, want in zip(compute(), reference):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert got.tobytes() == want.tobytes(), f"{n} threads differ from 1"
+    return reference
+
+
+SHAPES = [(1, 3, 9, 11), (5, 7, 8, 8), (2, 1, 13, 6)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("geometry", [(3, 3, 1, 1, 1, 1), (5, 3, 2, 1, 2, 0), (1, 1, 1, 1, 0, 0)])
+def test_im2col_and_col2im(threads, shape, geometry):
+    x = numpy.random.RandomState(0).randn(*shape).astype(numpy.float32)
+    kh, kw, sy, sx, ph, pw = geometry
+
+    def compute():
+        col = im2col_cpu(x, kh, kw, sy, sx, ph, pw)
+        return col, col2im_cpu(col * 1.5, sy, sx, ph, pw, shape[2], shape[3])
+    col, _ = same_for_all_thread_counts(threads, compute)
+    assert col.shape == (shape[1], kh, kw, shape[0], conv_output_size(shape[2], kh, sy, ph),
+                         conv_output_size(shape[3], kw, sx, pw))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("geometry", [(2, 2, 2, 2, 0, 0), (3, 3, 2, 2, 1, 1), (3, 3, 1, 1, 0, 0)])
+def test_pooling(threads, shape, geometry):
+    rng = numpy.random.RandomState(1)
+    x = rng.randn(*shape).astype(numpy.float64)
+    kh, kw, sy, sx, ph, pw = geometry
+    out_h = -(-(shape[2] + 2 * ph - kh) // sy) + 1
+    out_w = -(-(shape[3] + 2 * pw - kw) // sx) + 1
+    if ph and (out_h - 1) * sy >= shape[2] + ph:
+        out_h -= 1
+    if pw and (out_w - 1) * sx >= shape[3] + pw:
+        out_w -= 1
+    gy = rng.randn(shape[0], shape[1], out_h, out_w)
+
+    def compute():
+        y, argmax = pooling.max_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w)
+        gx = pooling.max_pooling_backward(gy, argmax, x.shape, kh, kw, sy, sx, ph, pw)
+        ya = pooling.average_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w)
+        ga = pooling.average_pooling_backward(gy, x.shape, kh, kw, sy, sx, ph, pw)
+        return y, argmax, gx, ya, ga
+    y, argmax, gx, ya, ga = same_for_all_thread_counts(threads, compute)
+    # and the values are pooling's: the max of the first window, and gradients that add up
+    assert y[0, 0, 0, 0] == x[0, 0, max(0, -ph):kh - ph, max(0, -pw):kw - pw].max()
+    assert gx.sum() == pytest.approx(gy.sum())
+
+
+def test_parallel_for_covers_the_range_once_and_nests_serially(threads):
+    threads(3)
+    seen, names = [], set()
+    lock = threading.Lock()
+
+    def body(lo, hi):
+        inner = []
+        parallel.parallel_for(4, lambda a, b: inner.append((a, b)), work=10 ** 9)
+        with lock:
+            seen.extend(range(lo, hi))
+            names.add(threading.current_thread().name.split("_")[0])
+        assert inner == [(0, 4)]  # a body's own parallel_for runs on its thread
+    parallel.parallel_for(10, body, work=10 ** 9)
+    assert sorted(seen) == list(range(10))
+    assert len(names) == 2  # the caller and the pool's threads
+
+
+def test_small_work_stays_on_the_calling_thread(monkeypatch):
+    parallel.set_num_threads(4)
+    try:
+        calls = []
+        parallel.parallel_for(100, lambda lo, hi: calls.append((lo, hi, threading.current_thread())),
+                              work=parallel.MIN_PARALLEL_ELEMENTS - 1)
+        assert calls == [(0, 100, threading.current_thread())]
+    finally:
+        parallel.set_num_threads(None)
+
+
+def test_an_exception_in_a_piece_reaches_the_caller(threads):
+    threads(2)
+
+    def body(lo, hi):
+        if lo > 0:
+            raise ValueError(f"piece {lo}")
+    with pytest.raises(ValueError, match="piece 5"):
+        parallel.parallel_for(10, body, work=10 ** 9)
+
+
+def test_thread_count_follows_the_blas_setting(monkeypatch):
+    monkeypatch.setattr(parallel, "_blas_threads", lambda: 3)
+    parallel.set_num_threads(None)
+    try:
+        assert parallel.num_threads() == 3
+        parallel.set_num_threads(1)
+        assert parallel.num_threads() == 1
+    finally:
+        parallel.set_num_threads(None)
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "from layerforge.kernels import parallel; import numpy; "
+                          "print(parallel.num_threads())"], capture_output=True, text=True, check=True,
+                         env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == "1"
