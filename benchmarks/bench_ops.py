@@ -11,11 +11,13 @@ use torch.set_num_threads(N).
 import argparse
 import os
 import sys
-import time
 
 import numpy
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_conv import best_time  # noqa: E402
 
 from layerforge.kernels import parallel, pooling  # noqa: E402
 from layerforge.kernels.im2col import col2im_cpu, conv_output_size, im2col_cpu  # noqa: E402
@@ -28,13 +30,7 @@ POOL = [("alexnet pool1 b16", "max", 16, 96, 55, 55, 3, 2, 0), ("resnet50 pool1 
 
 
 def best_ms(fn, repeat):
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * min(times)
+    return 1000 * best_time(fn, repeat)
 
 
 def pool_size(h, k, s, p):
