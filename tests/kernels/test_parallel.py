@@ -126,3 +126,25 @@ def test_thread_count_follows_the_blas_setting(monkeypatch):
                           "print(parallel.num_threads())"], capture_output=True, text=True, check=True,
                          env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert out.stdout.strip() == "1"
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 20), (5, 4, 49), (3, 16, 7)])
+@pytest.mark.parametrize("negative_slope", [None, 0, 0.1])
+@pytest.mark.parametrize("batch_stats", [True, False])
+def test_fused_batch_norm_scale_relu(threads, shape, negative_slope, batch_stats):
+    from layerforge.kernels.fused_batch_norm import bn_scale_relu_backward, scale_shift_relu
+    rng = numpy.random.RandomState(2)
+    x_norm, gy = rng.randn(*shape).astype(numpy.float32), rng.randn(*shape).astype(numpy.float32)
+    gamma, beta = rng.rand(shape[1]).astype(numpy.float32) + 0.5, rng.randn(shape[1]).astype(numpy.float32)
+    inv_std = rng.rand(shape[1]).astype(numpy.float32) + 0.5
+
+    def compute():
+        y = scale_shift_relu(x_norm, gamma, beta, negative_slope, numpy.empty(shape, numpy.float32))
+        g_gamma, g_beta = numpy.zeros_like(gamma), numpy.zeros_like(beta)
+        gx = bn_scale_relu_backward(gy.copy(), y, x_norm, inv_std, gamma, negative_slope, batch_stats, g_gamma,
+                                    g_beta, numpy.empty(shape, numpy.float32))
+        return y, gx, g_gamma, g_beta
+    y, gx, g_gamma, g_beta = same_for_all_thread_counts(threads, compute)
+    z = gamma[None, :, None] * x_norm + beta[None, :, None]
+    want = z if negative_slope is None else numpy.where(z > 0, z, z * negative_slope)
+    numpy.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
