@@ -3,12 +3,14 @@
 ``scale = k + alpha_n sum_{window} x^2`` over the ``size`` channels centred on each channel (clipped at
 the ends), ``y = x scale^(-beta)``; backward
 ``gx = gy scale^(-beta) - 2 alpha_n beta x sum_{window} gy y / scale``. numpy arrays run strided xp
-bodies (:func:`window_sum`, shared with the LRN layer's WITHIN_CHANNEL path); cupy arrays run lrn.cu
+bodies (:func:`window_sum`, shared with the LRN layer's WITHIN_CHANNEL path), split over images on the
+kernel threads (kernels.parallel); cupy arrays run lrn.cu
 (one thread per element).
 """
 import numpy
 
 from ..backend import get_array_module
+from .parallel import parallel_for
 
 
 def window_sum(a, n, axes):
@@ -48,12 +50,19 @@ def lrn_across_forward(x, size, alpha_n, k, beta, out=None):
         if out is not None:
             out[...] = y
         return (y if out is None else out), scale
-    scale = window_sum(x * x, size, (1,))
-    scale *= alpha_n
-    scale += k
+    scale = xp.empty_like(x)
     y = xp.empty_like(x) if out is None else out
-    xp.multiply(x, negative_power(xp, scale, beta), out=y)
+    parallel_for(len(x), lambda lo, hi: _across_forward(x[lo:hi], size, alpha_n, k, beta, y[lo:hi], scale[lo:hi]),
+                 work=x.size)
     return y, scale
+
+
+def _across_forward(x, size, alpha_n, k, beta, y, scale):
+    s = window_sum(x * x, size, (1,))
+    s *= alpha_n
+    s += k
+    scale[...] = s
+    numpy.multiply(x, negative_power(numpy, s, beta), out=y)
 
 
 def lrn_across_backward(x, scale, gy, size, alpha_n, beta, gx):
@@ -62,10 +71,15 @@ def lrn_across_backward(x, scale, gy, size, alpha_n, beta, gx):
     if xp is not numpy:
         from .cuda.lrn import lrn_backward_gpu
         return lrn_backward_gpu(x, scale, gy, size, alpha_n, beta, gx)
-    power = negative_power(xp, scale, beta)
+    parallel_for(len(x), lambda lo, hi: _across_backward(x[lo:hi], scale[lo:hi], gy[lo:hi], size, alpha_n, beta,
+                                                         gx[lo:hi]), work=x.size)
+    return gx
+
+
+def _across_backward(x, scale, gy, size, alpha_n, beta, gx):
+    power = negative_power(numpy, scale, beta)
     ratio = window_sum(gy * x * power / scale, size, (1,))
     ratio *= x
     ratio *= 2 * alpha_n * beta
-    xp.multiply(gy, power, out=gx)
+    numpy.multiply(gy, power, out=gx)
     gx -= ratio
-    return gx

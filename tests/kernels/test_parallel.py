@@ -148,3 +148,19 @@ def test_fused_batch_norm_scale_relu(threads, shape, negative_slope, batch_stats
     z = gamma[None, :, None] * x_norm + beta[None, :, None]
     want = z if negative_slope is None else numpy.where(z > 0, z, z * negative_slope)
     numpy.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(1, 7, 5, 5), (5, 16, 6, 3)])
+@pytest.mark.parametrize("size,beta", [(5, 0.75), (3, 0.6)])
+def test_lrn_across_channels(threads, shape, size, beta):
+    from layerforge.kernels.lrn import lrn_across_backward, lrn_across_forward
+    rng = numpy.random.RandomState(3)
+    x, gy = rng.randn(*shape).astype(numpy.float32), rng.randn(*shape).astype(numpy.float32)
+
+    def compute():
+        y, scale = lrn_across_forward(x, size, 1e-4 / size, 1.0, beta)
+        return y, scale, lrn_across_backward(x, scale, gy, size, 1e-4 / size, beta, numpy.empty_like(x))
+    y, scale, _ = same_for_all_thread_counts(threads, compute)
+    half = size // 2
+    want = 1 + 1e-4 / size * (x[0, max(0, 2 - half):2 + half + 1, 1, 1] ** 2).sum()
+    assert scale[0, 2, 1, 1] == pytest.approx(want, rel=1e-6)
