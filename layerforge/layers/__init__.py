@@ -39,6 +39,7 @@ from . import (  # noqa: F401,E402
     softmax,
     spp,
     tile,
+    token_data,
     window_data,
 )
 

@@ -60,6 +60,9 @@ SOLVER_KEYS = {
     "test_interval": Field("int", 0, min=0, doc="test every this many iterations (0: never)"),
     "test_initialization": Field("bool", True, doc="also test before the first iteration"),
     "test_compute_loss": Field("bool", False, doc="log the mean test loss too"),
+    "report_perplexity": Field("bool", False, doc="log exp(loss output) next to each loss output, train and "
+                                                  "test (language models: the loss is the per-token cross "
+                                                  "entropy, exp of it the perplexity)"),
     # snapshots
     "snapshot": Field("int", 0, min=0, doc="snapshot every this many iterations (0: never)"),
     "snapshot_prefix": Field("str", None, doc="path prefix of snapshot files, relative to the working directory"),

@@ -269,8 +269,14 @@ class Solver:
             w = weights.get(name, 0.0)
             for v in backend.to_numpy(net.blobs[name].data).reshape(-1):
                 extra = f" (* {_g(w)} = {_g(w * v)} loss)" if w else ""
-                log.info("    Train net output #%d: %s = %s%s", k, name, _g(v), extra)
+                log.info("    Train net output #%d: %s = %s%s%s", k, name, _g(v), extra, self._perplexity(w, v))
                 k += 1
+
+    def _perplexity(self, weight, value):
+        """`` (perplexity P)`` for a loss output when ``report_perplexity`` is on, else ''."""
+        if not (self.param.report_perplexity and weight):
+            return ""
+        return f" (perplexity {_g(math.exp(min(float(value), 700.0)))})"
 
     # ------------------------------------------------------------------------------------------
     # the update
@@ -417,9 +423,11 @@ class Solver:
             w = weights.get(name, 0.0)
             for v in mean:
                 extra = f" (* {_g(w)} = {_g(w * v)} loss)" if w else ""
-                log.info("    Test net output #%d: %s = %s%s", idx, name, _g(v), extra)
+                log.info("    Test net output #%d: %s = %s%s%s", idx, name, _g(v), extra, self._perplexity(w, v))
                 idx += 1
             scores[name] = float(mean[0]) if mean.size == 1 else mean
+            if self.param.report_perplexity and w and mean.size == 1:
+                scores[f"{name}_perplexity"] = math.exp(min(float(mean[0]), 700.0))
         self.test_scores[k] = scores
         return scores
 
