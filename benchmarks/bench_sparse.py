@@ -17,6 +17,7 @@ p(k) ~ k^-s over the vocabulary with s = 1.06: the least-squares slope of log fr
 ids' unique rows with summed values. Compare with ``layerforge plan`` for a whole net.
 """
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -99,6 +100,27 @@ def print_table(results):
         print(f"auto vs best measured ({best['path']}): {100 * (auto['ms'] / best['ms'] - 1):+.1f}%")
 
 
+def run_p(args, p, bed, env, root):
+    """Run the worker on P ranks (on the test bed when ``bed``), print its table, return its results."""
+    from tests.comm.mpirun import mpiexec
+    argv = [sys.executable, os.path.abspath(__file__), "--worker",
+            "--vocab", ",".join(map(str, args.vocab)), "--dim", str(args.dim), "--tokens", str(args.tokens),
+            "--iterations", str(args.iterations), "--group-size", str(args.group_size)]
+    if bed is not None:
+        proc = bed.run(argv, hosts=p, env={k: env[k] for k in ("PYTHONPATH", "LAYERFORGE_COMM_CALIBRATION")})
+    else:
+        proc = subprocess.run([mpiexec(), "-n", str(p), *argv], capture_output=True, text=True, env=env,
+                              cwd=root)
+    if proc.returncode != 0:
+        sys.exit(f"bench_sparse: P = {p} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"# P = {p}: alpha {out['cost_params']['alpha'] * 1e6:.1f} us, beta_intra "
+          f"{1e-9 / max(out['cost_params']['beta_intra'], 1e-30):.2f} GB/s, gamma "
+          f"{1e-9 / max(out['cost_params']['gamma'], 1e-30):.2f} GB/s (calibrated)")
+    print_table(out["results"])
+    return out["results"]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ps", default="2,4")
@@ -107,6 +129,9 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=700)
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--group-size", type=int, default=0, help="pretend groups of this many ranks (0: shared memory)")
+    ap.add_argument("--testbed-gbit", type=float, default=0,
+                    help="run each P as P hosts of one rank on the multi-host test bed (layerforge.comm.testbed) "
+                         "with links of this many Gbit/s (needs root); 0: ranks on this host")
     ap.add_argument("--json", help="write all results here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -115,7 +140,6 @@ def main(argv=None):
         return worker(args)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, root)
-    from tests.comm.mpirun import mpiexec
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if "LAYERFORGE_COMM_CALIBRATION" not in os.environ:  # calibrate under the conditions measured now
         import tempfile
@@ -123,19 +147,15 @@ def main(argv=None):
     print(f"# uptime: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} on "
           f"{os.cpu_count()} cores; Zipf exponent {ZIPF_EXPONENT}")
     everything = []
-    for p in [int(x) for x in args.ps.split(",")]:
-        cmd = [mpiexec(), "-n", str(p), sys.executable, os.path.abspath(__file__), "--worker",
-               "--vocab", ",".join(map(str, args.vocab)), "--dim", str(args.dim), "--tokens", str(args.tokens),
-               "--iterations", str(args.iterations), "--group-size", str(args.group_size)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
-        if proc.returncode != 0:
-            sys.exit(f"bench_sparse: P = {p} failed: {proc.stderr.strip().splitlines()[-1:]}")
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"# P = {p}: alpha {out['cost_params']['alpha'] * 1e6:.1f} us, beta_intra "
-              f"{1e-9 / max(out['cost_params']['beta_intra'], 1e-30):.2f} GB/s, gamma "
-              f"{1e-9 / max(out['cost_params']['gamma'], 1e-30):.2f} GB/s (calibrated)")
-        print_table(out["results"])
-        everything += out["results"]
+    ps = [int(x) for x in args.ps.split(",")]
+    with contextlib.ExitStack() as stack:  # the test bed is torn down however the loop ends
+        bed = None
+        if args.testbed_gbit:
+            from layerforge.comm.testbed import TestBed
+            bed = stack.enter_context(TestBed(max(ps), gbit=args.testbed_gbit, prefix="lfsparse"))
+            print(f"# on the test bed: {bed.describe()}, one rank per host")
+        for p in ps:
+            everything += run_p(args, p, bed, env, root)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(everything, f, indent=1)
