@@ -35,25 +35,63 @@ def mpi_world_size():
 
 
 class GradientExchange:
-    """The gradient hook: pack all learnable diffs, allreduce-average them, unpack.
+    """The gradient hook: pack the learnable diffs into buckets, allreduce-average them, unpack.
+
+    The packed buffer holds the parameters in the order backward finishes them (the last layer's first) and
+    is cut into buckets of at most ``bucket_bytes``. Without overlap every bucket is packed and allreduced
+    after backward. With ``overlap`` (``allreduce_overlap: true``), :meth:`backward_step` runs after every
+    layer's backward (``net.backward_hooks``) during the last iter_size pass, and a bucket leaves as soon
+    as the layers that write its parameters are done: the project's algorithms on one communication thread
+    (one collective at a time, in the same bucket order on every rank), ``mpi`` as a non-blocking
+    ``Iallreduce`` posted by the training thread and driven by ``Testall`` after each later layer. The hook
+    after backward then waits only for what is still in flight. Both ways run the same allreduce calls on
+    the same buckets, so their results are bit-identical.
+
+    ``double_buffering`` (ChainerMN): the exchange of iteration t's gradients runs while iteration t + 1
+    computes, and the update of iteration t + 1 uses them; iteration 0 makes no update (it only starts the
+    first exchange), and the last iteration's gradients are never applied. A different optimiser: the
+    update sees gradients one step stale.
 
     Args:
-        params: the learnable Blobs (``net.learnable_params``).
+        params: the learnable Blobs to exchange (``net.learnable_params`` less row-gradient ones).
         comm: a :class:`~layerforge.comm.Communicator`.
-        algorithm: an allreduce name (``auto``, ``recursive``, ``topology``, ``ring``, ``doubling``, ``mpi``, ``nccl``).
+        algorithm: an allreduce name (``auto``, ``recursive``, ``topology``, ``ring``, ``doubling``,
+            ``hierarchical``, ``mpi``, ``nccl``).
         bucket_bytes: cap on one allreduce message (0: one buffer for everything).
         fp16: send float16 payloads (values are divided by P before the sum so they cannot overflow).
+        ready_after: per parameter, the layer index after whose backward its diff is final (the smallest
+            index of the layers holding it); None: all at the end (no overlap possible).
+        overlap, double_buffering: as above.
+
+    Attributes:
+        seconds: wall time inside the exchange hooks, summed (packing, waiting, unpacking).
+        comm_seconds: time the allreduce calls themselves took, summed (on whichever thread ran them).
+        exposed_seconds: time the training thread waited for communication after backward, summed.
     """
 
-    def __init__(self, params, comm, algorithm="auto", bucket_bytes=0, fp16=False):
-        self.params, self.comm, self.algorithm = list(params), comm, algorithm
-        self.fp16 = fp16
+    def __init__(self, params, comm, algorithm="auto", bucket_bytes=0, fp16=False, ready_after=None,
+                 overlap=False, double_buffering=False):
+        params = list(params)
+        ready_after = list(ready_after) if ready_after is not None else [0] * len(params)
+        order = sorted(range(len(params)), key=lambda k: -ready_after[k])  # stable: backward order
+        self.params = [params[k] for k in order]
+        self.ready_after = [ready_after[k] for k in order]
+        self.comm, self.algorithm, self.fp16 = comm, algorithm, fp16
+        self.overlap, self.double_buffering = overlap, double_buffering
         dtype = numpy.float16 if fp16 else (params[0].data.dtype if params else numpy.float32)
         self.offsets = numpy.cumsum([0] + [p.count for p in self.params])
         self.buffer = numpy.zeros(int(self.offsets[-1]), dtype)
         self.buckets = self._buckets(bucket_bytes)
-        self.seconds = 0.0  # time spent in the exchange, summed over calls
+        # a bucket may leave once every parameter overlapping it is final: after the smallest ready index
+        self.bucket_ready = [min(r for r, lo, hi in zip(self.ready_after, self.offsets[:-1], self.offsets[1:])
+                                 if lo < b_hi and hi > b_lo) for b_lo, b_hi in self.buckets]
+        self.seconds = self.comm_seconds = self.exposed_seconds = 0.0
         self.calls = 0
+        self.armed = False  # True during the backward whose gradients are exchanged (the last iter_size pass)
+        self._launched = 0
+        self._pending = []  # futures (own algorithms) or requests (mpi) of launched buckets
+        self._thread = None
+        self._stale = None  # double buffering: the exchange started last iteration
 
     def _buckets(self, bucket_bytes):
         # the packed buffer is contiguous, so buckets are plain slices of it, each at most bucket_bytes
@@ -62,21 +100,126 @@ class GradientExchange:
         cap = max(1, cap)
         return [(lo, min(lo + cap, n)) for lo in range(0, n, cap)]
 
-    def __call__(self, solver=None):
-        t0 = time.perf_counter()
-        P = self.comm.size
+    # -- sending ----------------------------------------------------------------------------------------
+    def _pack(self, b_lo, b_hi):
         for p, lo, hi in zip(self.params, self.offsets[:-1], self.offsets[1:]):
-            self.buffer[lo:hi] = backend.to_numpy(p.diff).reshape(-1)
+            if lo < b_hi and hi > b_lo:
+                part = backend.to_numpy(p.diff).reshape(-1)[max(lo, b_lo) - lo:min(hi, b_hi) - lo]
+                self.buffer[max(lo, b_lo):min(hi, b_hi)] = part
         if self.fp16:
-            self.buffer /= numpy.float16(P)
-        for lo, hi in self.buckets:
-            self.comm.allreduce(self.buffer[lo:hi], algorithm=self.algorithm)
+            self.buffer[b_lo:b_hi] /= numpy.float16(self.comm.size)
+
+    def _allreduce(self, b_lo, b_hi):
+        t0 = time.perf_counter()
+        self.comm.allreduce(self.buffer[b_lo:b_hi], algorithm=self.algorithm)
+        self.comm_seconds += time.perf_counter() - t0
+
+    def _launch(self, k):
+        b_lo, b_hi = self.buckets[k]
+        self._pack(b_lo, b_hi)
+        if not (self.overlap or self.double_buffering):
+            self._allreduce(b_lo, b_hi)
+        elif self.algorithm == "mpi":
+            from mpi4py import MPI
+            request = self.comm.comm.Iallreduce(MPI.IN_PLACE, self.buffer[b_lo:b_hi], op=MPI.SUM)
+            self._pending.append((time.perf_counter(), request))
+        else:
+            if self._thread is None:
+                from concurrent.futures import ThreadPoolExecutor
+                self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="layerforge-comm")
+            self._pending.append(self._thread.submit(self._allreduce, b_lo, b_hi))
+
+    def backward_step(self, i):
+        """After layer ``i``'s backward: send every bucket whose parameters are now final (when armed), and
+        let MPI progress the non-blocking allreduces in flight."""
+        while self.armed and self._launched < len(self.buckets) and self.bucket_ready[self._launched] >= i:
+            self._launch(self._launched)
+            self._launched += 1
+        if self._pending and self.algorithm == "mpi":
+            from mpi4py import MPI
+            MPI.Request.Testall([r for _, r in self._pending])  # drives the non-blocking allreduces on
+
+    def _wait(self):
+        if self.algorithm == "mpi" and self._pending:
+            from mpi4py import MPI
+            started = self._pending[0][0]
+            MPI.Request.Waitall([r for _, r in self._pending])
+            self.comm_seconds += time.perf_counter() - started
+        else:
+            for future in self._pending:
+                future.result()
+        self._pending = []
+
+    def _finish(self):
+        """Wait for the launched buckets, average, and write the diffs back."""
+        t0 = time.perf_counter()
+        self._wait()
+        self.exposed_seconds += time.perf_counter() - t0
         if not self.fp16:
-            self.buffer /= self.buffer.dtype.type(P)
+            self.buffer /= self.buffer.dtype.type(self.comm.size)
         for p, lo, hi in zip(self.params, self.offsets[:-1], self.offsets[1:]):
             p.diff[...] = p.xp.asarray(self.buffer[lo:hi].reshape(p.shape), dtype=p.dtype)
+
+    # -- the solver's hooks ------------------------------------------------------------------------------
+    def __call__(self, solver=None):
+        t0 = time.perf_counter()
+        self.armed = False
+        if self.double_buffering:
+            self._swap_with_stale(solver)
+        else:
+            comm_before = self.comm_seconds
+            while self._launched < len(self.buckets):
+                self._launch(self._launched)
+                self._launched += 1
+            if not self.overlap:  # the allreduces ran right here, all of them exposed
+                self.exposed_seconds += self.comm_seconds - comm_before
+            self._finish()
+        self._launched = 0
         self.seconds += time.perf_counter() - t0
         self.calls += 1
+
+    def _swap_with_stale(self, solver):
+        # this iteration's gradients go out now; the update applies the ones that went out last iteration
+        fresh = [p.diff.copy() for p in self.params]
+        if self._stale is not None:
+            self._finish()  # waits for last iteration's exchange and writes its mean into the diffs
+        elif solver is not None:
+            solver.skip_update = True  # iteration 0: nothing exchanged yet to apply
+        if self._stale is None:
+            for p in self.params:
+                p.diff[...] = 0
+        self._stale = fresh
+        saved = [p.diff for p in self.params]
+        for p, g in zip(self.params, fresh):
+            p.diff = g  # packed from the fresh gradients, while the diffs hold the stale mean for the update
+        for k in range(len(self.buckets)):
+            self._launch(k)
+        for p, d in zip(self.params, saved):
+            p.diff = d
+
+    def before_pass(self, solver, k):
+        """Arm the backward hooks for the last of the iter_size passes."""
+        self.armed = self.overlap and k == solver.param.iter_size - 1
+
+    def describe(self, seconds_per_iter, iters):
+        """One log line: communication and its exposed part per iteration since the last call."""
+        comm = (self.comm_seconds - getattr(self, "_logged_comm", 0.0)) / max(iters, 1)
+        exposed = (self.exposed_seconds - getattr(self, "_logged_exposed", 0.0)) / max(iters, 1)
+        self._logged_comm, self._logged_exposed = self.comm_seconds, self.exposed_seconds
+        share = 100.0 * exposed / seconds_per_iter if seconds_per_iter else 0.0
+        mode = "double buffering" if self.double_buffering else ("overlapped" if self.overlap else "after backward")
+        return (f"comm exposed {exposed * 1000:.3g} ms of {comm * 1000:.3g} ms per iteration "
+                f"({share:.3g}% of the iteration; {mode})")
+
+
+def gradient_ready_after(net, params):
+    """Per blob of ``params``: the index of the first layer holding it (its diff is final after that
+    layer's backward, which runs last among its holders)."""
+    first = {}
+    for i, layer in enumerate(net.layers):
+        for b in layer.blobs:
+            first.setdefault(id(b), i)
+    return [first.get(id(p), 0) for p in params]
 
 
 class SparseGradientExchange:
@@ -187,7 +330,12 @@ def config_digest(sp, overrides):
 
 
 def parameters_digest(net):
-    return hashlib.sha256(pack([b for layer in net.layers for b in layer.blobs]).tobytes()).digest()
+    """sha256 of the learnable parameters. Not of statistics blobs: each rank's BatchNorm running mean and
+    variance follow its own batches (as in Caffe's multi-GPU training and PyTorch DDP without SyncBatchNorm),
+    so they differ between ranks; rank 0's are the ones snapshotted. Blobs with lr_mult 0 (BatchNorm's
+    statistics among them) are left out for that reason."""
+    trained = [p for p, lr in zip(net.learnable_params, net.params_lr) if lr]
+    return hashlib.sha256(pack(trained).tobytes()).digest()
 
 
 def make_data_parallel(solver, comm, algorithm=None, digest=None):
@@ -202,10 +350,18 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
         check_same(comm, digest, "configuration (solver or net files, or command-line options)")
     broadcast_parameters(comm, solver.net)
     params = solver.net.learnable_params
-    rows = [p for p in params if p.sparse_rows] if sp.sparse_aggregation != "DENSE" else []
-    exchange = GradientExchange([p for p in params if not any(p is q for q in rows)], comm,
-                                algorithm or sp.allreduce.lower(), bucket_bytes=int(sp.allreduce_bucket_mb * 2 ** 20),
-                                fp16=sp.allreduce_fp16)
+    # double buffering delays every gradient by one iteration, the row gradients too: they go dense
+    rows = [p for p in params if p.sparse_rows] if sp.sparse_aggregation != "DENSE" and not sp.double_buffering else []
+    dense = [p for p in params if not any(p is q for q in rows)]
+    overlap = sp.allreduce_overlap and not sp.double_buffering
+    exchange = GradientExchange(dense, comm, algorithm or sp.allreduce.lower(),
+                                bucket_bytes=int(sp.allreduce_bucket_mb * 2 ** 20), fp16=sp.allreduce_fp16,
+                                ready_after=gradient_ready_after(solver.net, dense), overlap=overlap,
+                                double_buffering=sp.double_buffering)
+    if overlap or sp.double_buffering:
+        solver.net.backward_hooks.append(exchange.backward_step)
+        solver.pass_hooks.append(exchange.before_pass)
+    solver.display_hooks.append(exchange.describe)
     solver.gradient_hooks.append(exchange)
     solver.sparse_exchange = None
     if rows:
@@ -236,9 +392,11 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
     solver.test_reduce = test_reduce if solver.test_nets else None
     solver.agree_action = agree_action
     solver.snapshot_hooks.append(check_agreement)
-    log.info("Data parallel over %d ranks (%d node group(s)): allreduce %s, %d gradient values in %d bucket(s)%s",
+    mode = ("double buffering (updates use the previous iteration's gradients)" if sp.double_buffering else
+            "overlapped with backward" if overlap else "after backward")
+    log.info("Data parallel over %d ranks (%d node group(s)): allreduce %s, %d gradient values in %d bucket(s)%s, %s",
              comm.size, comm.num_groups, exchange.algorithm, exchange.buffer.size, len(exchange.buckets),
-             ", float16 payload" if exchange.fp16 else "")
+             ", float16 payload" if exchange.fp16 else "", mode)
     if rows:
         log.info("%d parameter(s) with row gradients (%s) left out of the allreduce: sparse aggregation %s",
                  len(rows), ", ".join(p.name or "?" for p in rows), solver.sparse_exchange.algorithm)

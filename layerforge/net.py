@@ -214,6 +214,8 @@ class Net:
         self._layer_index = {layer.name: i for i, layer in enumerate(self.layers)}
         # BatchNorm + Scale (+ ReLU) in place run as one (layerforge.fusion): {member index: group}
         self._fused = fusion.batch_norm_groups(self) if self.netdef.fuse_batch_norm else {}
+        # fn(i) after layer i's step of backward (run or skipped), e.g. to send gradients that are final
+        self.backward_hooks = []
 
     def _insert_splits(self, entries):
         out = []
@@ -478,6 +480,8 @@ class Net:
                 group.unfuse()  # a range that cuts a fused group runs its layers' own backward
         for i in range(hi, lo - 1, -1):
             self.backward_layer(i)
+            for hook in self.backward_hooks:
+                hook(i)
         return {name: self.blobs[name].diff for name in self.inputs}
 
     def _record_of(self, i, bottom, position):

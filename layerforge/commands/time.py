@@ -9,6 +9,11 @@ training iteration is counted, not sampled: activation arrays (after sharing; th
 too) + parameter data and diffs + what layers hold (convolution workspaces and every cached array,
 see ``layerforge.memory``). The process's RSS high-water mark (``ru_maxrss``) is printed beside it: it
 includes the interpreter, numpy, BLAS buffers and temporaries that the count does not see.
+
+Under ``mpiexec -n P`` every rank times its replica and then runs whole data-parallel iterations (forward,
+backward, gradient exchange; no update), once with the exchange after backward and once overlapped with it:
+rank 0 prints the iteration time, the communication time and the part of it the iteration waited for
+(exposed), both ways.
 """
 import json
 import resource
@@ -35,6 +40,9 @@ def add_arguments(parser):
 
     add_parallel_arguments(parser)  # with --workers/--devices: phases and per-chunk exchange times (docs/cgdp.md)
     parser.add_argument("--no-reuse", action="store_true", help="give every activation its own storage")
+    parser.add_argument("--allreduce", default="auto", help="under mpiexec: the allreduce of the exchange")
+    parser.add_argument("--bucket-mb", type=float, default=4.0,
+                        help="under mpiexec: bucket size of the exchange in MiB (0: one buffer)")
 
 
 def time_net(net, iterations):
@@ -85,6 +93,43 @@ def time_net(net, iterations):
             "max_rss_bytes": max_rss_bytes()}
 
 
+def time_exchange(net, comm, iterations, algorithm="auto", bucket_mb=4.0):
+    """Data-parallel iterations of ``net`` over ``comm`` with the exchange after backward and overlapped.
+
+    Returns ``{"after": {...}, "overlapped": {...}}``, each with ``iteration_ms``, ``comm_ms`` and
+    ``exposed_ms`` per iteration (maxima over ranks).
+    """
+    import numpy
+    from mpi4py import MPI
+
+    from ..distributed import GradientExchange, gradient_ready_after
+
+    params = net.learnable_params
+    out = {}
+    for mode, overlap in (("after", False), ("overlapped", True)):
+        exchange = GradientExchange(params, comm, algorithm, bucket_bytes=int(bucket_mb * 2 ** 20),
+                                    ready_after=gradient_ready_after(net, params), overlap=overlap)
+        net.backward_hooks.append(exchange.backward_step)
+        try:
+            for k in range(iterations + 1):  # the first one warms the buffers and the algorithm up
+                if k == 1:
+                    exchange.comm_seconds = exchange.exposed_seconds = 0.0
+                    comm.comm.Barrier()
+                    t0 = time.perf_counter()
+                net.clear_param_diffs()
+                exchange.armed = overlap
+                net.forward()
+                net.backward()
+                exchange()
+            elapsed = time.perf_counter() - t0
+        finally:
+            net.backward_hooks.remove(exchange.backward_step)
+        figures = numpy.array([elapsed, exchange.comm_seconds, exchange.exposed_seconds]) * 1000.0 / iterations
+        comm.comm.Allreduce(MPI.IN_PLACE, figures, op=MPI.MAX)
+        out[mode] = dict(zip(("iteration_ms", "comm_ms", "exposed_ms"), map(float, figures)))
+    return out
+
+
 def warm_up(net, limit=20):
     """Forward-backward passes until every AUTO convolution has chosen its engines (at least one pass).
 
@@ -126,6 +171,14 @@ def run(args):
     if not args.no_reuse:
         net.optimize_memory()
     result = time_net(net, args.iterations)
+    from ..distributed import mpi_world_size
+    if mpi_world_size() > 1:
+        from ..comm import Communicator
+        comm = Communicator()
+        result["data_parallel"] = dict(ranks=comm.size, allreduce=args.allreduce, bucket_mb=args.bucket_mb,
+                                       **time_exchange(net, comm, args.iterations, args.allreduce, args.bucket_mb))
+        if comm.rank != 0:
+            return 0
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -149,4 +202,14 @@ def run(args):
           f"{mib(m['unplanned_activation_bytes'])}) + parameters {mib(m['param_bytes'])} + layer caches "
           f"{mib(m['cache_bytes'])} + shared convolution workspace {mib(m['workspace_bytes'])}.")
     print(f"Process max RSS: {mib(result['max_rss_bytes'])}.")
+    dp = result.get("data_parallel")
+    if dp:
+        print(f"Data parallel over {dp['ranks']} ranks (allreduce {dp['allreduce']}, {dp['bucket_mb']:g} MiB buckets; "
+              "maxima over ranks, per iteration):")
+        for mode in ("after", "overlapped"):
+            f = dp[mode]
+            share = 100 * f["exposed_ms"] / f["iteration_ms"] if f["iteration_ms"] else 0.0
+            print(f"  exchange {mode + ' backward' if mode == 'after' else 'with backward'}: iteration "
+                  f"{f['iteration_ms']:.3f} ms, communication {f['comm_ms']:.3f} ms, exposed {f['exposed_ms']:.3f} "
+                  f"ms ({share:.1f}% of the iteration)")
     return 0

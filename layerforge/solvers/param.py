@@ -79,9 +79,16 @@ SOLVER_KEYS = {
     "allreduce": Field("enum", "AUTO", choices=("AUTO", "RECURSIVE", "TOPOLOGY", "RING", "DOUBLING", "HIERARCHICAL",
                                                  "MPI", "NCCL"),
                        doc="gradient allreduce algorithm (distributed training)"),
-    "allreduce_bucket_mb": Field("float", 0.0, min=0.0,
-                                 doc="pack gradients into buckets of at most this many MB (0: one buffer)"),
+    "allreduce_bucket_mb": Field("float", 4.0, min=0.0,
+                                 doc="pack gradients into buckets of at most this many MiB, which overlap sends "
+                                     "one by one during backward (0: one buffer)"),
     "allreduce_fp16": Field("bool", False, doc="send gradients as float16 (halves the bytes, rounds them)"),
+    "allreduce_overlap": Field("bool", True, doc="under mpiexec, send each gradient bucket while backward computes "
+                                                 "the rest (same result as sending after backward)"),
+    "double_buffering": Field("bool", False, doc="ChainerMN's double buffering: update with the previous "
+                                                 "iteration's averaged gradients, communication fully hidden (a "
+                                                 "different optimiser: gradients one step stale; iteration 0 "
+                                                 "makes no update)"),
     "sparse_aggregation": Field("enum", "AUTO", choices=("DENSE", "ALLGATHER", "SHARDED", "AUTO"),
                                 doc="how row gradients (Embed) are summed across ranks: as dense arrays in the "
                                     "allreduce, allgather of the rows, Parallax's sharded exchange, or the one "

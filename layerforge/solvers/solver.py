@@ -145,6 +145,9 @@ class Solver:
         self.losses = collections.deque(maxlen=sp.average_loss)
         self.smoothed_loss = 0.0
         self.feed, self.gradient_hooks, self.callbacks = None, [], []
+        self.pass_hooks = []  # fn(solver, k) before forward-backward pass k of the iter_size passes
+        self.display_hooks = []  # fn(seconds per iteration, iterations) -> a line logged with the train display
+        self.skip_update = False  # set by a gradient hook: this iteration makes no update (double buffering)
         self.root = True
         self.test_reduce, self.agree_action, self.snapshot_hooks = None, None, []
         self.requested_early_exit = False
@@ -189,9 +192,11 @@ class Solver:
             self._update_smoothed_loss(loss)
             if display:
                 self._log_train()
+            self.skip_update = False
             for hook in self.gradient_hooks:
                 hook(self)
-            self.apply_update(display)
+            if not self.skip_update:
+                self.apply_update(display)
             self.iter += 1
             for fn in self.callbacks:
                 fn(self.iter - 1, loss)
@@ -243,6 +248,8 @@ class Solver:
             self.net.set_inputs(**self.feed(self.iter, k))
 
     def _forward_backward(self, k):
+        for hook in self.pass_hooks:
+            hook(self, k)
         self._feed(k)
         self.net.forward()
         loss = self.net.loss
@@ -262,6 +269,10 @@ class Solver:
         per_s = (self.iter - self._iter_last) / (lapse or 1.0)
         log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, _g(per_s), _g(lapse), sp.display,
                  _g(self.smoothed_loss))
+        iters = self.iter - self._iter_last
+        for hook in self.display_hooks:
+            if iters:
+                log.info("    %s", hook(lapse / iters, iters))
         self._timer, self._iter_last = time.perf_counter(), self.iter
         weights = _output_weights(net)
         k = 0
