@@ -310,7 +310,10 @@ class NdIm2colConv:
             gx[...] = col2im_nd(cols.reshape((c,) + tuple(kernel) + rest), stride, pad, dilation, x.shape[2:])
 
 
-ENGINES = {"IM2COL": Im2colConv, "IMPLICIT": ImplicitGemmConv}
+from .winograd import WinogradF2Conv, WinogradF4Conv  # noqa: E402 - winograd imports im2col, not this module
+
+ENGINES = {"IM2COL": Im2colConv, "IMPLICIT": ImplicitGemmConv, "WINOGRAD": WinogradF4Conv,
+           "WINOGRAD_F2": WinogradF2Conv}
 
 
 def gemm_shape(x_shape, w_shape, geometry, group):

@@ -5,6 +5,7 @@ import time
 from .. import engine_cache
 from ..errors import ShapeError
 from ..kernels.im2col import conv_output_size
+from ..kernels import winograd
 from ..kernels.implicit_gemm import ENGINES, NdIm2colConv, free_arenas
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
@@ -72,8 +73,12 @@ class AutoChoice:
 # engine name in the config -> the engines it may run; DEFAULT (Caffe's CAFFE/DEFAULT after import) means AUTO
 # AUTO does not try IM2COL where its column and output buffers would exceed this many bytes
 AUTO_WORKSPACE_LIMIT = 64 << 20
-ENGINE_CHOICES = {"AUTO": ("IM2COL", "IMPLICIT"), "DEFAULT": ("IM2COL", "IMPLICIT"),
-                  "IM2COL": ("IM2COL",), "IMPLICIT": ("IMPLICIT",)}
+# AUTO also tries WINOGRAD_F2 on eligible layers (3x3, stride 1, undilated): its float32 error is that of direct
+# convolution (within 2x, docs/performance.md). F(4,3)'s is 10-25x larger, so WINOGRAD runs only when named.
+ENGINE_CHOICES = {"AUTO": ("IM2COL", "IMPLICIT", "WINOGRAD_F2"), "DEFAULT": ("IM2COL", "IMPLICIT", "WINOGRAD_F2"),
+                  "IM2COL": ("IM2COL",), "IMPLICIT": ("IMPLICIT",), "WINOGRAD": ("WINOGRAD",),
+                  "WINOGRAD_F2": ("WINOGRAD_F2",)}
+WINOGRAD_ENGINES = ("WINOGRAD", "WINOGRAD_F2")
 
 
 @register_layer("Convolution")
@@ -112,8 +117,9 @@ class Convolution(Layer):
         "weight_filler": Field(FILLER, doc="filler of W"),
         "bias_filler": Field(FILLER, doc="filler of b"),
         "engine": Field("enum", "AUTO", choices=tuple(ENGINE_CHOICES),
-                        doc="IM2COL (full column buffer), IMPLICIT (bounded tiles) or AUTO/DEFAULT (time both, "
-                            "keep the faster per direction)"),
+                        doc="IM2COL (full column buffer), IMPLICIT (bounded tiles), WINOGRAD (F(4x4,3x3)) or "
+                            "WINOGRAD_F2 (F(2x2,3x3); both 3x3 stride 1 only), or AUTO/DEFAULT (time IM2COL, "
+                            "IMPLICIT and, where it applies, WINOGRAD_F2; keep the fastest per direction)"),
         "axis": Field("int", 1, doc="the channel axis; axes before it are batch axes, the axes after it spatial"),
         "force_nd_im2col": Field("bool", False, doc="use the N-d column path even for 2 spatial axes"),
     }}
@@ -129,7 +135,15 @@ class Convolution(Layer):
         if p.num_output and p.num_output % p.group:
             raise lp.error(f"num_output {p.num_output} is not divisible by group {p.group}", "convolution.group")
         if not cls.wants_nd(lp):
-            cls.read_geometry(lp)
+            geometry = cls.read_geometry(lp)
+            if p.engine in WINOGRAD_ENGINES and not winograd.eligible(geometry):
+                raise lp.error(f"engine {p.engine} runs 3x3 convolutions with stride 1 and dilation 1 only; this "
+                               f"layer has kernel {geometry[0]}x{geometry[1]}, stride {geometry[2]}x{geometry[3]}, "
+                               f"dilation {geometry[6]}x{geometry[7]}: use AUTO, IM2COL or IMPLICIT",
+                               "convolution.engine")
+        elif p.engine in WINOGRAD_ENGINES:
+            raise lp.error(f"engine {p.engine} runs 2-D convolutions only (this layer takes the N-d path)",
+                           "convolution.engine")
 
     @staticmethod
     def wants_nd(lp):
@@ -267,8 +281,11 @@ class Convolution(Layer):
             return
         self._tuned_shape = x_shape  # a new shape may favour the other engine: choose again
         names = ENGINE_CHOICES[self.engine]
+        if len(names) > 1 and not winograd.eligible(self.geometry):
+            names = tuple(k for k in names if k not in WINOGRAD_ENGINES)
         if len(names) > 1 and self._im2col_bytes(x_shape, y_shape) > AUTO_WORKSPACE_LIMIT:
-            names = ("IMPLICIT",)  # like cuDNN's workspace limit: never allocate a huge column buffer to try it
+            # like cuDNN's workspace limit: never allocate a huge column buffer to try it
+            names = tuple(k for k in names if k != "IM2COL")
         self.engines = {name: ENGINES[name](self.geometry, self.group) for name in names}
         self.tuning = {d: AutoChoice(names) for d in ("forward", "backward")}
         self._cache_key = None

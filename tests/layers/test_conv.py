@@ -50,6 +50,7 @@ CASES = [  # param block, bottom shape
      (1, 2, 5, 6)),
     ({"num_output": 3, "kernel_size": [3, 2], "dilation": [1, 2], "bias_term": False}, (2, 2, 5, 6)),
     ({"num_output": 6, "kernel_size": 2, "group": 3, "stride": [1, 2], "bias_term": False}, (1, 3, 4, 5)),
+    ({"num_output": 3, "kernel_size": 3, "pad": 2}, (1, 2, 7, 5)),  # Winograd: odd sizes, tiles cut at the edge
 ]
 
 
@@ -57,11 +58,19 @@ def geometry(layer):
     return layer.geometry + (layer.group,)
 
 
-ENGINES = ["IM2COL", "IMPLICIT", "AUTO"]
+ENGINES = ["IM2COL", "IMPLICIT", "AUTO", "WINOGRAD", "WINOGRAD_F2"]
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("param, shape", CASES)
+def engine_applies(engine, param):
+    """Winograd engines run 3x3 stride-1 undilated layers only (others refuse them: test_winograd.py)."""
+    return not engine.startswith("WINOGRAD") or (
+        param.get("kernel_size") == 3 and param.get("stride", 1) == 1 and param.get("dilation", 1) == 1)
+
+
+ENGINE_CASES = [(param, shape, engine) for engine in ENGINES for param, shape in CASES if engine_applies(engine, param)]
+
+
+@pytest.mark.parametrize("param, shape, engine", ENGINE_CASES)
 def test_forward_matches_naive_reference(xp, param, shape, engine):
     layer = conv_layer(xp=xp, engine=engine, **param)
     x = numpy.random.default_rng(0).standard_normal(shape)
@@ -76,8 +85,7 @@ def test_forward_matches_naive_reference(xp, param, shape, engine):
     numpy.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("param, shape", CASES)
+@pytest.mark.parametrize("param, shape, engine", ENGINE_CASES)
 def test_forward_and_gradients_match_torch(param, shape, engine):
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
@@ -102,8 +110,8 @@ def test_forward_and_gradients_match_torch(param, shape, engine):
         numpy.testing.assert_allclose(layer.blobs[1].diff, b.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("param, shape", [CASES[1], CASES[3], CASES[4], CASES[6]])
+@pytest.mark.parametrize("param, shape, engine", [c for c in ENGINE_CASES if c[:2] in
+                                                   (CASES[1], CASES[3], CASES[4], CASES[6], CASES[8])])
 def test_gradient_check(param, shape, engine):
     layer = conv_layer(engine=engine, **param)
     bottom = [make_blob(numpy.random.default_rng(2).standard_normal(shape))]
@@ -237,7 +245,8 @@ def test_engines_agree_with_each_other_and_torch_in_float32(param, shape, monkey
     W = rng.standard_normal(probe.blobs[0].shape).astype(numpy.float32)
     gy = rng.standard_normal(top[0].shape).astype(numpy.float32)
     results = {engine: run_layer(conv_layer(dtype=numpy.float32, engine=engine, **param), x, W, gy,
-                                 calls=8 if engine == "AUTO" else 1) for engine in ENGINES}
+                                 calls=12 if engine == "AUTO" else 1) for engine in ENGINES
+               if engine_applies(engine, param)}
     kh, kw, sy, sx, ph, pw, dy, dx, group = geometry(probe)
     xt, Wt = torch.tensor(x, requires_grad=True), torch.tensor(W, requires_grad=True)
     bt = torch.full((W.shape[0],), 0.5, requires_grad=True)
@@ -262,13 +271,14 @@ def test_auto_times_both_engines_per_direction_then_keeps_one(caplog):
     assert layer.engine_choice == {"forward": None, "backward": None}
     outputs = []
     with caplog.at_level("INFO", logger="layerforge"):
-        for _ in range(7):
+        for _ in range(10):  # (1 warm-up + 2 timed) x 3 candidates, then the choice
             layer.forward(bottom, top)
             outputs.append(top[0].data.copy())
             top[0].diff[...] = gy
             layer.backward(top, [True], bottom)
     choice = layer.engine_choice
-    assert set(choice.values()) <= {"IM2COL", "IMPLICIT"} and None not in choice.values()
+    assert set(choice.values()) <= {"IM2COL", "IMPLICIT", "WINOGRAD_F2"} and None not in choice.values()
+    assert set(layer.tuning["forward"].names) == {"IM2COL", "IMPLICIT", "WINOGRAD_F2"}  # 3x3 stride 1
     assert sum("engine" in r.getMessage() and layer.name in r.getMessage() for r in caplog.records) == 2
     for out in outputs[1:]:  # whichever engine ran, only rounding differs
         numpy.testing.assert_allclose(out, outputs[0], rtol=1e-5, atol=1e-5)
@@ -290,7 +300,7 @@ def test_engine_setting(engine, expected):
 def test_auto_skips_im2col_beyond_the_workspace_limit(monkeypatch):
     from layerforge.layers import conv
     monkeypatch.setattr(conv, "AUTO_WORKSPACE_LIMIT", 1000)
-    layer = conv_layer(dtype=numpy.float32, num_output=4, kernel_size=3)
+    layer = conv_layer(dtype=numpy.float32, num_output=4, kernel_size=3, stride=2)  # stride 2: no Winograd
     bottom, top = [make_blob(numpy.ones((2, 3, 8, 8)), numpy.float32)], [Blob()]
     layer.setup(bottom, top)
     layer.forward(bottom, top)

@@ -1,0 +1,186 @@
+"""Winograd convolution F(m x m, 3 x 3) for 3x3 stride-1 layers (Lavin & Gray 2016): forward, data and filter
+gradients, numpy or cupy through ``xp``.
+
+The output is cut into m x m tiles; each reads an alpha x alpha input tile (alpha = m + 2, tiles overlapping
+by 2). With B, G, A the transforms of the tile size::
+
+    V = B^T d B   (input tile),   U = G g G^T   (filter),   y_tile = A^T [ sum_c U[k, c] * V[c] ] A
+
+The sum over input channels at each of the alpha^2 tile positions is one GEMM (K x C) @ (C x tiles), batched
+over the positions: alpha^2 GEMMs of C K tiles multiply-adds against 9 m^2 in direct convolution, 2.25x
+fewer for m = 2 and 4x for m = 4. The gradients are the exact adjoints of that computation:
+
+    dM = A gy_tile A^T,   dU = sum_tiles dM V^T  ->  gW = G^T dU G,   dV = U^T dM  ->  gx tiles = B dV B^T
+
+(the overlapping gx tiles add up). Float rounding grows with m: the transforms of F(4,3) have entries up to
+5 and 1/24 (the points 0, +-1, +-1/2, infinity), F(2,3) only 0, +-1/2, 1; docs/performance.md has the
+measured float32 error of both against a float64 direct convolution.
+"""
+import math
+
+import numpy
+
+from ..backend import get_array_module
+from .im2col import conv_output_size
+
+# (B^T, G, A^T) per output tile size m
+TRANSFORMS = {
+    2: ([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+        [[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]],
+        [[1, 1, 1, 0], [0, 1, -1, -1]]),
+    4: ([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+         [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]],
+        [[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+         [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
+        [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]),
+}
+
+
+def eligible(geometry):
+    """Whether a convolution ``(kh, kw, sy, sx, ph, pw, dy, dx)`` can run as Winograd F(m, 3): 3x3, stride 1,
+    dilation 1 (any padding)."""
+    kh, kw, sy, sx, ph, pw, dy, dx = geometry
+    return (kh, kw, sy, sx, dy, dx) == (3, 3, 1, 1, 1, 1)
+
+
+class WinogradConv:
+    """The engine: ``forward`` / ``backward`` as the GEMM engines of kernels.implicit_gemm (same arguments).
+
+    Args:
+        geometry: ``(kh, kw, sy, sx, ph, pw, dy, dx)``, which must be :func:`eligible`.
+        group: convolution groups.
+        tile: output tile size m (2 or 4).
+    """
+
+    def __init__(self, geometry, group, tile=4):
+        if not eligible(geometry):
+            raise ValueError(f"Winograd needs a 3x3 stride-1 undilated convolution, got geometry {geometry}")
+        if tile not in TRANSFORMS:
+            raise ValueError(f"Winograd tile {tile} is not one of {sorted(TRANSFORMS)}")
+        self.geometry, self.group, self.m = tuple(geometry), group, tile
+        self.name = f"WINOGRAD_F{tile}" if tile != 4 else "WINOGRAD"
+        self._bytes = 0
+
+    @property
+    def workspace_bytes(self):
+        """Bytes of the transformed tiles of the last call (V, M and the padded input)."""
+        return self._bytes
+
+    def release(self):
+        self._bytes = 0
+
+    def _matrices(self, xp, dtype):
+        bt, g, at = (xp.asarray(numpy.array(t, dtype=numpy.float64), dtype=dtype) for t in TRANSFORMS[self.m])
+        return bt, g, at
+
+    def _layout(self, x_shape):
+        n, c, h, w = x_shape
+        ph, pw = self.geometry[4:6]
+        out_h, out_w = conv_output_size(h, 3, 1, ph), conv_output_size(w, 3, 1, pw)
+        th, tw = -(-out_h // self.m), -(-out_w // self.m)
+        return out_h, out_w, th, tw
+
+    def _tiles(self, x, dtype):
+        """Input tiles (alpha, alpha, C, N th tw) of the zero-padded x, and the layout."""
+        xp = get_array_module(x)
+        n, c, h, w = x.shape
+        ph, pw = self.geometry[4:6]
+        out_h, out_w, th, tw = self._layout(x.shape)
+        alpha = self.m + 2
+        xpad = xp.zeros((n, c, th * self.m + 2, tw * self.m + 2), dtype=dtype)
+        xpad[:, :, ph:ph + min(h, th * self.m + 2 - ph), pw:pw + min(w, tw * self.m + 2 - pw)] = \
+            x[:, :, :th * self.m + 2 - ph, :tw * self.m + 2 - pw]
+        d = xp.empty((alpha, alpha, c, n, th, tw), dtype=dtype)
+        for i in range(alpha):
+            for j in range(alpha):
+                d[i, j] = xpad[:, :, i:i + th * self.m:self.m, j:j + tw * self.m:self.m].transpose(1, 0, 2, 3)
+        self._bytes = d.nbytes + xpad.nbytes
+        return d.reshape(alpha, alpha, c, n * th * tw)
+
+    @staticmethod
+    def _to_tiles(v, left, right):
+        """``left @ v[:, :, r] @ right`` for every r of ``v`` (a, b, ...): two GEMMs over all tiles at once."""
+        xp = get_array_module(v)
+        a, b, rest = v.shape[0], v.shape[1], v.shape[2:]
+        r = math.prod(rest)
+        t = (left @ v.reshape(a, b * r)).reshape(left.shape[0], b, r)  # rows transformed
+        out = xp.ascontiguousarray(t.transpose(0, 2, 1)).reshape(-1, b) @ right  # (L r, R)
+        return xp.ascontiguousarray(out.reshape(left.shape[0], r, right.shape[1]).transpose(0, 2, 1)).reshape(
+            (left.shape[0], right.shape[1]) + tuple(rest))
+
+    def forward(self, x, W, b, y):
+        """Write ``W * x (+ b)`` into ``y`` (N, Cout, out_h, out_w)."""
+        xp = get_array_module(x)
+        bt, g, at = self._matrices(xp, x.dtype)
+        n, c = x.shape[:2]
+        k, groups = W.shape[0], self.group
+        out_h, out_w, th, tw = self._layout(x.shape)
+        alpha, m = self.m + 2, self.m
+        V = self._to_tiles(self._tiles(x, x.dtype), bt, bt.T)  # (a, a, C, P)
+        U = self._to_tiles(W.transpose(2, 3, 0, 1), g, g.T)  # (a, a, K, C/G)
+        kg, cg = k // groups, c // groups
+        M = xp.empty((alpha, alpha, k, V.shape[-1]), dtype=x.dtype)
+        for q in range(groups):
+            xp.matmul(U[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg], out=M[:, :, q * kg:(q + 1) * kg])
+        Y = self._to_tiles(M, at, at.T).reshape(m, m, k, n, th, tw)  # (m, m, K, N, th, tw)
+        full = Y.transpose(3, 2, 4, 0, 5, 1).reshape(n, k, th * m, tw * m)
+        if b is None:
+            y[...] = full[:, :, :out_h, :out_w]
+        else:
+            xp.add(full[:, :, :out_h, :out_w], b[None, :, None, None], out=y)
+        self._bytes += M.nbytes
+
+    def backward(self, x, W, gy, gW, gb, gx):
+        """Add the filter (and bias) gradients into ``gW`` (``gb``); write the data gradient into ``gx``.
+        Any of them may be None (not wanted)."""
+        xp = get_array_module(gy)
+        bt, g, at = self._matrices(xp, gy.dtype)
+        n, c, h, w = x.shape
+        k, groups = W.shape[0], self.group
+        kg, cg = k // groups, c // groups
+        out_h, out_w, th, tw = self._layout(x.shape)
+        alpha, m = self.m + 2, self.m
+        if gb is not None:
+            gb += gy.sum(axis=(0, 2, 3))
+        # dM = A gy_tile A^T for every tile (gy zero-padded to whole tiles)
+        gypad = xp.zeros((n, k, th * m, tw * m), dtype=gy.dtype)
+        gypad[:, :, :out_h, :out_w] = gy
+        gyt = gypad.reshape(n, k, th, m, tw, m).transpose(3, 5, 1, 0, 2, 4).reshape(m, m, k, n * th * tw)
+        dM = self._to_tiles(gyt, at.T, at)  # (a, a, K, P)
+        if gW is not None:
+            V = self._to_tiles(self._tiles(x, gy.dtype), bt, bt.T)
+            dU = xp.empty((alpha, alpha, k, cg), dtype=gy.dtype)
+            for q in range(groups):
+                xp.matmul(dM[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg].swapaxes(2, 3),
+                          out=dU[:, :, q * kg:(q + 1) * kg])
+            gW += self._to_tiles(dU, g.T, g).transpose(2, 3, 0, 1)
+        if gx is None:
+            return
+        U = self._to_tiles(W.transpose(2, 3, 0, 1), g, g.T)
+        dV = xp.empty((alpha, alpha, c, dM.shape[-1]), dtype=gy.dtype)
+        for q in range(groups):
+            xp.matmul(U[:, :, q * kg:(q + 1) * kg].swapaxes(2, 3), dM[:, :, q * kg:(q + 1) * kg],
+                      out=dV[:, :, q * cg:(q + 1) * cg])
+        dd = self._to_tiles(dV, bt.T, bt).reshape(alpha, alpha, c, n, th, tw)
+        ph, pw = self.geometry[4:6]
+        gpad = xp.zeros((n, c, th * m + 2, tw * m + 2), dtype=gy.dtype)
+        for i in range(alpha):
+            for j in range(alpha):
+                gpad[:, :, i:i + th * m:m, j:j + tw * m:m] += dd[i, j].transpose(1, 0, 2, 3)
+        rows, cols = min(h, th * m + 2 - ph), min(w, tw * m + 2 - pw)
+        gx[...] = 0
+        gx[:, :, :rows, :cols] = gpad[:, :, ph:ph + rows, pw:pw + cols]
+
+
+class WinogradF4Conv(WinogradConv):
+    """``engine: WINOGRAD``: F(4x4, 3x3), 4x fewer multiplications than direct convolution."""
+
+    def __init__(self, geometry, group):
+        super().__init__(geometry, group, 4)
+
+
+class WinogradF2Conv(WinogradConv):
+    """``engine: WINOGRAD_F2``: F(2x2, 3x3), 2.25x fewer multiplications, rounding as direct convolution's."""
+
+    def __init__(self, geometry, group):
+        super().__init__(geometry, group, 2)
