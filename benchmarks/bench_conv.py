@@ -1,9 +1,10 @@
-"""Every distinct convolution shape of ResNet-50 and VGG-16: layerforge IM2COL, IMPLICIT and PyTorch, vs SGEMM.
+"""Every distinct convolution shape of ResNet-50 and VGG-16: layerforge's engines and PyTorch, vs SGEMM.
 
     python benchmarks/bench_conv.py [--batch 2] [--repeat 3] [--threads 2] [--nets resnet50,vgg16]
 
-For each shape: forward and backward (data + filter + bias gradients) GFLOP/s of layerforge's two
-engines and of torch.nn.functional.conv2d (same threads, same batch), and the machine's SGEMM rate
+For each shape: forward and backward (data + filter + bias gradients) GFLOP/s of layerforge's engines
+(IM2COL, IMPLICIT, and on 3x3 stride-1 layers WINOGRAD_F2 and WINOGRAD; Winograd's rate counts the
+direct convolution's multiply-adds, so it can pass SGEMM's) and of torch.nn.functional.conv2d (same threads, same batch), and the machine's SGEMM rate
 for the same GEMM shape (numpy float32 matmul of (M, K) x (K, N) with M = Cout / G,
 N = batch out_h out_w, K = Cin / G kh kw), so ``ratio`` = engine rate / SGEMM rate says how close the
 convolution comes to the BLAS it is built on. Backward counts 2x the forward multiply-adds (the bias
@@ -27,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_train import NETS  # noqa: E402
 from layerforge.kernels.im2col import conv_output_size  # noqa: E402
+from layerforge.kernels import winograd  # noqa: E402
 from layerforge.kernels.implicit_gemm import ENGINES  # noqa: E402
 
 
@@ -74,6 +76,8 @@ def bench_shape(key, batch, repeat):
     flops = 2.0 * batch * cout * o * o * (cin // group) * k * k
     row = {"shape": key, "out": o, "gflop_fwd": flops / 1e9}
     for name, cls in ENGINES.items():
+        if name.startswith("WINOGRAD") and not winograd.eligible(geometry):
+            continue
         engine = cls(geometry, group)
         tf = best_time(lambda: engine.forward(x, W, b, y), repeat)
         tb = best_time(lambda: engine.backward(x, W, gy, gW, gb, gx), repeat)
@@ -109,17 +113,21 @@ def main():
     torch.set_num_threads(args.threads)
     print(f"load average before: {os.getloadavg()}; batch {args.batch}, {args.threads} threads")
     print("| net | Cin x H -> Cout, k/s/p/g | GEMM M x N x K | SGEMM GF/s | IM2COL fwd / bwd GF/s | IMPLICIT fwd / bwd "
-          "| torch fwd / bwd | best lf fwd / bwd vs SGEMM | best lf / torch fwd, bwd | workspace IM2COL / IMPLICIT MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| WINOGRAD_F2 fwd / bwd | WINOGRAD (F4) fwd / bwd | torch fwd / bwd | best lf fwd / bwd vs SGEMM "
+          "| best lf / torch fwd, bwd | workspace IM2COL / IMPLICIT MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for net in args.nets.split(","):
         for key, count in conv_shapes(net).items():
             r = bench_shape(key, args.batch, args.repeat)
             cin, s, cout, k, stride, pad, group = key
-            best_f = max(r["IM2COL"][0], r["IMPLICIT"][0])
-            best_b = max(r["IM2COL"][1], r["IMPLICIT"][1])
+            engines = [name for name in ENGINES if name in r]
+            best_f = max(r[name][0] for name in engines)
+            best_b = max(r[name][1] for name in engines)
+            wino = [f"{r[n][0]:.0f} / {r[n][1]:.0f}" if n in r else "-" for n in ("WINOGRAD_F2", "WINOGRAD")]
             print(f"| {net} | {cin}x{s} -> {cout}, {k}/{stride}/{pad}/{group} (x{count}) | {'x'.join(map(str, r['gemm']))} "
                   f"| {r['sgemm']:.0f} | {r['IM2COL'][0]:.0f} / {r['IM2COL'][1]:.0f} "
-                  f"| {r['IMPLICIT'][0]:.0f} / {r['IMPLICIT'][1]:.0f} | {r['torch'][0]:.0f} / {r['torch'][1]:.0f} "
+                  f"| {r['IMPLICIT'][0]:.0f} / {r['IMPLICIT'][1]:.0f} | {wino[0]} | {wino[1]} "
+                  f"| {r['torch'][0]:.0f} / {r['torch'][1]:.0f} "
                   f"| {best_f / r['sgemm']:.2f} / {best_b / r['sgemm']:.2f} "
                   f"| {best_f / r['torch'][0]:.2f}, {best_b / r['torch'][1]:.2f} "
                   f"| {r['IM2COL_workspace'] / 2**20:.1f} / {r['IMPLICIT_workspace'] / 2**20:.1f} |", flush=True)

@@ -217,6 +217,7 @@ def phase_convs(smoke):
     from bench_conv import conv_shapes
     from layerforge.kernels.im2col import conv_output_size
     from layerforge.kernels.implicit_gemm import ENGINES
+    from layerforge.kernels.winograd import eligible
 
     batch, repeat = (1, 1) if smoke else (32, 5)
     if smoke:
@@ -255,6 +256,8 @@ def phase_convs(smoke):
         flops = 2.0 * batch * cout * o * o * (cin // group) * k * k
         row = {"shape": [cin, s, cout, k, stride, pad, group], "count": count, "batch": batch}
         for name, cls in ENGINES.items():
+            if name.startswith("WINOGRAD") and not eligible((k, k, stride, stride, pad, pad, 1, 1)):
+                continue
             engine = cls((k, k, stride, stride, pad, pad, 1, 1), group)
             row[name + "_gflop_s"] = flops / timed(lambda: engine.forward(x, W, b, y)) / 1e9
             engine.release()

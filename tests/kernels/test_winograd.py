@@ -1,0 +1,122 @@
+"""Winograd F(2x2,3x3) and F(4x4,3x3): exact adjoints in float64 (against torch), their float32 rounding
+against a float64 direct convolution, and where the engines apply."""
+import numpy
+import pytest
+
+from layerforge.errors import ConfigError
+from layerforge.kernels.implicit_gemm import Im2colConv
+from layerforge.kernels.winograd import WinogradConv, eligible
+from layerforge.layers import create_layer
+
+torch = pytest.importorskip("torch")
+
+SHAPES = [  # (N, C, H, W, K, pad, groups)
+    (2, 3, 7, 9, 4, 1, 1),
+    (1, 4, 5, 5, 6, 0, 2),
+    (3, 2, 8, 6, 2, 2, 1),
+    (2, 4, 11, 10, 4, 1, 2),
+    (1, 1, 3, 3, 1, 0, 1),
+    (2, 2, 4, 13, 3, 3, 1),
+]
+
+
+def run(engine, x, W, b, gy):
+    n, k = x.shape[0], W.shape[0]
+    y = numpy.empty(gy.shape, x.dtype)
+    engine.forward(x, W, b, y)
+    gW, gb, gx = numpy.zeros_like(W), numpy.zeros_like(b), numpy.empty_like(x)
+    engine.backward(x, W, gy, gW, gb, gx)
+    return y, gx, gW, gb
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.parametrize("n,c,h,w,k,pad,groups", SHAPES)
+def test_forward_and_both_gradients_equal_torch_in_float64(tile, n, c, h, w, k, pad, groups):
+    rng = numpy.random.default_rng(0)
+    x, W, b = rng.standard_normal((n, c, h, w)), rng.standard_normal((k, c // groups, 3, 3)), rng.standard_normal(k)
+    gy = rng.standard_normal((n, k, h + 2 * pad - 2, w + 2 * pad - 2))
+    got = run(WinogradConv((3, 3, 1, 1, pad, pad, 1, 1), groups, tile), x, W, b, gy)
+    xt, Wt, bt = (torch.tensor(a, requires_grad=True) for a in (x, W, b))
+    yt = torch.nn.functional.conv2d(xt, Wt, bt, padding=pad, groups=groups)
+    yt.backward(torch.tensor(gy))
+    for a, e in zip(got, (yt.detach(), xt.grad, Wt.grad, bt.grad)):
+        numpy.testing.assert_allclose(a, e.numpy(), rtol=1e-10, atol=1e-11)
+
+
+def test_gradients_accumulate_and_may_be_skipped():
+    rng = numpy.random.default_rng(1)
+    x, W = rng.standard_normal((2, 3, 6, 6)), rng.standard_normal((4, 3, 3, 3))
+    gy = rng.standard_normal((2, 4, 6, 6))
+    engine = WinogradConv((3, 3, 1, 1, 1, 1, 1, 1), 1, 4)
+    gW = numpy.ones_like(W)
+    engine.backward(x, W, gy, gW, None, None)
+    once = numpy.zeros_like(W)
+    engine.backward(x, W, gy, once, None, None)
+    numpy.testing.assert_allclose(gW, once + 1, rtol=1e-12)
+
+
+def float32_error(engine, n=4, c=64, h=28, k=64, seed=0):
+    """max |y32 - y64| / max |y64| for He-initialised weights and unit normal data."""
+    rng = numpy.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, h))
+    W = rng.standard_normal((k, c, 3, 3)) * numpy.sqrt(2.0 / (9 * c))
+    exact = numpy.empty((n, k, h, h))
+    Im2colConv((3, 3, 1, 1, 1, 1, 1, 1), 1).forward(x, W, None, exact)
+    y = numpy.empty((n, k, h, h), numpy.float32)
+    engine.forward(x.astype(numpy.float32), W.astype(numpy.float32), None, y)
+    return float(numpy.abs(y - exact).max() / numpy.abs(exact).max())
+
+
+def test_float32_rounding_f2_as_direct_f4_within_its_documented_bound():
+    geometry = (3, 3, 1, 1, 1, 1, 1, 1)
+    direct = float32_error(Im2colConv(geometry, 1))
+    f2 = float32_error(WinogradConv(geometry, 1, 2))
+    f4 = float32_error(WinogradConv(geometry, 1, 4))
+    assert direct < 2e-6
+    assert f2 < 2 * direct + 1e-7  # what lets AUTO try it
+    assert direct < f4 < 3e-5  # docs/performance.md: 1e-5 typical, 10-25x direct
+
+
+def conv(engine, **param):
+    return create_layer({"name": "c", "type": "Convolution", "bottom": ["x"], "top": ["y"],
+                         "convolution": dict(num_output=2, engine=engine, **param)})
+
+
+@pytest.mark.parametrize("param,what", [
+    ({"kernel_size": 5}, "kernel 5x5"), ({"kernel_size": 3, "stride": 2}, "stride 2x2"),
+    ({"kernel_size": 3, "dilation": 2}, "dilation 2x2"), ({"kernel_size": [3, 3, 3]}, "2-D convolutions only")])
+@pytest.mark.parametrize("engine", ["WINOGRAD", "WINOGRAD_F2"])
+def test_ineligible_layers_refuse_winograd_in_one_line(engine, param, what):
+    with pytest.raises(ConfigError) as e:
+        conv(engine, **param)
+    text = str(e.value)
+    assert "convolution.engine" in text and what in text and "layer 'c'" in text and "\n" not in text
+
+
+@pytest.mark.parametrize("param,tried", [
+    ({"kernel_size": 3, "pad": 1}, {"IM2COL", "IMPLICIT", "WINOGRAD_F2"}),
+    ({"kernel_size": 3, "stride": 2}, {"IM2COL", "IMPLICIT"}),
+    ({"kernel_size": 1}, {"IM2COL", "IMPLICIT"}),
+])
+def test_auto_tries_winograd_f2_only_where_it_applies(param, tried):
+    from layerforge.blob import Blob
+    layer = conv("AUTO", **param)
+    layer.setup([Blob((2, 3, 8, 8))], [Blob()])
+    assert set(layer.tuning["forward"].names) == tried
+    assert eligible(layer.geometry) == ("WINOGRAD_F2" in tried)
+
+
+@pytest.mark.parametrize("engine", ["WINOGRAD", "WINOGRAD_F2"])
+def test_deconvolution_runs_on_winograd(engine):
+    from layerforge.blob import Blob
+    from layerforge.testing import make_blob
+    layer = create_layer({"name": "d", "type": "Deconvolution", "bottom": ["x"], "top": ["y"],
+                          "convolution": {"num_output": 3, "kernel_size": 3, "pad": 1, "engine": engine,
+                                          "bias_term": False}}, dtype=numpy.float64)
+    x = numpy.random.default_rng(3).standard_normal((2, 4, 5, 6))
+    bottom, top = [make_blob(x)], [Blob((), numpy.float64)]
+    layer.setup(bottom, top)
+    layer.reshape(bottom, top)
+    layer.forward(bottom, top)
+    want = torch.nn.functional.conv_transpose2d(torch.tensor(x), torch.tensor(layer.blobs[0].data), padding=1)
+    numpy.testing.assert_allclose(top[0].data, want.numpy(), rtol=1e-10, atol=1e-11)
