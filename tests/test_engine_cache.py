@@ -37,8 +37,7 @@ def use_cache(monkeypatch, path):
 
 
 def test_resume_is_bit_identical_when_the_timings_now_pick_other_engines(tmp_path, monkeypatch):
-    # AUTO settles after 9 passes here (1 warm-up + 2 timed rounds over IM2COL, IMPLICIT and WINOGRAD_F2)
-    keys = dict(net_param=CONV_NET, base_lr=0.05, momentum=0.9, max_iter=24, snapshot=6, random_seed=5,
+    keys = dict(net_param=CONV_NET, base_lr=0.05, momentum=0.9, max_iter=12, snapshot=3, random_seed=5,
                 display=0, snapshot_prefix=str(tmp_path / "a"))
     use_cache(monkeypatch, tmp_path / "cache_a")
     prefer(monkeypatch, "IMPLICIT")
@@ -56,30 +55,30 @@ def test_resume_is_bit_identical_when_the_timings_now_pick_other_engines(tmp_pat
 
     use_cache(monkeypatch, tmp_path / "cache_c")
     resumed = get_solver(dict(keys, snapshot_prefix=str(tmp_path / "b")))
-    resumed.solve(resume_file=str(tmp_path / "a_iter_12.solverstate.npz"))
+    resumed.solve(resume_file=str(tmp_path / "a_iter_6.solverstate.npz"))
     assert choices(resumed.net) == choices(whole.net)
     assert params(resumed) == params(whole)
 
-    # at iteration 6 AUTO was part-way through its 9 timing passes: the resumed run goes on with the saved
+    # at iteration 3 AUTO was half-way through its 6 timing passes: the resumed run goes on with the saved
     # round-robin and times (here the same timer), not with what this machine's cache says (IM2COL)
     monkeypatch.undo()
     prefer(monkeypatch, "IMPLICIT")
     use_cache(monkeypatch, tmp_path / "cache_b")
     early = get_solver(dict(keys, snapshot_prefix=str(tmp_path / "e")))
-    early.solve(resume_file=str(tmp_path / "a_iter_6.solverstate.npz"))
+    early.solve(resume_file=str(tmp_path / "a_iter_3.solverstate.npz"))
     assert params(early) == params(whole)
 
 
 def build_and_run(passes=3):
     net = Net(CONV_NET, phase="TRAIN")
-    for _ in range(passes):  # AUTO settles after warmup + trials rounds over its 3 engines (9 passes)
+    for _ in range(passes):  # AUTO settles after warmup + trials rounds over both engines
         net.forward()
         net.backward()
     return net
 
 
 def test_second_start_takes_the_choices_from_the_cache_without_timing(monkeypatch, caplog):
-    first = build_and_run(passes=9)
+    first = build_and_run(passes=6)
     settled = choices(first)
     assert all(None not in c.values() for c in settled.values())
     with open(engine_cache.cache_path()) as f:
@@ -98,7 +97,7 @@ def test_second_start_takes_the_choices_from_the_cache_without_timing(monkeypatc
 
 
 def test_a_new_shape_misses_the_cache_and_is_timed(monkeypatch):
-    build_and_run(passes=9)
+    build_and_run(passes=6)
     calls = []
     monkeypatch.setattr(conv, "time", types.SimpleNamespace(perf_counter=lambda: calls.append(1) or 0.0))
     net = Net(CONV_NET, phase="TRAIN")
@@ -117,7 +116,7 @@ def test_a_corrupt_cache_is_one_warning_naming_it_and_is_replaced(content, caplo
     with open(path, "wb") as f:
         f.write(content)
     with caplog.at_level(logging.INFO, logger="layerforge"):
-        net = build_and_run(passes=9)
+        net = build_and_run(passes=6)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith(path) and "engine cache ignored" in warnings[0]
     assert all(None not in c.values() for c in choices(net).values())
@@ -130,7 +129,7 @@ def test_an_unwritable_cache_dir_costs_only_a_warning(tmp_path, monkeypatch, cap
     blocker.write_text("")
     use_cache(monkeypatch, blocker / "sub")
     with caplog.at_level(logging.INFO, logger="layerforge"):
-        net = build_and_run(passes=9)
+        net = build_and_run(passes=6)
     assert all(None not in c.values() for c in choices(net).values())
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith(engine_cache.cache_path())
@@ -139,7 +138,7 @@ def test_an_unwritable_cache_dir_costs_only_a_warning(tmp_path, monkeypatch, cap
 def test_off_writes_nothing_and_the_default_follows_xdg(tmp_path, monkeypatch):
     monkeypatch.setenv(engine_cache.CACHE_DIR_ENV, "off")
     monkeypatch.chdir(tmp_path)
-    build_and_run(passes=9)
+    build_and_run(passes=6)
     assert engine_cache.cache_path() is None and list(tmp_path.iterdir()) == []
     monkeypatch.delenv(engine_cache.CACHE_DIR_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

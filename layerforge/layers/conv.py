@@ -79,6 +79,10 @@ ENGINE_CHOICES = {"AUTO": ("IM2COL", "IMPLICIT", "WINOGRAD_F2"), "DEFAULT": ("IM
                   "IM2COL": ("IM2COL",), "IMPLICIT": ("IMPLICIT",), "WINOGRAD": ("WINOGRAD",),
                   "WINOGRAD_F2": ("WINOGRAD_F2",)}
 WINOGRAD_ENGINES = ("WINOGRAD", "WINOGRAD_F2")
+# Winograd's transforms cost per input channel and save per channel pair: below this many input channels per
+# group it lost to the GEMM engines by 2-12x on every layer measured (docs/performance.md), so AUTO does not
+# spend its timing calls on it there
+AUTO_WINOGRAD_MIN_CHANNELS = 64
 
 
 @register_layer("Convolution")
@@ -281,7 +285,8 @@ class Convolution(Layer):
             return
         self._tuned_shape = x_shape  # a new shape may favour the other engine: choose again
         names = ENGINE_CHOICES[self.engine]
-        if len(names) > 1 and not winograd.eligible(self.geometry):
+        if len(names) > 1 and not (winograd.eligible(self.geometry)
+                                   and x_shape[1] // self.group >= AUTO_WINOGRAD_MIN_CHANNELS):
             names = tuple(k for k in names if k not in WINOGRAD_ENGINES)
         if len(names) > 1 and self._im2col_bytes(x_shape, y_shape) > AUTO_WORKSPACE_LIMIT:
             # like cuDNN's workspace limit: never allocate a huge column buffer to try it

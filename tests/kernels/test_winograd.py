@@ -93,17 +93,19 @@ def test_ineligible_layers_refuse_winograd_in_one_line(engine, param, what):
     assert "convolution.engine" in text and what in text and "layer 'c'" in text and "\n" not in text
 
 
-@pytest.mark.parametrize("param,tried", [
-    ({"kernel_size": 3, "pad": 1}, {"IM2COL", "IMPLICIT", "WINOGRAD_F2"}),
-    ({"kernel_size": 3, "stride": 2}, {"IM2COL", "IMPLICIT"}),
-    ({"kernel_size": 1}, {"IM2COL", "IMPLICIT"}),
+@pytest.mark.parametrize("param,channels,tried", [
+    ({"kernel_size": 3, "pad": 1}, 64, {"IM2COL", "IMPLICIT", "WINOGRAD_F2"}),
+    ({"kernel_size": 3, "pad": 1}, 63, {"IM2COL", "IMPLICIT"}),  # few channels: the transforms dominate
+    ({"kernel_size": 3, "pad": 1, "group": 2}, 64, {"IM2COL", "IMPLICIT"}),  # 32 per group
+    ({"kernel_size": 3, "stride": 2}, 64, {"IM2COL", "IMPLICIT"}),
+    ({"kernel_size": 1}, 64, {"IM2COL", "IMPLICIT"}),
 ])
-def test_auto_tries_winograd_f2_only_where_it_applies(param, tried):
+def test_auto_tries_winograd_f2_only_where_it_applies(param, channels, tried):
     from layerforge.blob import Blob
     layer = conv("AUTO", **param)
-    layer.setup([Blob((2, 3, 8, 8))], [Blob()])
+    layer.setup([Blob((2, channels, 8, 8))], [Blob()])
     assert set(layer.tuning["forward"].names) == tried
-    assert eligible(layer.geometry) == ("WINOGRAD_F2" in tried)
+    assert eligible(layer.geometry) == (param["kernel_size"] == 3 and "stride" not in param)
 
 
 @pytest.mark.parametrize("engine", ["WINOGRAD", "WINOGRAD_F2"])
