@@ -1,9 +1,10 @@
 """Synchronous data parallelism over MPI ranks, mathematically the same as one process with the total batch.
 
 ``mpiexec -n P layerforge train --solver S`` runs P replicas. Each reads a disjoint shard of the data with
-batch b; after the iter_size passes every rank's summed gradients are packed into one contiguous buffer
-(or size-capped buckets), summed by the chosen allreduce and divided by P; then each rank normalises,
-clips, regularises and updates identically. P ranks x batch b therefore reach the parameters of one rank
+batch b; every rank's summed gradients are packed into size-capped buckets of one contiguous buffer, summed
+by the chosen allreduce (bucket by bucket during the last backward pass with ``allreduce_overlap``, the
+default; after it otherwise) and divided by P; then each rank normalises, clips, regularises and updates
+identically. P ranks x batch b therefore reach the parameters of one rank
 x batch P*b (ChainerMN / Parallax semantics): clipping sees the aggregated gradient, the update happens once.
 
 Also here: parameters broadcast from rank 0 at start, a configuration hash checked across ranks, a check

@@ -5,9 +5,9 @@ against the tree baseline, from a host-mode timing run (layerforge.parallel.comm
 
 Model (weak scaling, batch b per rank): one iteration = the net's forward-backward time T_c (measured
 here, or read from ``layerforge time --json``) + one allreduce of all gradients, n bytes, whose time the
-alpha-beta-gamma model of layerforge.comm.cost_model predicts for p = N ranks in groups of Q. The
-exchange runs after backward (it is not overlapped), so efficiency = T_c / (T_c + T_allreduce) and the
-speed-up over one rank is p * efficiency. Parameters with row gradients (Embed) are left out of n unless
+alpha-beta-gamma model of layerforge.comm.cost_model predicts for p = N ranks in groups of Q. The model
+takes the exchange after backward (the bound without overlap, which hides at most T_c of it), so
+efficiency = T_c / (T_c + T_allreduce) and the speed-up over one rank is p * efficiency. Parameters with row gradients (Embed) are left out of n unless
 ``sparse_aggregation`` is dense: their rows per rank and in the sum are measured over N forward-backward
 passes, and the sparse path's predicted time (the solver's choice, or the cheapest for auto) is added.
 """
