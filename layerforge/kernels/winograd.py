@@ -36,6 +36,16 @@ TRANSFORMS = {
 }
 
 
+def workspace_estimate(x_shape, out_channels, geometry, tile, itemsize):
+    """Bytes a call holds at its peak: the input tiles and their transform (and its transposed copies), the
+    products and the output tiles, for input (N, C, H, W) and ``out_channels`` filters."""
+    n, c, h, w = x_shape
+    ph, pw = geometry[4:6]
+    out_h, out_w = conv_output_size(h, 3, 1, ph), conv_output_size(w, 3, 1, pw)
+    tiles = n * -(-out_h // tile) * -(-out_w // tile)
+    return (tile + 2) ** 2 * tiles * (3 * c + 2 * out_channels) * itemsize
+
+
 def eligible(geometry):
     """Whether a convolution ``(kh, kw, sy, sx, ph, pw, dy, dx)`` can run as Winograd F(m, 3): 3x3, stride 1,
     dilation 1 (any padding)."""

@@ -71,7 +71,7 @@ class AutoChoice:
 
 
 # engine name in the config -> the engines it may run; DEFAULT (Caffe's CAFFE/DEFAULT after import) means AUTO
-# AUTO does not try IM2COL where its column and output buffers would exceed this many bytes
+# AUTO does not try IM2COL (or Winograd) where its column and output buffers (its tiles) would exceed this many bytes
 AUTO_WORKSPACE_LIMIT = 64 << 20
 # AUTO also tries WINOGRAD_F2 on eligible layers (3x3, stride 1, undilated): its float32 error is that of direct
 # convolution (within 2x, docs/performance.md). F(4,3)'s is 10-25x larger, so WINOGRAD runs only when named.
@@ -286,7 +286,9 @@ class Convolution(Layer):
         self._tuned_shape = x_shape  # a new shape may favour the other engine: choose again
         names = ENGINE_CHOICES[self.engine]
         if len(names) > 1 and not (winograd.eligible(self.geometry)
-                                   and x_shape[1] // self.group >= AUTO_WINOGRAD_MIN_CHANNELS):
+                                   and x_shape[1] // self.group >= AUTO_WINOGRAD_MIN_CHANNELS
+                                   and winograd.workspace_estimate(x_shape, y_shape[1], self.geometry, 2,
+                                                                   self.dtype.itemsize) <= AUTO_WORKSPACE_LIMIT):
             names = tuple(k for k in names if k not in WINOGRAD_ENGINES)
         if len(names) > 1 and self._im2col_bytes(x_shape, y_shape) > AUTO_WORKSPACE_LIMIT:
             # like cuDNN's workspace limit: never allocate a huge column buffer to try it

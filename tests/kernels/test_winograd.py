@@ -122,3 +122,17 @@ def test_deconvolution_runs_on_winograd(engine):
     layer.forward(bottom, top)
     want = torch.nn.functional.conv_transpose2d(torch.tensor(x), torch.tensor(layer.blobs[0].data), padding=1)
     numpy.testing.assert_allclose(top[0].data, want.numpy(), rtol=1e-10, atol=1e-11)
+
+
+def test_auto_skips_winograd_whose_tiles_exceed_the_workspace_limit(monkeypatch):
+    from layerforge.blob import Blob
+    from layerforge.kernels.winograd import workspace_estimate
+    from layerforge.layers import conv as conv_module
+    x_shape = (2, 64, 8, 8)
+    needed = workspace_estimate(x_shape, 2, (3, 3, 1, 1, 1, 1, 1, 1), 2, 4)  # the layer is float32
+    assert needed == 16 * 2 * 16 * (3 * 64 + 2 * 2) * 4  # 4x4 tiles of 2x2 outputs, 16 per image
+    for limit, tried in ((needed, {"IM2COL", "IMPLICIT", "WINOGRAD_F2"}), (needed - 1, {"IM2COL", "IMPLICIT"})):
+        monkeypatch.setattr(conv_module, "AUTO_WORKSPACE_LIMIT", limit)
+        layer = conv("AUTO", kernel_size=3, pad=1)
+        layer.setup([Blob(x_shape)], [Blob()])
+        assert set(layer.tuning["forward"].names) == tried
