@@ -35,6 +35,7 @@ import numpy
 from .. import backend, rng
 from ..errors import LayerforgeError
 from ..net import Net
+from ..kernels.parallel import num_threads, parallel_for
 from ..netdef import load_net_def
 from ..npz import check_writable, load_npz, save_npz_atomic
 from ..registry import registrar
@@ -313,15 +314,21 @@ class Solver:
         else:
             self.clip_gradients()
             self.normalize()
-        for i in range(len(self.net.learnable_params)):
-            if i in self._lazy:
-                self.update_rows(i, rate, self._lazy[i])
-                continue
-            self.regularize(i)
-            self.compute_update(i, rate)
-        for i, p in enumerate(self.net.learnable_params):
-            if i not in self._lazy:
-                p.data -= p.diff
+        params = self.net.learnable_params
+        for i in self._lazy:  # swaps parameter and history slots for the call: on this thread only
+            self.update_rows(i, rate, self._lazy[i])
+        # every other parameter's update is independent of the rest: whole parameters go to the kernel threads
+        # in groups of about equal size (the same operations per parameter, so the same bits for any count)
+        groups = _balanced_groups([i for i in range(len(params)) if i not in self._lazy], params, num_threads())
+
+        def update(lo, hi):
+            for group in groups[lo:hi]:
+                for i in group:
+                    self.regularize(i)
+                    self.compute_update(i, rate)
+                    params[i].data -= params[i].diff
+        largest = max((params[i].count for group in groups for i in group), default=0)
+        parallel_for(len(groups), update, work=largest if self.xp is numpy else 0)
 
     def _lazy_rows(self):
         if self.param.sparse_update != "LAZY":
@@ -622,6 +629,16 @@ class Solver:
                 break
         kept = f"the last good snapshot is {self.last_snapshot}" if self.last_snapshot else "no snapshot was written"
         return NonFiniteError(f"iteration {self.iter}: {what}{culprit}; training stopped ({kept})")
+
+
+def _balanced_groups(indices, params, count):
+    """``indices`` dealt into at most ``count`` groups of about equal total size, largest parameters first."""
+    groups, sizes = [[] for _ in range(max(1, count))], [0] * max(1, count)
+    for i in sorted(indices, key=lambda i: -params[i].count):
+        k = sizes.index(min(sizes))
+        groups[k].append(i)
+        sizes[k] += params[i].count
+    return [sorted(g) for g in groups if g]
 
 
 def _net_state(state):
