@@ -1,6 +1,6 @@
 """Scale-out on the multi-host test bed (layerforge/comm/testbed.py): allreduce busbw per algorithm with the
 bytes each host's link really carried, the cost model's predictions beside them, and data-parallel training
-iterations (LeNet, small-batch AlexNet) with and without overlap. Needs root or CAP_NET_ADMIN.
+iterations (LeNet, small-batch AlexNet) with the exchange after backward, overlapped, and double-buffered. Needs root or CAP_NET_ADMIN.
 
     python benchmarks/bench_scaleout.py [--out DIR] [--rates 1,10] [--layouts 2x1,2x2,4x1,4x2]
                                         [--sizes 1M,10M,100M] [--nets lenet,alexnet] [--skip-allreduce]
@@ -25,7 +25,6 @@ sys.path.insert(0, ROOT)
 from layerforge.commands.bench_allreduce import parse_size  # noqa: E402
 from layerforge.comm.cost_model import CostParams, predict  # noqa: E402
 from layerforge.comm.testbed import TestBed, link_delta, unavailable_reason  # noqa: E402
-from layerforge.solvers.param import SOLVER_KEYS  # noqa: E402
 
 ALGORITHMS = ("recursive", "topology", "ring", "hierarchical", "mpi")
 NETS = {"lenet": ("configs/lenet_solver.yaml", 200, 20), "alexnet": ("configs/alexnet.yaml", 8, 2)}
@@ -144,11 +143,12 @@ def print_report(path):
                 f"{mb(at[a]['counted_inter_per_host']) + ' / ' if at[a]['counted_inter_per_host'] else ''}"
                 f"{mb(at[a]['link_bytes_per_host'])} | {at[a]['latency_s'] / at[a]['predicted_s']:.2f}"
                 for a in ALGORITHMS) + " |")
-    print("\n| Gbit/s | net | hosts x ranks | overlap | s/iter | 1 rank s/iter | compute s | exposed s | exposed % "
+    print("\n| Gbit/s | net | hosts x ranks | exchange | s/iter | 1 rank s/iter | compute s | exposed s | exposed % "
           "| efficiency | plan s/iter | measured/plan | load |")
     print("|---:|---|---|---|" + "---:|" * 9)
     for r in results["training"]:
-        print(f"| {r['gbit']:g} | {r['net']} | {r['hosts']}x{r['ranks_per_host']} | {'on' if r['overlap'] else 'off'} "
+        mode = r.get("mode", "on" if r["overlap"] else "off")
+        print(f"| {r['gbit']:g} | {r['net']} | {r['hosts']}x{r['ranks_per_host']} | {mode} "
               f"| {r['s_per_iter']:.3f} | {r['one_rank_s_per_iter']:.3f} | {r['compute_s']:.3f} | {r['exposed_s']:.3f} "
               f"| {100 * r['exposed_s'] / r['s_per_iter']:.0f}% | {100 * r['efficiency']:.0f}% | {r['plan_s']:.3f} "
               f"| {r['s_per_iter'] / r['plan_s']:.2f} | {r['load']:.1f} |")
@@ -192,13 +192,14 @@ def compute_seconds(bed, net_path, hosts, rph, timing_out):
     return slowest["forward_backward_ms"] / 1e3
 
 
-def bench_training(bed, nets, layouts, workdir, cache, algorithm):
-    has_overlap = "allreduce_overlap" in SOLVER_KEYS
-    modes = [False, True] if has_overlap else [False]
-    if not has_overlap:
-        print("\n(allreduce_overlap is not a solver key in this build: only the non-overlapped path is measured)")
+# exchange modes: the solver keys of each, and the plan row's prediction for it (commands/plan.py)
+MODES = {"off": ({"allreduce_overlap": False}, "iteration_ms"), "on": ({"allreduce_overlap": True}, "overlapped_ms"),
+         "double": ({"double_buffering": True}, "double_buffered_ms")}
+
+
+def bench_training(bed, nets, layouts, workdir, cache, algorithm, modes=("off", "on", "double")):
     print(f"\n#### Training on {bed.gbit[0]:g} Gbit/s links, `--allreduce {algorithm}` ({load()} at start)\n")
-    print("| net | layout | overlap | s/iter | 1-rank s/iter | compute s (p concurrent) | exposed comm s "
+    print("| net | layout | exchange | s/iter | 1-rank s/iter | compute s (p concurrent) | exposed comm s "
           "| exposed % | scaling eff. | plan s/iter | measured/plan |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
@@ -215,20 +216,21 @@ def bench_training(bed, nets, layouts, workdir, cache, algorithm):
                 [PY, "-m", "layerforge", "plan", "--solver", plain, "--nodes", str(hosts * rph), "--group", str(rph),
                  "--timing", timing, "--cost", ",".join(repr(v) for v in params.to_dict().values()), "--json"],
                 capture_output=True, text=True, check=True, cwd=ROOT).stdout)
-            planned = next(r for r in plan["rows"] if r["algorithm"] == algorithm)["iteration_ms"] / 1e3
-            for overlap in modes:
-                keys = {"display": display, **({"allreduce_overlap": overlap} if has_overlap else {})}
-                path, _ = solver_copy(solver, workdir, net, **keys)
+            plan_row = next(r for r in plan["rows"] if r["algorithm"] == algorithm)
+            for mode in modes:
+                keys, plan_key = MODES[mode]
+                planned = plan_row[plan_key] / 1e3
+                path, _ = solver_copy(solver, workdir, net, display=display, **keys)
                 it = seconds_per_iteration(run_ok(bed, [PY, "-m", "layerforge", "train", "--solver", path,
                                                         "--max-iter", str(iters), "--allreduce", algorithm],
                                                   hosts, rph))
                 exposed = max(it - compute, 0.0)
-                row = {"net": net, "hosts": hosts, "ranks_per_host": rph, "gbit": bed.gbit[0], "overlap": overlap,
-                       "s_per_iter": it, "one_rank_s_per_iter": one, "compute_s": compute, "exposed_s": exposed,
-                       "efficiency": one / it, "plan_s": planned, "gradient_bytes": plan["gradient_bytes"],
-                       "load": os.getloadavg()[0]}
+                row = {"net": net, "hosts": hosts, "ranks_per_host": rph, "gbit": bed.gbit[0], "mode": mode,
+                       "overlap": mode == "on", "s_per_iter": it, "one_rank_s_per_iter": one, "compute_s": compute,
+                       "exposed_s": exposed, "efficiency": one / it, "plan_s": planned,
+                       "gradient_bytes": plan["gradient_bytes"], "load": os.getloadavg()[0]}
                 rows.append(row)
-                print(f"| {net} | {hosts}x{rph} | {'on' if overlap else 'off'} | {it:.3f} | {one:.3f} | "
+                print(f"| {net} | {hosts}x{rph} | {mode} | {it:.3f} | {one:.3f} | "
                       f"{compute:.3f} | {exposed:.3f} | {100 * exposed / it:.0f}% | {100 * one / it:.0f}% | "
                       f"{planned:.3f} | {it / planned:.2f} |", flush=True)
     return rows
@@ -244,6 +246,8 @@ def main():
     parser.add_argument("--nets", default="lenet,alexnet", help="nets to train ('' for none)")
     parser.add_argument("--train-layouts", default="2x1", help="hosts x ranks per host for training")
     parser.add_argument("--train-allreduce", default="topology")
+    parser.add_argument("--modes", default="off,on,double", help="exchange modes to train with: off (after "
+                        "backward), on (allreduce_overlap), double (double_buffering)")
     parser.add_argument("--skip-allreduce", action="store_true")
     parser.add_argument("--prefix", default="lfbench", help="the bed's name prefix")
     parser.add_argument("--report", metavar="RESULTS_JSON", help="only print the docs' tables from an earlier run")
@@ -280,7 +284,7 @@ def main():
                 print_targets(by_layout)
             if nets:
                 results["training"] += bench_training(bed, nets, layouts(args.train_layouts), out, cache,
-                                                      args.train_allreduce)
+                                                      args.train_allreduce, args.modes.split(","))
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump(results, f, indent=1)
 

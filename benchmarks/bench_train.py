@@ -7,8 +7,8 @@ with Input, Convolution, BatchNorm + Scale, ...) and a PyTorch module, so both r
 architecture: LeNet (Caffe's MNIST example), AlexNet (Caffe's bvlc_alexnet: LRN, grouped conv2/4/5,
 227 x 227), VGG-16 (configuration D, 224 x 224) and ResNet-50 (torchvision's v1.5: stride in the
 3x3 convolution; Caffe's BatchNorm + Scale is torch's affine BatchNorm2d). Pooling uses Caffe's ceil
-rounding in both. The update is momentum SGD with weight decay on every parameter, written out
-in-place for layerforge (the solver package may not exist when this runs) and torch.optim.SGD for torch.
+rounding in both. The update is momentum SGD with weight decay on every parameter: layerforge's SGD solver
+(apply_update, on the kernel threads) and torch.optim.SGD for torch.
 
 Every (framework, net) runs in its own subprocess so that its peak RSS (ru_maxrss) is its own; both
 use ``--threads`` BLAS / intra-op threads. Warm-up iterations run first (layerforge: until every AUTO
@@ -202,34 +202,25 @@ def max_rss():
 def run_layerforge(net_name, iterations, threads, fuse_batch_norm=True):
     import numpy
     sys.path.insert(0, ROOT)
-    from layerforge.net import Net
+    from layerforge.solvers import get_solver
 
     shape, nodes = NETS[net_name]()
     batch = BATCH[net_name]
-    net = Net(layerforge_def(nodes, batch, shape, fuse_batch_norm))
+    # the update is the SGD solver's own (momentum, weight decay; on the kernel threads), as in training
+    solver = get_solver({"net_param": layerforge_def(nodes, batch, shape, fuse_batch_norm), "type": "SGD",
+                         "base_lr": 1e-3, "lr_policy": "fixed", "momentum": 0.9, "weight_decay": 5e-4,
+                         "max_iter": 1, "dtype": "float32"})
+    net = solver.net
     net.optimize_memory()
     g = numpy.random.default_rng(0)
     net.blobs["data"].data[...] = g.standard_normal(net.blobs["data"].shape)
     net.blobs["label"].data[...] = g.integers(0, shape[2], batch)
-    params = list(zip(net.learnable_params, net.params_lr, net.params_weight_decay))
-    history = [numpy.zeros_like(b.data) for b, _, _ in params]
-    scratch = numpy.empty(max(b.count for b, _, _ in params), net.dtype)
-    lr, momentum, decay = 1e-3, 0.9, 5e-4
 
     def step():
         net.clear_param_diffs()
         net.forward()
         net.backward()
-        for (b, lr_mult, decay_mult), v in zip(params, history):
-            if lr_mult == 0:
-                continue
-            g = scratch[:b.count].reshape(b.shape)  # in place throughout: fc6 is 151 MB
-            numpy.multiply(b.data, decay * decay_mult, out=g)
-            g += b.diff
-            g *= lr * lr_mult
-            v *= momentum
-            v -= g
-            b.data += v
+        solver.apply_update()
 
     convs = [layer for layer in net.layers if hasattr(layer, "engine_choice")]
     warm = 0

@@ -11,9 +11,9 @@ N_BYTES = 431_080 * 4  # LeNet's gradients in float32
 COST = "1e-5,1e-9,4e-9,1e-10"
 
 
-def plan(tmp_path, *extra):
+def plan(tmp_path, *extra, timing_figures=None):
     timing = tmp_path / "timing.json"
-    timing.write_text(json.dumps({"forward_backward_ms": 100.0}))
+    timing.write_text(json.dumps(timing_figures or {"forward_backward_ms": 100.0}))
     proc = subprocess.run([sys.executable, "-m", "layerforge", "plan", "--solver", "configs/lenet_solver.yaml",
                            "--timing", str(timing), "--cost", COST, "--json", *map(str, extra)],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -34,6 +34,21 @@ def test_plan_matches_the_cost_formulas(tmp_path):
     assert rows["topology"]["efficiency"] == pytest.approx(eff, rel=1e-9)
     assert rows["topology"]["speedup"] == pytest.approx(4 * eff, rel=1e-9)
     assert rows["topology"]["images_per_s"] == pytest.approx(4 * 64 / ((100.0 + topology * 1e3) / 1e3), rel=1e-9)
+
+
+@pytest.mark.parametrize("backward_ms", [5.0, 60.0])
+def test_plan_overlapped_and_double_buffered_iterations(tmp_path, backward_ms):
+    # 4 ranks, one per group, slow links: topology's allreduce is ~13 ms; forward 40 ms
+    result = plan(tmp_path, "--nodes", 4, "--group", 1, timing_figures={
+        "forward_backward_ms": 40.0 + backward_ms, "forward_ms": 40.0, "backward_ms": backward_ms})
+    for r in result["rows"]:
+        ar = r["allreduce_ms"]
+        assert r["iteration_ms"] == pytest.approx(40.0 + backward_ms + ar, rel=1e-12)
+        assert r["overlapped_ms"] == pytest.approx(40.0 + max(backward_ms, ar), rel=1e-12)
+        assert r["double_buffered_ms"] == pytest.approx(max(40.0 + backward_ms, ar), rel=1e-12)
+    topology = next(r for r in result["rows"] if r["algorithm"] == "topology")
+    hidden = topology["iteration_ms"] - topology["overlapped_ms"]
+    assert hidden == pytest.approx(min(backward_ms, topology["allreduce_ms"]), rel=1e-9) and hidden > 4
 
 
 def test_plan_at_swcaffe_scale(tmp_path):

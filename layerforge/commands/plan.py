@@ -7,7 +7,10 @@ Model (weak scaling, batch b per rank): one iteration = the net's forward-backwa
 here, or read from ``layerforge time --json``) + one allreduce of all gradients, n bytes, whose time the
 alpha-beta-gamma model of layerforge.comm.cost_model predicts for p = N ranks in groups of Q. The model
 takes the exchange after backward (the bound without overlap, which hides at most T_c of it), so
-efficiency = T_c / (T_c + T_allreduce) and the speed-up over one rank is p * efficiency. Parameters with row gradients (Embed) are left out of n unless
+efficiency = T_c / (T_c + T_allreduce) and the speed-up over one rank is p * efficiency. Beside it: the
+iteration with the exchange overlapped with the last backward pass (``allreduce_overlap``: T_c - T_b +
+max(T_b, T_allreduce), T_b that pass's backward) and with ``double_buffering`` (max(T_c, T_allreduce): the
+exchange runs through the whole next iteration); both assume communication takes no compute time. Parameters with row gradients (Embed) are left out of n unless
 ``sparse_aggregation`` is dense: their rows per rank and in the sum are measured over N forward-backward
 passes, and the sparse path's predicted time (the solver's choice, or the cheapest for auto) is added.
 """
@@ -106,9 +109,11 @@ def sparse_plan(net, sp, p, q, params):
     return out
 
 
-def predict_plan(compute_ms, grad_bytes, p, q, params, batch, sparse_ms=0.0):
-    """Rows ``{algorithm, allreduce_ms, iteration_ms, efficiency, speedup, images_per_s}`` per algorithm;
-    ``sparse_ms`` (the chosen sparse paths) is added to every row's exchange time."""
+def predict_plan(compute_ms, grad_bytes, p, q, params, batch, sparse_ms=0.0, backward_ms=None):
+    """Rows ``{algorithm, allreduce_ms, iteration_ms, efficiency, speedup, images_per_s, overlapped_ms,
+    double_buffered_ms}`` per algorithm (module docstring); ``sparse_ms`` (the chosen sparse paths) is added
+    to every row's exchange time; ``backward_ms``: the last pass's backward (default: all of compute_ms)."""
+    backward_ms = compute_ms if backward_ms is None else backward_ms
     from ..comm.cost_model import predict
 
     rows = []
@@ -117,7 +122,9 @@ def predict_plan(compute_ms, grad_bytes, p, q, params, batch, sparse_ms=0.0):
         it = compute_ms + ar
         eff = compute_ms / it if it > 0 else 1.0
         rows.append({"algorithm": name, "allreduce_ms": ar, "iteration_ms": it, "efficiency": eff,
-                     "speedup": p * eff, "images_per_s": p * batch / (it / 1000.0) if it > 0 else 0.0})
+                     "speedup": p * eff, "images_per_s": p * batch / (it / 1000.0) if it > 0 else 0.0,
+                     "overlapped_ms": compute_ms - backward_ms + max(backward_ms, ar),
+                     "double_buffered_ms": max(compute_ms, ar)})
     return rows
 
 
@@ -148,7 +155,7 @@ def run(args):
     sparse_names = {s["name"] for s in sparse}
     grad_bytes = sum(b.count for b in net.learnable_params if b.name not in sparse_names) * itemsize
     rows = predict_plan(compute_ms, grad_bytes, args.nodes, args.group, params, batch * sp.iter_size,
-                        sum(s["ms"][s["chosen"]] for s in sparse))
+                        sum(s["ms"][s["chosen"]] for s in sparse), float(timing.get("backward_ms", compute_ms)))
     if args.json:
         print(json.dumps({"nodes": args.nodes, "group": args.group, "compute_ms": compute_ms,
                           "gradient_bytes": grad_bytes, "cost_params": params.to_dict(), "rows": rows,
@@ -166,9 +173,9 @@ def run(args):
               f"{s['rows_in_sum']} in the sum; {paths}; {s['chosen']} (sparse_aggregation "
               f"{sp.sparse_aggregation.lower()}), added to every allreduce below")
     print(f"{'algorithm':10s} {'allreduce ms':>13s} {'iteration ms':>13s} {'efficiency':>11s} {'speed-up':>9s} "
-          f"{'images/s':>10s}")
+          f"{'images/s':>10s} {'overlapped ms':>14s} {'double-buf. ms':>15s}")
     for r in rows:
         print(f"{r['algorithm']:10s} {r['allreduce_ms']:13.2f} {r['iteration_ms']:13.2f} {100 * r['efficiency']:10.1f}% "
-              f"{r['speedup']:9.1f} {r['images_per_s']:10.1f}")
+              f"{r['speedup']:9.1f} {r['images_per_s']:10.1f} {r['overlapped_ms']:14.2f} {r['double_buffered_ms']:15.2f}")
     return 0
 

@@ -14,18 +14,27 @@ gradient needs only two sums per channel, over N and S, S1 = sum(gz) and S2 = su
 
 so backward is one sweep for the sums and one for gx, where the layers one by one compute the gamma
 gradient's sum, multiply gy by gamma, and BatchNorm then sums the same products again. On the GPU each
-sweep is one kernel; numpy runs each as a few in-place passes (the sums as GEMVs against ones), the
-elementwise passes split over images on the kernel threads (kernels.parallel).
+sweep is one kernel; on the CPU each is one compiled loop over a channel at a time, the channels split
+over the kernel threads (the sweeps are kernels.batch_norm's, which the unfused BatchNorm uses too).
 """
 import numpy
 
 from ..backend import get_array_module
-from .batch_norm import channel_sum
-from .parallel import parallel_for
+from .batch_norm import grad_sums, input_grad
+from .parallel import cpu_kernel, parallel_for
 
 
-def _per_channel(v):
-    return v.reshape(1, -1, 1)
+@cpu_kernel
+def _scale_shift_relu(x_norm, gamma, beta, relu, negative_slope, lo, hi, out):
+    n, _, s = x_norm.shape
+    for c in range(lo, hi):
+        a, b = gamma[c], beta[c]
+        for i in range(n):
+            for k in range(s):
+                z = a * x_norm[i, c, k] + b
+                if relu and not z > 0:
+                    z = z * negative_slope
+                out[i, c, k] = z
 
 
 def scale_shift_relu(x_norm, gamma, beta, negative_slope, out):
@@ -34,18 +43,12 @@ def scale_shift_relu(x_norm, gamma, beta, negative_slope, out):
     if xp is not numpy:
         from .cuda.fused_batch_norm import scale_shift_relu_gpu
         return scale_shift_relu_gpu(x_norm, gamma, beta, negative_slope, out)
-    parallel_for(len(out), lambda lo, hi: _scale_shift_relu(x_norm[lo:hi], gamma, beta, negative_slope, out[lo:hi]),
+    x_norm = numpy.ascontiguousarray(x_norm)
+    gamma, beta = (numpy.ascontiguousarray(v, dtype=x_norm.dtype) for v in (gamma, beta))
+    relu, slope = negative_slope is not None, float(negative_slope or 0.0)
+    parallel_for(x_norm.shape[1], lambda lo, hi: _scale_shift_relu(x_norm, gamma, beta, relu, slope, lo, hi, out),
                  work=out.size)
     return out
-
-
-def _scale_shift_relu(x_norm, gamma, beta, negative_slope, out):
-    numpy.multiply(x_norm, _per_channel(gamma), out=out)
-    out += _per_channel(beta)
-    if negative_slope == 0:
-        numpy.maximum(out, 0, out=out)
-    elif negative_slope is not None:
-        out[...] = numpy.where(out > 0, out, out * negative_slope)
 
 
 def bn_scale_relu_backward(gy, y, x_norm, inv_std, gamma, negative_slope, batch_stats, g_gamma=None, g_beta=None,
@@ -61,41 +64,24 @@ def bn_scale_relu_backward(gy, y, x_norm, inv_std, gamma, negative_slope, batch_
     """
     xp = get_array_module(gy)
     m = gy.shape[0] * gy.shape[2]
-    if xp is not numpy:
-        from .cuda.fused_batch_norm import fused_backward_gpu, grad_sums_gpu
-        s1, s2 = grad_sums_gpu(gy, y, x_norm, negative_slope)
-    else:
-        prod = numpy.empty_like(gy)
-        parallel_for(len(gy), lambda lo, hi: _relu_grad_and_product(gy[lo:hi], y[lo:hi], x_norm[lo:hi], negative_slope,
-                                                                    prod[lo:hi]), work=gy.size)
-        s1, s2 = channel_sum(gy), channel_sum(prod)
+    s1, s2 = grad_sums(gy, y, negative_slope, x_norm)
     if g_beta is not None:
         g_beta += s1
     if g_gamma is not None:
         g_gamma += s2
     if gx is None:
+        if negative_slope is not None:  # the blob's diff shows the ReLU's gradient, as the layers one by one leave it
+            zero = xp.zeros_like(s1)
+            _input_grad(gy, y, x_norm, xp.ones_like(s1), zero, zero, negative_slope, gy)
         return None
     coef_gz = gamma * inv_std
     coef_xn, shift = (coef_gz * s2 / m, coef_gz * s1 / m) if batch_stats else (xp.zeros_like(s1), xp.zeros_like(s1))
+    return _input_grad(gy, y, x_norm, coef_gz, coef_xn, shift, negative_slope, gx)
+
+
+def _input_grad(gy, y, x_norm, coef_gz, coef_xn, shift, negative_slope, gx):
+    xp = get_array_module(gy)
     if xp is not numpy:
+        from .cuda.fused_batch_norm import fused_backward_gpu
         return fused_backward_gpu(gy, y, x_norm, coef_gz, coef_xn, shift, negative_slope, gx)
-    parallel_for(len(gx), lambda lo, hi: _input_grad(gy[lo:hi], x_norm[lo:hi], coef_gz, coef_xn, shift, batch_stats,
-                                                     prod[lo:hi], gx[lo:hi]), work=gx.size)
-    return gx
-
-
-def _relu_grad_and_product(gy, y, x_norm, negative_slope, prod):
-    # gz, in gy's place (gx may be gy, and gy is read no more), and gz * x_norm for the second sum
-    if negative_slope == 0:
-        numpy.multiply(gy, y > 0, out=gy)
-    elif negative_slope is not None:
-        gy[...] = numpy.where(y > 0, gy, gy * negative_slope)
-    numpy.multiply(gy, x_norm, out=prod)
-
-
-def _input_grad(gz, x_norm, coef_gz, coef_xn, shift, batch_stats, scratch, gx):
-    numpy.multiply(gz, _per_channel(coef_gz), out=gx)
-    if batch_stats:
-        numpy.multiply(x_norm, _per_channel(coef_xn), out=scratch)
-        gx -= scratch
-        gx -= _per_channel(shift)
+    return input_grad(gy, y, negative_slope, x_norm, coef_gz, coef_xn, shift, gx)

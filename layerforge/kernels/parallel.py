@@ -14,6 +14,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy
 
 # Below this many elements per array operation of a body, a kernel runs on the calling thread. Handing out
@@ -93,6 +94,25 @@ def parallel_for(n, body, work):
     finally:
         for f in futures:
             f.result()
+
+
+def elementwise(fn, *arrays):
+    """``fn(*pieces)`` over matching pieces of axis 0 of same-shaped arrays, on the kernel threads for numpy
+    arrays (copies and adds of whole activations: Eltwise, Split); one call ``fn(*arrays)`` for cupy."""
+    first = arrays[0]
+    if not isinstance(first, numpy.ndarray) or first.ndim == 0:
+        fn(*arrays)
+        return
+    parallel_for(len(first), lambda lo, hi: fn(*(a[lo:hi] for a in arrays)), work=first.size)
+
+
+def cpu_kernel(fn):
+    """Compile a CPU kernel body with numba: nopython, releasing the GIL (so :func:`parallel_for`'s threads run
+    it side by side), cached on disk. Used where numpy would need several passes or a pass per window
+    position for what one loop does; each body computes its slice in a fixed order, so results stay
+    bit-identical for any thread count. Floating-point reductions may be reassociated (vectorised), always
+    the same way for the same lengths."""
+    return numba.njit(nogil=True, cache=True, fastmath={"reassoc"})(fn)
 
 
 def host_work(array, passes=1):

@@ -1,19 +1,23 @@
 """Max and average pooling over NCHW batches, with Caffe's window rules (``pooling_layer.cpp``).
 
-Window (y, x) covers padded rows ``[y sy - ph, y sy - ph + kh)`` and the matching columns. Each body
-loops over the kh * kw kernel positions and handles every image, channel and output pixel of that
-position in one strided slice, with in-place ufuncs (``out=``) so no step allocates. Output sizes come
-from the caller (``pooling_output_size``), so a ceil-mode window may reach past the padded image: the
-padded buffer is made large enough, and the part beyond the image counts as -inf (MAX) or contributes
-nothing (AVE). Without padding, when every window lies inside the image (LeNet's 2x2/2, VGG's), the
-windows are slices of x itself; when they are also disjoint, backward assigns each window's share
-instead of accumulating into a cleared buffer. numpy batches are split over images on the kernel threads
-(kernels.parallel); cupy arrays go to kernels/cuda/pooling.cu (argmax int32).
+Window (y, x) covers padded rows ``[y sy - ph, y sy - ph + kh)`` and the matching columns. Output sizes
+come from the caller (``pooling_output_size``), so a ceil-mode window may reach past the padded image: the
+part beyond the image counts as -inf (MAX) or contributes nothing (AVE).
+
+Max pooling on the CPU is a compiled loop over (image, channel) planes (kernels.parallel.cpu_kernel): each
+output scans its window once, and backward adds each output gradient to its window's winner, where numpy
+needed a pass over every output per kernel position (10x torch's time for AlexNet's overlapping 3x3/2).
+Average pooling stays numpy: each body loops over the kh * kw kernel positions and handles every image,
+channel and output pixel of that position in one strided slice, with in-place ufuncs (``out=``). Without
+padding, when every window lies inside the image (LeNet's 2x2/2, VGG's), the windows are slices of x
+itself; when they are also disjoint, backward assigns each window's share instead of accumulating into a
+cleared buffer. CPU batches are split over planes or images on the kernel threads (kernels.parallel);
+cupy arrays go to kernels/cuda/pooling.cu (argmax int32).
 """
 import numpy
 
 from ..backend import get_array_module
-from .parallel import parallel_for
+from .parallel import cpu_kernel, parallel_for
 
 
 def _window(i, j, sy, sx, out_h, out_w):
@@ -63,33 +67,46 @@ def max_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
     Returns:
         ``(y, argmax)``: y (N, C, out_h, out_w) and, per output, the kernel position ``i * kw + j``
         (uint8, or int32 beyond 255 positions) of the first maximum in raster order, the element
-        Caffe's strict ``>`` keeps.
+        Caffe's strict ``>`` keeps (positions outside the image count as -inf).
     """
     xp = get_array_module(x)
     if xp is not numpy:  # kernels/cuda/pooling.cu
         from .cuda import pooling as gpu
         return gpu.max_pooling_forward_gpu(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out)
-    y = _result(out, (x.shape[0], x.shape[1], out_h, out_w), x.dtype, xp)
-    argmax = xp.zeros(y.shape, dtype=xp.uint8 if kh * kw <= 256 else xp.int32)
-    parallel_for(len(x), lambda lo, hi: _max_forward(x[lo:hi], kh, kw, sy, sx, ph, pw, out_h, out_w, y[lo:hi],
-                                                     argmax[lo:hi]), work=y.size)
+    shape = (x.shape[0], x.shape[1], out_h, out_w)
+    y = _result(out, shape, x.dtype, xp)
+    argmax = xp.empty(shape, dtype=xp.uint8 if kh * kw <= 256 else xp.int32)
+    target = y if y.flags.c_contiguous else numpy.empty(shape, x.dtype)
+    planes, y_planes, argmax_planes = _planes(numpy.ascontiguousarray(x)), _planes(target), _planes(argmax)
+    parallel_for(len(planes), lambda lo, hi: _max_forward(planes, kh, kw, sy, sx, ph, pw, lo, hi, y_planes,
+                                                          argmax_planes), work=y.size)
+    if target is not y:
+        y[...] = target
     return y, argmax
 
 
-def _max_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, y, argmax):
-    xp = numpy
-    img = x if _direct(x.shape, kh, kw, sy, sx, ph, pw, out_h, out_w) else \
-        _pad(x, -xp.inf, kh, kw, sy, sx, ph, pw, out_h, out_w)
-    y[...] = img[_window(0, 0, sy, sx, out_h, out_w)]
-    better = xp.empty(y.shape, dtype=bool)
-    for i in range(kh):
-        for j in range(kw):
-            if i == 0 and j == 0:
-                continue
-            v = img[_window(i, j, sy, sx, out_h, out_w)]
-            xp.greater(v, y, out=better)
-            xp.maximum(y, v, out=y)
-            xp.copyto(argmax, argmax.dtype.type(i * kw + j), where=better)
+def _planes(a):
+    return a.reshape(-1, a.shape[-2], a.shape[-1])  # (N C, H, W): the kernels loop over planes
+
+
+@cpu_kernel
+def _max_forward(x, kh, kw, sy, sx, ph, pw, lo, hi, y, argmax):
+    _, h, w = x.shape
+    _, out_h, out_w = y.shape
+    for p in range(lo, hi):
+        for oy in range(out_h):
+            top = oy * sy - ph
+            for ox in range(out_w):
+                left = ox * sx - pw
+                best = -numpy.inf  # positions outside the image: -inf, which never wins a strict >
+                arg = 0
+                for r in range(max(top, 0), min(top + kh, h)):
+                    for c in range(max(left, 0), min(left + kw, w)):
+                        if x[p, r, c] > best:
+                            best = x[p, r, c]
+                            arg = (r - top) * kw + c - left
+                y[p, oy, ox] = best
+                argmax[p, oy, ox] = arg
 
 
 def max_pooling_backward(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out=None):
@@ -99,33 +116,28 @@ def max_pooling_backward(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out=None):
         from .cuda import pooling as gpu
         return gpu.max_pooling_backward_gpu(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out)
     gx = _result(out, x_shape, gy.dtype, xp)
-    parallel_for(len(gy), lambda lo, hi: _max_backward(gy[lo:hi], argmax[lo:hi], (hi - lo,) + tuple(x_shape[1:]),
-                                                       kh, kw, sy, sx, ph, pw, gx[lo:hi]), work=gy.size)
+    gx_planes = _planes(gx if gx.flags.c_contiguous else numpy.empty(x_shape, gy.dtype))
+    gy_planes, argmax_planes = _planes(numpy.ascontiguousarray(gy)), _planes(numpy.ascontiguousarray(argmax))
+    parallel_for(len(gy_planes), lambda lo, hi: _max_backward(gy_planes, argmax_planes, kw, sy, sx, ph, pw, lo, hi,
+                                                              gx_planes), work=gx.size)
+    if not gx.flags.c_contiguous:
+        gx[...] = gx_planes.reshape(x_shape)
     return gx
 
 
-def _max_backward(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out):
-    xp = numpy
-    n, c, out_h, out_w = gy.shape
-    h, w = x_shape[2:]
-    hit = xp.empty(gy.shape, dtype=bool)
-    if _disjoint(x_shape, kh, kw, sy, sx, ph, pw, out_h, out_w):
-        gx = _disjoint_grad(out, x_shape, kh, kw, sy, sx, out_h, out_w, gy.dtype, xp)
-        for i in range(kh):
-            for j in range(kw):
-                xp.equal(argmax, i * kw + j, out=hit)
-                xp.multiply(gy, hit, out=gx[_window(i, j, sy, sx, out_h, out_w)])
-        return gx
-    gimg = xp.zeros(_padded_shape(x_shape, kh, kw, sy, sx, ph, pw, out_h, out_w), dtype=gy.dtype)
-    part = xp.empty(gy.shape, dtype=gy.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            xp.equal(argmax, i * kw + j, out=hit)
-            xp.multiply(gy, hit, out=part)
-            gimg[_window(i, j, sy, sx, out_h, out_w)] += part
-    gx = _result(out, x_shape, gy.dtype, xp)
-    gx[...] = gimg[:, :, ph:ph + h, pw:pw + w]
-    return gx
+@cpu_kernel
+def _max_backward(gy, argmax, kw, sy, sx, ph, pw, lo, hi, gx):
+    _, h, w = gx.shape
+    _, out_h, out_w = gy.shape
+    for p in range(lo, hi):
+        gx[p] = 0
+        for oy in range(out_h):
+            for ox in range(out_w):
+                k = argmax[p, oy, ox]
+                r = oy * sy - ph + k // kw
+                c = ox * sx - pw + k % kw
+                if 0 <= r < h and 0 <= c < w:  # a window of padding only has no winner
+                    gx[p, r, c] += gy[p, oy, ox]
 
 
 def argmax_to_mask(argmax, x_shape, kw, sy, sx, ph, pw):

@@ -1,7 +1,7 @@
 """BatchNorm: per-channel normalisation with running statistics, exactly as Caffe's BatchNormLayer."""
 from ..blob import Blob
 from ..errors import ShapeError
-from ..kernels.batch_norm import batch_norm_backward, batch_stats
+from ..kernels.batch_norm import batch_norm_backward, batch_stats, normalize
 from .base import Field, Layer, register_layer
 
 
@@ -72,16 +72,15 @@ class BatchNorm(Layer):
             sf = float(self.blobs[2].data[0])
             sf = 0.0 if sf == 0 else 1.0 / sf
             mean, var = sf * self.blobs[0].data, sf * self.blobs[1].data
-            xp.subtract(x, mean[None, :, None].astype(self.dtype, copy=False), out=x_norm)
         else:  # batch_norm.cu on cupy
-            mean, var = batch_stats(x, centred=x_norm)
+            mean, var = batch_stats(x)
             f = p.moving_average_fraction
             self.blobs[2].data *= f
             self.blobs[2].data += 1
             self.blobs[0].data[...] = f * self.blobs[0].data + mean
             self.blobs[1].data[...] = f * self.blobs[1].data + (m / (m - 1) if m > 1 else 1.0) * var
         self.std = xp.sqrt(var + p.eps).astype(self.dtype, copy=False)
-        x_norm *= (1 / self.std)[None, :, None]
+        normalize(x, mean, 1 / self.std, out=x_norm)
         self.x_norm = x_norm
         return x_norm
 

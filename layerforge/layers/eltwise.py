@@ -1,5 +1,6 @@
 """Eltwise: element-wise product, weighted sum or maximum of bottoms of one shape (Caffe's EltwiseLayer)."""
 from ..errors import ShapeError
+from ..kernels.parallel import elementwise
 from .base import Field, Layer, register_layer
 
 
@@ -60,11 +61,9 @@ class Eltwise(Layer):
                 y = top[0].data
                 if any(x is y for x in xs[1:]):
                     y = xp.empty_like(y)
-                xp.add(xs[0], xs[1], out=y)
-                for x in xs[2:]:
-                    y += x
+                elementwise(lambda y, *xs: _sum(xp, y, xs), y, *xs)
                 if y is not top[0].data:
-                    top[0].data[...] = y
+                    elementwise(xp.copyto, top[0].data, y)
                 return
             y = xs[0] * coeff[0] if coeff[0] != 1 else xs[0].copy()
             for c, x in zip(coeff[1:], xs[1:]):
@@ -100,4 +99,10 @@ class Eltwise(Layer):
                     gx = gx * o
             else:
                 gx = gy * top[0].data / b.data
-            b.diff[...] = gx
+            elementwise(xp.copyto, b.diff, gx)
+
+
+def _sum(xp, y, xs):
+    xp.add(xs[0], xs[1], out=y)
+    for x in xs[2:]:
+        y += x

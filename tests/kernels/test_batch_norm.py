@@ -32,3 +32,28 @@ def test_backward_in_place(xp):
     inv_std = xp.asarray(numpy.array([0.5, 2.0]))
     want = to_numpy(batch_norm_backward(gy, y, inv_std, xp.empty(gy.shape)))
     numpy.testing.assert_allclose(to_numpy(batch_norm_backward(gy, y, inv_std, gy)), want, rtol=1e-14)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e3, -5e4])
+def test_float32_statistics_are_summed_in_float64(offset):
+    # 200K float32 values around a large mean: naive float32 sums lose the variance; the CPU loops add in
+    # float64 and round once, so mean and variance are the float64 figures rounded to float32
+    rng = numpy.random.default_rng(5)
+    x64 = rng.normal(offset, 0.5, size=(8, 2, 12544))
+    x = x64.astype(numpy.float32)
+    mean, var = batch_stats(x)
+    assert mean.dtype == var.dtype == numpy.float32
+    want_mean, want_var = x.astype(numpy.float64).mean(axis=(0, 2)), x.astype(numpy.float64).var(axis=(0, 2))
+    numpy.testing.assert_allclose(mean, want_mean, rtol=1e-7, atol=1e-7)
+    numpy.testing.assert_allclose(var, want_var, rtol=1e-6)
+
+
+def test_normalize_in_place_and_into_a_buffer():
+    from layerforge.kernels.batch_norm import normalize
+    rng = numpy.random.default_rng(6)
+    x = rng.normal(size=(3, 4, 5)).astype(numpy.float32)
+    mean, inv_std = rng.normal(size=4), rng.uniform(0.5, 2, size=4)
+    want = ((x - mean[None, :, None].astype(numpy.float32)) * inv_std[None, :, None].astype(numpy.float32))
+    out = normalize(x, mean, inv_std, numpy.empty_like(x))
+    numpy.testing.assert_array_equal(out, want)
+    numpy.testing.assert_array_equal(normalize(x, mean, inv_std, x), want)  # x itself

@@ -164,3 +164,41 @@ def test_lrn_across_channels(threads, shape, size, beta):
     half = size // 2
     want = 1 + 1e-4 / size * (x[0, max(0, 2 - half):2 + half + 1, 1, 1] ** 2).sum()
     assert scale[0, 2, 1, 1] == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 20), (5, 4, 49), (7, 2, 3)])
+def test_batch_norm_statistics_and_gradient(threads, shape):
+    from layerforge.kernels.batch_norm import batch_norm_backward, batch_stats
+    rng = numpy.random.RandomState(4)
+    x, gy = rng.randn(*shape).astype(numpy.float32) * 3 + 1, rng.randn(*shape).astype(numpy.float32)
+
+    def compute():
+        centred = numpy.empty_like(x)
+        mean, var = batch_stats(x, centred)
+        return mean, var, centred, batch_norm_backward(gy, centred, 1 / numpy.sqrt(var + 1e-5), numpy.empty_like(x))
+    mean, var, _, _ = same_for_all_thread_counts(threads, compute)
+    numpy.testing.assert_allclose(var, x.astype(numpy.float64).var(axis=(0, 2)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("batch", [1, 5, 6])
+def test_eltwise_sum_and_split_backward(threads, batch):
+    from layerforge.net import Net
+    shape = [batch, 3, 4, 5]
+    net = Net({"name": "t", "force_backward": True, "layers": [
+        {"name": "in", "type": "Input", "top": ["a", "b"], "input": {"shape": [shape, shape]}},
+        {"name": "sum", "type": "Eltwise", "bottom": ["a", "b"], "top": "s"},
+        {"name": "double", "type": "Eltwise", "bottom": ["s", "s"], "top": "d", "eltwise": {"coeff": [1, 1]}},
+        {"name": "loss", "type": "EuclideanLoss", "bottom": ["d", "a"], "top": "loss"}]}, dtype="float64")
+    rng = numpy.random.RandomState(5)
+    net.blobs["a"].data[...], net.blobs["b"].data[...] = rng.randn(*shape), rng.randn(*shape)
+
+    def compute():
+        net.forward()
+        net.backward()
+        return net.blobs["d"].data.copy(), net.blobs["a"].diff.copy(), net.blobs["b"].diff.copy()
+    d, ga, gb = same_for_all_thread_counts(threads, compute)
+    a, b = net.blobs["a"].data, net.blobs["b"].data
+    numpy.testing.assert_array_equal(d, 2 * (a + b))
+    r = (2 * (a + b) - a) / batch  # EuclideanLoss: d loss / d d, and -r towards a
+    numpy.testing.assert_allclose(gb, 2 * r, rtol=1e-12)
+    numpy.testing.assert_allclose(ga, 2 * r - r, rtol=1e-12)
