@@ -10,11 +10,11 @@ setting ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` (layerforge._threads), di
 the BLAS library's own count (threadpoolctl) where it can be read, else those variables, else the cores.
 :func:`set_num_threads` overrides it (tests, benchmarks).
 """
+import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy
 
 # Below this many elements per array operation of a body, a kernel runs on the calling thread. Handing out
@@ -111,8 +111,21 @@ def cpu_kernel(fn):
     it side by side), cached on disk. Used where numpy would need several passes or a pass per window
     position for what one loop does; each body computes its slice in a fixed order, so results stay
     bit-identical for any thread count. Floating-point reductions may be reassociated (vectorised), always
-    the same way for the same lengths."""
-    return numba.njit(nogil=True, cache=True, fastmath={"reassoc"})(fn)
+    the same way for the same lengths. numba is imported at the first call (it takes a quarter of a second,
+    which commands that run no kernel, and every rank's start, would pay)."""
+    compiled = []
+    lock = threading.Lock()
+
+    @functools.wraps(fn)
+    def call(*args):
+        if not compiled:
+            with lock:
+                if not compiled:
+                    import numba
+
+                    compiled.append(numba.njit(nogil=True, cache=True, fastmath={"reassoc"})(fn))
+        return compiled[0](*args)
+    return call
 
 
 def host_work(array, passes=1):

@@ -12,7 +12,10 @@ fewer for m = 2 and 4x for m = 4. The gradients are the exact adjoints of that c
 
     dM = A gy_tile A^T,   dU = sum_tiles dM V^T  ->  gW = G^T dU G,   dV = U^T dM  ->  gx tiles = B dV B^T
 
-(the overlapping gx tiles add up). Float rounding grows with m: the transforms of F(4,3) have entries up to
+(the overlapping gx tiles add up). On the CPU, F(2,3)'s four transforms (input tiles, output tiles, gradient
+tiles and the gx scatter) are compiled loops over channels on the kernel threads (kernels.parallel): each
+tile's 4 x 4 transform is a handful of adds in registers, where the numpy path copies every tile position
+out strided and runs small GEMMs over all tiles. F(4,3) and cupy use the ``xp`` path. Float rounding grows with m: the transforms of F(4,3) have entries up to
 5 and 1/24 (the points 0, +-1, +-1/2, infinity), F(2,3) only 0, +-1/2, 1; docs/performance.md has the
 measured float32 error of both against a float64 direct convolution.
 """
@@ -22,6 +25,7 @@ import numpy
 
 from ..backend import get_array_module
 from .im2col import conv_output_size
+from .parallel import cpu_kernel, parallel_for
 
 # (B^T, G, A^T) per output tile size m
 TRANSFORMS = {
@@ -36,13 +40,17 @@ TRANSFORMS = {
 }
 
 
-def workspace_estimate(x_shape, out_channels, geometry, tile, itemsize):
-    """Bytes a call holds at its peak: the input tiles and their transform (and its transposed copies), the
-    products and the output tiles, for input (N, C, H, W) and ``out_channels`` filters."""
+def workspace_estimate(x_shape, out_channels, geometry, tile, itemsize, compiled=False):
+    """Bytes a call holds at its peak, for input (N, C, H, W) and ``out_channels`` filters: the input tiles and
+    their transform (and its transposed copies), the products and the output tiles; with ``compiled`` (F(2,3)
+    on the CPU, whose loops write the transforms straight from and into the images) one transformed array of
+    each side, input and output."""
     n, c, h, w = x_shape
     ph, pw = geometry[4:6]
     out_h, out_w = conv_output_size(h, 3, 1, ph), conv_output_size(w, 3, 1, pw)
     tiles = n * -(-out_h // tile) * -(-out_w // tile)
+    if compiled:
+        return (tile + 2) ** 2 * tiles * (c + out_channels) * itemsize
     return (tile + 2) ** 2 * tiles * (3 * c + 2 * out_channels) * itemsize
 
 
@@ -107,6 +115,29 @@ class WinogradConv:
         self._bytes = d.nbytes + xpad.nbytes
         return d.reshape(alpha, alpha, c, n * th * tw)
 
+    def _compiled(self, xp):
+        # F(2,3) on numpy arrays: the compiled transforms below (module docstring)
+        return self.m == 2 and xp is numpy
+
+    def _input_transform(self, x):
+        """V = B^T d B of every input tile, (4, 4, C, P), by the compiled loops."""
+        n, c, h, w = x.shape
+        _, _, th, tw = self._layout(x.shape)
+        x = numpy.ascontiguousarray(x)
+        V = numpy.empty((16, c, n, th, tw), dtype=x.dtype)
+        ph, pw = self.geometry[4:6]
+        parallel_for(c, lambda lo, hi: _f2_input_tiles(x, ph, pw, lo, hi, V), work=V.size // 16)
+        self._bytes = V.nbytes
+        return V.reshape(4, 4, c, n * th * tw)
+
+    def _gradient_transform(self, gy, th, tw):
+        """dM = A gy_tile A^T of every output tile, (4, 4, K, P), by the compiled loops."""
+        n, k = gy.shape[:2]
+        gy = numpy.ascontiguousarray(gy)
+        dM = numpy.empty((16, k, n, th, tw), dtype=gy.dtype)
+        parallel_for(k, lambda lo, hi: _f2_gradient_tiles(gy, lo, hi, dM), work=dM.size // 16)
+        return dM.reshape(4, 4, k, n * th * tw)
+
     @staticmethod
     def _to_tiles(v, left, right):
         """``left @ v[:, :, r] @ right`` for every r of ``v`` (a, b, ...): two GEMMs over all tiles at once."""
@@ -126,19 +157,23 @@ class WinogradConv:
         k, groups = W.shape[0], self.group
         out_h, out_w, th, tw = self._layout(x.shape)
         alpha, m = self.m + 2, self.m
-        V = self._to_tiles(self._tiles(x, x.dtype), bt, bt.T)  # (a, a, C, P)
+        compiled = self._compiled(xp)
+        V = self._input_transform(x) if compiled else self._to_tiles(self._tiles(x, x.dtype), bt, bt.T)  # (a, a, C, P)
         U = self._to_tiles(W.transpose(2, 3, 0, 1), g, g.T)  # (a, a, K, C/G)
         kg, cg = k // groups, c // groups
         M = xp.empty((alpha, alpha, k, V.shape[-1]), dtype=x.dtype)
         for q in range(groups):
             xp.matmul(U[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg], out=M[:, :, q * kg:(q + 1) * kg])
+        self._bytes += M.nbytes
+        if compiled:
+            _f2_output_tiles(M.reshape(16, k, n, th, tw), b is not None, b if b is not None else W[:1, 0, 0, 0], y)
+            return
         Y = self._to_tiles(M, at, at.T).reshape(m, m, k, n, th, tw)  # (m, m, K, N, th, tw)
         full = Y.transpose(3, 2, 4, 0, 5, 1).reshape(n, k, th * m, tw * m)
         if b is None:
             y[...] = full[:, :, :out_h, :out_w]
         else:
             xp.add(full[:, :, :out_h, :out_w], b[None, :, None, None], out=y)
-        self._bytes += M.nbytes
 
     def backward(self, x, W, gy, gW, gb, gx):
         """Add the filter (and bias) gradients into ``gW`` (``gb``); write the data gradient into ``gx``.
@@ -152,18 +187,23 @@ class WinogradConv:
         alpha, m = self.m + 2, self.m
         if gb is not None:
             gb += gy.sum(axis=(0, 2, 3))
+        compiled = self._compiled(xp)
         # dM = A gy_tile A^T for every tile (gy zero-padded to whole tiles)
-        gypad = xp.zeros((n, k, th * m, tw * m), dtype=gy.dtype)
-        gypad[:, :, :out_h, :out_w] = gy
-        gyt = gypad.reshape(n, k, th, m, tw, m).transpose(3, 5, 1, 0, 2, 4).reshape(m, m, k, n * th * tw)
-        dM = self._to_tiles(gyt, at.T, at)  # (a, a, K, P)
+        if compiled:
+            dM = self._gradient_transform(gy, th, tw)
+        else:
+            gypad = xp.zeros((n, k, th * m, tw * m), dtype=gy.dtype)
+            gypad[:, :, :out_h, :out_w] = gy
+            gyt = gypad.reshape(n, k, th, m, tw, m).transpose(3, 5, 1, 0, 2, 4).reshape(m, m, k, n * th * tw)
+            dM = self._to_tiles(gyt, at.T, at)  # (a, a, K, P)
         if gW is not None:
-            V = self._to_tiles(self._tiles(x, gy.dtype), bt, bt.T)
+            V = self._input_transform(x) if compiled else self._to_tiles(self._tiles(x, gy.dtype), bt, bt.T)
             dU = xp.empty((alpha, alpha, k, cg), dtype=gy.dtype)
             for q in range(groups):
                 xp.matmul(dM[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg].swapaxes(2, 3),
                           out=dU[:, :, q * kg:(q + 1) * kg])
             gW += self._to_tiles(dU, g.T, g).transpose(2, 3, 0, 1)
+            del V  # dV takes its place below
         if gx is None:
             return
         U = self._to_tiles(W.transpose(2, 3, 0, 1), g, g.T)
@@ -171,8 +211,15 @@ class WinogradConv:
         for q in range(groups):
             xp.matmul(U[:, :, q * kg:(q + 1) * kg].swapaxes(2, 3), dM[:, :, q * kg:(q + 1) * kg],
                       out=dV[:, :, q * cg:(q + 1) * cg])
-        dd = self._to_tiles(dV, bt.T, bt).reshape(alpha, alpha, c, n, th, tw)
         ph, pw = self.geometry[4:6]
+        if compiled:
+            dV = dV.reshape(16, c, n, th, tw)
+            target = gx if gx.flags.c_contiguous else numpy.empty(gx.shape, gx.dtype)
+            parallel_for(c, lambda lo, hi: _f2_scatter_input_grad(dV, ph, pw, lo, hi, target), work=gx.size)
+            if target is not gx:
+                gx[...] = target
+            return
+        dd = self._to_tiles(dV, bt.T, bt).reshape(alpha, alpha, c, n, th, tw)
         gpad = xp.zeros((n, c, th * m + 2, tw * m + 2), dtype=gy.dtype)
         for i in range(alpha):
             for j in range(alpha):
@@ -194,3 +241,125 @@ class WinogradF2Conv(WinogradConv):
 
     def __init__(self, geometry, group):
         super().__init__(geometry, group, 2)
+
+
+# F(2x2, 3x3) on the CPU: B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], A^T = [[1, 1, 1, 0],
+# [0, 1, -1, -1]], written out. Arrays of transformed tiles are (16, C or K, N, th, tw), position i * 4 + j.
+
+# the two non-zeros of each row of B^T: (column, sign, column, sign)
+_F2_BT_ROWS = ((0, 1.0, 2, -1.0), (1, 1.0, 2, 1.0), (1, -1.0, 2, 1.0), (1, 1.0, 3, -1.0))
+
+
+@cpu_kernel
+def _f2_input_tiles(x, ph, pw, lo, hi, V):
+    n, _, h, w = x.shape
+    _, _, _, th, tw = V.shape
+    plane = numpy.zeros((2 * th + 2, 2 * tw + 2), dtype=x.dtype)  # one zero-padded (image, channel) plane
+    rows, cols = min(h, 2 * th + 2 - ph), min(w, 2 * tw + 2 - pw)
+    for c in range(lo, hi):
+        for b in range(n):
+            plane[ph:ph + rows, pw:pw + cols] = x[b, c, :rows, :cols]
+            for i in range(4):  # V[i, j] = (B^T d B)[i, j]: four terms of the tile d
+                ra, sa, rb, sb = _F2_BT_ROWS[i]
+                for j in range(4):
+                    ca, ta, cb, tb = _F2_BT_ROWS[j]
+                    out = V[4 * i + j, c, b]
+                    for ty in range(th):
+                        top, bottom = plane[2 * ty + ra], plane[2 * ty + rb]
+                        for tx in range(tw):
+                            q = 2 * tx
+                            out[ty, tx] = sa * (ta * top[q + ca] + tb * top[q + cb]) + \
+                                sb * (ta * bottom[q + ca] + tb * bottom[q + cb])
+
+
+@cpu_kernel
+def _f2_output_tiles_body(M, has_bias, bias, lo, hi, y):
+    _, _, n, th, tw = M.shape
+    out_h, out_w = y.shape[2], y.shape[3]
+    plane = numpy.empty((2 * th, 2 * tw), dtype=M.dtype)  # whole tiles; the part past the output is cut off
+    for k in range(lo, hi):
+        add = bias[k] if has_bias else 0
+        for b in range(n):
+            m = M[:, k, b]
+            for ty in range(th):
+                upper, lower = plane[2 * ty], plane[2 * ty + 1]
+                for tx in range(tw):
+                    # s = A^T m (rows), then y = s A (columns)
+                    s0 = m[0, ty, tx] + m[4, ty, tx] + m[8, ty, tx]
+                    s1 = m[1, ty, tx] + m[5, ty, tx] + m[9, ty, tx]
+                    s2 = m[2, ty, tx] + m[6, ty, tx] + m[10, ty, tx]
+                    s3 = m[3, ty, tx] + m[7, ty, tx] + m[11, ty, tx]
+                    upper[2 * tx] = s0 + s1 + s2 + add
+                    upper[2 * tx + 1] = s1 - s2 - s3 + add
+                    s0 = m[4, ty, tx] - m[8, ty, tx] - m[12, ty, tx]
+                    s1 = m[5, ty, tx] - m[9, ty, tx] - m[13, ty, tx]
+                    s2 = m[6, ty, tx] - m[10, ty, tx] - m[14, ty, tx]
+                    s3 = m[7, ty, tx] - m[11, ty, tx] - m[15, ty, tx]
+                    lower[2 * tx] = s0 + s1 + s2 + add
+                    lower[2 * tx + 1] = s1 - s2 - s3 + add
+            y[b, k] = plane[:out_h, :out_w]
+
+
+def _f2_output_tiles(M, has_bias, bias, y):
+    target = y if y.flags.c_contiguous else numpy.empty(y.shape, y.dtype)
+    bias = numpy.ascontiguousarray(bias, dtype=M.dtype)
+    parallel_for(M.shape[1], lambda lo, hi: _f2_output_tiles_body(M, has_bias, bias, lo, hi, target),
+                 work=target.size)
+    if target is not y:
+        y[...] = target
+
+
+# the non-zeros of each row of A: (index, sign) x 2 (a zero sign where the row has one)
+_F2_A_ROWS = ((0, 1.0, 1, 0.0), (0, 1.0, 1, 1.0), (0, 1.0, 1, -1.0), (0, 0.0, 1, -1.0))
+
+
+@cpu_kernel
+def _f2_gradient_tiles(gy, lo, hi, dM):
+    n, _, out_h, out_w = gy.shape
+    _, _, _, th, tw = dM.shape
+    plane = numpy.zeros((2 * th, 2 * tw), dtype=gy.dtype)  # gy zero-padded to whole tiles
+    for k in range(lo, hi):
+        for b in range(n):
+            plane[:out_h, :out_w] = gy[b, k]
+            for i in range(4):  # dM[i, j] = (A g A^T)[i, j]: up to four terms of the tile g
+                ra, sa, rb, sb = _F2_A_ROWS[i]
+                for j in range(4):
+                    ca, ta, cb, tb = _F2_A_ROWS[j]
+                    out = dM[4 * i + j, k, b]
+                    for ty in range(th):
+                        top, bottom = plane[2 * ty + ra], plane[2 * ty + rb]
+                        for tx in range(tw):
+                            q = 2 * tx
+                            out[ty, tx] = sa * (ta * top[q + ca] + tb * top[q + cb]) + \
+                                sb * (ta * bottom[q + ca] + tb * bottom[q + cb])
+
+
+@cpu_kernel
+def _f2_scatter_input_grad(dV, ph, pw, lo, hi, gx):
+    _, _, n, th, tw = dV.shape
+    h, w = gx.shape[2], gx.shape[3]
+    plane = numpy.empty((2 * th + 2, 2 * tw + 2), dtype=dV.dtype)  # the padded gx plane the tiles add into
+    e = numpy.empty((4, 4), dtype=dV.dtype)
+    rows, cols = min(h, 2 * th + 2 - ph), min(w, 2 * tw + 2 - pw)
+    for c in range(lo, hi):
+        for b in range(n):
+            plane[:] = 0
+            v = dV[:, c, b]
+            for ty in range(th):
+                for tx in range(tw):
+                    for j in range(4):  # e = B v (columns of B^T: 0 | 1 -2 +3 | -0 +1 +2 | -3)
+                        v0, v1, v2, v3 = v[j, ty, tx], v[4 + j, ty, tx], v[8 + j, ty, tx], v[12 + j, ty, tx]
+                        e[0, j] = v0
+                        e[1, j] = v1 - v2 + v3
+                        e[2, j] = v1 + v2 - v0
+                        e[3, j] = -v3
+                    for i in range(4):  # tile e B^T, added at (2 ty + i, 2 tx + j)
+                        dst = plane[2 * ty + i]
+                        q = 2 * tx
+                        e0, e1, e2, e3 = e[i, 0], e[i, 1], e[i, 2], e[i, 3]
+                        dst[q] += e0
+                        dst[q + 1] += e1 - e2 + e3
+                        dst[q + 2] += e1 + e2 - e0
+                        dst[q + 3] -= e3
+            gx[b, c] = 0
+            gx[b, c, :rows, :cols] = plane[ph:ph + rows, pw:pw + cols]

@@ -2,6 +2,8 @@
 import logging
 import time
 
+import numpy
+
 from .. import engine_cache
 from ..errors import ShapeError
 from ..kernels.im2col import conv_output_size
@@ -288,7 +290,8 @@ class Convolution(Layer):
         if len(names) > 1 and not (winograd.eligible(self.geometry)
                                    and x_shape[1] // self.group >= AUTO_WINOGRAD_MIN_CHANNELS
                                    and winograd.workspace_estimate(x_shape, y_shape[1], self.geometry, 2,
-                                                                   self.dtype.itemsize) <= AUTO_WORKSPACE_LIMIT):
+                                                                   self.dtype.itemsize, compiled=self.xp is numpy)
+                                   <= AUTO_WORKSPACE_LIMIT):
             names = tuple(k for k in names if k not in WINOGRAD_ENGINES)
         if len(names) > 1 and self._im2col_bytes(x_shape, y_shape) > AUTO_WORKSPACE_LIMIT:
             # like cuDNN's workspace limit: never allocate a huge column buffer to try it

@@ -202,3 +202,31 @@ def test_eltwise_sum_and_split_backward(threads, batch):
     r = (2 * (a + b) - a) / batch  # EuclideanLoss: d loss / d d, and -r towards a
     numpy.testing.assert_allclose(gb, 2 * r, rtol=1e-12)
     numpy.testing.assert_allclose(ga, 2 * r - r, rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape,pad,groups", [((1, 4, 7, 5), 1, 1), ((3, 6, 6, 9), 0, 2), ((2, 2, 5, 5), 2, 1)])
+def test_winograd_f2_compiled_transforms(threads, shape, pad, groups):
+    from layerforge.kernels.winograd import WinogradF2Conv
+    rng = numpy.random.RandomState(6)
+    x = rng.randn(*shape).astype(numpy.float32)
+    W = rng.randn(6, shape[1] // groups, 3, 3).astype(numpy.float32)
+    b = rng.randn(6).astype(numpy.float32)
+    out_h, out_w = shape[2] + 2 * pad - 2, shape[3] + 2 * pad - 2
+    gy = rng.randn(shape[0], 6, out_h, out_w).astype(numpy.float32)
+    engine = WinogradF2Conv((3, 3, 1, 1, pad, pad, 1, 1), groups)
+
+    def compute():
+        y = numpy.empty((shape[0], 6, out_h, out_w), numpy.float32)
+        engine.forward(x, W, b, y)
+        gW, gb, gx = numpy.zeros_like(W), numpy.zeros_like(b), numpy.empty_like(x)
+        engine.backward(x, W, gy, gW, gb, gx)
+        return y, gW, gb, gx
+    y, gW, gb, gx = same_for_all_thread_counts(threads, compute)
+    torch = pytest.importorskip("torch")
+    tx = torch.tensor(x.astype(numpy.float64), requires_grad=True)
+    tW = torch.tensor(W.astype(numpy.float64), requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tW, torch.tensor(b.astype(numpy.float64)), padding=pad, groups=groups)
+    ty.backward(torch.tensor(gy.astype(numpy.float64)))
+    numpy.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-4, atol=1e-4)
+    numpy.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    numpy.testing.assert_allclose(gW, tW.grad.numpy(), rtol=1e-4, atol=1e-4)

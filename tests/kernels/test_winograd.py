@@ -129,10 +129,12 @@ def test_auto_skips_winograd_whose_tiles_exceed_the_workspace_limit(monkeypatch)
     from layerforge.kernels.winograd import workspace_estimate
     from layerforge.layers import conv as conv_module
     x_shape = (2, 64, 8, 8)
-    needed = workspace_estimate(x_shape, 2, (3, 3, 1, 1, 1, 1, 1, 1), 2, 4)  # the layer is float32
-    assert needed == 16 * 2 * 16 * (3 * 64 + 2 * 2) * 4  # 4x4 tiles of 2x2 outputs, 16 per image
-    for limit, tried in ((needed, {"IM2COL", "IMPLICIT", "WINOGRAD_F2"}), (needed - 1, {"IM2COL", "IMPLICIT"})):
+    assert workspace_estimate(x_shape, 2, (3, 3, 1, 1, 1, 1, 1, 1), 2, 4) == 16 * 2 * 16 * (3 * 64 + 2 * 2) * 4
+    # the CPU layer runs F(2,3)'s compiled transforms: one transformed array per side
+    needed = workspace_estimate(x_shape, 2, (3, 3, 1, 1, 1, 1, 1, 1), 2, 4, compiled=True)  # the layer is float32
+    assert needed == 16 * 2 * 16 * (64 + 2) * 4  # 4x4 tiles of 2x2 outputs, 16 per image
+    for limit, tried in ((needed, True), (needed - 1, False)):  # (IM2COL's columns exceed both limits)
         monkeypatch.setattr(conv_module, "AUTO_WORKSPACE_LIMIT", limit)
         layer = conv("AUTO", kernel_size=3, pad=1)
         layer.setup([Blob(x_shape)], [Blob()])
-        assert set(layer.tuning["forward"].names) == tried
+        assert set(layer.tuning["forward"].names) == {"IMPLICIT"} | ({"WINOGRAD_F2"} if tried else set())

@@ -1,0 +1,157 @@
+"""Where a training iteration's time goes, layerforge beside PyTorch CPU, by kind of operation.
+
+    python benchmarks/bench_breakdown.py [--nets resnet50,alexnet] [--threads 2] [--iterations 3]
+
+The nets are bench_train.py's (one definition builds both frameworks' nets). layerforge: `layerforge time`'s
+per-layer forward and backward times (``commands.time.time_net``), summed by layer type, plus the SGD
+solver's update timed on its own. PyTorch: the profiler's self CPU time per aten operator over the same
+iterations, mapped to the same kinds; what maps to no kind (autograd's bookkeeping, LRN's pieces, the
+adds of Split's gradients, fills) is "other". Each framework runs in its own subprocess with ``--threads``
+BLAS / intra-op threads. Milliseconds per iteration.
+"""
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+KINDS = ("convolution", "batch norm + scale + relu", "pooling", "lrn", "inner product", "eltwise / split",
+         "update", "other")
+LAYER_KIND = {"Convolution": "convolution", "BatchNorm": "batch norm + scale + relu",
+              "Scale": "batch norm + scale + relu", "ReLU": "batch norm + scale + relu", "Pooling": "pooling",
+              "LRN": "lrn", "InnerProduct": "inner product", "Eltwise": "eltwise / split", "Split": "eltwise / split"}
+# aten operator -> (kind, pass)
+TORCH_KIND = {
+    "aten::mkldnn_convolution": ("convolution", "forward"), "aten::convolution_backward": ("convolution", "backward"),
+    "aten::native_batch_norm": ("batch norm + scale + relu", "forward"),
+    "aten::native_batch_norm_backward": ("batch norm + scale + relu", "backward"),
+    "aten::clamp_min": ("batch norm + scale + relu", "forward"), "aten::relu": ("batch norm + scale + relu", "forward"),
+    "aten::threshold_backward": ("batch norm + scale + relu", "backward"),
+    "aten::max_pool2d_with_indices": ("pooling", "forward"),
+    "aten::max_pool2d_with_indices_backward": ("pooling", "backward"),
+    "aten::mean": ("pooling", "forward"), "aten::addmm": ("inner product", "forward"),
+    "aten::mm": ("inner product", "backward"), "aten::add": ("eltwise / split", "forward"),
+}
+
+
+def run_layerforge(name, iterations):
+    import numpy
+    sys.path.insert(0, ROOT)
+    sys.path.insert(0, HERE)
+    import bench_train
+    from layerforge.commands.time import time_net
+    from layerforge.solvers import get_solver
+
+    shape, nodes = bench_train.NETS[name]()
+    batch = bench_train.BATCH[name]
+    solver = get_solver({"net_param": bench_train.layerforge_def(nodes, batch, shape), "type": "SGD",
+                         "base_lr": 1e-3, "lr_policy": "fixed", "momentum": 0.9, "weight_decay": 5e-4,
+                         "max_iter": 1, "dtype": "float32"})
+    net = solver.net
+    net.optimize_memory()
+    g = numpy.random.default_rng(0)
+    net.blobs["data"].data[...] = g.standard_normal(net.blobs["data"].shape)
+    net.blobs["label"].data[...] = g.integers(0, shape[2], batch)
+    timing = time_net(net, iterations)
+    out = collections.defaultdict(lambda: [0.0, 0.0])
+    for row in timing["layers"]:
+        kind = LAYER_KIND.get(row["type"], "other")
+        out[kind][0] += row["forward_ms"]
+        out[kind][1] += row["backward_ms"]
+    solver.apply_update()
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        solver.apply_update()
+    out["update"][1] += (time.perf_counter() - t0) * 1e3 / iterations
+    return dict(out)
+
+
+def run_torch(name, iterations, threads):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    sys.path.insert(0, HERE)
+    import bench_train
+
+    torch.set_num_threads(threads)
+    shape, nodes = bench_train.NETS[name]()
+    batch = bench_train.BATCH[name]
+    model = bench_train.torch_module(nodes, shape)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    x, y = torch.randn(batch, shape[0], shape[1], shape[1]), torch.randint(0, shape[2], (batch,))
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(iterations):
+            step()
+    out = collections.defaultdict(lambda: [0.0, 0.0])
+    total = 0.0
+    for event in prof.key_averages():
+        ms = event.self_cpu_time_total / 1e3 / iterations
+        if event.key.startswith("Optimizer.step"):
+            out["update"][1] += event.cpu_time_total / 1e3 / iterations
+            continue
+        if not event.key.startswith("aten::"):
+            continue
+        total += ms
+        kind, which = TORCH_KIND.get(event.key, ("other", "forward"))
+        out[kind][0 if which == "forward" else 1] += ms
+    # the optimizer's own aten calls were counted above as well: take them out of "other"
+    out["other"][0] = max(0.0, out["other"][0] - out["update"][1])
+    return dict(out)
+
+
+def child(args):
+    result = run_layerforge(args.net, args.iterations) if args.child == "layerforge" else \
+        run_torch(args.net, args.iterations, args.threads)
+    print(json.dumps(result))
+
+
+def measure(framework, net, iterations, threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads))
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", framework, "--net", net,
+                           "--iterations", str(iterations), "--threads", str(threads)],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode:
+        sys.exit(f"{framework} {net} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nets", default="resnet50,alexnet")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--child", choices=("layerforge", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--net", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+    for net in args.nets.split(","):
+        lf = measure("layerforge", net, args.iterations, args.threads)
+        pt = measure("torch", net, args.iterations, args.threads)
+        print(f"\n{net}, {args.threads} threads, ms per iteration (load {os.getloadavg()[0]:.2f})\n")
+        print("| kind | layerforge fwd | layerforge bwd | torch fwd | torch bwd | layerforge - torch |")
+        print("|---|---:|---:|---:|---:|---:|")
+        sums = [0.0] * 4
+        for kind in KINDS:
+            a, b = lf.get(kind, [0.0, 0.0]), pt.get(kind, [0.0, 0.0])
+            if not any(a + b):
+                continue
+            sums = [s + v for s, v in zip(sums, a + b)]
+            print(f"| {kind} | {a[0]:.1f} | {a[1]:.1f} | {b[0]:.1f} | {b[1]:.1f} | {a[0] + a[1] - b[0] - b[1]:+.1f} |")
+        print(f"| total | {sums[0]:.1f} | {sums[1]:.1f} | {sums[2]:.1f} | {sums[3]:.1f} "
+              f"| {sums[0] + sums[1] - sums[2] - sums[3]:+.1f} |")
+
+
+if __name__ == "__main__":
+    main()
