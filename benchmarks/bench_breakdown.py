@@ -39,23 +39,13 @@ TORCH_KIND = {
 
 
 def run_layerforge(name, iterations):
-    import numpy
     sys.path.insert(0, ROOT)
     sys.path.insert(0, HERE)
     import bench_train
     from layerforge.commands.time import time_net
-    from layerforge.solvers import get_solver
 
-    shape, nodes = bench_train.NETS[name]()
-    batch = bench_train.BATCH[name]
-    solver = get_solver({"net_param": bench_train.layerforge_def(nodes, batch, shape), "type": "SGD",
-                         "base_lr": 1e-3, "lr_policy": "fixed", "momentum": 0.9, "weight_decay": 5e-4,
-                         "max_iter": 1, "dtype": "float32"})
+    solver = bench_train.layerforge_solver(name)
     net = solver.net
-    net.optimize_memory()
-    g = numpy.random.default_rng(0)
-    net.blobs["data"].data[...] = g.standard_normal(net.blobs["data"].shape)
-    net.blobs["label"].data[...] = g.integers(0, shape[2], batch)
     timing = time_net(net, iterations)
     out = collections.defaultdict(lambda: [0.0, 0.0])
     for row in timing["layers"]:

@@ -199,14 +199,15 @@ def max_rss():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_layerforge(net_name, iterations, threads, fuse_batch_norm=True):
+def layerforge_solver(net_name, fuse_batch_norm=True):
+    """The SGD solver (momentum, weight decay) over the layerforge net, with planned memory and random data."""
     import numpy
     sys.path.insert(0, ROOT)
     from layerforge.solvers import get_solver
 
     shape, nodes = NETS[net_name]()
     batch = BATCH[net_name]
-    # the update is the SGD solver's own (momentum, weight decay; on the kernel threads), as in training
+    # the update is the SGD solver's own (on the kernel threads), as in training
     solver = get_solver({"net_param": layerforge_def(nodes, batch, shape, fuse_batch_norm), "type": "SGD",
                          "base_lr": 1e-3, "lr_policy": "fixed", "momentum": 0.9, "weight_decay": 5e-4,
                          "max_iter": 1, "dtype": "float32"})
@@ -215,6 +216,12 @@ def run_layerforge(net_name, iterations, threads, fuse_batch_norm=True):
     g = numpy.random.default_rng(0)
     net.blobs["data"].data[...] = g.standard_normal(net.blobs["data"].shape)
     net.blobs["label"].data[...] = g.integers(0, shape[2], batch)
+    return solver
+
+
+def run_layerforge(net_name, iterations, threads, fuse_batch_norm=True):
+    solver = layerforge_solver(net_name, fuse_batch_norm)
+    net = solver.net
 
     def step():
         net.clear_param_diffs()

@@ -126,7 +126,7 @@ class WinogradConv:
         x = numpy.ascontiguousarray(x)
         V = numpy.empty((16, c, n, th, tw), dtype=x.dtype)
         ph, pw = self.geometry[4:6]
-        parallel_for(c, lambda lo, hi: _f2_input_tiles(x, ph, pw, lo, hi, V), work=V.size // 16)
+        parallel_for(c, lambda lo, hi: _f2_tiles(x, ph, pw, _F2_BT_ROWS, lo, hi, V), work=V.size // 16)
         self._bytes = V.nbytes
         return V.reshape(4, 4, c, n * th * tw)
 
@@ -135,7 +135,7 @@ class WinogradConv:
         n, k = gy.shape[:2]
         gy = numpy.ascontiguousarray(gy)
         dM = numpy.empty((16, k, n, th, tw), dtype=gy.dtype)
-        parallel_for(k, lambda lo, hi: _f2_gradient_tiles(gy, lo, hi, dM), work=dM.size // 16)
+        parallel_for(k, lambda lo, hi: _f2_tiles(gy, 0, 0, _F2_A_ROWS, lo, hi, dM), work=dM.size // 16)
         return dM.reshape(4, 4, k, n * th * tw)
 
     @staticmethod
@@ -251,24 +251,27 @@ _F2_BT_ROWS = ((0, 1.0, 2, -1.0), (1, 1.0, 2, 1.0), (1, -1.0, 2, 1.0), (1, 1.0, 
 
 
 @cpu_kernel
-def _f2_input_tiles(x, ph, pw, lo, hi, V):
+def _f2_tiles(x, ph, pw, rows_of, lo, hi, out):
+    """out[4 i + j, c, image] = (L d L^T)[i, j] for every 4 x 4 tile d of each plane of x (N, C, H, W) placed
+    at (ph, pw) in a zero plane, tiles at stride 2; ``rows_of`` gives the two non-zeros of each row of L as
+    (column, sign, column, sign): B^T for the input tiles, A for the gradient tiles."""
     n, _, h, w = x.shape
-    _, _, _, th, tw = V.shape
+    _, _, _, th, tw = out.shape
     plane = numpy.zeros((2 * th + 2, 2 * tw + 2), dtype=x.dtype)  # one zero-padded (image, channel) plane
     rows, cols = min(h, 2 * th + 2 - ph), min(w, 2 * tw + 2 - pw)
     for c in range(lo, hi):
         for b in range(n):
             plane[ph:ph + rows, pw:pw + cols] = x[b, c, :rows, :cols]
-            for i in range(4):  # V[i, j] = (B^T d B)[i, j]: four terms of the tile d
-                ra, sa, rb, sb = _F2_BT_ROWS[i]
+            for i in range(4):
+                ra, sa, rb, sb = rows_of[i]
                 for j in range(4):
-                    ca, ta, cb, tb = _F2_BT_ROWS[j]
-                    out = V[4 * i + j, c, b]
+                    ca, ta, cb, tb = rows_of[j]
+                    dst = out[4 * i + j, c, b]
                     for ty in range(th):
                         top, bottom = plane[2 * ty + ra], plane[2 * ty + rb]
                         for tx in range(tw):
                             q = 2 * tx
-                            out[ty, tx] = sa * (ta * top[q + ca] + tb * top[q + cb]) + \
+                            dst[ty, tx] = sa * (ta * top[q + ca] + tb * top[q + cb]) + \
                                 sb * (ta * bottom[q + ca] + tb * bottom[q + cb])
 
 
@@ -311,27 +314,6 @@ def _f2_output_tiles(M, has_bias, bias, y):
 
 # the non-zeros of each row of A: (index, sign) x 2 (a zero sign where the row has one)
 _F2_A_ROWS = ((0, 1.0, 1, 0.0), (0, 1.0, 1, 1.0), (0, 1.0, 1, -1.0), (0, 0.0, 1, -1.0))
-
-
-@cpu_kernel
-def _f2_gradient_tiles(gy, lo, hi, dM):
-    n, _, out_h, out_w = gy.shape
-    _, _, _, th, tw = dM.shape
-    plane = numpy.zeros((2 * th, 2 * tw), dtype=gy.dtype)  # gy zero-padded to whole tiles
-    for k in range(lo, hi):
-        for b in range(n):
-            plane[:out_h, :out_w] = gy[b, k]
-            for i in range(4):  # dM[i, j] = (A g A^T)[i, j]: up to four terms of the tile g
-                ra, sa, rb, sb = _F2_A_ROWS[i]
-                for j in range(4):
-                    ca, ta, cb, tb = _F2_A_ROWS[j]
-                    out = dM[4 * i + j, k, b]
-                    for ty in range(th):
-                        top, bottom = plane[2 * ty + ra], plane[2 * ty + rb]
-                        for tx in range(tw):
-                            q = 2 * tx
-                            out[ty, tx] = sa * (ta * top[q + ca] + tb * top[q + cb]) + \
-                                sb * (ta * bottom[q + ca] + tb * bottom[q + cb])
 
 
 @cpu_kernel
