@@ -10,7 +10,8 @@ and differ in how much of ``col`` exists at once and how it is laid out:
 * :class:`Im2colConv` (Caffe's algorithm, batched): one column buffer ``(K, out_h out_w N)`` for the
   whole minibatch, so every GEMM is one large BLAS call. The price: the buffer is K / Cin times the
   input, and x, y, gy and gx pass through one transposed copy each between NCHW and the
-  batch-innermost layout (the bias add is fused into the copy of y).
+  batch-innermost layout (the bias add is fused into the copy of y); those copies, the lowering into the
+  columns and the scatter back run on the kernel threads, split over channels (or images for y and gx).
 * :class:`ImplicitGemmConv`: the full column matrix never exists. Tiles of whole images (or, when one
   image's columns exceed the budget, of output rows of one image) are lowered into a workspace bounded
   by ``budget`` bytes, laid out per image ``(n, K, P)``: the batched GEMM writes y straight into the
@@ -33,6 +34,7 @@ import numpy
 
 from ..backend import get_array_module
 from .im2col import col2im_nd, col2im_tile, conv_output_size, im2col_nd, im2col_tile
+from .parallel import elementwise, host_work, parallel_for
 
 DEFAULT_BUDGET = 4 << 20  # bytes of column tile for IMPLICIT: a few MiB stays in L2/L3
 
@@ -116,16 +118,20 @@ class Im2colConv(_GemmConv):
         n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
         kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
         xpad = self._buffer(xp, "xpad", (c, h + 2 * ph, w + 2 * pw, n), x.dtype)
-        if ph:
-            xpad[:, :ph] = 0
-            xpad[:, ph + h:] = 0
-        if pw:
-            xpad[:, :, :pw] = 0
-            xpad[:, :, pw + w:] = 0
-        xpad[:, ph:ph + h, pw:pw + w] = x.transpose(1, 2, 3, 0)
         col = self._buffer(xp, "col", (c, kh, kw, out_h, out_w, n), x.dtype)
-        for i, j, tap in self._taps(xpad, out_h, out_w):
-            col[:, i, j] = tap
+        xt = x.transpose(1, 2, 3, 0)
+
+        def lower(lo, hi):  # channels [lo, hi): x into the padded copy, then every tap into the columns
+            if ph:
+                xpad[lo:hi, :ph] = 0
+                xpad[lo:hi, ph + h:] = 0
+            if pw:
+                xpad[lo:hi, :, :pw] = 0
+                xpad[lo:hi, :, pw + w:] = 0
+            xpad[lo:hi, ph:ph + h, pw:pw + w] = xt[lo:hi]
+            for i, j, tap in self._taps(xpad, out_h, out_w):
+                col[lo:hi, i, j] = tap[lo:hi]
+        parallel_for(c, lower, work=host_work(xpad))
         return col.reshape(g, kg, out_h * out_w * n)
 
     def forward(self, x, W, b, y):
@@ -137,9 +143,10 @@ class Im2colConv(_GemmConv):
         xp.matmul(W.reshape(g, cog, kg), col, out=yb)
         src = yb.reshape(g * cog, out_h, out_w, n).transpose(3, 0, 1, 2)
         if b is None:
-            y[...] = src
+            elementwise(xp.copyto, y, src)
         else:
-            xp.add(src, b[None, :, None, None], out=y)
+            bias = b[None, :, None, None]
+            elementwise(lambda y, src: xp.add(src, bias, out=y), y, src)
 
     def backward(self, x, W, gy, gW, gb, gx):
         """Add the filter (and bias) gradients into ``gW`` (``gb``); write the data gradient into ``gx``.
@@ -150,7 +157,7 @@ class Im2colConv(_GemmConv):
         n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
         kh, kw, sy, sx, ph, pw, dy, dx = self.geometry
         gyt = self._buffer(xp, "y", (g, cog, out_h * out_w * n), x.dtype)
-        gyt.reshape(g * cog, out_h, out_w, n)[...] = gy.transpose(1, 2, 3, 0)
+        elementwise(xp.copyto, gyt.reshape(g * cog, out_h, out_w, n), gy.transpose(1, 2, 3, 0))
         if gb is not None:
             gb += gyt.reshape(g * cog, -1) @ xp.ones(gyt.shape[-1], dtype=gy.dtype)
         if gW is not None:
@@ -163,10 +170,13 @@ class Im2colConv(_GemmConv):
         xp.matmul(W.reshape(g, cog, kg).transpose(0, 2, 1), gyt, out=col)  # the columns are spent: reuse
         col6 = col.reshape(c, kh, kw, out_h, out_w, n)
         gpad = self._buffer(xp, "gxpad", (c, h + 2 * ph, w + 2 * pw, n), x.dtype)
-        gpad[...] = 0
-        for i, j, tap in self._taps(gpad, out_h, out_w):
-            tap += col6[:, i, j]
-        gx[...] = gpad[:, ph:ph + h, pw:pw + w].transpose(3, 0, 1, 2)
+
+        def scatter(lo, hi):  # channels [lo, hi): every tap's columns added back in the same order
+            gpad[lo:hi] = 0
+            for i, j, tap in self._taps(gpad, out_h, out_w):
+                tap[lo:hi] += col6[lo:hi, i, j]
+        parallel_for(c, scatter, work=host_work(gpad))
+        elementwise(xp.copyto, gx, gpad[:, ph:ph + h, pw:pw + w].transpose(3, 0, 1, 2))
 
 
 class ImplicitGemmConv(_GemmConv):

@@ -2,6 +2,7 @@
 import math
 
 from ..errors import ShapeError
+from ..kernels.parallel import elementwise
 from ..schema import Context, validate_block
 from .base import FILLER, Field, Layer, register_layer
 
@@ -97,25 +98,42 @@ class Scale(Layer):
     def forward(self, bottom, top):
         x = bottom[0].data
         # in place, y overwrites x, which the scale gradient still needs
+        xp = self.xp
         if bottom[0] is top[0]:
             if getattr(self, "x", None) is None or self.x.shape != x.shape:
-                self.x = self.xp.empty_like(x)
-            self.x[...] = x
+                self.x = xp.empty_like(x)
+            self._pieces(xp.copyto, self.x, x)
         else:
             self.x = None
-        y = top[0].data
-        self.xp.multiply(x, self._broadcast(self._scale(bottom).data), out=y)
-        if self.has_bias_term():
-            y += self._broadcast(self.blobs[-1].data)
+        scale = self._broadcast(self._scale(bottom).data)
+        bias = self._broadcast(self.blobs[-1].data) if self.has_bias_term() else None
+
+        def affine(y, x):
+            xp.multiply(x, scale, out=y)
+            if bias is not None:
+                y += bias
+        self._pieces(affine, top[0].data, x)
 
     def backward(self, top, propagate_down, bottom):
         gy = top[0].diff
         if self.has_bias_term():
             self.blobs[-1].diff += self._reduce(gy)
         x = self.x if self.x is not None else bottom[0].data
-        if len(bottom) == 1:
-            self.blobs[0].diff += self._reduce(gy * x)
-        elif propagate_down[1]:
-            bottom[1].diff[...] = self._reduce(gy * x)
+        xp = self.xp
+        if len(bottom) == 1 or propagate_down[1]:
+            product = xp.empty_like(gy)
+            self._pieces(lambda p, g, x: xp.multiply(g, x, out=p), product, gy, x)
+            if len(bottom) == 1:
+                self.blobs[0].diff += self._reduce(product)
+            else:
+                bottom[1].diff[...] = self._reduce(product)
         if propagate_down[0]:
-            self.xp.multiply(gy, self._broadcast(self._scale(bottom).data), out=bottom[0].diff)
+            scale = self._broadcast(self._scale(bottom).data)
+            self._pieces(lambda gx, g: xp.multiply(g, scale, out=gx), bottom[0].diff, gy)
+
+    def _pieces(self, fn, *arrays):
+        # the scale broadcasts along axis 0 unless it starts there: then the kernel threads split the batch
+        if self.axis >= 1:
+            elementwise(fn, *arrays)
+        else:
+            fn(*arrays)

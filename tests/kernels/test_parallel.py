@@ -230,3 +230,66 @@ def test_winograd_f2_compiled_transforms(threads, shape, pad, groups):
     numpy.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-4, atol=1e-4)
     numpy.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-4, atol=1e-4)
     numpy.testing.assert_allclose(gW, tW.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape,geometry,groups", [((1, 4, 7, 5), (3, 3, 1, 1, 1, 1, 1, 1), 1),
+                                                   ((3, 6, 9, 8), (5, 3, 2, 1, 2, 0, 1, 1), 2),
+                                                   ((2, 3, 6, 6), (3, 3, 1, 1, 0, 2, 2, 1), 1)])
+def test_im2col_engine(threads, shape, geometry, groups):
+    from layerforge.kernels.implicit_gemm import Im2colConv
+    from layerforge.kernels.im2col import conv_output_size
+    rng = numpy.random.RandomState(7)
+    kh, kw, sy, sx, ph, pw, dy, dx = geometry
+    x = rng.randn(*shape).astype(numpy.float32)
+    W = rng.randn(4, shape[1] // groups, kh, kw).astype(numpy.float32)
+    b = rng.randn(4).astype(numpy.float32)
+    out_h = conv_output_size(shape[2], dy * (kh - 1) + 1, sy, ph)
+    out_w = conv_output_size(shape[3], dx * (kw - 1) + 1, sx, pw)
+    gy = rng.randn(shape[0], 4, out_h, out_w).astype(numpy.float32)
+    engine = Im2colConv(geometry, groups)
+
+    def compute():
+        y = numpy.empty((shape[0], 4, out_h, out_w), numpy.float32)
+        engine.forward(x, W, b, y)
+        gW, gb, gx = numpy.zeros_like(W), numpy.zeros_like(b), numpy.empty_like(x)
+        engine.backward(x, W, gy, gW, gb, gx)
+        return y, gW, gb, gx
+    y, gW, gb, gx = same_for_all_thread_counts(threads, compute)
+    torch = pytest.importorskip("torch")
+    tx = torch.tensor(x.astype(numpy.float64), requires_grad=True)
+    tW = torch.tensor(W.astype(numpy.float64), requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tW, torch.tensor(b.astype(numpy.float64)), stride=(sy, sx),
+                                    padding=(ph, pw), dilation=(dy, dx), groups=groups)
+    ty.backward(torch.tensor(gy.astype(numpy.float64)))
+    numpy.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-4, atol=1e-4)
+    numpy.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    numpy.testing.assert_allclose(gW, tW.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_unfused_scale_layer(threads, batch):
+    from layerforge.net import Net
+    shape = [batch, 3, 4, 5]
+    net = Net({"name": "t", "force_backward": True, "fuse_batch_norm": False, "layers": [
+        {"name": "in", "type": "Input", "top": ["a", "t"], "input": {"shape": [shape, shape]}},
+        {"name": "bn", "type": "BatchNorm", "bottom": "a", "top": "h"},
+        {"name": "scale", "type": "Scale", "bottom": "h", "top": "h",
+         "scale": {"bias_term": True, "filler": {"type": "uniform", "min": 0.5, "max": 2}}},
+        {"name": "loss", "type": "EuclideanLoss", "bottom": ["h", "t"], "top": "loss"}]}, dtype="float64")
+    rng = numpy.random.RandomState(8)
+    net.blobs["a"].data[...], net.blobs["t"].data[...] = rng.randn(*shape), rng.randn(*shape)
+
+    def compute():
+        net.clear_param_diffs()
+        net.forward()
+        net.backward()
+        return (net.blobs["h"].data.copy(), net.blobs["a"].diff.copy(), net.params["scale"][0].diff.copy(),
+                net.params["scale"][1].diff.copy())
+    h, _, g_gamma, g_beta = same_for_all_thread_counts(threads, compute)
+    x_norm = net.layer_dict["bn"].x_norm.reshape(shape)
+    gamma = net.params["scale"][0].data
+    numpy.testing.assert_allclose(h, gamma[None, :, None, None] * x_norm + net.params["scale"][1].data[None, :, None, None],
+                                  rtol=1e-12)
+    gh = (h - net.blobs["t"].data) / batch  # EuclideanLoss
+    numpy.testing.assert_allclose(g_beta, gh.sum(axis=(0, 2, 3)), rtol=1e-10)
+    numpy.testing.assert_allclose(g_gamma, (gh * x_norm).sum(axis=(0, 2, 3)), rtol=1e-10)
