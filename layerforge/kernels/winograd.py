@@ -12,8 +12,8 @@ fewer for m = 2 and 4x for m = 4. The gradients are the exact adjoints of that c
 
     dM = A gy_tile A^T,   dU = sum_tiles dM V^T  ->  gW = G^T dU G,   dV = U^T dM  ->  gx tiles = B dV B^T
 
-(the overlapping gx tiles add up). On the CPU, F(2,3)'s four transforms (input tiles, output tiles, gradient
-tiles and the gx scatter) are compiled loops over channels on the kernel threads (kernels.parallel): each
+(the overlapping gx tiles add up). On the CPU, F(2,3)'s transforms (input tiles, output tiles, gradient
+tiles, the filters and their gradient, and the gx scatter) are compiled loops over channels on the kernel threads (kernels.parallel): each
 tile's 4 x 4 transform is a handful of adds in registers, where the numpy path copies every tile position
 out strided and runs small GEMMs over all tiles. F(4,3) and cupy use the ``xp`` path. Float rounding grows with m: the transforms of F(4,3) have entries up to
 5 and 1/24 (the points 0, +-1, +-1/2, infinity), F(2,3) only 0, +-1/2, 1; docs/performance.md has the
@@ -119,6 +119,16 @@ class WinogradConv:
         # F(2,3) on numpy arrays: the compiled transforms below (module docstring)
         return self.m == 2 and xp is numpy
 
+    def _filter_transform(self, W, g, compiled):
+        """U = G w G^T of every filter, (a, a, K, C/G)."""
+        if not compiled:
+            return self._to_tiles(W.transpose(2, 3, 0, 1), g, g.T)
+        k, cg = W.shape[:2]
+        W = numpy.ascontiguousarray(W)
+        U = numpy.empty((16, k, cg), dtype=W.dtype)
+        parallel_for(k, lambda lo, hi: _f2_filter_tiles(W, lo, hi, U), work=U.size)
+        return U.reshape(4, 4, k, cg)
+
     def _input_transform(self, x):
         """V = B^T d B of every input tile, (4, 4, C, P), by the compiled loops."""
         n, c, h, w = x.shape
@@ -159,7 +169,7 @@ class WinogradConv:
         alpha, m = self.m + 2, self.m
         compiled = self._compiled(xp)
         V = self._input_transform(x) if compiled else self._to_tiles(self._tiles(x, x.dtype), bt, bt.T)  # (a, a, C, P)
-        U = self._to_tiles(W.transpose(2, 3, 0, 1), g, g.T)  # (a, a, K, C/G)
+        U = self._filter_transform(W, g, compiled)  # (a, a, K, C/G)
         kg, cg = k // groups, c // groups
         M = xp.empty((alpha, alpha, k, V.shape[-1]), dtype=x.dtype)
         for q in range(groups):
@@ -202,11 +212,14 @@ class WinogradConv:
             for q in range(groups):
                 xp.matmul(dM[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg].swapaxes(2, 3),
                           out=dU[:, :, q * kg:(q + 1) * kg])
-            gW += self._to_tiles(dU, g.T, g).transpose(2, 3, 0, 1)
+            if compiled:
+                parallel_for(k, lambda lo, hi: _f2_filter_gradient(dU.reshape(16, k, cg), lo, hi, gW), work=gW.size)
+            else:
+                gW += self._to_tiles(dU, g.T, g).transpose(2, 3, 0, 1)
             del V  # dV takes its place below
         if gx is None:
             return
-        U = self._to_tiles(W.transpose(2, 3, 0, 1), g, g.T)
+        U = self._filter_transform(W, g, compiled)
         dV = xp.empty((alpha, alpha, c, dM.shape[-1]), dtype=gy.dtype)
         for q in range(groups):
             xp.matmul(U[:, :, q * kg:(q + 1) * kg].swapaxes(2, 3), dM[:, :, q * kg:(q + 1) * kg],
@@ -345,3 +358,41 @@ def _f2_scatter_input_grad(dV, ph, pw, lo, hi, gx):
                         dst[q + 3] -= e3
             gx[b, c] = 0
             gx[b, c, :rows, :cols] = plane[ph:ph + rows, pw:pw + cols]
+
+
+@cpu_kernel
+def _f2_filter_tiles(W, lo, hi, U):
+    # U = G w G^T, G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]
+    _, cg, _, _ = W.shape
+    t = numpy.empty((4, 3), dtype=W.dtype)
+    for k in range(lo, hi):
+        for c in range(cg):
+            w = W[k, c]
+            for j in range(3):  # t = G w
+                t[0, j] = w[0, j]
+                t[1, j] = 0.5 * (w[0, j] + w[1, j] + w[2, j])
+                t[2, j] = 0.5 * (w[0, j] - w[1, j] + w[2, j])
+                t[3, j] = w[2, j]
+            for i in range(4):  # U = t G^T
+                U[4 * i, k, c] = t[i, 0]
+                U[4 * i + 1, k, c] = 0.5 * (t[i, 0] + t[i, 1] + t[i, 2])
+                U[4 * i + 2, k, c] = 0.5 * (t[i, 0] - t[i, 1] + t[i, 2])
+                U[4 * i + 3, k, c] = t[i, 2]
+
+
+@cpu_kernel
+def _f2_filter_gradient(dU, lo, hi, gW):
+    # gW += G^T dU G, the adjoint of _f2_filter_tiles
+    _, _, cg = dU.shape
+    e = numpy.empty((3, 4), dtype=dU.dtype)
+    for k in range(lo, hi):
+        for c in range(cg):
+            for j in range(4):  # e = G^T dU
+                d0, d1, d2, d3 = dU[j, k, c], dU[4 + j, k, c], dU[8 + j, k, c], dU[12 + j, k, c]
+                e[0, j] = d0 + 0.5 * (d1 + d2)
+                e[1, j] = 0.5 * (d1 - d2)
+                e[2, j] = 0.5 * (d1 + d2) + d3
+            for i in range(3):  # gW += e G
+                gW[k, c, i, 0] += e[i, 0] + 0.5 * (e[i, 1] + e[i, 2])
+                gW[k, c, i, 1] += 0.5 * (e[i, 1] - e[i, 2])
+                gW[k, c, i, 2] += 0.5 * (e[i, 1] + e[i, 2]) + e[i, 3]
