@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 
+from ..backend import get_array_module
+
 # Below this many elements per array operation of a body, a kernel runs on the calling thread. Handing out
 # the slices costs about 60 us per call on the 2-core machine (measured with an empty body) and every
 # numpy call of a body pays its Python overhead once per thread; a 64K-element float32 copy takes about
@@ -104,6 +106,21 @@ def elementwise(fn, *arrays):
         fn(*arrays)
         return
     parallel_for(len(first), lambda lo, hi: fn(*(a[lo:hi] for a in arrays)), work=first.size)
+
+
+def sum_into(out, *arrays):
+    """``out = arrays[0] + arrays[1] + ...`` (same shapes; ``out`` may be ``arrays[0]``), on the kernel threads
+    for numpy arrays: Eltwise SUM's forward and Split's gradient."""
+    elementwise(_sum_into, out, *arrays)
+
+
+def _sum_into(out, *arrays):
+    if len(arrays) == 1:
+        out[...] = arrays[0]
+        return
+    get_array_module(out).add(arrays[0], arrays[1], out=out)
+    for a in arrays[2:]:
+        out += a
 
 
 def cpu_kernel(fn):

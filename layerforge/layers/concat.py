@@ -1,6 +1,6 @@
 """Joining and dividing blobs: Concat, Slice and Split (Caffe's concat/slice/split layers)."""
 from ..errors import ShapeError
-from ..kernels.parallel import elementwise
+from ..kernels.parallel import sum_into
 from .base import Field, Layer, register_layer
 
 
@@ -152,10 +152,4 @@ class Split(Layer):
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            elementwise(_sum_into, bottom[0].diff, *(t.diff for t in top))
-
-
-def _sum_into(gx, *diffs):
-    gx[...] = diffs[0]
-    for d in diffs[1:]:
-        gx += d
+            sum_into(bottom[0].diff, *(t.diff for t in top))

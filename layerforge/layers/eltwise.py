@@ -1,6 +1,6 @@
 """Eltwise: element-wise product, weighted sum or maximum of bottoms of one shape (Caffe's EltwiseLayer)."""
 from ..errors import ShapeError
-from ..kernels.parallel import elementwise
+from ..kernels.parallel import elementwise, sum_into
 from .base import Field, Layer, register_layer
 
 
@@ -61,7 +61,7 @@ class Eltwise(Layer):
                 y = top[0].data
                 if any(x is y for x in xs[1:]):
                     y = xp.empty_like(y)
-                elementwise(lambda y, *xs: _sum(xp, y, xs), y, *xs)
+                sum_into(y, *xs)
                 if y is not top[0].data:
                     elementwise(xp.copyto, top[0].data, y)
                 return
@@ -100,9 +100,3 @@ class Eltwise(Layer):
             else:
                 gx = gy * top[0].data / b.data
             elementwise(xp.copyto, b.diff, gx)
-
-
-def _sum(xp, y, xs):
-    xp.add(xs[0], xs[1], out=y)
-    for x in xs[2:]:
-        y += x
