@@ -76,6 +76,13 @@ def _contiguous(a):
     return numpy.ascontiguousarray(a)
 
 
+def _sweep_arguments(gy, y, negative_slope, x_norm):
+    # the compiled sweeps' (gy, y, relu, slope, x_norm): y stands unused for gy where there is no ReLU
+    gy, x_norm = _contiguous(gy), _contiguous(x_norm)
+    y = gy if y is None else _contiguous(y)
+    return gy, y, negative_slope is not None, float(negative_slope or 0.0), x_norm
+
+
 def batch_stats(x, centred=None):
     """Per-channel mean and biased variance ``mean((x - mean)^2)`` of an (N, C, S) array.
 
@@ -114,22 +121,21 @@ def grad_sums(gy, y, negative_slope, x_norm):
     if xp is not numpy:
         from .cuda.fused_batch_norm import grad_sums_gpu
         return grad_sums_gpu(gy, gy if y is None else y, x_norm, negative_slope)
-    gy, x_norm = _contiguous(gy), _contiguous(x_norm)
-    y = gy if y is None else _contiguous(y)
+    gy, y, relu, slope, x_norm = _sweep_arguments(gy, y, negative_slope, x_norm)
     c = gy.shape[1]
     s1, s2 = numpy.empty(c), numpy.empty(c)
-    relu, slope = negative_slope is not None, float(negative_slope or 0.0)
     parallel_for(c, lambda lo, hi: _grad_sums(gy, y, relu, slope, x_norm, lo, hi, s1, s2), work=gy.size)
     return s1.astype(gy.dtype), s2.astype(gy.dtype)
 
 
 def input_grad(gy, y, negative_slope, x_norm, coef_gz, coef_xn, shift, gx):
-    """``gx = coef_gz[c] gz - coef_xn[c] x_norm - shift[c]`` (``gz`` as in :func:`grad_sums`) on numpy
-    (N, C, S) arrays; ``gx`` contiguous, may be ``gy``."""
-    gy, x_norm = _contiguous(gy), _contiguous(x_norm)
-    y = gy if y is None else _contiguous(y)
+    """``gx = coef_gz[c] gz - coef_xn[c] x_norm - shift[c]`` (``gz`` as in :func:`grad_sums`) on (N, C, S)
+    arrays; ``gx`` contiguous, may be ``gy``."""
+    if get_array_module(gy) is not numpy:
+        from .cuda.fused_batch_norm import fused_backward_gpu
+        return fused_backward_gpu(gy, gy if y is None else y, x_norm, coef_gz, coef_xn, shift, negative_slope, gx)
+    gy, y, relu, slope, x_norm = _sweep_arguments(gy, y, negative_slope, x_norm)
     coefs = [_contiguous(numpy.asarray(v, dtype=gy.dtype)) for v in (coef_gz, coef_xn, shift)]
-    relu, slope = negative_slope is not None, float(negative_slope or 0.0)
     parallel_for(gy.shape[1], lambda lo, hi: _input_grad(gy, y, relu, slope, x_norm, *coefs, lo, hi, gx),
                  work=gy.size)
     return gx

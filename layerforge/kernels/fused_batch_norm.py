@@ -72,16 +72,8 @@ def bn_scale_relu_backward(gy, y, x_norm, inv_std, gamma, negative_slope, batch_
     if gx is None:
         if negative_slope is not None:  # the blob's diff shows the ReLU's gradient, as the layers one by one leave it
             zero = xp.zeros_like(s1)
-            _input_grad(gy, y, x_norm, xp.ones_like(s1), zero, zero, negative_slope, gy)
+            input_grad(gy, y, negative_slope, x_norm, xp.ones_like(s1), zero, zero, gy)
         return None
     coef_gz = gamma * inv_std
     coef_xn, shift = (coef_gz * s2 / m, coef_gz * s1 / m) if batch_stats else (xp.zeros_like(s1), xp.zeros_like(s1))
-    return _input_grad(gy, y, x_norm, coef_gz, coef_xn, shift, negative_slope, gx)
-
-
-def _input_grad(gy, y, x_norm, coef_gz, coef_xn, shift, negative_slope, gx):
-    xp = get_array_module(gy)
-    if xp is not numpy:
-        from .cuda.fused_batch_norm import fused_backward_gpu
-        return fused_backward_gpu(gy, y, x_norm, coef_gz, coef_xn, shift, negative_slope, gx)
     return input_grad(gy, y, negative_slope, x_norm, coef_gz, coef_xn, shift, gx)

@@ -108,6 +108,16 @@ def elementwise(fn, *arrays):
     parallel_for(len(first), lambda lo, hi: fn(*(a[lo:hi] for a in arrays)), work=first.size)
 
 
+def into_contiguous(out, fill):
+    """``fill(target)`` with a C-contiguous ``target`` standing for the numpy array ``out``: ``out`` itself, or
+    a scratch array copied into ``out`` afterwards (the compiled kernels index their outputs as contiguous)."""
+    target = out if out.flags.c_contiguous else numpy.empty(out.shape, out.dtype)
+    fill(target)
+    if target is not out:
+        out[...] = target
+    return out
+
+
 def sum_into(out, *arrays):
     """``out = arrays[0] + arrays[1] + ...`` (same shapes; ``out`` may be ``arrays[0]``), on the kernel threads
     for numpy arrays: Eltwise SUM's forward and Split's gradient."""

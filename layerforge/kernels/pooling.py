@@ -17,7 +17,7 @@ cupy arrays go to kernels/cuda/pooling.cu (argmax int32).
 import numpy
 
 from ..backend import get_array_module
-from .parallel import cpu_kernel, parallel_for
+from .parallel import cpu_kernel, into_contiguous, parallel_for
 
 
 def _window(i, j, sy, sx, out_h, out_w):
@@ -76,12 +76,9 @@ def max_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
     shape = (x.shape[0], x.shape[1], out_h, out_w)
     y = _result(out, shape, x.dtype, xp)
     argmax = xp.empty(shape, dtype=xp.uint8 if kh * kw <= 256 else xp.int32)
-    target = y if y.flags.c_contiguous else numpy.empty(shape, x.dtype)
-    planes, y_planes, argmax_planes = _planes(numpy.ascontiguousarray(x)), _planes(target), _planes(argmax)
-    parallel_for(len(planes), lambda lo, hi: _max_forward(planes, kh, kw, sy, sx, ph, pw, lo, hi, y_planes,
-                                                          argmax_planes), work=y.size)
-    if target is not y:
-        y[...] = target
+    planes, argmax_planes = _planes(numpy.ascontiguousarray(x)), _planes(argmax)
+    into_contiguous(y, lambda target: parallel_for(len(planes), lambda lo, hi: _max_forward(
+        planes, kh, kw, sy, sx, ph, pw, lo, hi, _planes(target), argmax_planes), work=y.size))
     return y, argmax
 
 
@@ -116,13 +113,9 @@ def max_pooling_backward(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out=None):
         from .cuda import pooling as gpu
         return gpu.max_pooling_backward_gpu(gy, argmax, x_shape, kh, kw, sy, sx, ph, pw, out)
     gx = _result(out, x_shape, gy.dtype, xp)
-    gx_planes = _planes(gx if gx.flags.c_contiguous else numpy.empty(x_shape, gy.dtype))
     gy_planes, argmax_planes = _planes(numpy.ascontiguousarray(gy)), _planes(numpy.ascontiguousarray(argmax))
-    parallel_for(len(gy_planes), lambda lo, hi: _max_backward(gy_planes, argmax_planes, kw, sy, sx, ph, pw, lo, hi,
-                                                              gx_planes), work=gx.size)
-    if not gx.flags.c_contiguous:
-        gx[...] = gx_planes.reshape(x_shape)
-    return gx
+    return into_contiguous(gx, lambda target: parallel_for(len(gy_planes), lambda lo, hi: _max_backward(
+        gy_planes, argmax_planes, kw, sy, sx, ph, pw, lo, hi, _planes(target)), work=gx.size))
 
 
 @cpu_kernel

@@ -25,7 +25,7 @@ import numpy
 
 from ..backend import get_array_module
 from .im2col import conv_output_size
-from .parallel import cpu_kernel, parallel_for
+from .parallel import cpu_kernel, into_contiguous, parallel_for
 
 # (B^T, G, A^T) per output tile size m
 TRANSFORMS = {
@@ -129,8 +129,18 @@ class WinogradConv:
         parallel_for(k, lambda lo, hi: _f2_filter_tiles(W, lo, hi, U), work=U.size)
         return U.reshape(4, 4, k, cg)
 
-    def _input_transform(self, x):
-        """V = B^T d B of every input tile, (4, 4, C, P), by the compiled loops."""
+    def _add_filter_gradient(self, dU, g, gW, compiled):
+        """gW += G^T dU G for every filter, dU (a, a, K, C/G)."""
+        if not compiled:
+            gW += self._to_tiles(dU, g.T, g).transpose(2, 3, 0, 1)
+            return
+        k, cg = dU.shape[2:]
+        parallel_for(k, lambda lo, hi: _f2_filter_gradient(dU.reshape(16, k, cg), lo, hi, gW), work=gW.size)
+
+    def _input_transform(self, x, bt, compiled):
+        """V = B^T d B of every input tile, (a, a, C, P)."""
+        if not compiled:
+            return self._to_tiles(self._tiles(x, x.dtype), bt, bt.T)
         n, c, h, w = x.shape
         _, _, th, tw = self._layout(x.shape)
         x = numpy.ascontiguousarray(x)
@@ -140,9 +150,16 @@ class WinogradConv:
         self._bytes = V.nbytes
         return V.reshape(4, 4, c, n * th * tw)
 
-    def _gradient_transform(self, gy, th, tw):
-        """dM = A gy_tile A^T of every output tile, (4, 4, K, P), by the compiled loops."""
-        n, k = gy.shape[:2]
+    def _gradient_transform(self, gy, at, th, tw, compiled):
+        """dM = A gy_tile A^T of every output tile (gy zero-padded to whole tiles), (a, a, K, P)."""
+        n, k, out_h, out_w = gy.shape
+        if not compiled:
+            m = self.m
+            xp = get_array_module(gy)
+            gypad = xp.zeros((n, k, th * m, tw * m), dtype=gy.dtype)
+            gypad[:, :, :out_h, :out_w] = gy
+            gyt = gypad.reshape(n, k, th, m, tw, m).transpose(3, 5, 1, 0, 2, 4).reshape(m, m, k, n * th * tw)
+            return self._to_tiles(gyt, at.T, at)
         gy = numpy.ascontiguousarray(gy)
         dM = numpy.empty((16, k, n, th, tw), dtype=gy.dtype)
         parallel_for(k, lambda lo, hi: _f2_tiles(gy, 0, 0, _F2_A_ROWS, lo, hi, dM), work=dM.size // 16)
@@ -168,7 +185,7 @@ class WinogradConv:
         out_h, out_w, th, tw = self._layout(x.shape)
         alpha, m = self.m + 2, self.m
         compiled = self._compiled(xp)
-        V = self._input_transform(x) if compiled else self._to_tiles(self._tiles(x, x.dtype), bt, bt.T)  # (a, a, C, P)
+        V = self._input_transform(x, bt, compiled)  # (a, a, C, P)
         U = self._filter_transform(W, g, compiled)  # (a, a, K, C/G)
         kg, cg = k // groups, c // groups
         M = xp.empty((alpha, alpha, k, V.shape[-1]), dtype=x.dtype)
@@ -176,7 +193,7 @@ class WinogradConv:
             xp.matmul(U[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg], out=M[:, :, q * kg:(q + 1) * kg])
         self._bytes += M.nbytes
         if compiled:
-            _f2_output_tiles(M.reshape(16, k, n, th, tw), b is not None, b if b is not None else W[:1, 0, 0, 0], y)
+            _f2_output_tiles(M.reshape(16, k, n, th, tw), b, y)
             return
         Y = self._to_tiles(M, at, at.T).reshape(m, m, k, n, th, tw)  # (m, m, K, N, th, tw)
         full = Y.transpose(3, 2, 4, 0, 5, 1).reshape(n, k, th * m, tw * m)
@@ -198,24 +215,14 @@ class WinogradConv:
         if gb is not None:
             gb += gy.sum(axis=(0, 2, 3))
         compiled = self._compiled(xp)
-        # dM = A gy_tile A^T for every tile (gy zero-padded to whole tiles)
-        if compiled:
-            dM = self._gradient_transform(gy, th, tw)
-        else:
-            gypad = xp.zeros((n, k, th * m, tw * m), dtype=gy.dtype)
-            gypad[:, :, :out_h, :out_w] = gy
-            gyt = gypad.reshape(n, k, th, m, tw, m).transpose(3, 5, 1, 0, 2, 4).reshape(m, m, k, n * th * tw)
-            dM = self._to_tiles(gyt, at.T, at)  # (a, a, K, P)
+        dM = self._gradient_transform(gy, at, th, tw, compiled)  # (a, a, K, P)
         if gW is not None:
-            V = self._input_transform(x) if compiled else self._to_tiles(self._tiles(x, gy.dtype), bt, bt.T)
+            V = self._input_transform(x, bt, compiled)
             dU = xp.empty((alpha, alpha, k, cg), dtype=gy.dtype)
             for q in range(groups):
                 xp.matmul(dM[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg].swapaxes(2, 3),
                           out=dU[:, :, q * kg:(q + 1) * kg])
-            if compiled:
-                parallel_for(k, lambda lo, hi: _f2_filter_gradient(dU.reshape(16, k, cg), lo, hi, gW), work=gW.size)
-            else:
-                gW += self._to_tiles(dU, g.T, g).transpose(2, 3, 0, 1)
+            self._add_filter_gradient(dU, g, gW, compiled)
             del V  # dV takes its place below
         if gx is None:
             return
@@ -227,10 +234,8 @@ class WinogradConv:
         ph, pw = self.geometry[4:6]
         if compiled:
             dV = dV.reshape(16, c, n, th, tw)
-            target = gx if gx.flags.c_contiguous else numpy.empty(gx.shape, gx.dtype)
-            parallel_for(c, lambda lo, hi: _f2_scatter_input_grad(dV, ph, pw, lo, hi, target), work=gx.size)
-            if target is not gx:
-                gx[...] = target
+            into_contiguous(gx, lambda target: parallel_for(
+                c, lambda lo, hi: _f2_scatter_input_grad(dV, ph, pw, lo, hi, target), work=gx.size))
             return
         dd = self._to_tiles(dV, bt.T, bt).reshape(alpha, alpha, c, n, th, tw)
         gpad = xp.zeros((n, c, th * m + 2, tw * m + 2), dtype=gy.dtype)
@@ -316,13 +321,11 @@ def _f2_output_tiles_body(M, has_bias, bias, lo, hi, y):
             y[b, k] = plane[:out_h, :out_w]
 
 
-def _f2_output_tiles(M, has_bias, bias, y):
-    target = y if y.flags.c_contiguous else numpy.empty(y.shape, y.dtype)
-    bias = numpy.ascontiguousarray(bias, dtype=M.dtype)
-    parallel_for(M.shape[1], lambda lo, hi: _f2_output_tiles_body(M, has_bias, bias, lo, hi, target),
-                 work=target.size)
-    if target is not y:
-        y[...] = target
+def _f2_output_tiles(M, b, y):
+    has_bias = b is not None
+    bias = numpy.ascontiguousarray(b if has_bias else numpy.zeros(1), dtype=M.dtype)
+    into_contiguous(y, lambda target: parallel_for(
+        M.shape[1], lambda lo, hi: _f2_output_tiles_body(M, has_bias, bias, lo, hi, target), work=y.size))
 
 
 # the non-zeros of each row of A: (index, sign) x 2 (a zero sign where the row has one)

@@ -204,52 +204,32 @@ def test_eltwise_sum_and_split_backward(threads, batch):
     numpy.testing.assert_allclose(ga, 2 * r - r, rtol=1e-12)
 
 
-@pytest.mark.parametrize("shape,pad,groups", [((1, 4, 7, 5), 1, 1), ((3, 6, 6, 9), 0, 2), ((2, 2, 5, 5), 2, 1)])
-def test_winograd_f2_compiled_transforms(threads, shape, pad, groups):
-    from layerforge.kernels.winograd import WinogradF2Conv
-    rng = numpy.random.RandomState(6)
-    x = rng.randn(*shape).astype(numpy.float32)
-    W = rng.randn(6, shape[1] // groups, 3, 3).astype(numpy.float32)
-    b = rng.randn(6).astype(numpy.float32)
-    out_h, out_w = shape[2] + 2 * pad - 2, shape[3] + 2 * pad - 2
-    gy = rng.randn(shape[0], 6, out_h, out_w).astype(numpy.float32)
-    engine = WinogradF2Conv((3, 3, 1, 1, pad, pad, 1, 1), groups)
-
-    def compute():
-        y = numpy.empty((shape[0], 6, out_h, out_w), numpy.float32)
-        engine.forward(x, W, b, y)
-        gW, gb, gx = numpy.zeros_like(W), numpy.zeros_like(b), numpy.empty_like(x)
-        engine.backward(x, W, gy, gW, gb, gx)
-        return y, gW, gb, gx
-    y, gW, gb, gx = same_for_all_thread_counts(threads, compute)
-    torch = pytest.importorskip("torch")
-    tx = torch.tensor(x.astype(numpy.float64), requires_grad=True)
-    tW = torch.tensor(W.astype(numpy.float64), requires_grad=True)
-    ty = torch.nn.functional.conv2d(tx, tW, torch.tensor(b.astype(numpy.float64)), padding=pad, groups=groups)
-    ty.backward(torch.tensor(gy.astype(numpy.float64)))
-    numpy.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-4, atol=1e-4)
-    numpy.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-4, atol=1e-4)
-    numpy.testing.assert_allclose(gW, tW.grad.numpy(), rtol=1e-4, atol=1e-4)
+# (engine, input shape, geometry (kh, kw, sy, sx, ph, pw, dy, dx), groups, filters): Winograd F(2,3)'s compiled
+# transforms and the IM2COL engine's threaded copies, lowering and scatter
+CONV_CASES = [("WINOGRAD_F2", (1, 4, 7, 5), (3, 3, 1, 1, 1, 1, 1, 1), 1, 6),
+              ("WINOGRAD_F2", (3, 6, 6, 9), (3, 3, 1, 1, 0, 0, 1, 1), 2, 6),
+              ("WINOGRAD_F2", (2, 2, 5, 5), (3, 3, 1, 1, 2, 2, 1, 1), 1, 6),
+              ("IM2COL", (1, 4, 7, 5), (3, 3, 1, 1, 1, 1, 1, 1), 1, 4),
+              ("IM2COL", (3, 6, 9, 8), (5, 3, 2, 1, 2, 0, 1, 1), 2, 4),
+              ("IM2COL", (2, 3, 6, 6), (3, 3, 1, 1, 0, 2, 2, 1), 1, 4)]
 
 
-@pytest.mark.parametrize("shape,geometry,groups", [((1, 4, 7, 5), (3, 3, 1, 1, 1, 1, 1, 1), 1),
-                                                   ((3, 6, 9, 8), (5, 3, 2, 1, 2, 0, 1, 1), 2),
-                                                   ((2, 3, 6, 6), (3, 3, 1, 1, 0, 2, 2, 1), 1)])
-def test_im2col_engine(threads, shape, geometry, groups):
-    from layerforge.kernels.implicit_gemm import Im2colConv
+@pytest.mark.parametrize("engine_name,shape,geometry,groups,filters", CONV_CASES)
+def test_convolution_engines(threads, engine_name, shape, geometry, groups, filters):
     from layerforge.kernels.im2col import conv_output_size
-    rng = numpy.random.RandomState(7)
+    from layerforge.kernels.implicit_gemm import ENGINES
+    rng = numpy.random.RandomState(6 if engine_name == "WINOGRAD_F2" else 7)
     kh, kw, sy, sx, ph, pw, dy, dx = geometry
     x = rng.randn(*shape).astype(numpy.float32)
-    W = rng.randn(4, shape[1] // groups, kh, kw).astype(numpy.float32)
-    b = rng.randn(4).astype(numpy.float32)
+    W = rng.randn(filters, shape[1] // groups, kh, kw).astype(numpy.float32)
+    b = rng.randn(filters).astype(numpy.float32)
     out_h = conv_output_size(shape[2], dy * (kh - 1) + 1, sy, ph)
     out_w = conv_output_size(shape[3], dx * (kw - 1) + 1, sx, pw)
-    gy = rng.randn(shape[0], 4, out_h, out_w).astype(numpy.float32)
-    engine = Im2colConv(geometry, groups)
+    gy = rng.randn(shape[0], filters, out_h, out_w).astype(numpy.float32)
+    engine = ENGINES[engine_name](geometry, groups)
 
     def compute():
-        y = numpy.empty((shape[0], 4, out_h, out_w), numpy.float32)
+        y = numpy.empty((shape[0], filters, out_h, out_w), numpy.float32)
         engine.forward(x, W, b, y)
         gW, gb, gx = numpy.zeros_like(W), numpy.zeros_like(b), numpy.empty_like(x)
         engine.backward(x, W, gy, gW, gb, gx)
