@@ -83,7 +83,8 @@ def phase_info(smoke):
 
 
 def phase_tests(smoke):
-    targets = ["tests/kernels/test_lrn.py"] if smoke else ["tests/kernels", "tests/layers"]
+    targets = ["tests/kernels/test_lrn.py"] if smoke else [
+        "tests/kernels", "tests/layers", "tests/data/test_device_feed.py", "tests/test_backend.py"]
     import importlib.util
     if not smoke and importlib.util.find_spec("xdist"):  # the device image has pytest-xdist: 16 cores
         targets += ["-n", "8"]

@@ -4,6 +4,7 @@ numpy is always available; cupy is used only when the caller already holds cupy
 arrays, so CPU use never imports cupy.
 """
 import sys
+import time
 
 import numpy
 
@@ -47,3 +48,38 @@ def gpu_array_module(device_id=0, what="GPU mode"):
     except Exception as e:  # noqa: BLE001 - any cupy/driver failure is one user-facing line
         raise LayerforgeError(f"{what} (device_id {device_id}) needs cupy and a CUDA device: "
                               f"{type(e).__name__}: {e}") from None
+
+
+class Stopwatch:
+    """Seconds of array work between :meth:`start` and :meth:`stop`.
+
+    numpy: the host clock (the work is synchronous). cupy: two CUDA events on the current stream, so the
+    figure is device time of what was queued in between, not launch time; :meth:`stop` waits for the work.
+    """
+
+    def __init__(self, xp=numpy):
+        self.xp = xp
+        self._events = None
+        if xp is not numpy:
+            self._events = (xp.cuda.Event(), xp.cuda.Event())
+        self._t0 = 0.0
+
+    def start(self):
+        if self._events is None:
+            self._t0 = time.perf_counter()
+        else:
+            self._events[0].record()
+
+    def stop(self):
+        """Seconds since :meth:`start` (float)."""
+        if self._events is None:
+            return time.perf_counter() - self._t0
+        begin, end = self._events
+        end.record()
+        end.synchronize()
+        return self.xp.cuda.get_elapsed_time(begin, end) / 1000.0
+
+    def wait(self):
+        """Let queued device work finish (nothing to do on numpy): use before reading a host clock."""
+        if self._events is not None:
+            self.xp.cuda.get_current_stream().synchronize()

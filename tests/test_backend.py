@@ -1,8 +1,10 @@
 """CPU use never imports cupy; a GPU request without cupy or a device fails with one line."""
 import subprocess
 import sys
+import time
 
 import numpy
+import pytest
 
 from layerforge import backend
 from tests.test_cli import ROOT
@@ -19,19 +21,38 @@ def test_cpu_training_never_imports_cupy():
     assert proc.stdout.strip().splitlines()[-1] == "False"
 
 
-def test_gpu_request_without_a_device_is_one_line(tmp_path):
+@pytest.mark.parametrize("command, what", [
+    (["train", "--solver", "configs/lenet_solver.yaml"], "solver_mode GPU"),
+    (["time", "--model", "configs/lenet.yaml"], "--gpu"),
+])
+def test_gpu_request_without_a_device_is_one_line(command, what):
     try:
         import cupy  # noqa: F401
         cupy.cuda.runtime.getDeviceCount()
-        import pytest
         pytest.skip("a GPU is present here")
     except Exception:  # noqa: BLE001
         pass
-    proc = subprocess.run([sys.executable, "-m", "layerforge", "train", "--solver", "configs/lenet_solver.yaml",
-                           "--gpu", "0"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "layerforge", *command, "--gpu", "0"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: solver_mode GPU (device_id 0) needs cupy and a CUDA device")
+    assert len(lines) == 1 and lines[0].startswith(f"error: {what} (device_id 0) needs cupy and a CUDA device")
+
+
+def test_stopwatch_times_the_work_between_start_and_stop(xp):
+    watch = backend.Stopwatch(xp)
+    a = xp.ones((512, 512), dtype=xp.float32)
+    watch.start()
+    if xp is numpy:
+        time.sleep(0.05)
+    for _ in range(20):
+        a = a @ a / 512
+    seconds = watch.stop()
+    if xp is numpy:
+        assert 0.05 <= seconds < 5
+    else:  # device time of the 20 GEMMs (about 5 GFLOP), and stop() has waited for them
+        assert 1e-6 < seconds < 5 and xp.cuda.get_current_stream().done
+    assert float(a[0, 0]) == pytest.approx(1.0)
 
 
 def test_array_module_dispatch():

@@ -3,7 +3,6 @@ machine's timings would now pick other engines) and in the on-disk cache (a seco
 import json
 import logging
 import os
-import types
 
 import numpy
 import pytest
@@ -87,7 +86,7 @@ def test_second_start_takes_the_choices_from_the_cache_without_timing(monkeypatc
     assert machine == engine_cache.machine_key(numpy) and len(layers) == 2
 
     calls = []
-    monkeypatch.setattr(conv, "time", types.SimpleNamespace(perf_counter=lambda: calls.append(1) or 0.0))
+    monkeypatch.setattr(conv.Stopwatch, "start", lambda self: calls.append(1))
     with caplog.at_level(logging.INFO, logger="layerforge"):
         second = build_and_run(passes=2)
     assert calls == []
@@ -99,7 +98,7 @@ def test_second_start_takes_the_choices_from_the_cache_without_timing(monkeypatc
 def test_a_new_shape_misses_the_cache_and_is_timed(monkeypatch):
     build_and_run(passes=6)
     calls = []
-    monkeypatch.setattr(conv, "time", types.SimpleNamespace(perf_counter=lambda: calls.append(1) or 0.0))
+    monkeypatch.setattr(conv.Stopwatch, "start", lambda self: calls.append(1))
     net = Net(CONV_NET, phase="TRAIN")
     net.blobs["data"].reshape(4, 3, 12, 12)
     net.blobs["label"].reshape(4)

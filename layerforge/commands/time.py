@@ -20,6 +20,10 @@ import resource
 import sys
 import time
 
+import numpy
+
+from ..backend import Stopwatch, gpu_array_module
+from ..errors import LayerforgeError
 from ..memory import layer_bytes
 from ..net import Net
 from ..netdef import load_net_def, set_batch_size
@@ -36,6 +40,8 @@ def add_arguments(parser):
     parser.add_argument("--weights", metavar="FILE",
                         help="copy these weights in first (.npz, .caffemodel, .caffemodel.h5)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
+    parser.add_argument("--gpu", type=int, metavar="N", help="build and time the net on GPU N (device times, "
+                        "CUDA events)")
     from ..parallel.commands import add_parallel_arguments
 
     add_parallel_arguments(parser)  # with --workers/--devices: phases and per-chunk exchange times (docs/cgdp.md)
@@ -46,29 +52,32 @@ def add_arguments(parser):
 
 
 def time_net(net, iterations):
-    """Time ``net``; returns a dict with per-layer rows and totals (milliseconds per iteration)."""
+    """Time ``net``; returns a dict with per-layer rows and totals (milliseconds per iteration).
+
+    On a GPU net (cupy) the times are device times between CUDA events, waited for after every layer
+    (as ``caffe time`` does), and ``device_pool_bytes`` is what cupy's memory pool holds afterwards.
+    """
     n = len(net.layers)
     fwd, bwd = [0.0] * n, [0.0] * n
     warmups = warm_up(net)
-    clock = time.perf_counter
+    watch = Stopwatch(net.xp)
     for _ in range(iterations):
         for i in range(n):
-            t0 = clock()
+            watch.start()
             net.forward_layer(i)
-            fwd[i] += clock() - t0
+            fwd[i] += watch.stop()
         for i in reversed(range(n)):
-            t0 = clock()
+            watch.start()
             net.backward_layer(i)
-            bwd[i] += clock() - t0
+            bwd[i] += watch.stop()
     total_fwd = total_bwd = 0.0
     for _ in range(iterations):
-        t0 = clock()
+        watch.start()
         net.forward()
-        t1 = clock()
+        total_fwd += watch.stop()
+        watch.start()
         net.backward()
-        t2 = clock()
-        total_fwd += t1 - t0
-        total_bwd += t2 - t1
+        total_bwd += watch.stop()
     ms = 1000.0 / iterations
     layer_sum = sum(fwd) + sum(bwd)
     rows = []
@@ -90,7 +99,16 @@ def time_net(net, iterations):
     return {"net": net.name, "iterations": iterations, "warmup_iterations": warmups, "layers": rows,
             "forward_ms": total_fwd * ms, "backward_ms": total_bwd * ms,
             "forward_backward_ms": (total_fwd + total_bwd) * ms, "memory": memory,
-            "max_rss_bytes": max_rss_bytes()}
+            "max_rss_bytes": max_rss_bytes(), **device_memory(net.xp)}
+
+
+def device_memory(xp):
+    """``{"device": name, "device_pool_bytes": bytes held by cupy's pool}`` for a cupy net, {} for numpy."""
+    if xp.__name__ != "cupy":
+        return {}
+    name = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"]
+    return {"device": name.decode() if isinstance(name, bytes) else str(name),
+            "device_pool_bytes": int(xp.get_default_memory_pool().total_bytes())}
 
 
 def time_exchange(net, comm, iterations, algorithm="auto", bucket_mb=4.0):
@@ -163,11 +181,15 @@ def run(args):
     from ..parallel.commands import time_command, wants_parallel
 
     if wants_parallel(args):
+        if args.gpu is not None:
+            raise LayerforgeError("--gpu N times one net on one GPU; --workers/--devices time data parallelism "
+                                  "(give the GPUs to --devices)")
         return time_command(args)
     netdef = load_net_def(args.model)
     if args.batch is not None:
         set_batch_size(netdef, args.batch)
-    net = Net(netdef, phase=args.phase, weights=args.weights)
+    xp = numpy if args.gpu is None else gpu_array_module(args.gpu, "--gpu")
+    net = Net(netdef, phase=args.phase, weights=args.weights, xp=xp)
     if not args.no_reuse:
         net.optimize_memory()
     result = time_net(net, args.iterations)
@@ -190,7 +212,8 @@ def run(args):
               f"{r['backward_gflops']:.2f}" if r["backward_gflops"] else "-",
               r["engine"] or "-", mib(r["workspace_bytes"]) if r["workspace_bytes"] else "-")
              for r in result["layers"]]
-    print(f"Timing net '{net.name}' ({args.phase}), {args.iterations} iterations after "
+    where = f" on {result['device']} (device times)" if "device" in result else ""
+    print(f"Timing net '{net.name}' ({args.phase}){where}, {args.iterations} iterations after "
           f"{result['warmup_iterations']} warm-up")
     print_table(header, table)
     print(f"Average Forward pass: {result['forward_ms']:.3f} ms.")
@@ -202,6 +225,8 @@ def run(args):
           f"{mib(m['unplanned_activation_bytes'])}) + parameters {mib(m['param_bytes'])} + layer caches "
           f"{mib(m['cache_bytes'])} + shared convolution workspace {mib(m['workspace_bytes'])}.")
     print(f"Process max RSS: {mib(result['max_rss_bytes'])}.")
+    if "device_pool_bytes" in result:
+        print(f"Device memory held by cupy's pool: {mib(result['device_pool_bytes'])}.")
     dp = result.get("data_parallel")
     if dp:
         print(f"Data parallel over {dp['ranks']} ranks (allreduce {dp['allreduce']}, {dp['bucket_mb']:g} MiB buckets; "

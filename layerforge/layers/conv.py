@@ -1,10 +1,10 @@
 """Convolution (Caffe's ConvolutionLayer): 2-D or N-d, grouped, dilated; explicit im2col or implicit GEMM, autotuned."""
 import logging
-import time
 
 import numpy
 
 from .. import engine_cache
+from ..backend import Stopwatch
 from ..errors import ShapeError
 from ..kernels.im2col import conv_output_size
 from ..kernels import winograd
@@ -298,6 +298,7 @@ class Convolution(Layer):
             names = tuple(k for k in names if k != "IM2COL")
         self.engines = {name: ENGINES[name](self.geometry, self.group) for name in names}
         self.tuning = {d: AutoChoice(names) for d in ("forward", "backward")}
+        self._stopwatch = Stopwatch(self.xp)  # device time on a GPU (CUDA events), the host clock on numpy
         self._cache_key = None
         if len(names) > 1:
             self._cache_key = (engine_cache.machine_key(self.xp), engine_cache.layer_key(
@@ -363,9 +364,9 @@ class Convolution(Layer):
         if tune.choice:
             return getattr(self.engines[tune.choice], method or direction)(*args)
         name = tune.next()
-        t0 = time.perf_counter()
+        self._stopwatch.start()
         getattr(self.engines[name], method or direction)(*args)
-        if tune.record(name, time.perf_counter() - t0):
+        if tune.record(name, self._stopwatch.stop()):
             times = ", ".join(f"{k} {1000 * min(v):.3f} ms" for k, v in tune.times.items())
             logger.info("%s '%s': %s engine %s (%s)", self.type, self.name, direction, tune.choice, times)
             self._release_unchosen()

@@ -12,6 +12,7 @@ import weakref
 from .. import rng
 from ..data import mnist
 from ..data.batches import BatchStream
+from ..data.device_feed import DeviceFeed
 from ..data.images import ImageList
 from ..data.lmdb_io import LMDBReader, lmdb_exists
 from ..data.prefetch import Prefetcher
@@ -31,6 +32,18 @@ COMMON = {
 def _close_all(prefetchers):
     while prefetchers:
         prefetchers.pop().close()
+
+
+def _host_batches(stream, batch_size, prefetch, prefetchers, name):
+    """The host batches ``(data, labels)`` from ``stream``'s read position on, read by a Prefetcher thread
+    (kept in ``prefetchers``) ``prefetch`` batches ahead, or here when ``prefetch`` is 0."""
+    if prefetch == 0:
+        for position in itertools.count(stream.position, batch_size):
+            yield stream.batch(position)
+    if not prefetchers:
+        prefetchers.append(Prefetcher(stream.batch, itertools.count(stream.position, batch_size), prefetch, name=name))
+    while True:
+        yield prefetchers[0].get()
 
 
 class BaseData(Layer):
@@ -68,6 +81,7 @@ class BaseData(Layer):
         if p.rand_skip:
             self.stream.position = int(rng.get_rng().integers(p.rand_skip))
         self._prefetchers = []  # at most one; a list so the finalizer can stop it without holding self
+        self._feeds = []  # at most one DeviceFeed, made at the first forward from the read position
         weakref.finalize(self, _close_all, self._prefetchers)
 
     def reshape(self, bottom, top):
@@ -75,30 +89,18 @@ class BaseData(Layer):
         if len(top) > 1:
             top[1].reshape(self.batch_size)
 
-    def next_batch(self):
-        """The next ``(data, labels)`` as host arrays; advances the read position."""
-        if self.prefetch == 0:
-            batch = self.stream.batch(self.stream.position)
-        else:
-            if not self._prefetchers:
-                jobs = itertools.count(self.stream.position, self.batch_size)
-                self._prefetchers.append(Prefetcher(self.stream.batch, jobs, self.prefetch, name=self.name))
-            batch = self._prefetchers[0].get()
-        self.stream.position += self.batch_size
-        return batch
-
     def record_of(self, item):
         """The name of the record at ``item`` of the batch the last forward produced (its key, or file and line)."""
         index = self.stream.indices(self.batch_position, self.batch_size)[item]
         return self.stream.name_of(index)
 
     def forward(self, bottom, top):
+        if not self._feeds:
+            batches = _host_batches(self.stream, self.batch_size, self.prefetch, self._prefetchers, self.name)
+            self._feeds.append(DeviceFeed(self.xp, batches))
         self.batch_position = self.stream.position
-        data, labels = self.next_batch()
-        xp = self.xp
-        top[0].data[...] = xp.asarray(data)
-        if len(top) > 1:
-            top[1].data[...] = xp.asarray(labels, dtype=self.dtype)
+        self._feeds[0].next_into([t.data for t in top])
+        self.stream.position += self.batch_size
 
     def backward(self, top, propagate_down, bottom):
         pass
@@ -113,7 +115,8 @@ class BaseData(Layer):
         self.stream.set_state(state)
 
     def close(self):
-        """Stop the prefetch thread (it restarts on the next forward)."""
+        """Stop the prefetch thread and drop a batch staged on the device (both restart on the next forward)."""
+        _close_all(self._feeds)
         _close_all(self._prefetchers)
 
 

@@ -1,4 +1,5 @@
 """HDF5 layers: ``HDF5Data`` reads the datasets of a list of .h5 files, ``HDF5Output`` writes its bottoms to one."""
+import itertools
 import os
 
 import numpy
@@ -6,6 +7,7 @@ import numpy
 from .. import rng
 from ..backend import to_numpy
 from ..data.batches import BatchStream
+from ..data.device_feed import DeviceFeed
 from ..data.transform import resolve_path
 from ..errors import DataError, ShapeError
 from ..schema import REQUIRED
@@ -121,6 +123,7 @@ class HDF5Data(Layer):
         except DataError as e:
             raise DataError(f"layer '{self.name}' (HDF5Data): hdf5_data.source '{p.source}': {e}") from None
         self.batch_size = p.batch_size
+        self.feed = None  # a DeviceFeed from the read position, made at the first forward
 
     def load(self, source, names):
         """The listed files' datasets ``names``, each concatenated over the files, and each file's row count."""
@@ -139,8 +142,10 @@ class HDF5Data(Layer):
             t.reshape((self.batch_size,) + array.shape[1:])
 
     def forward(self, bottom, top):
-        for t, rows in zip(top, self.stream.batch(self.stream.position)):
-            t.data[...] = self.xp.asarray(rows)
+        if self.feed is None:
+            positions = itertools.count(self.stream.position, self.batch_size)
+            self.feed = DeviceFeed(self.xp, map(self.stream.batch, positions))
+        self.feed.next_into([t.data for t in top])
         self.stream.position += self.batch_size
 
     def backward(self, top, propagate_down, bottom):
@@ -152,6 +157,7 @@ class HDF5Data(Layer):
 
     def set_state(self, state):
         self.stream.set_state(state)
+        self.feed = None
 
 
 @register_layer("HDF5Output")

@@ -7,6 +7,7 @@ import numpy
 from ..backend import get_array_module, to_numpy
 from ..errors import DataError, LabelError, ShapeError
 from .base import LOSS, Field, Layer, register_layer
+from ..kernels.softmax_loss import softmax_loss_backward, softmax_loss_forward
 from .softmax import canonical_axis, softmax
 
 # Caffe clamps probabilities at FLT_MIN (for float and double alike) so log() stays finite
@@ -127,19 +128,24 @@ class SoftmaxWithLoss(_LossNormalization, LossLayer):
             top[1].data[...] = self.prob
 
     def forward(self, bottom, top):
-        xp = get_array_module(bottom[0].data)
-        p = self._probabilities(bottom)
-        p_label = xp.take_along_axis(p, self.label[:, None, :], axis=1)[:, 0, :]
-        self._write_loss(-(xp.log(xp.maximum(p_label, FLT_MIN)) * self.valid).sum(), top)
+        self._probabilities(bottom)
+        loss, _ = softmax_loss_forward(self.prob, *self._kernel_labels())
+        self._write_loss(loss, top)
 
     def backward(self, top, propagate_down, bottom):
         self.refuse_label_gradient(propagate_down)
         if not propagate_down[0]:
             return
-        xp = get_array_module(self.prob)
-        onehot = xp.arange(self.channels)[None, :, None] == self.label[:, None, :]
-        g = (self.prob.reshape(onehot.shape) - onehot) * self.valid[:, None, :]
-        bottom[0].diff[...] = (g * (top[0].diff.reshape(-1)[0] / self.norm)).reshape(bottom[0].shape)
+        label, outer, channels, inner, ignore = self._kernel_labels()
+        scale = float(top[0].diff.reshape(-1)[0]) / self.norm
+        softmax_loss_backward(self.prob, label, outer, channels, inner, scale, ignore, out=bottom[0].diff)
+
+    def _kernel_labels(self):
+        """The checked labels and geometry as kernels.softmax_loss takes them; ignored positions labelled -1."""
+        if self.ignore_label is None:
+            return self.label, self.outer, self.channels, self.inner, None
+        xp = get_array_module(self.label)
+        return xp.where(self.valid, self.label, -1), self.outer, self.channels, self.inner, -1
 
 
 @register_layer("InfogainLoss")

@@ -217,7 +217,7 @@ class WindowData(BaseData):
         crop = self.p_transform.crop_size
         self.top_shape = (self.batch_size, channels, crop, crop)
         self.prefetch = self.p.prefetch
-        self._prefetchers = []
+        self._prefetchers, self._feeds = [], []
         weakref.finalize(self, _close_all, self._prefetchers)
 
     def window_mean(self, channels):

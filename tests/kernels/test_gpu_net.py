@@ -3,11 +3,17 @@
 The prototxt converts and builds on numpy; with the ``xp`` fixture's cupy (on a device) the same net with
 the same weights must give the same loss and gradients (float64, 1e-10).
 """
+import json
+import subprocess
+import sys
+
 import numpy
 import pytest
 
 from layerforge.backend import to_numpy
 from layerforge.net import Net
+from tests.conftest import BACKENDS
+from tests.test_cli import ROOT
 
 PROTOTXT = """name: "kernels"
 layer { name: "data" type: "Input" top: "data" top: "label"
@@ -59,3 +65,45 @@ def test_caffe_net_on_the_kernels_agrees(tmp_path, xp):
     for name, diffs in grads.items():
         for got, want in zip(grads_xp[name], diffs):
             numpy.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.skipif("cupy" not in BACKENDS, reason="needs cupy and a CUDA device")
+def test_time_on_the_gpu_reports_device_times():
+    proc = subprocess.run([sys.executable, "-m", "layerforge", "time", "--model", "configs/lenet.yaml", "--gpu", "0",
+                           "--iterations", "3", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["device"] and result["device_pool_bytes"] > 0
+    rows = {r["layer"]: r for r in result["layers"]}
+    for name in ("conv1", "conv2", "ip1", "loss"):
+        assert rows[name]["forward_ms"] > 0 and rows[name]["backward_ms"] > 0, name
+    assert set(rows["conv2"]["engine"].split("/")) <= {"IM2COL", "IMPLICIT"}  # AUTO settled on CUDA-event times
+
+
+def small_resnet():
+    from tests.test_fusion import resnet_block
+    return dict(net_param=resnet_block(True), base_lr=0.1, momentum=0.9, weight_decay=1e-4, random_seed=2)
+
+
+def lenet():
+    return str(ROOT / "configs" / "lenet_solver.yaml")
+
+
+@pytest.mark.skipif("cupy" not in BACKENDS, reason="needs cupy and a CUDA device")
+@pytest.mark.parametrize("make", [lenet, small_resnet])
+def test_twenty_iterations_on_the_gpu_follow_the_cpu(make):
+    from layerforge import get_solver
+
+    runs = []
+    for mode in ("CPU", "GPU"):
+        solver = get_solver(make(), solver_mode=mode, max_iter=20, average_loss=20, dtype="float64", display=0,
+                            test_interval=0, snapshot=0, snapshot_after_train=False)
+        solver.solve()
+        runs.append(solver)
+    cpu, gpu = runs
+    assert gpu.net.xp.__name__ == "cupy" and len(cpu.losses) == 20
+    assert list(gpu.losses) == pytest.approx(list(cpu.losses), rel=1e-8)
+    for name, blobs in cpu.net.params.items():
+        for j, b in enumerate(blobs):
+            numpy.testing.assert_allclose(to_numpy(gpu.net.params[name][j].data), b.data, rtol=1e-7, atol=1e-10,
+                                          err_msg=f"{name}/{j}")

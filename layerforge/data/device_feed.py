@@ -1,0 +1,90 @@
+"""Host batches onto the device one batch ahead, copied on a CUDA stream of their own.
+
+A data layer's forward on a GPU would otherwise copy its batch host-to-device on the compute stream, and
+the iteration would wait for the copy. :class:`DeviceFeed` hands out the batch it staged during the
+previous iteration and at once starts the next one's copy, which then runs while the device computes.
+"""
+import numpy
+
+
+class DeviceFeed:
+    """Batches from an iterator of host batches (tuples of numpy arrays) into arrays of ``xp``'s device.
+
+    numpy: :meth:`next_into` takes one batch from ``batches`` and copies it into the outputs.
+    cupy: :meth:`next_into` copies the batch staged by the previous call (the compute stream first waits
+    for that batch's host-to-device copy) and then stages the following batch: its arrays go into
+    page-locked host buffers and an asynchronous copy on a non-blocking stream moves them to device
+    buffers. Two slots alternate, and events order the streams: a slot's device buffers are overwritten
+    only after the compute stream has copied them out, its host buffers only after their last copy ended.
+    The iterator is thus read one batch ahead; an error raised while reading ahead surfaces at the call
+    that needs that batch.
+    """
+
+    def __init__(self, xp, batches):
+        self.xp, self.batches = xp, iter(batches)
+        self.gpu = xp.__name__ == "cupy"
+        self.staged = self.error = None
+        if self.gpu:
+            self.copy_stream = xp.cuda.Stream(non_blocking=True)
+            self.slots = [_Slot(xp), _Slot(xp)]
+            self.turn = 0
+
+    def next_into(self, outs):
+        """Copy the next batch's arrays into ``outs`` (arrays of ``xp``, one per batch array or fewer)."""
+        if not self.gpu:
+            for out, array in zip(outs, next(self.batches)):
+                out[...] = array
+            return
+        if self.staged is None:
+            self._stage()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        slot, stream = self.staged, self.xp.cuda.get_current_stream()
+        stream.wait_event(slot.copied)
+        for out, array in zip(outs, slot.device):
+            out[...] = array
+        slot.consumed.record(stream)
+        self._stage()
+
+    def _stage(self):
+        try:
+            batch = next(self.batches)
+        except Exception as e:  # noqa: BLE001 - raised by next_into when this batch is asked for
+            self.staged, self.error = None, e
+            return
+        batch = [numpy.asarray(a) for a in batch]
+        slot = self.slots[self.turn]
+        self.turn ^= 1
+        slot.copied.synchronize()  # the host buffers' previous copy has finished
+        slot.fit(batch)
+        for host, array in zip(slot.host, batch):
+            host[...] = array
+        self.copy_stream.wait_event(slot.consumed)
+        for device, host in zip(slot.device, slot.host):
+            device.set(host, stream=self.copy_stream)
+        slot.copied.record(self.copy_stream)
+        self.staged = slot
+
+    def close(self):
+        """Drop the staged batch and close the iterator (a generator's ``finally`` runs)."""
+        self.staged = self.error = None
+        close = getattr(self.batches, "close", None)
+        if close is not None:
+            close()
+
+
+class _Slot:
+    """One staged batch: page-locked host buffers, device buffers, and the events that order their reuse."""
+
+    def __init__(self, xp):
+        self.xp, self.host, self.device = xp, [], []
+        self.copied, self.consumed = xp.cuda.Event(disable_timing=True), xp.cuda.Event(disable_timing=True)
+
+    def fit(self, batch):
+        """(Re)allocate the buffers when the batch's shapes or dtypes differ from the last one's."""
+        import cupyx
+
+        if [(a.shape, a.dtype) for a in self.host] != [(a.shape, a.dtype) for a in batch]:
+            self.host = [cupyx.empty_pinned(a.shape, a.dtype) for a in batch]
+            self.device = [self.xp.empty(a.shape, a.dtype) for a in batch]
