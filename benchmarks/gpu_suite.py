@@ -140,8 +140,8 @@ def _layerforge_run(net_name, batch, precision, iterations, smoke):
         xp = numpy
     else:
         import cupy as xp
-        from layerforge.kernels.cuda import set_gpu_math
-        set_gpu_math(tf32=precision == "tf32")
+        from layerforge.kernels.blas import set_gemm_precision
+        set_gemm_precision(precision)
     shape, nodes = NETS[net_name]()
     net = Net(layerforge_def(nodes, batch, shape), xp=xp)
     g = numpy.random.default_rng(0)

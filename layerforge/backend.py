@@ -42,8 +42,6 @@ def gpu_array_module(device_id=0, what="GPU mode"):
     try:
         import cupy
         cupy.cuda.Device(device_id).use()
-        from .kernels.cuda import apply_gpu_math_env
-        apply_gpu_math_env()  # LAYERFORGE_TF32 (docs/gpu.md) before the first GEMM
         return cupy
     except Exception as e:  # noqa: BLE001 - any cupy/driver failure is one user-facing line
         raise LayerforgeError(f"{what} (device_id {device_id}) needs cupy and a CUDA device: "

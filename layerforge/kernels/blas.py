@@ -1,13 +1,33 @@
-"""``c += a @ b`` without a temporary the size of c, where the BLAS can accumulate in place (beta = 1).
+"""Every matrix product of the layers and engines: :func:`matmul` and :func:`add_matmul`, under one precision switch.
 
-A fully connected layer's weight gradient is as large as its weights (AlexNet's fc6: 151 MB):
+Precision (float32 operands only; float64 is always exact float64): :func:`set_gemm_precision` or the
+environment variable ``LAYERFORGE_GEMM_PRECISION`` (read at the first product):
+
+- ``fp32`` (default): strict fp32 (cuBLAS's pedantic compute type on a GPU);
+- ``tf32``: on a GPU, cuBLAS may round the operands to TF32 (10-bit mantissa) for tensor cores; fp32
+  accumulation. On numpy it is fp32.
+- ``fp16`` / ``bf16``: the operands are rounded to half / bfloat16 (round to nearest even) and the
+  products accumulated in fp32; results and storage stay fp32. On a GPU this is cuBLAS's
+  ``CUBLAS_COMPUTE_32F_FAST_16F`` / ``_FAST_16BF`` (which may also choose TF32, never less than the
+  16-bit format); on numpy the rounding is done here, so a CPU run shows the same numerics.
+
+On a GPU every product goes to cuBLAS's ``gemmStridedBatchedEx`` through ``kernels/cuda/gemm.py``: cupy's
+own batched matmul ignores its compute-type setting, so strict fp32 and TF32 hold for the batched
+products of the convolution engines only through this path.
+
+``add_matmul``: ``c += a @ b`` without a temporary the size of c, where the BLAS can accumulate in place
+(beta = 1). A fully connected layer's weight gradient is as large as its weights (AlexNet's fc6: 151 MB):
 ``diff += gy.T @ x`` allocates that much, faults it in and adds it in a second pass. SciPy's BLAS
 wrappers (present with numpy on most installs, not a requirement) take beta = 1 and write into c;
 without them, or for cupy arrays, the plain expression runs. So does any c under ``MIN_BYTES``: SciPy
 links its own OpenBLAS with its own thread pool, and two pools on two cores cost more than a small
 temporary (LeNet's ip1 backward went from 1 to 9 ms with both pools at 2 threads).
 """
+import os
+
 import numpy
+
+from ..backend import get_array_module
 
 try:
     from scipy.linalg import blas as _blas
@@ -26,11 +46,61 @@ def _fortran_operand(x):
     return numpy.asfortranarray(x), 0
 
 
+GEMM_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+_PRECISION = {"gemm": None}
+
+
+def set_gemm_precision(name):
+    """Make every later float32 product of this process use ``name`` (one of :data:`GEMM_PRECISIONS`)."""
+    if name not in GEMM_PRECISIONS:
+        from ..errors import LayerforgeError
+        raise LayerforgeError(f"GEMM precision {name!r}: use one of {', '.join(GEMM_PRECISIONS)}")
+    _PRECISION["gemm"] = name
+
+
+def gemm_precision():
+    """The precision of float32 products now (``LAYERFORGE_GEMM_PRECISION`` until set, default ``fp32``)."""
+    if _PRECISION["gemm"] is None:
+        set_gemm_precision(os.environ.get("LAYERFORGE_GEMM_PRECISION", "fp32") or "fp32")
+    return _PRECISION["gemm"]
+
+
+def round_to_bfloat16(x):
+    """float32 ``x`` rounded to the nearest bfloat16 (ties to even), as float32; NaN stays NaN."""
+    u = numpy.ascontiguousarray(x, dtype=numpy.float32).view(numpy.uint32)
+    rounded = ((u + (numpy.uint32(0x7FFF) + ((u >> 16) & 1))) & numpy.uint32(0xFFFF0000)).view(numpy.float32)
+    return numpy.where(numpy.isnan(x), x, rounded)
+
+
+def _operands(a, b):
+    """``a``, ``b`` as the products see them: rounded to fp16 / bf16 under those precisions (float32 only)."""
+    precision = gemm_precision() if a.dtype == numpy.float32 else "fp32"
+    if precision == "fp16":
+        return a.astype(numpy.float16).astype(numpy.float32), b.astype(numpy.float16).astype(numpy.float32)
+    if precision == "bf16":
+        return round_to_bfloat16(a), round_to_bfloat16(b)
+    return a, b
+
+
+def matmul(a, b, out=None):
+    """``a @ b`` (numpy's matmul rules: (..., m, k) @ (..., k, n), batch axes broadcast) under the precision
+    switch; into ``out`` when given. cupy arrays go to cuBLAS (``kernels/cuda/gemm.py``)."""
+    if get_array_module(a, b) is not numpy:
+        from .cuda.gemm import gemm_gpu
+        return gemm_gpu(a, b, out, gemm_precision())
+    a, b = _operands(a, b)
+    return numpy.matmul(a, b, out=out)
+
+
 def add_matmul(c, a, b):
-    """``c += a @ b`` for 2-D arrays of one float dtype (c C-contiguous)."""
+    """``c += a @ b`` (2-D, or batched as :func:`matmul`) for arrays of one float dtype, under the precision
+    switch; returns c."""
+    if get_array_module(c, a, b) is not numpy:
+        from .cuda.gemm import gemm_gpu
+        return gemm_gpu(a, b, c, gemm_precision(), accumulate=True)
+    a, b = _operands(a, b)
     gemm = None
-    if _blas is not None and c.nbytes >= MIN_BYTES and c.flags.c_contiguous and \
-            all(isinstance(t, numpy.ndarray) for t in (a, b, c)):
+    if _blas is not None and c.ndim == 2 and c.nbytes >= MIN_BYTES and c.flags.c_contiguous:
         gemm = {numpy.dtype(numpy.float32): _blas.sgemm, numpy.dtype(numpy.float64): _blas.dgemm}.get(c.dtype)
     if gemm is None or a.dtype != c.dtype or b.dtype != c.dtype:
         c += a @ b

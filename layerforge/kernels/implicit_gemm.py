@@ -33,6 +33,7 @@ import math
 import numpy
 
 from ..backend import get_array_module
+from .blas import add_matmul, matmul
 from .im2col import col2im_nd, col2im_tile, conv_output_size, im2col_nd, im2col_tile
 from .parallel import elementwise, host_work, parallel_for
 
@@ -140,7 +141,7 @@ class Im2colConv(_GemmConv):
         n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
         col = self._columns(x, W)
         yb = self._buffer(xp, "y", (g, cog, out_h * out_w * n), x.dtype)
-        xp.matmul(W.reshape(g, cog, kg), col, out=yb)
+        matmul(W.reshape(g, cog, kg), col, out=yb)
         src = yb.reshape(g * cog, out_h, out_w, n).transpose(3, 0, 1, 2)
         if b is None:
             elementwise(xp.copyto, y, src)
@@ -162,12 +163,12 @@ class Im2colConv(_GemmConv):
             gb += gyt.reshape(g * cog, -1) @ xp.ones(gyt.shape[-1], dtype=gy.dtype)
         if gW is not None:
             col = self._columns(x, W)
-            gW += xp.matmul(gyt, col.transpose(0, 2, 1)).reshape(gW.shape)
+            add_matmul(gW.reshape(g, cog, kg), gyt, col.transpose(0, 2, 1))
         else:  # the data gradient alone (a transposed convolution's forward): x's values are not read
             col = self._buffer(xp, "col", (c, kh, kw, out_h, out_w, n), x.dtype).reshape(g, kg, -1)
         if gx is None:
             return
-        xp.matmul(W.reshape(g, cog, kg).transpose(0, 2, 1), gyt, out=col)  # the columns are spent: reuse
+        matmul(W.reshape(g, cog, kg).transpose(0, 2, 1), gyt, out=col)  # the columns are spent: reuse
         col6 = col.reshape(c, kh, kw, out_h, out_w, n)
         gpad = self._buffer(xp, "gxpad", (c, h + 2 * ph, w + 2 * pw, n), x.dtype)
 
@@ -226,10 +227,10 @@ class ImplicitGemmConv(_GemmConv):
             nb, pt = n1 - n0, (r1 - r0) * out_w
             col = self._lower(x, W, n0, n1, r0, r1).reshape(nb, g, kg, pt)
             if r1 - r0 == out_h:
-                xp.matmul(Wg, col, out=y[n0:n1].reshape(nb, g, cog, pt))
+                matmul(Wg, col, out=y[n0:n1].reshape(nb, g, cog, pt))
             else:
                 yt = self._buffer(xp, "y", (nb, g, cog, pt), x.dtype)
-                xp.matmul(Wg, col, out=yt)
+                matmul(Wg, col, out=yt)
                 y[n0:n1, :, r0:r1] = yt.reshape(nb, g * cog, r1 - r0, out_w)
         if b is not None:
             y += b[:, None, None]
@@ -261,14 +262,14 @@ class ImplicitGemmConv(_GemmConv):
             if gW is None:
                 pass
             elif nb * g * cog * kg * x.itemsize <= self.budget:
-                gW4 += xp.matmul(gyt, col.transpose(0, 1, 3, 2)).sum(axis=0)
+                gW4 += matmul(gyt, col.transpose(0, 1, 3, 2)).sum(axis=0)
             else:  # one image at a time keeps the partial products within the budget
                 for k in range(nb):
-                    gW4 += xp.matmul(gyt[k], col[k].transpose(0, 2, 1))
+                    add_matmul(gW4, gyt[k], col[k].transpose(0, 2, 1))
             if gx is not None and self.pointwise:
-                xp.matmul(Wg.transpose(0, 2, 1), gyt, out=gx[n0:n1].reshape(nb, g, kg, pt))
+                matmul(Wg.transpose(0, 2, 1), gyt, out=gx[n0:n1].reshape(nb, g, kg, pt))
             elif gx is not None:
-                xp.matmul(Wg.transpose(0, 2, 1), gyt, out=col)
+                matmul(Wg.transpose(0, 2, 1), gyt, out=col)
                 col6 = col.reshape(nb, c, kh, kw, r1 - r0, out_w).transpose(1, 2, 3, 0, 4, 5)
                 col2im_tile(col6, gx[n0:n1].transpose(1, 0, 2, 3), *self.geometry, r0=r0)
 
@@ -293,18 +294,16 @@ class NdIm2colConv:
 
     def forward(self, x, W, b, y):
         """y (N, Cout, *out) = W * x (+ b) for x (N, C, *spatial), W (Cout, C / G, *kernel)."""
-        xp = get_array_module(x)
         g, cog, kg = self._gemm_shapes(x, W)
         col = im2col_nd(x, *self.geometry)
         rest = col.shape[1 + len(self.geometry[0]):]  # (N, *out)
-        out = xp.matmul(W.reshape(g, cog, kg), col.reshape(g, kg, math.prod(rest)))
+        out = matmul(W.reshape(g, cog, kg), col.reshape(g, kg, math.prod(rest)))
         y[...] = out.reshape((g * cog,) + rest).swapaxes(0, 1)
         if b is not None:
             y += b.reshape((1, -1) + (1,) * (y.ndim - 2))
 
     def backward(self, x, W, gy, gW, gb, gx):
         """Add into ``gW`` (``gb``), write ``gx``; any may be None (with ``gW`` None, x gives its shape only)."""
-        xp = get_array_module(gy)
         g, cog, kg = self._gemm_shapes(x, W)
         rest = (gy.shape[0],) + gy.shape[2:]
         gyt = gy.swapaxes(0, 1).reshape(g, cog, math.prod(rest))
@@ -312,10 +311,10 @@ class NdIm2colConv:
             gb += gyt.reshape(g * cog, -1).sum(axis=1)
         if gW is not None:
             col = im2col_nd(x, *self.geometry).reshape(g, kg, -1)
-            gW += xp.matmul(gyt, col.transpose(0, 2, 1)).reshape(gW.shape)
+            add_matmul(gW.reshape(g, cog, kg), gyt, col.transpose(0, 2, 1))
         if gx is not None:
             kernel, stride, pad, dilation = self.geometry
-            cols = xp.matmul(W.reshape(g, cog, kg).transpose(0, 2, 1), gyt)
+            cols = matmul(W.reshape(g, cog, kg).transpose(0, 2, 1), gyt)
             c = x.shape[1]
             gx[...] = col2im_nd(cols.reshape((c,) + tuple(kernel) + rest), stride, pad, dilation, x.shape[2:])
 

@@ -24,6 +24,7 @@ import math
 import numpy
 
 from ..backend import get_array_module
+from .blas import matmul
 from .im2col import conv_output_size
 from .parallel import cpu_kernel, into_contiguous, parallel_for
 
@@ -190,7 +191,7 @@ class WinogradConv:
         kg, cg = k // groups, c // groups
         M = xp.empty((alpha, alpha, k, V.shape[-1]), dtype=x.dtype)
         for q in range(groups):
-            xp.matmul(U[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg], out=M[:, :, q * kg:(q + 1) * kg])
+            matmul(U[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg], out=M[:, :, q * kg:(q + 1) * kg])
         self._bytes += M.nbytes
         if compiled:
             _f2_output_tiles(M.reshape(16, k, n, th, tw), b, y)
@@ -220,8 +221,8 @@ class WinogradConv:
             V = self._input_transform(x, bt, compiled)
             dU = xp.empty((alpha, alpha, k, cg), dtype=gy.dtype)
             for q in range(groups):
-                xp.matmul(dM[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg].swapaxes(2, 3),
-                          out=dU[:, :, q * kg:(q + 1) * kg])
+                matmul(dM[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg].swapaxes(2, 3),
+                       out=dU[:, :, q * kg:(q + 1) * kg])
             self._add_filter_gradient(dU, g, gW, compiled)
             del V  # dV takes its place below
         if gx is None:
@@ -229,8 +230,8 @@ class WinogradConv:
         U = self._filter_transform(W, g, compiled)
         dV = xp.empty((alpha, alpha, c, dM.shape[-1]), dtype=gy.dtype)
         for q in range(groups):
-            xp.matmul(U[:, :, q * kg:(q + 1) * kg].swapaxes(2, 3), dM[:, :, q * kg:(q + 1) * kg],
-                      out=dV[:, :, q * cg:(q + 1) * cg])
+            matmul(U[:, :, q * kg:(q + 1) * kg].swapaxes(2, 3), dM[:, :, q * kg:(q + 1) * kg],
+                   out=dV[:, :, q * cg:(q + 1) * cg])
         ph, pw = self.geometry[4:6]
         if compiled:
             dV = dV.reshape(16, c, n, th, tw)

@@ -2,7 +2,7 @@
 import math
 
 from ..errors import ShapeError
-from ..kernels.blas import add_matmul
+from ..kernels.blas import add_matmul, matmul
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
 
@@ -58,7 +58,7 @@ class InnerProduct(Layer):
 
     def forward(self, bottom, top):
         y = top[0].data.reshape(self.m, self.num_output)
-        self.xp.matmul(bottom[0].data.reshape(self.m, self.k), self._weight_nk(self.blobs[0].data).T, out=y)
+        matmul(bottom[0].data.reshape(self.m, self.k), self._weight_nk(self.blobs[0].data).T, out=y)
         if self.bias_term:
             y += self.blobs[1].data
 
@@ -72,7 +72,7 @@ class InnerProduct(Layer):
         if self.bias_term:
             self.blobs[1].diff += gy.sum(axis=0)
         if propagate_down[0]:
-            self.xp.matmul(gy, self._weight_nk(self.blobs[0].data), out=bottom[0].diff.reshape(self.m, self.k))
+            matmul(gy, self._weight_nk(self.blobs[0].data), out=bottom[0].diff.reshape(self.m, self.k))
 
     def multiply_adds(self, bottom, top):
         return self.m * self.k * self.num_output

@@ -14,6 +14,7 @@ import math
 
 from ..backend import get_array_module
 from ..errors import ShapeError
+from ..kernels.blas import add_matmul, matmul
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
 
@@ -178,9 +179,9 @@ class _Recurrent(Layer):
 
     def forward(self, bottom, top):
         x, static, cont = self.inputs(bottom)
-        projected = x @ self.blobs[0].data.T + self.blobs[1].data
+        projected = matmul(x, self.blobs[0].data.T) + self.blobs[1].data
         if static is not None:
-            projected = projected + static @ self.blobs[2].data.T
+            projected = projected + matmul(static, self.blobs[2].data.T)
         states = self.initial_states(bottom)
         self.cache = []
         for t in range(self.steps):
@@ -203,15 +204,15 @@ class _Recurrent(Layer):
         for t in range(self.steps - 1, -1, -1):
             dprojected[t], ends = self.step_backward(t, gy[t], ends, cont[t])
         w_in, b_in = self.blobs[0], self.blobs[1]
-        w_in.diff += dprojected.reshape(-1, dprojected.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+        add_matmul(w_in.diff, dprojected.reshape(-1, dprojected.shape[-1]).T, x.reshape(-1, x.shape[-1]))
         b_in.diff += dprojected.sum(axis=(0, 1))
         if propagate_down[0]:
-            bottom[0].diff[...] = (dprojected @ w_in.data).reshape(bottom[0].shape)
+            bottom[0].diff[...] = matmul(dprojected, w_in.data).reshape(bottom[0].shape)
         if static is not None:
             dsum = dprojected.sum(axis=0)
-            self.blobs[2].diff += dsum.T @ static
+            add_matmul(self.blobs[2].diff, dsum.T, static)
             if propagate_down[2]:
-                bottom[2].diff[...] = (dsum @ self.blobs[2].data).reshape(bottom[2].shape)
+                bottom[2].diff[...] = matmul(dsum, self.blobs[2].data).reshape(bottom[2].shape)
         if self.expose:
             state_gradients = self.layer_param.recurrent.state_gradients
             for k, g in enumerate(ends, start=self.first_state):
@@ -236,7 +237,7 @@ class LSTM(_Recurrent):
     def step(self, projected, states, cont):
         h, c_prev = states
         h_prev = h * cont
-        i, f, o, g = lstm_gates(projected + h_prev @ self.blobs[-1].data.T)
+        i, f, o, g = lstm_gates(projected + matmul(h_prev, self.blobs[-1].data.T))
         c = cont * f * c_prev + i * g
         tanh_c = get_array_module(c).tanh(c)
         h = o * tanh_c
@@ -249,8 +250,8 @@ class LSTM(_Recurrent):
         dc = ends[1] + dh * o * (1 - tanh_c * tanh_c)
         dgates, dc_prev = lstm_gate_grads(dc, dh, i, f, o, g, c_prev, tanh_c, cont)
         w_hc = self.blobs[-1]
-        w_hc.diff += dgates.T @ h_prev
-        return dgates, ((dgates @ w_hc.data) * cont, dc_prev)
+        add_matmul(w_hc.diff, dgates.T, h_prev)
+        return dgates, (matmul(dgates, w_hc.data) * cont, dc_prev)
 
 
 @register_layer("RNN")
@@ -275,8 +276,8 @@ class RNN(_Recurrent):
     def step(self, projected, states, cont):
         xp = get_array_module(projected)
         h_prev = states[0] * cont
-        h = xp.tanh(projected + h_prev @ self.blobs[-3].data.T)
-        o = xp.tanh(h @ self.blobs[-2].data.T + self.blobs[-1].data)
+        h = xp.tanh(projected + matmul(h_prev, self.blobs[-3].data.T))
+        o = xp.tanh(matmul(h, self.blobs[-2].data.T) + self.blobs[-1].data)
         self.cache.append((h_prev, h, o))
         return o, (h,)
 
@@ -284,8 +285,8 @@ class RNN(_Recurrent):
         h_prev, h, o = self.cache[t]
         w_hh, w_ho, b_o = self.blobs[-3:]
         do = gy * (1 - o * o)
-        w_ho.diff += do.T @ h
+        add_matmul(w_ho.diff, do.T, h)
         b_o.diff += do.sum(axis=0)
-        dpre = (do @ w_ho.data + ends[0]) * (1 - h * h)
-        w_hh.diff += dpre.T @ h_prev
-        return dpre, ((dpre @ w_hh.data) * cont,)
+        dpre = (matmul(do, w_ho.data) + ends[0]) * (1 - h * h)
+        add_matmul(w_hh.diff, dpre.T, h_prev)
+        return dpre, (matmul(dpre, w_hh.data) * cont,)

@@ -75,6 +75,10 @@ SOLVER_KEYS = {
     "solver_mode": Field("enum", "CPU", choices=("CPU", "GPU")),
     "device_id": Field("int", 0, min=0, doc="GPU ordinal in GPU mode"),
     "dtype": Field("enum", "FLOAT32", choices=("FLOAT32", "FLOAT64"), doc="dtype of every blob"),
+    "gemm_precision": Field("enum", None, choices=("FP32", "TF32", "FP16", "BF16"),
+                            doc="float32 matrix products: strict FP32, TF32 (GPU), or operands rounded to FP16 / "
+                                "BF16 with FP32 accumulation (the process-wide switch of kernels.blas; not given: "
+                                "LAYERFORGE_GEMM_PRECISION or FP32)"),
     # reserved for data-parallel training
     "allreduce": Field("enum", "AUTO", choices=("AUTO", "RECURSIVE", "TOPOLOGY", "RING", "DOUBLING", "HIERARCHICAL",
                                                  "MPI", "NCCL"),
@@ -108,8 +112,8 @@ class SolverParameter:
     """A validated solver: one attribute per key of ``SOLVER_KEYS`` plus ``path`` (the file, or None).
 
     ``net``/``train_net``/``test_net`` paths are resolved against the solver file's directory.
-    ``lr_policy``, ``regularization_type``, ``solver_mode``, ``dtype``, ``allreduce``, ``sync``, ``sparse_update`` and
-    ``sparse_aggregation`` are upper-case; ``type`` is the registered spelling (``"Adam"``).
+    ``lr_policy``, ``regularization_type``, ``solver_mode``, ``dtype``, ``gemm_precision``, ``allreduce``, ``sync``,
+    ``sparse_update`` and ``sparse_aggregation`` are upper-case; ``type`` is the registered spelling (``"Adam"``).
     """
 
     def __init__(self, params, path, source):

@@ -35,6 +35,7 @@ import numpy
 from .. import backend, rng
 from ..errors import LayerforgeError
 from ..net import Net
+from ..kernels import blas
 from ..kernels.parallel import num_threads, parallel_for
 from ..netdef import load_net_def
 from ..npz import check_writable, load_npz, save_npz_atomic
@@ -122,6 +123,8 @@ class Solver:
             validate(sp)
         self.param = sp
         self.xp = self._array_module(sp)
+        if sp.gemm_precision:
+            blas.set_gemm_precision(sp.gemm_precision.lower())
         if sp.random_seed >= 0:
             rng.seed(sp.random_seed)
         dtype = sp.dtype.lower()

@@ -89,7 +89,6 @@ class _FakeCupy:
 def fake_cupy(monkeypatch):
     fake = _FakeCupy()
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setitem(cuda._GPU_MATH, "tf32", False)
     cuda._module.cache_clear()
     yield fake
     cuda._module.cache_clear()

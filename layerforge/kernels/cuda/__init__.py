@@ -9,14 +9,11 @@ imported inside it, so importing layerforge never needs cupy.
 Kernels use grid-stride loops over a flat element count (Caffe's ``CUDA_KERNEL_LOOP``): :func:`launch`
 picks the launch shape from the count alone.
 
-Precision of the cuBLAS GEMMs (every ``xp.matmul`` on cupy arrays) is one process-wide switch,
-:func:`set_gpu_math`, or env ``LAYERFORGE_TF32=1`` (applied when a solver or net selects the GPU, and at the
-first kernel compilation): strict fp32 by default, TF32 tensor
-cores when asked. See docs/gpu.md.
+Matrix products do not live here: every GEMM goes through :mod:`layerforge.kernels.blas` (cuBLAS on a
+GPU, with the process's precision switch; docs/gpu.md).
 """
 import functools
 import math
-import os
 from pathlib import Path
 
 import numpy
@@ -42,7 +39,6 @@ def defines(dtype):
 def _module(stem, dtype_str):
     import cupy
 
-    apply_gpu_math_env()
     code = sources()[stem].read_text()
     return cupy.RawModule(code=code, options=NVRTC_OPTIONS + defines(dtype_str))
 
@@ -90,24 +86,3 @@ def launch(stem, name, dtype, n, args, shared_mem=0):
 def scalar(dtype, value):
     """``value`` as a ``dtype`` scalar, the form a kernel's ``T`` parameter needs."""
     return numpy.dtype(dtype).type(value)
-
-
-# --- precision of the cuBLAS GEMMs ------------------------------------------------------------------
-_GPU_MATH = {"tf32": None}
-
-
-def set_gpu_math(tf32=False):
-    """Let cuBLAS use TF32 tensor cores for float32 GEMMs (``tf32=True``) or keep strict fp32 (default).
-
-    Applies to every later ``cupy.matmul`` in this process; float64 is unaffected.
-    """
-    from cupy._core import _routines_linalg as linalg
-
-    mode = linalg.COMPUTE_TYPE_TF32 if tf32 else linalg.COMPUTE_TYPE_PEDANTIC
-    linalg.set_compute_type(numpy.float32, mode)
-    _GPU_MATH["tf32"] = bool(tf32)
-
-
-def apply_gpu_math_env():
-    if _GPU_MATH["tf32"] is None:
-        set_gpu_math(os.environ.get("LAYERFORGE_TF32", "0") not in ("", "0", "false", "False"))
