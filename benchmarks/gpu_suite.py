@@ -10,8 +10,10 @@ seconds, 570 by default):
 1. ``install``: the wheels carried in ``.whl/`` (lmdb, mlxtend: the device image lacks them) with
    ``pip install --no-deps``, then ``pip install --no-deps -e .``.
 2. ``info``: device name, cupy and torch versions.
-3. ``tests``: the GPU test subset (tests/kernels, tests/layers) under pytest; conftest's ``xp`` fixture
-   adds cupy where a device is present, so every layer test runs on numpy and on cupy.
+3. ``tests``: the GPU test subset under pytest: tests/kernels and tests/layers (conftest's ``xp`` fixture
+   adds cupy where a device is present, so every layer test runs on numpy and on cupy; test_gpu_net.py
+   trains LeNet and a small ResNet 20 iterations on both and runs ``layerforge time --gpu 0``), the
+   device feed, the Stopwatch, and CGDP with two workers sharing the GPU (``--devices 0,0``, host and tree).
 4. ``lenet``: configs/lenet_solver.yaml with ``solver_mode: GPU`` (stopping early if its box runs
    short; ``lenet_iterations`` says how far it got); test accuracy and seconds.
 5. ``nets``: ResNet-50 b64, AlexNet b256, VGG-16 b32 training iterations (forward, backward, momentum
@@ -84,7 +86,8 @@ def phase_info(smoke):
 
 def phase_tests(smoke):
     targets = ["tests/kernels/test_lrn.py"] if smoke else [
-        "tests/kernels", "tests/layers", "tests/data/test_device_feed.py", "tests/test_backend.py"]
+        "tests/kernels", "tests/layers", "tests/data/test_device_feed.py", "tests/test_backend.py",
+        "tests/parallel/test_host_tree.py::test_two_workers_sharing_one_gpu_match_one_cpu_worker_with_the_whole_batch"]
     import importlib.util
     if not smoke and importlib.util.find_spec("xdist"):  # the device image has pytest-xdist: 16 cores
         targets += ["-n", "8"]

@@ -76,8 +76,3 @@ class Stopwatch:
         end.record()
         end.synchronize()
         return self.xp.cuda.get_elapsed_time(begin, end) / 1000.0
-
-    def wait(self):
-        """Let queued device work finish (nothing to do on numpy): use before reading a host clock."""
-        if self._events is not None:
-            self.xp.cuda.get_current_stream().synchronize()

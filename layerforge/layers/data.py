@@ -37,13 +37,14 @@ def _close_all(prefetchers):
 def _host_batches(stream, batch_size, prefetch, prefetchers, name):
     """The host batches ``(data, labels)`` from ``stream``'s read position on, read by a Prefetcher thread
     (kept in ``prefetchers``) ``prefetch`` batches ahead, or here when ``prefetch`` is 0."""
+    positions = itertools.count(stream.position, batch_size)
     if prefetch == 0:
-        for position in itertools.count(stream.position, batch_size):
-            yield stream.batch(position)
-    if not prefetchers:
-        prefetchers.append(Prefetcher(stream.batch, itertools.count(stream.position, batch_size), prefetch, name=name))
-    while True:
-        yield prefetchers[0].get()
+        yield from map(stream.batch, positions)
+    else:
+        if not prefetchers:
+            prefetchers.append(Prefetcher(stream.batch, positions, prefetch, name=name))
+        while True:
+            yield prefetchers[0].get()
 
 
 class BaseData(Layer):

@@ -10,6 +10,8 @@ from layerforge.errors import LayerforgeError
 from layerforge.parallel import WorkerOptions, WorkerPool, train_parallel
 from layerforge.solvers import get_solver
 
+from tests.conftest import BACKENDS
+
 from .helpers import die_on_worker_1, flat_params, solver, write_lmdb
 
 ITERS = 6
@@ -122,3 +124,16 @@ def test_two_nodes_of_two_workers_match_one_worker_with_the_whole_batch(source, 
         params = numpy.load(f"{out}.{rank}.npy")
         for row in params:
             numpy.testing.assert_allclose(row, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.skipif("cupy" not in BACKENDS, reason="needs cupy and a CUDA device")
+@pytest.mark.parametrize("sync", ["host", "tree"])
+def test_two_workers_sharing_one_gpu_match_one_cpu_worker_with_the_whole_batch(source, sync):
+    """``--devices 0,0``: the cupy mover's copy stream, events and pinned buffers carry the exchange."""
+    expected = reference(source, 8)
+    result = train_parallel(solver(source, 4, ITERS), devices="0,0", sync=sync, chunk_size=1, log=False)
+    assert result.iter == ITERS
+    numpy.testing.assert_allclose(result.params[0], expected, rtol=1e-9, atol=1e-11)
+    numpy.testing.assert_array_equal(result.params[1], result.params[0])
+    phases = result.stats["phases_ms"]
+    assert phases["iteration"] > 0 and 0 <= phases["exchange"] < phases["iteration"]  # the exposed exchange
