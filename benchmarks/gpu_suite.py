@@ -20,7 +20,9 @@ seconds, 570 by default):
    SGD) in layerforge (cupy) and PyTorch (CUDA), strict fp32 and TF32: images/s and peak device memory
    (cupy's memory pool after the run; torch.cuda.max_memory_allocated).
 6. ``convs``: every distinct ResNet-50 / VGG-16 convolution shape, forward GFLOP/s of layerforge's
-   IM2COL and IMPLICIT engines and of torch.nn.functional.conv2d, timed with CUDA events.
+   engines (IM2COL, IMPLICIT, Winograd where eligible), of a Convolution layer with ``engine: AUTO`` once
+   it has settled (``AUTO_engine``; the target: never 5% below the better engine) and of
+   torch.nn.functional.conv2d, timed with CUDA events.
 
 Writes ``benchmarks/results/gpu-<device>-<yyyymmdd>.json`` (``--out`` folder) with ``device``, ``cupy``,
 ``torch``, ``tests_passed``, ``tests_failed``, ``lenet_accuracy``, ``lenet_seconds``, ``nets`` (one
@@ -265,6 +267,7 @@ def phase_convs(smoke):
             engine = cls((k, k, stride, stride, pad, pad, 1, 1), group)
             row[name + "_gflop_s"] = flops / timed(lambda: engine.forward(x, W, b, y)) / 1e9
             engine.release()
+        row["AUTO_engine"], row["AUTO_gflop_s"] = auto_forward(xp, x, (cout, k, stride, pad, group), flops, timed)
         xt, Wt, bt = (torch.as_tensor(numpy.asarray(a.get() if hasattr(a, "get") else a), device=device)
                       for a in (x, W, b))
         with torch.no_grad():
@@ -272,6 +275,27 @@ def phase_convs(smoke):
                 lambda: torch.nn.functional.conv2d(xt, Wt, bt, stride, pad, 1, group)) / 1e9
         rows.append(row)
     return {"convs": rows}
+
+
+def auto_forward(xp, x, conv, flops, timed):
+    """A Convolution layer with ``engine: AUTO`` on ``x``: the forward engine it settles on (timing with CUDA
+    events on a GPU) and its forward GFLOP/s once settled, to set beside the engines' own figures."""
+    import numpy
+    from layerforge.blob import Blob
+    from layerforge.layers import create_layer
+
+    cout, k, stride, pad, group = conv
+    layer = create_layer({"type": "Convolution", "bottom": "x", "top": "y", "convolution": {
+        "num_output": cout, "kernel_size": k, "stride": stride, "pad": pad, "group": group, "engine": "AUTO",
+        "weight_filler": {"type": "gaussian", "std": 0.05}}}, dtype=numpy.float32, xp=xp)
+    bottom, top = [Blob(x.shape, numpy.float32, xp)], [Blob((), numpy.float32, xp)]
+    bottom[0].data[...] = x
+    layer.setup(bottom, top)
+    for _ in range(20):  # warm-up and trial rounds of every engine
+        if layer.engine_choice["forward"]:
+            break
+        layer.forward(bottom, top)
+    return layer.engine_choice["forward"], flops / timed(lambda: layer.forward(bottom, top)) / 1e9
 
 
 # --------------------------------------------------------------------------------------------------

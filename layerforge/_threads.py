@@ -19,6 +19,15 @@ def local_ranks():
     return 1
 
 
+def local_rank():
+    """This process's index among the ranks of its MPI job on this node (0 when not launched by mpiexec/srun)."""
+    for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 def limit_threads_per_rank():
     """Set the BLAS/OpenMP thread variables for a rank that shares its node; returns the count, or None."""
     ranks = local_ranks()

@@ -48,6 +48,19 @@ def gpu_array_module(device_id=0, what="GPU mode"):
                               f"{type(e).__name__}: {e}") from None
 
 
+def rank_device(first, local_rank):
+    """The GPU of the ``local_rank``-th rank on a node whose ranks start at GPU ``first``: ``first + local_rank``,
+    wrapping around the visible devices (so ranks share GPUs only when there are more ranks than GPUs)."""
+    if not local_rank:
+        return first
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no cupy or no device: gpu_array_module reports it in one line
+        return first
+    return (first + local_rank) % max(count, 1)
+
+
 class Stopwatch:
     """Seconds of array work between :meth:`start` and :meth:`stop`.
 

@@ -17,9 +17,10 @@ _CHECKED_BYTES = 64 << 20
 
 
 def available_bytes(xp=numpy):
-    """Memory an allocation can still get: the device's free memory for cupy, MemAvailable (or all RAM) on the host."""
+    """Memory an allocation can still get: for cupy the device's free memory plus what cupy's pool holds unused
+    (cudaMemGetInfo counts the pool's cached blocks as used); MemAvailable (or all RAM) on the host."""
     if xp is not numpy:
-        return int(xp.cuda.runtime.memGetInfo()[0])
+        return int(xp.cuda.runtime.memGetInfo()[0]) + int(xp.get_default_memory_pool().free_bytes())
     try:
         with open("/proc/meminfo") as f:
             for line in f:

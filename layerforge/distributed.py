@@ -11,6 +11,7 @@ Also here: parameters broadcast from rank 0 at start, a configuration hash check
 that parameters still agree at every snapshot, test scores summed over the ranks' test shards, and signal
 requests agreed on so that every rank stops or snapshots at the same iteration.
 """
+import contextlib
 import hashlib
 import json
 import logging
@@ -93,6 +94,9 @@ class GradientExchange:
         self._pending = []  # futures (own algorithms) or requests (mpi) of launched buckets
         self._thread = None
         self._stale = None  # double buffering: the exchange started last iteration
+        # a GPU replica's device: the communication thread starts on device 0, whatever this rank uses
+        xp = params[0].xp if params else numpy
+        self._device = xp.cuda.Device() if xp is not numpy else None
 
     def _buckets(self, bucket_bytes):
         # the packed buffer is contiguous, so buckets are plain slices of it, each at most bucket_bytes
@@ -112,7 +116,8 @@ class GradientExchange:
 
     def _allreduce(self, b_lo, b_hi):
         t0 = time.perf_counter()
-        self.comm.allreduce(self.buffer[b_lo:b_hi], algorithm=self.algorithm)
+        with self._device or contextlib.nullcontext():
+            self.comm.allreduce(self.buffer[b_lo:b_hi], algorithm=self.algorithm)
         self.comm_seconds += time.perf_counter() - t0
 
     def _launch(self, k):

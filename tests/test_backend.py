@@ -60,3 +60,22 @@ def test_array_module_dispatch():
     assert backend.get_array_module(a) is numpy
     assert backend.to_numpy(a) is a
     assert backend.dtype_of("float64") == numpy.float64
+
+
+@pytest.mark.parametrize("env, rank", [({}, 0), ({"MPI_LOCALRANKID": "3"}, 3), ({"OMPI_COMM_WORLD_LOCAL_RANK": "1"}, 1),
+                                       ({"SLURM_LOCALID": "2"}, 2)])
+def test_local_rank_from_the_launchers_environment(monkeypatch, env, rank):
+    from layerforge._threads import local_rank
+    for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert local_rank() == rank
+
+
+def test_each_rank_of_a_node_takes_the_next_gpu(monkeypatch):
+    import types
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 4)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    assert [backend.rank_device(1, r) for r in range(5)] == [1, 2, 3, 0, 1]
+    assert backend.rank_device(2, 0) == 2

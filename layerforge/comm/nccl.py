@@ -15,9 +15,10 @@ def available():
     """True when cupy with NCCL and a CUDA device can be used."""
     try:
         import cupy
-        from cupy.cuda import nccl  # noqa: F401
+        from cupy.cuda import nccl
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        # cupy.cuda.nccl imports without libnccl and says so in ``available``
+        return bool(nccl.available) and cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:  # noqa: BLE001 - no cupy, no NCCL build, no driver: not available
         return False
 
@@ -27,12 +28,26 @@ def _nccl_comm(comm):
     if nc is None:
         from cupy.cuda import nccl
 
-        uid = numpy.zeros(128, numpy.int8)  # NCCL_UNIQUE_ID_BYTES
+        uid = numpy.zeros(128, numpy.uint8)  # NCCL_UNIQUE_ID_BYTES
         if comm.rank == 0:
-            uid[:] = nccl.get_unique_id()
+            uid[:] = numpy.frombuffer(unique_id_bytes(nccl.get_unique_id()), numpy.uint8)
         comm.bcast(uid)
-        nc = comm._nccl = nccl.NcclCommunicator(comm.size, tuple(int(x) for x in uid), comm.rank)
+        nc = comm._nccl = nccl.NcclCommunicator(comm.size, communicator_id(uid.tobytes()), comm.rank)
     return nc
+
+
+def unique_id_bytes(uid):
+    """NCCL's unique id as 128 raw bytes: cupy >= 14 returns bytes, older cupy a tuple of signed chars."""
+    return uid if isinstance(uid, bytes) else numpy.array(uid, numpy.int8).view(numpy.uint8).tobytes()
+
+
+def communicator_id(raw):
+    """The id in the form this cupy's ``NcclCommunicator`` takes: bytes from cupy 14 on, a tuple of ints before."""
+    import cupy
+
+    if int(cupy.__version__.split(".")[0]) >= 14:
+        return raw
+    return tuple(int(v) for v in numpy.frombuffer(raw, numpy.int8))
 
 
 def allreduce_nccl(comm, sendbuf, recvbuf=None):

@@ -22,7 +22,8 @@ import time
 
 import numpy
 
-from ..backend import Stopwatch, gpu_array_module
+from .._threads import local_rank
+from ..backend import Stopwatch, gpu_array_module, rank_device
 from ..errors import LayerforgeError
 from ..memory import layer_bytes
 from ..net import Net
@@ -188,12 +189,13 @@ def run(args):
     netdef = load_net_def(args.model)
     if args.batch is not None:
         set_batch_size(netdef, args.batch)
-    xp = numpy if args.gpu is None else gpu_array_module(args.gpu, "--gpu")
+    from ..distributed import mpi_world_size
+    device = None if args.gpu is None else rank_device(args.gpu, local_rank() if mpi_world_size() > 1 else 0)
+    xp = numpy if device is None else gpu_array_module(device, "--gpu")
     net = Net(netdef, phase=args.phase, weights=args.weights, xp=xp)
     if not args.no_reuse:
         net.optimize_memory()
     result = time_net(net, args.iterations)
-    from ..distributed import mpi_world_size
     if mpi_world_size() > 1:
         from ..comm import Communicator
         comm = Communicator()

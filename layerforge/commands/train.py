@@ -74,12 +74,19 @@ def train(args, mpi_comm=None):
     if mpi_comm is None:
         solver = get_solver(args.solver, **overrides)
     else:
+        from .._threads import local_rank
+        from ..backend import rank_device
         from ..comm import Communicator
         from ..distributed import config_digest, make_data_parallel
+        from ..solvers import SOLVER_REGISTRY
+        from ..solvers.param import load_solver_param
 
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         if rank != 0:
             logging.getLogger("layerforge").setLevel(logging.WARNING)  # rank 0 logs for the job
+        sp = load_solver_param(args.solver, SOLVER_REGISTRY, **overrides)
+        if sp.solver_mode == "GPU":  # one GPU per rank of a node, from device_id on
+            overrides["device_id"] = rank_device(sp.device_id, local_rank())
         solver = get_solver(args.solver, shard=(rank, size), **overrides)
         comm = Communicator(mpi_comm, group_size=solver.param.group_size or None)
         make_data_parallel(solver, comm, digest=config_digest(solver.param, overrides))

@@ -68,6 +68,8 @@ class DeviceFeed:
 
     def close(self):
         """Drop the staged batch and close the iterator (a generator's ``finally`` runs)."""
+        if self.gpu:  # the slots' buffers go back to the pool: no copy may still be writing them
+            self.copy_stream.synchronize()
         self.staged = self.error = None
         close = getattr(self.batches, "close", None)
         if close is not None:

@@ -157,6 +157,8 @@ class HDF5Data(Layer):
 
     def set_state(self, state):
         self.stream.set_state(state)
+        if self.feed is not None:
+            self.feed.close()
         self.feed = None
 
 

@@ -56,6 +56,9 @@ class Mover:
     def synchronize(self):
         pass
 
+    def close(self):
+        """Let go of what the mover holds on the host buffers (before they are unmapped)."""
+
     def params_to_host(self, flat):
         for k, (off, n) in enumerate(self.offsets):
             flat[off:off + n] = numpy.asarray(self.params[k].data).reshape(-1)
@@ -77,9 +80,11 @@ class CupyMover(Mover):
         self.cupy = cupy
         self.device = cupy.cuda.Device()
         self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.registered = []
         for buf in buffers:  # page-locked host memory makes the copies asynchronous and faster
             try:
                 cupy.cuda.runtime.hostRegister(buf.ctypes.data, buf.nbytes, 0)
+                self.registered.append(buf.ctypes.data)
             except Exception:  # noqa: BLE001 - pinning is an optimisation only
                 pass
 
@@ -94,7 +99,7 @@ class CupyMover(Mover):
                 self.stream.wait_event(token)
             for k in indices:
                 off, n = self.offsets[k]
-                self.params[k].diff.reshape(-1).get(stream=self.stream, out=flat[off:off + n])
+                self.params[k].diff.reshape(-1).get(stream=self.stream, out=flat[off:off + n], blocking=False)
             self.stream.synchronize()
 
     def attach_diffs(self, flat):
@@ -108,6 +113,11 @@ class CupyMover(Mover):
 
     def synchronize(self):
         self.stream.synchronize()
+
+    def close(self):
+        self.stream.synchronize()
+        while self.registered:
+            self.cupy.cuda.runtime.hostUnregister(self.registered.pop())
 
     def params_to_host(self, flat):
         for k, (off, n) in enumerate(self.offsets):

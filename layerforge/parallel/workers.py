@@ -168,5 +168,6 @@ def _run_worker(g, G, options, link):
 
         rates = measure_rates(net.learnable_params, mover, slots, acc, solver.xp)
         link.send(("rates", rates, measure_latency(link)))
+    mover.close()
     buffers.close()
 

@@ -60,7 +60,8 @@ class NCCL:
                                   "CUDA device); check caffe.has_nccl() first")
         from cupy.cuda import nccl
 
-        return bytes(numpy.array(nccl.get_unique_id(), numpy.int8).view(numpy.uint8))
+        from ..comm.nccl import unique_id_bytes
+        return unique_id_bytes(nccl.get_unique_id())
 
     def __init__(self, solver, uid):
         raise LayerforgeError("caffe.NCCL(solver, uid): multi-GPU training runs through `layerforge train "

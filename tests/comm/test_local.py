@@ -154,3 +154,34 @@ def test_bench_under_mpiexec(tmp_path):
     assert rows[(65536, "topology")]["inter_bytes"] == 65536 / 2      # eq. 6: factor q = 2 fewer
     assert rows[(65536, "mpi")]["intra_bytes"] is None
     assert (tmp_path / "cal.json").exists()  # auto calibrated and cached
+
+
+@pytest.mark.parametrize("version, raw_id", [("14.2.0", bytes(range(128))), ("13.6.0", tuple(range(-64, 64)))])
+def test_nccl_id_goes_to_the_communicator_in_the_form_cupy_takes(monkeypatch, version, raw_id):
+    """cupy 14 returns the unique id as bytes and takes bytes; cupy 13 used tuples of signed chars."""
+    import sys
+    import types
+
+    made = []
+    fake_nccl = types.SimpleNamespace(get_unique_id=lambda: raw_id,
+                                      NcclCommunicator=lambda n, uid, rank: made.append((n, uid, rank)) or "comm")
+    fake_cuda = types.SimpleNamespace(nccl=fake_nccl)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(__version__=version, cuda=fake_cuda,
+                                                                   ndarray=type("ndarray", (), {})))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", fake_cuda)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.nccl", fake_nccl)
+    comm = Communicator(MPI.COMM_SELF)
+    assert nccl._nccl_comm(comm) == "comm"
+    (n, uid, rank), = made
+    assert (n, rank) == (1, 0) and type(uid) is type(raw_id)
+    assert nccl.unique_id_bytes(uid) == nccl.unique_id_bytes(raw_id) and len(nccl.unique_id_bytes(uid)) == 128
+
+
+@pytest.mark.skipif(not nccl.available(), reason="needs cupy with NCCL and a CUDA device")
+def test_nccl_allreduce_on_one_rank_on_the_device():
+    import cupy
+    comm = Communicator(MPI.COMM_SELF)
+    x = cupy.arange(6, dtype=cupy.float32)
+    assert nccl.allreduce_nccl(comm, x) is x and x.tolist() == list(range(6))
+    host = numpy.arange(4, dtype=numpy.float64)
+    assert nccl.allreduce_nccl(comm, host) is host and host.tolist() == [0, 1, 2, 3]

@@ -42,9 +42,9 @@ extern "C" __global__ void channel_mean_var(const T* __restrict__ x, T* __restri
     }
 }
 
-// y = (x - mean[c]) * inv_std[c]
-extern "C" __global__ void normalize(const T* __restrict__ x, const T* __restrict__ mean,
-                                     const T* __restrict__ inv_std, T* __restrict__ y,
+// y = (x - mean[c]) * inv_std[c]; y may be x (each element is read once, then written), so neither is restrict
+extern "C" __global__ void normalize(const T* x, const T* __restrict__ mean,
+                                     const T* __restrict__ inv_std, T* y,
                                      int count, int channels, int spatial) {
     for (int index = blockIdx.x * blockDim.x + threadIdx.x; index < count; index += blockDim.x * gridDim.x) {
         int c = (index / spatial) % channels;
