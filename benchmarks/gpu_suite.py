@@ -18,7 +18,9 @@ seconds, 570 by default):
    short; ``lenet_iterations`` says how far it got); test accuracy and seconds.
 5. ``nets``: ResNet-50 b64, AlexNet b256, VGG-16 b32 training iterations (forward, backward, momentum
    SGD) in layerforge (cupy) and PyTorch (CUDA), strict fp32 and TF32: images/s and peak device memory
-   (cupy's memory pool after the run; torch.cuda.max_memory_allocated).
+   (cupy's memory pool after the run; torch.cuda.max_memory_allocated); and layerforge in fp32 with its
+   body replayed from CUDA graphs (precision ``fp32-graph``, layerforge.solvers.cuda_graph). Warm-up runs
+   until every AUTO convolution has settled.
 6. ``convs``: every distinct ResNet-50 / VGG-16 convolution shape, forward GFLOP/s of layerforge's
    engines (IM2COL, IMPLICIT, Winograd where eligible), of a Convolution layer with ``engine: AUTO`` once
    it has settled (``AUTO_engine``; the target: never 5% below the better engine) and of
@@ -47,7 +49,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 # phase -> (time box in seconds on the device, in --cpu-smoke)
-BOXES = {"install": (60, 5), "info": (30, 30), "tests": (170, 60), "lenet": (80, 60), "nets": (150, 60),
+BOXES = {"install": (45, 5), "info": (20, 30), "tests": (170, 60), "lenet": (60, 60), "nets": (185, 60),
          "convs": (60, 60)}
 NET_RUNS = [("resnet50", 64), ("alexnet", 256), ("vgg16", 32)]
 SMOKE_NET_RUNS = [("lenet", 8)]
@@ -141,14 +143,22 @@ def _layerforge_run(net_name, batch, precision, iterations, smoke):
     from bench_train import NETS, layerforge_def
     from layerforge.net import Net
 
+    from layerforge.solvers.cuda_graph import IterationGraphs
+    from layerforge.solvers.solver import _engines_settled
+
+    graph = precision.endswith("-graph")
     if smoke:
         xp = numpy
     else:
         import cupy as xp
         from layerforge.kernels.blas import set_gemm_precision
-        set_gemm_precision(precision)
+        set_gemm_precision(precision.split("-")[0])
+        if graph:  # a graph is recorded on a stream of its own (kept alive here); everything runs there
+            stream = xp.cuda.Stream(non_blocking=True)
+            stream.use()
     shape, nodes = NETS[net_name]()
     net = Net(layerforge_def(nodes, batch, shape), xp=xp)
+    graphs = None
     g = numpy.random.default_rng(0)
     net.blobs["data"].data[...] = xp.asarray(g.standard_normal(net.blobs["data"].shape), dtype=net.dtype)
     net.blobs["label"].data[...] = xp.asarray(g.integers(0, shape[2], batch), dtype=net.dtype)
@@ -157,14 +167,22 @@ def _layerforge_run(net_name, batch, precision, iterations, smoke):
 
     def step():
         net.clear_param_diffs()
-        net.forward()
-        net.backward()
+        if graphs is not None:
+            graphs.forward_backward()
+        else:
+            net.forward()
+            net.backward()
         for (b, lr_mult), v in zip(params, history):
             v *= 0.9
             v -= (1e-3 * lr_mult) * (b.diff + 5e-4 * b.data)
             b.data += v
 
-    for _ in range(2):  # warm-up: kernel compilation, AUTO engine trials, memory pool growth
+    for k in range(12):  # warm-up: kernel compilation, AUTO's engine trials, memory pool growth
+        step()
+        if k >= 1 and _engines_settled(net):
+            break
+    if graph:  # recorded at the first step (a stand-in recorder on numpy), replayed by the timed ones
+        graphs = IterationGraphs(net, record=(lambda fn: fn) if smoke else None)
         step()
     _sync(xp)
     t0 = time.perf_counter()
@@ -172,6 +190,8 @@ def _layerforge_run(net_name, batch, precision, iterations, smoke):
         step()
     _sync(xp)
     seconds = (time.perf_counter() - t0) / iterations
+    if graphs is not None and graphs.failed:
+        raise RuntimeError(f"cuda_graph: {graphs.failed}")
     peak = xp.get_default_memory_pool().total_bytes() if xp is not numpy else 0
     return batch / seconds, peak / 2 ** 20
 
@@ -362,6 +382,8 @@ def suite(out_dir, budget, smoke, log=print):
     nets_end = time.monotonic() + box("nets")
     runs = [(net, batch, precision, framework) for net, batch in (SMOKE_NET_RUNS if smoke else NET_RUNS)
             for precision in PRECISIONS for framework in ("layerforge", "torch")]
+    # with and without CUDA graphs: layerforge's fp32 iteration with its body replayed from a recorded graph
+    runs += [(net, batch, "fp32-graph", "layerforge") for net, batch in (SMOKE_NET_RUNS if smoke else NET_RUNS)]
     rows = {}
     for i, (net, batch, precision, framework) in enumerate(runs):
         share = (nets_end - time.monotonic()) / (len(runs) - i)  # what is left, shared by the runs to go

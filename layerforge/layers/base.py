@@ -32,6 +32,8 @@ class Layer:
         has_backward: False for layers that never propagate (data, Accuracy).
         learnable: False when ``self.blobs`` hold running statistics rather than weights (BatchNorm):
             the net gives them lr_mult 0 and does not count them as learnable parameters.
+        capturable: False when replaying a recorded forward/backward (a CUDA graph, ``cuda_graph``) would not
+            redo what the layer does: draws from the host random stream, host-side decisions, Python code.
     """
 
     type = None
@@ -42,6 +44,7 @@ class Layer:
     backward_reads = ("bottom", "top")
     has_backward = True
     learnable = True
+    capturable = True
 
     def __init__(self, layer_param, phase="TRAIN", dtype=numpy.float32, xp=numpy):
         self.layer_param = layer_param

@@ -14,6 +14,8 @@ class Dropout(NeuronLayer):
     Backward: dx = dy * m / (1 - p) in TRAIN, dx = dy in TEST.
     """
 
+    capturable = False  # a new host-drawn mask every forward
+
     param_blocks = {"dropout": {
         "dropout_ratio": Field("float", 0.5, min=0.0, max=1.0, doc="probability p of dropping an element, in [0, 1)"),
     }}

@@ -13,6 +13,8 @@ class Filter(Layer):
     selected n, 0 for the others; the selector takes no gradient.
     """
 
+    capturable = False  # its top's size follows the selector's values
+
     num_bottom = (2, None)
     num_top = (1, None)
     backward_reads = ("bottom",)

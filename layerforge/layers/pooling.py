@@ -69,6 +69,7 @@ class Pooling(Layer):
         self.kh, self.kw, self.sy, self.sx, self.ph, self.pw = self.read_geometry(self.layer_param)
         self.global_pooling = self.kh is None
         self.argmax = None
+        self.capturable = not (self.pool == "STOCHASTIC" and self.phase == "TRAIN")  # host-drawn choices
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape

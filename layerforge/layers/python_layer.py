@@ -93,6 +93,8 @@ class Python(Layer):
     An exception raised by the class becomes one line naming the layer, module, class and message.
     """
 
+    capturable = False  # user code runs on the host each pass
+
     num_bottom = (0, None)
     num_top = (0, None)
     param_blocks = {

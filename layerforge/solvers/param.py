@@ -75,6 +75,8 @@ SOLVER_KEYS = {
     "solver_mode": Field("enum", "CPU", choices=("CPU", "GPU")),
     "device_id": Field("int", 0, min=0, doc="GPU ordinal in GPU mode"),
     "dtype": Field("enum", "FLOAT32", choices=("FLOAT32", "FLOAT64"), doc="dtype of every blob"),
+    "cuda_graph": Field("bool", False, doc="GPU: record the layers between the data layers and the first loss as "
+                                           "CUDA graphs once AUTO has settled, and replay them (docs/gpu.md)"),
     "gemm_precision": Field("enum", None, choices=("FP32", "TF32", "FP16", "BF16"),
                             doc="float32 matrix products: strict FP32, TF32 (GPU), or operands rounded to FP16 / "
                                 "BF16 with FP32 accumulation (the process-wide switch of kernels.blas; not given: "

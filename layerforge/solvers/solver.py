@@ -36,6 +36,7 @@ from .. import backend, rng
 from ..errors import LayerforgeError
 from ..net import Net
 from ..kernels import blas
+from . import cuda_graph
 from ..kernels.parallel import num_threads, parallel_for
 from ..netdef import load_net_def
 from ..npz import check_writable, load_npz, save_npz_atomic
@@ -50,6 +51,11 @@ EFFECTS = ("snapshot", "stop", "none")
 
 register_solver = registrar(SOLVER_REGISTRY, "solver type")
 register_solver.__doc__ = "Class decorator: make a Solver subclass available as solver ``type: <type_name>``."
+
+
+def _engines_settled(net):
+    """True once every AUTO convolution of ``net`` has chosen its engines."""
+    return all(None not in getattr(layer, "engine_choice", {}).values() for layer in net.layers)
 
 
 def get_solver(source, shard=None, **overrides):
@@ -123,6 +129,7 @@ class Solver:
             validate(sp)
         self.param = sp
         self.xp = self._array_module(sp)
+        self.graphs, self._stream = None, None  # cuda_graph: IterationGraphs, and the stream iterations run on
         if sp.gemm_precision:
             blas.set_gemm_precision(sp.gemm_precision.lower())
         if sp.random_seed >= 0:
@@ -163,6 +170,11 @@ class Solver:
             os.path.splitext(os.path.basename(sp.path))[0] if sp.path else "solver")
         for w in sp.weights:
             self.load_weights(w)
+        if sp.cuda_graph:
+            reason = cuda_graph.refusal(self.net, sp.iter_size)
+            if reason:
+                raise sp.error(reason, "cuda_graph")
+            self._stream = self.xp.cuda.Stream(non_blocking=True)  # a graph is recorded off the legacy stream
 
     @staticmethod
     def _array_module(sp):
@@ -181,6 +193,12 @@ class Solver:
 
     def step(self, iters):
         """Run ``iters`` iterations (fewer if a signal asks to stop)."""
+        with self._stream or contextlib.nullcontext():  # cuda_graph: every iteration on the graphs' stream
+            self._step(iters)
+        if self._stream is not None:  # what follows (a final test, the caller) runs on the legacy stream
+            self._stream.synchronize()
+
+    def _step(self, iters):
         sp = self.param
         stop_iter = self.iter + int(iters)
         self._timer, self._iter_last = time.perf_counter(), self.iter
@@ -255,11 +273,20 @@ class Solver:
         for hook in self.pass_hooks:
             hook(self, k)
         self._feed(k)
-        self.net.forward()
-        loss = self.net.loss
+        if self.graphs is None and self._stream is not None and _engines_settled(self.net):
+            reason = cuda_graph.body_refusal(self.net, self.param.iter_size)  # hooks may have come since
+            if reason:
+                raise LayerforgeError(reason)
+            self.graphs = cuda_graph.IterationGraphs(self.net)
+        if self.graphs is not None:
+            loss = self.graphs.forward_backward()
+        else:
+            self.net.forward()
+            loss = self.net.loss
         if not math.isfinite(loss):
             raise self._non_finite_error(f"loss is {loss}")
-        self.net.backward()
+        if self.graphs is None:
+            self.net.backward()
         return loss
 
     def _update_smoothed_loss(self, loss):

@@ -150,7 +150,8 @@ def run(type_, xp, weights=None):
 
 
 def test_the_table_covers_every_registered_type():
-    assert set(CASES) | SOURCES == set(LAYER_REGISTRY)
+    own = {t for t, cls in LAYER_REGISTRY.items() if cls.__module__.startswith("layerforge.")}  # not tests' types
+    assert set(CASES) | SOURCES == own
 
 
 @pytest.mark.parametrize("type_", sorted(CASES))

@@ -1,0 +1,106 @@
+"""cuda_graph: the cut of an iteration into data, recorded body and losses, and its refusals.
+
+On numpy a stand-in recorder returns the body function itself, so a "replay" runs it again: the cut and the
+order of the ranges must then give, bit for bit, the eager iteration. On a device the real recorder runs.
+"""
+import numpy
+import pytest
+
+from layerforge import Net, get_solver, rng
+from layerforge.errors import ConfigError
+from layerforge.solvers.cuda_graph import IterationGraphs, body_range, body_refusal, refusal
+from tests.conftest import BACKENDS
+from tests.test_fusion import resnet_block
+
+
+def net_def(dropout=False):
+    d = resnet_block(True)
+    if dropout:
+        d["layers"].insert(-2, {"name": "drop", "type": "Dropout", "bottom": "pool", "top": "pool"})
+    return d
+
+
+def test_the_body_lies_between_the_data_and_the_first_loss():
+    net = Net(net_def(), phase="TRAIN", dtype="float64")
+    lo, hi = body_range(net)
+    names = [layer.name for layer in net.layers]
+    assert names[lo] == "conv1" and names[hi] == "ip" and names[hi + 1] == "loss"
+    assert refusal(net, 1) == "cuda_graph needs solver_mode GPU (CUDA graphs record device work)"
+    assert body_refusal(net, 1) is None
+
+
+def test_the_recorded_body_gives_the_eager_iteration_bit_for_bit():
+    eager, graphed = (Net(net_def(), phase="TRAIN", dtype="float64") for _ in range(2))
+    for name, blobs in eager.params.items():
+        for a, b in zip(blobs, graphed.params[name]):
+            b.data[...] = a.data
+    recorded = []
+    graphs = IterationGraphs(graphed, record=lambda fn: recorded.append(fn.__name__) or fn)
+    for k in range(3):
+        for net in (eager, graphed):
+            net.clear_param_diffs()
+        rng.seed(k)  # DummyData draws the same batch for both
+        loss = eager.forward_backward()
+        rng.seed(k)
+        assert graphs.forward_backward() == loss
+        for name, blobs in eager.params.items():
+            for a, b in zip(blobs, graphed.params[name]):
+                numpy.testing.assert_array_equal(b.diff, a.diff, err_msg=name)
+    assert recorded == ["_body_forward", "_body_backward"] and graphs.failed is None  # recorded once, then replayed
+
+
+def test_a_recording_that_fails_names_the_layer_and_the_iteration_goes_on_eagerly(caplog):
+    net = Net(net_def(), phase="TRAIN", dtype="float64")
+    reference = Net(net_def(), phase="TRAIN", dtype="float64")
+    for name, blobs in reference.params.items():
+        for a, b in zip(blobs, net.params[name]):
+            b.data[...] = a.data
+
+    def record(fn):
+        graphs._current = graphs.lo + 2  # the failure happens inside the body, at its third layer
+        raise RuntimeError("the current stream is capturing, so D2H transfers are disallowed")
+
+    graphs = IterationGraphs(net, record=record)
+    rng.seed(0)
+    loss = graphs.forward_backward()
+    rng.seed(0)
+    assert loss == reference.forward_backward()
+    third = net.layers[graphs.lo + 2]
+    assert graphs.failed == f"layer '{third.name}' ({third.type}): RuntimeError: the current stream is capturing, " \
+                            "so D2H transfers are disallowed"
+    assert "training goes on without graphs" in caplog.text
+
+
+def test_refusals_are_one_line_naming_the_key_or_the_layer():
+    with pytest.raises(ConfigError, match="cuda_graph needs solver_mode GPU"):
+        get_solver(dict(net_param=net_def(), cuda_graph=True, max_iter=1))
+    net = Net(net_def(dropout=True), phase="TRAIN", dtype="float64")
+    assert body_refusal(net, 1) == ("cuda_graph: layer 'drop' (Dropout) cannot be recorded once and replayed (it "
+                                    "makes a new host-side choice every pass)")
+    assert body_refusal(Net(net_def(), phase="TRAIN"), 2).startswith("cuda_graph needs iter_size 1")
+
+
+@pytest.mark.skipif("cupy" not in BACKENDS, reason="needs cupy and a CUDA device")
+@pytest.mark.parametrize("source", ["lenet", "resnet block"])
+def test_training_with_graphs_on_the_device_equals_training_without(source):
+    from tests.test_cli import ROOT
+
+    def make(graph):
+        common = dict(solver_mode="GPU", max_iter=12, average_loss=12, display=0, test_interval=0, snapshot=0,
+                      snapshot_after_train=False, cuda_graph=graph)
+        if source == "lenet":
+            return get_solver(str(ROOT / "configs" / "lenet_solver.yaml"), **common)
+        return get_solver(dict(net_param=net_def(), base_lr=0.1, momentum=0.9, random_seed=2, **common))
+
+    runs = []
+    for graph in (False, True):
+        solver = make(graph)
+        solver.solve()
+        runs.append(solver)
+    eager, graphed = runs
+    assert graphed.graphs is not None and graphed.graphs.failed is None
+    assert graphed.graphs.forward_graph is not None and graphed.graphs.backward_graph is not None
+    numpy.testing.assert_allclose(list(graphed.losses), list(eager.losses), rtol=1e-6)
+    for name, blobs in eager.net.params.items():
+        for a, b in zip(blobs, graphed.net.params[name]):
+            numpy.testing.assert_allclose(b.data.get(), a.data.get(), rtol=1e-5, atol=1e-7, err_msg=name)
