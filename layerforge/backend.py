@@ -64,8 +64,10 @@ def rank_device(first, local_rank):
 class Stopwatch:
     """Seconds of array work between :meth:`start` and :meth:`stop`.
 
-    numpy: the host clock (the work is synchronous). cupy: two CUDA events on the current stream, so the
-    figure is device time of what was queued in between, not launch time; :meth:`stop` waits for the work.
+    numpy: the host clock (the work is synchronous). cupy: two CUDA events on the current stream, and
+    :meth:`stop` waits for the work. On an idle stream (as after a previous :meth:`stop`) the start event
+    fires at once, so the figure is the time the work takes to run from this thread, the gaps while Python
+    launches it included (what an eager iteration pays), not the host time to queue it.
     """
 
     def __init__(self, xp=numpy):

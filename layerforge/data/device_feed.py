@@ -57,7 +57,8 @@ class DeviceFeed:
         slot = self.slots[self.turn]
         self.turn ^= 1
         slot.copied.synchronize()  # the host buffers' previous copy has finished
-        slot.fit(batch)
+        if slot.fit(batch):  # new device buffers come from the compute stream's pool: wait for its earlier work
+            self.copy_stream.wait_event(self.xp.cuda.get_current_stream().record())
         for host, array in zip(slot.host, batch):
             host[...] = array
         self.copy_stream.wait_event(slot.consumed)
@@ -84,9 +85,11 @@ class _Slot:
         self.copied, self.consumed = xp.cuda.Event(disable_timing=True), xp.cuda.Event(disable_timing=True)
 
     def fit(self, batch):
-        """(Re)allocate the buffers when the batch's shapes or dtypes differ from the last one's."""
+        """(Re)allocate the buffers when the batch's shapes or dtypes differ from the last one's; True if so."""
         import cupyx
 
-        if [(a.shape, a.dtype) for a in self.host] != [(a.shape, a.dtype) for a in batch]:
-            self.host = [cupyx.empty_pinned(a.shape, a.dtype) for a in batch]
-            self.device = [self.xp.empty(a.shape, a.dtype) for a in batch]
+        if [(a.shape, a.dtype) for a in self.host] == [(a.shape, a.dtype) for a in batch]:
+            return False
+        self.host = [cupyx.empty_pinned(a.shape, a.dtype) for a in batch]
+        self.device = [self.xp.empty(a.shape, a.dtype) for a in batch]
+        return True

@@ -25,6 +25,8 @@ class Embed(Layer):
     only those rows and ``sparse_update: lazy`` can update only them.
     """
 
+    capturable = False  # its weight gradient is a host-side list of rows (Blob.add_sparse_diff)
+
     param_blocks = {"embed": {
         "num_output": Field("int", REQUIRED, min=1, doc="length of each vector (D)"),
         "input_dim": Field("int", REQUIRED, min=1, doc="number of rows: indices lie in [0, input_dim)"),

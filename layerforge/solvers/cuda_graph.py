@@ -17,6 +17,11 @@ redo (``Layer.capturable`` False: Dropout, stochastic pooling, Filter, Python la
 from recording at all, with one line naming it. A host synchronisation inside the body that recording
 meets (a layer reading a device value on the host) ends the recording: the solver logs the layer and the
 error once and goes on without graphs, with the same results.
+
+A graph holds raw device addresses and keeps nothing alive. So the graphs keep the shared convolution
+workspaces they were recorded with (``implicit_gemm._ARENAS`` may replace or drop them later), and before
+each replay the addresses and shapes of every blob array of the body are compared with those at
+recording: when a reshape has moved one, both graphs are recorded again.
 """
 import contextlib
 import logging
@@ -55,6 +60,9 @@ def body_refusal(net, iter_size):
     lo, hi = body
     for i in range(lo, hi + 1):
         layer = net.layers[i]
+        if not net.bottom_names(i) and layer.type != "Parameter":
+            return (f"cuda_graph: layer '{layer.name}' ({layer.type}) has no bottoms but comes after the first "
+                    "layer with one: put the data layers first")
         if not getattr(layer, "capturable", True):
             return (f"cuda_graph: layer '{layer.name}' ({layer.type}) cannot be recorded once and replayed "
                     "(it makes a new host-side choice every pass)")
@@ -82,6 +90,11 @@ def cuda_recorder(xp):
     return record
 
 
+def _address(a):
+    """The address of an array's first element (cupy or numpy)."""
+    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
+
+
 class IterationGraphs:
     """Forward-backward of ``net`` with its body replayed from recorded graphs (see the module text).
 
@@ -101,25 +114,45 @@ class IterationGraphs:
         self.forward_graph = self.backward_graph = None
         self.failed = None
         self._current = None
+        self._recorded, self._kept = None, []
 
     def _body_forward(self):
         for i in range(self.lo, self.hi + 1):
             self._current = i
             self.net.forward_layer(i)
+        self._current = None
 
     def _body_backward(self):
         for i in range(self.hi, self.lo - 1, -1):
             self._current = i
             self.net.backward_layer(i)
+        self._current = None
+
+    def _fingerprint(self):
+        """``(address, shape)`` of every data and diff array of the body's blobs, bottoms, tops and parameters."""
+        net, out = self.net, []
+        for i in range(self.lo, self.hi + 1):
+            for blob in (*net.bottom_blobs(i), *net.top_blobs(i), *net.layers[i].blobs):
+                for a in (blob.data, blob.diff):
+                    out.append((_address(a), tuple(a.shape)))
+        return out
 
     def _replay(self, which, run):
         """Replay graph ``which`` (recording it first); eagerly when recording failed."""
         if self.failed is None and getattr(self, which) is None:
+            if which == "forward_graph":
+                from ..kernels.implicit_gemm import _ARENAS
+                self._recorded, self._kept = self._fingerprint(), list(_ARENAS.values())
             try:
                 setattr(self, which, self.record(run))
             except Exception as e:  # noqa: BLE001 - any capture error: log it once and train without graphs
-                layer = self.net.layers[self._current]
-                self.failed = f"layer '{layer.name}' ({layer.type}): {type(e).__name__}: {e}"
+                if self._current is None:
+                    where = "the end of the recording"
+                else:
+                    layer = self.net.layers[self._current]
+                    where = f"layer '{layer.name}' ({layer.type})"
+                self.failed = f"{where}: {type(e).__name__}: {e}"
+                self._kept = []
                 log.warning("cuda_graph: cannot record the body at %s; training goes on without graphs",
                             self.failed)
         if self.failed is None:
@@ -131,6 +164,9 @@ class IterationGraphs:
         net, lo, hi = self.net, self.lo, self.hi
         if lo > 0:
             net.forward(end=lo - 1)
+        if self.forward_graph is not None and self._fingerprint() != self._recorded:
+            log.info("cuda_graph: a reshape moved the body's arrays; recording the graphs again")
+            self.forward_graph = self.backward_graph = None
         self._replay("forward_graph", self._body_forward)
         net.forward(start=hi + 1)  # the losses: net.loss is theirs, the body has no loss weights
         loss = net.loss

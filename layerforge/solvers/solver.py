@@ -193,9 +193,15 @@ class Solver:
 
     def step(self, iters):
         """Run ``iters`` iterations (fewer if a signal asks to stop)."""
-        with self._stream or contextlib.nullcontext():  # cuda_graph: every iteration on the graphs' stream
-            self._step(iters)
-        if self._stream is not None:  # what follows (a final test, the caller) runs on the legacy stream
+        if self._stream is None:
+            return self._step(iters)
+        # cuda_graph: every iteration on the graphs' stream, which does not wait for the legacy stream by itself:
+        # first what was queued there (weights, history, a restore), and at the end the other way round
+        self._stream.wait_event(self.xp.cuda.Stream.null.record())
+        try:
+            with self._stream:
+                self._step(iters)
+        finally:
             self._stream.synchronize()
 
     def _step(self, iters):

@@ -104,3 +104,26 @@ def test_training_with_graphs_on_the_device_equals_training_without(source):
     for name, blobs in eager.net.params.items():
         for a, b in zip(blobs, graphed.net.params[name]):
             numpy.testing.assert_allclose(b.data.get(), a.data.get(), rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_a_moved_array_makes_the_graphs_record_again():
+    net = Net(net_def(), phase="TRAIN", dtype="float64")
+    recorded = []
+    graphs = IterationGraphs(net, record=lambda fn: recorded.append(fn.__name__) or fn)
+    graphs.forward_backward()
+    graphs.forward_backward()
+    assert len(recorded) == 2
+    weights = net.params["ip"][0]
+    weights.diff = weights.diff.copy()  # a new array where the recorded graph would still write the old one
+    graphs.forward_backward()
+    assert recorded == ["_body_forward", "_body_backward"] * 2
+
+
+def test_a_data_layer_inside_the_body_is_refused():
+    d = net_def()
+    d["layers"].insert(3, {"name": "late", "type": "DummyData", "top": "extra",
+                           "dummy_data": {"shape": [[6, 2]], "data_filler": [{"type": "gaussian"}]}})
+    d["layers"].insert(4, {"name": "quiet", "type": "Silence", "bottom": "extra"})
+    net = Net(d, phase="TRAIN", dtype="float64")
+    assert body_refusal(net, 1) == ("cuda_graph: layer 'late' (DummyData) has no bottoms but comes after the "
+                                    "first layer with one: put the data layers first")
