@@ -140,11 +140,13 @@ class IterationGraphs:
     def _replay(self, which, run):
         """Replay graph ``which`` (recording it first); eagerly when recording failed."""
         if self.failed is None and getattr(self, which) is None:
+            from ..kernels.implicit_gemm import _ARENAS
             if which == "forward_graph":
-                from ..kernels.implicit_gemm import _ARENAS
-                self._recorded, self._kept = self._fingerprint(), list(_ARENAS.values())
+                self._recorded, self._kept = self._fingerprint(), []
+            self._kept += list(_ARENAS.values())  # the workspaces the graph writes: those before recording ...
             try:
                 setattr(self, which, self.record(run))
+                self._kept += list(_ARENAS.values())  # ... and those that grew during it
             except Exception as e:  # noqa: BLE001 - any capture error: log it once and train without graphs
                 if self._current is None:
                     where = "the end of the recording"
