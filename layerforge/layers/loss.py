@@ -6,8 +6,8 @@ import numpy
 
 from ..backend import get_array_module, to_numpy
 from ..errors import DataError, LabelError, ShapeError
-from .base import LOSS, Field, Layer, register_layer
 from ..kernels.softmax_loss import softmax_loss_backward, softmax_loss_forward
+from .base import LOSS, Field, Layer, register_layer
 from .softmax import canonical_axis, softmax
 
 # Caffe clamps probabilities at FLT_MIN (for float and double alike) so log() stays finite
