@@ -84,7 +84,8 @@ def phase_info(smoke):
     if not smoke:
         import cupy
         info["cupy"] = cupy.__version__
-        info["device"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        from layerforge.backend import gpu_name
+        info["device"] = gpu_name(0)
     return info
 
 
@@ -144,7 +145,7 @@ def _layerforge_run(net_name, batch, precision, iterations, smoke):
     from layerforge.net import Net
 
     from layerforge.solvers.cuda_graph import IterationGraphs
-    from layerforge.solvers.solver import _engines_settled
+    from layerforge.layers.conv import engines_settled
 
     graph = precision.endswith("-graph")
     if smoke:
@@ -179,7 +180,7 @@ def _layerforge_run(net_name, batch, precision, iterations, smoke):
 
     for k in range(12):  # warm-up: kernel compilation, AUTO's engine trials, memory pool growth
         step()
-        if k >= 1 and _engines_settled(net):
+        if k >= 1 and engines_settled(net):
             break
     if graph:  # recorded at the first step (a stand-in recorder on numpy), replayed by the timed ones
         graphs = IterationGraphs(net, record=(lambda fn: fn) if smoke else None)

@@ -48,6 +48,13 @@ def gpu_array_module(device_id=0, what="GPU mode"):
                               f"{type(e).__name__}: {e}") from None
 
 
+def gpu_name(device_id):
+    """The name of CUDA device ``device_id`` as a str (cupy gives bytes on some versions)."""
+    import cupy
+    name = cupy.cuda.runtime.getDeviceProperties(device_id)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 def rank_device(first, local_rank):
     """The GPU of the ``local_rank``-th rank on a node whose ranks start at GPU ``first``: ``first + local_rank``,
     wrapping around the visible devices (so ranks share GPUs only when there are more ranks than GPUs)."""

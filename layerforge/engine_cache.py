@@ -75,9 +75,8 @@ def machine_key(xp):
 @functools.lru_cache(maxsize=None)
 def _gpu(device_id):
     import cupy
-    name = cupy.cuda.runtime.getDeviceProperties(device_id)["name"]
-    name = name.decode() if isinstance(name, bytes) else name
-    return ("gpu", name, f"sm_{cupy.cuda.Device(device_id).compute_capability}", f"cupy-{cupy.__version__}",
+    from .backend import gpu_name
+    return ("gpu", gpu_name(device_id), f"sm_{cupy.cuda.Device(device_id).compute_capability}", f"cupy-{cupy.__version__}",
             f"cuda-{cupy.cuda.runtime.runtimeGetVersion()}")
 
 

@@ -23,7 +23,8 @@ import time
 import numpy
 
 from .._threads import local_rank
-from ..backend import Stopwatch, gpu_array_module, rank_device
+from ..backend import Stopwatch, gpu_array_module, gpu_name, rank_device
+from ..layers.conv import engines_settled
 from ..errors import LayerforgeError
 from ..memory import layer_bytes
 from ..net import Net
@@ -107,8 +108,7 @@ def device_memory(xp):
     """``{"device": name, "device_pool_bytes": bytes held by cupy's pool}`` for a cupy net, {} for numpy."""
     if xp.__name__ != "cupy":
         return {}
-    name = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"]
-    return {"device": name.decode() if isinstance(name, bytes) else str(name),
+    return {"device": gpu_name(xp.cuda.Device().id),
             "device_pool_bytes": int(xp.get_default_memory_pool().total_bytes())}
 
 
@@ -155,7 +155,7 @@ def warm_up(net, limit=20):
     Returns the number of passes; timings taken before then would include AUTO's trials of both engines.
     """
     passes = 0
-    while passes < 1 or (passes < limit and any(None in engine_choice(layer) for layer in net.layers)):
+    while passes < 1 or (passes < limit and not engines_settled(net)):
         net.forward()
         net.backward()
         passes += 1

@@ -87,6 +87,11 @@ WINOGRAD_ENGINES = ("WINOGRAD", "WINOGRAD_F2")
 AUTO_WINOGRAD_MIN_CHANNELS = 64
 
 
+def engines_settled(net):
+    """True once every AUTO convolution (or deconvolution) of ``net`` has chosen its engines."""
+    return all(None not in getattr(layer, "engine_choice", {}).values() for layer in net.layers)
+
+
 @register_layer("Convolution")
 class Convolution(Layer):
     """Convolution (cross-correlation, as Caffe) of each bottom with shared filters, 2-D or over any number of axes.

@@ -36,6 +36,7 @@ from .. import backend, rng
 from ..errors import LayerforgeError
 from ..net import Net
 from ..kernels import blas
+from ..layers.conv import engines_settled
 from . import cuda_graph
 from ..kernels.parallel import num_threads, parallel_for
 from ..netdef import load_net_def
@@ -51,11 +52,6 @@ EFFECTS = ("snapshot", "stop", "none")
 
 register_solver = registrar(SOLVER_REGISTRY, "solver type")
 register_solver.__doc__ = "Class decorator: make a Solver subclass available as solver ``type: <type_name>``."
-
-
-def _engines_settled(net):
-    """True once every AUTO convolution of ``net`` has chosen its engines."""
-    return all(None not in getattr(layer, "engine_choice", {}).values() for layer in net.layers)
 
 
 def get_solver(source, shard=None, **overrides):
@@ -279,7 +275,7 @@ class Solver:
         for hook in self.pass_hooks:
             hook(self, k)
         self._feed(k)
-        if self.graphs is None and self._stream is not None and _engines_settled(self.net):
+        if self.graphs is None and self._stream is not None and engines_settled(self.net):
             reason = cuda_graph.body_refusal(self.net, self.param.iter_size)  # hooks may have come since
             if reason:
                 raise LayerforgeError(reason)
