@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_conv import best_time  # noqa: E402
 
-from layerforge.kernels import parallel, pooling  # noqa: E402
+from layerforge.kernels import threadpool as parallel, pooling  # noqa: E402
 from layerforge.kernels.batch_norm import batch_stats, normalize  # noqa: E402
 from layerforge.kernels.fused_batch_norm import bn_scale_relu_backward, scale_shift_relu  # noqa: E402
 from layerforge.kernels.im2col import col2im_cpu, conv_output_size, im2col_cpu  # noqa: E402

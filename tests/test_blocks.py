@@ -1,15 +1,15 @@
-"""Reusable blocks (layerforge/blocks.py) and ``layerforge expand``."""
+"""Reusable blocks (layerforge/net/blocks.py) and ``layerforge expand``."""
 import pathlib
 
 import pytest
 
 from layerforge import cli
-from layerforge.blocks import expand_blocks
+from layerforge.net.blocks import expand_blocks
 from layerforge.commands.expand import expand_file
 from layerforge.commands.summary import summarize
 from layerforge.errors import ConfigError
 from layerforge.net import Net
-from layerforge.netdef import load_net_def, set_batch_size
+from layerforge.net.netdef import load_net_def, set_batch_size
 from layerforge.schema import load_yaml_text
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -90,7 +90,7 @@ def test_matplotlib_png_of_a_zoo_net(tmp_path, rankdir):
 
 
 def test_layout_ranks_edges_downwards_and_orders_by_neighbours():
-    from layerforge.drawing import order_ranks, ranks_of
+    from layerforge.net.drawing import order_ranks, ranks_of
 
     nodes = ["a", "b", "c", "d"]
     edges = [("a", "c", ""), ("b", "d", ""), ("a", "d", ""), ("c", "d", "")]

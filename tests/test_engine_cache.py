@@ -7,7 +7,8 @@ import os
 import numpy
 import pytest
 
-from layerforge import Net, engine_cache
+from layerforge import Net
+from layerforge.kernels import engine_cache
 from layerforge.layers import conv
 from layerforge.solvers import get_solver
 

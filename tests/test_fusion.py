@@ -1,4 +1,4 @@
-"""Fused BatchNorm + Scale (+ ReLU) (layerforge.fusion): the same values as the three layers run one by one, in
+"""Fused BatchNorm + Scale (+ ReLU) (layerforge.net.fusion): the same values as the three layers run one by one, in
 both phases; the parameters stay where the layers keep them; one activation-sized array fewer is kept."""
 import numpy
 import pytest

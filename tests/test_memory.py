@@ -5,7 +5,7 @@ import layerforge
 from layerforge import rng
 from layerforge.blob import Blob
 from layerforge.layers import create_layer
-from layerforge.memory import memory_report
+from layerforge.net.memory import memory_report
 
 GAUSS = {"type": "gaussian", "std": 0.3}
 

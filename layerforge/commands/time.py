@@ -7,7 +7,7 @@ Warm-up runs until every AUTO convolution has chosen its engines, so the timed p
 Memory: unless ``--no-reuse``, the net shares activation storage (``Net.optimize_memory``). The peak of a
 training iteration is counted, not sampled: activation arrays (after sharing; the unshared figure
 too) + parameter data and diffs + what layers hold (convolution workspaces and every cached array,
-see ``layerforge.memory``). The process's RSS high-water mark (``ru_maxrss``) is printed beside it: it
+see ``layerforge.net.memory``). The process's RSS high-water mark (``ru_maxrss``) is printed beside it: it
 includes the interpreter, numpy, BLAS buffers and temporaries that the count does not see.
 
 Under ``mpiexec -n P`` every rank times its replica and then runs whole data-parallel iterations (forward,
@@ -22,13 +22,13 @@ import time
 
 import numpy
 
-from .._threads import local_rank
+from ..cores import local_rank
 from ..backend import Stopwatch, gpu_array_module, gpu_name, rank_device
 from ..layers.conv import engines_settled
 from ..errors import LayerforgeError
-from ..memory import layer_bytes
-from ..net import Net
-from ..netdef import load_net_def, set_batch_size
+from ..net.memory import layer_bytes
+from ..net.net import Net
+from ..net.netdef import load_net_def, set_batch_size
 from .summary import format_shape, print_table
 
 HELP = "time each layer's forward and backward passes and print a table with totals"
@@ -44,7 +44,7 @@ def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     parser.add_argument("--gpu", type=int, metavar="N", help="build and time the net on GPU N (device times, "
                         "CUDA events)")
-    from ..parallel.commands import add_parallel_arguments
+    from .data_parallel import add_parallel_arguments
 
     add_parallel_arguments(parser)  # with --workers/--devices: phases and per-chunk exchange times (docs/cgdp.md)
     parser.add_argument("--no-reuse", action="store_true", help="give every activation its own storage")
@@ -121,7 +121,7 @@ def time_exchange(net, comm, iterations, algorithm="auto", bucket_mb=4.0):
     import numpy
     from mpi4py import MPI
 
-    from ..distributed import GradientExchange, gradient_ready_after
+    from ..dataparallel.mpi import GradientExchange, gradient_ready_after
 
     params = net.learnable_params
     out = {}
@@ -179,7 +179,7 @@ def mib(n):
 
 
 def run(args):
-    from ..parallel.commands import time_command, wants_parallel
+    from .data_parallel import time_command, wants_parallel
 
     if wants_parallel(args):
         if args.gpu is not None:
@@ -189,7 +189,7 @@ def run(args):
     netdef = load_net_def(args.model)
     if args.batch is not None:
         set_batch_size(netdef, args.batch)
-    from ..distributed import mpi_world_size
+    from ..dataparallel.mpi import mpi_world_size
     device = None if args.gpu is None else rank_device(args.gpu, local_rank() if mpi_world_size() > 1 else 0)
     xp = numpy if device is None else gpu_array_module(device, "--gpu")
     net = Net(netdef, phase=args.phase, weights=args.weights, xp=xp)

@@ -27,9 +27,9 @@ def add_arguments(parser):
     parser.add_argument("--allreduce", choices=("auto", "recursive", "topology", "ring", "doubling", "hierarchical",
                                                 "mpi", "nccl"),
                         help="gradient allreduce under mpiexec (overrides the solver's allreduce)")
-    from ..parallel.commands import add_parallel_arguments
+    from .data_parallel import add_parallel_arguments
 
-    add_parallel_arguments(parser)  # --workers/--devices/--sync/--chunk-size: layerforge/parallel (docs/cgdp.md)
+    add_parallel_arguments(parser)  # --workers/--devices/--sync/--chunk-size: layerforge/dataparallel/cgdp (docs/cgdp.md)
 
 
 def solver_overrides(args):
@@ -48,8 +48,8 @@ def solver_overrides(args):
 
 
 def run(args):
-    from ..distributed import mpi_world_size
-    from ..parallel.commands import train_command, wants_parallel
+    from ..dataparallel.mpi import mpi_world_size
+    from .data_parallel import train_command, wants_parallel
 
     if wants_parallel(args):  # several workers/devices on this host (and MPI ranks as hosts)
         setup_logging()
@@ -74,10 +74,10 @@ def train(args, mpi_comm=None):
     if mpi_comm is None:
         solver = get_solver(args.solver, **overrides)
     else:
-        from .._threads import local_rank
+        from ..cores import local_rank
         from ..backend import rank_device
         from ..comm import Communicator
-        from ..distributed import config_digest, make_data_parallel
+        from ..dataparallel.mpi import config_digest, make_data_parallel
         from ..solvers import SOLVER_REGISTRY
         from ..solvers.param import load_solver_param
 
@@ -117,7 +117,8 @@ def check_memory(solver):
     import os
 
     from ..errors import LayerforgeError
-    from ..memory import format_bytes, memory_report
+    from ..logs import format_bytes
+    from ..net.memory import memory_report
 
     if solver.xp.__name__ != "numpy":
         return

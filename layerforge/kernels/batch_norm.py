@@ -10,7 +10,7 @@ both need S1 = sum(gz) and S2 = sum(gz x_norm) per channel and then ``gx = a gz 
 import numpy
 
 from ..backend import get_array_module
-from .parallel import cpu_kernel, parallel_for
+from .threadpool import cpu_kernel, parallel_for
 
 
 @cpu_kernel

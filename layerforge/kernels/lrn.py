@@ -10,7 +10,7 @@ kernel threads (kernels.parallel); cupy arrays run lrn.cu
 import numpy
 
 from ..backend import get_array_module
-from .parallel import parallel_for
+from .threadpool import parallel_for
 
 
 def window_sum(a, n, axes):

@@ -17,7 +17,7 @@ cupy arrays go to kernels/cuda/pooling.cu (argmax int32).
 import numpy
 
 from ..backend import get_array_module
-from .parallel import cpu_kernel, into_contiguous, parallel_for
+from .threadpool import cpu_kernel, into_contiguous, parallel_for
 
 
 def _window(i, j, sy, sx, out_h, out_w):

@@ -25,8 +25,8 @@ import numpy
 
 from ..backend import get_array_module
 from .blas import matmul
-from .im2col import conv_output_size
-from .parallel import cpu_kernel, into_contiguous, parallel_for
+from .output_size import conv_output_size
+from .threadpool import cpu_kernel, into_contiguous, parallel_for
 
 # (B^T, G, A^T) per output tile size m
 TRANSFORMS = {

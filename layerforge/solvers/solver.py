@@ -34,12 +34,12 @@ import numpy
 
 from .. import backend, rng
 from ..errors import LayerforgeError
-from ..net import Net
+from ..net.net import Net
 from ..kernels import blas
 from ..layers.conv import engines_settled
 from . import cuda_graph
-from ..kernels.parallel import num_threads, parallel_for
-from ..netdef import load_net_def
+from ..kernels.threadpool import num_threads, parallel_for
+from ..net.netdef import load_net_def
 from ..npz import check_writable, load_npz, save_npz_atomic
 from ..registry import registrar
 from .param import SolverParameter, learning_rate, load_solver_param

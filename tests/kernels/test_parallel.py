@@ -4,7 +4,7 @@ import threading
 import numpy
 import pytest
 
-from layerforge.kernels import parallel, pooling
+from layerforge.kernels import threadpool as parallel, pooling
 from layerforge.kernels.im2col import col2im_cpu, conv_output_size, im2col_cpu
 
 

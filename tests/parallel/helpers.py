@@ -62,7 +62,7 @@ def solver(source, batch, max_iter=4, frozen=False, **keys):
 
 def flat_params(solver):
     """The learnable parameters of a solver's net, flattened in the workers' layout (backward order)."""
-    from layerforge.parallel.chunks import param_units
+    from layerforge.dataparallel.cgdp.chunks import param_units
 
     net = solver.net
     return numpy.concatenate([net.learnable_params[k].data.ravel() for u in param_units(net) for k in u.params])

@@ -3,8 +3,8 @@ import numpy
 import pytest
 
 from layerforge.net import Net
-from layerforge.parallel.chunks import ChunkSearch, Unit, make_chunks, param_units, parse_chunk_size
-from layerforge.parallel.host import HostAccumulator, mean_into_slots
+from layerforge.dataparallel.cgdp.chunks import ChunkSearch, Unit, make_chunks, param_units, parse_chunk_size
+from layerforge.dataparallel.cgdp.host import HostAccumulator, mean_into_slots
 
 
 def _ip(name, bottom, n, param=None):

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from layerforge.parallel.commands import predict_rows
-from layerforge.parallel.cost_model import Rates, from_stats
+from layerforge.commands.data_parallel import predict_rows
+from layerforge.dataparallel.cgdp.cost_model import Rates, from_stats
 from tests.test_cli import ROOT
 
 NET = """

@@ -2,8 +2,8 @@
 import numpy
 import pytest
 
-from layerforge.parallel.cost_model import CostModel, Rates, from_stats, measure_rates
-from layerforge.parallel.transfer import Mover
+from layerforge.dataparallel.cgdp.cost_model import CostModel, Rates, from_stats, measure_rates
+from layerforge.dataparallel.cgdp.transfer import Mover
 
 # 0.01 s per value copied each way, 0.035 s per value per slot combined on the host (0.07 n at G = 2),
 # 0.05 s per value per slot the tree root adds, 0.02 s per value it scales, parameters 0.01 s out, 0.02 s in

@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from layerforge.errors import LayerforgeError
-from layerforge.parallel import WorkerOptions, WorkerPool, train_parallel
+from layerforge.dataparallel.cgdp import WorkerOptions, WorkerPool, train_parallel
 from layerforge.solvers import get_solver
 
 from tests.conftest import BACKENDS
@@ -100,7 +100,7 @@ NODE_SCRIPT = """
 import sys
 import numpy
 from layerforge.comm import Communicator, launch_guard
-from layerforge.parallel import train_parallel
+from layerforge.dataparallel.cgdp import train_parallel
 from tests.parallel.helpers import solver
 
 source, out = sys.argv[1], sys.argv[2]

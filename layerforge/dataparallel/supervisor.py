@@ -29,7 +29,7 @@ def mpi_rank_from_env():
 
 def needs_supervisor():
     """True in a process that mpiexec started for a job of several ranks and that is not a child already."""
-    from .distributed import mpi_world_size
+    from .mpi import mpi_world_size
 
     return mpi_world_size() > 1 and os.environ.get(SUPERVISED) != "1"
 

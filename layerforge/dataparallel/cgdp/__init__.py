@@ -1,15 +1,15 @@
 """Data parallel training over several workers or devices of one host (IBM's CPU-GPU data parallel, CGDP).
 
-    from layerforge.parallel import train_parallel
+    from layerforge.dataparallel.cgdp import train_parallel
     result = train_parallel("solver.yaml", workers=2, sync="host", chunk_size="auto")
 
 Each worker process holds a replica built from the same solver file and reads its own data shard. With
 ``sync: host`` gradients go to shared host memory chunk by chunk during backward and host threads sum them
-(layerforge/parallel/host.py); with ``sync: tree`` worker 0 gathers, updates and broadcasts after backward
+(layerforge/dataparallel/cgdp/host.py); with ``sync: tree`` worker 0 gathers, updates and broadcasts after backward
 (tree.py). Under ``mpiexec`` every rank is one host: its accumulated chunks go through the communicator's
 allreduce. docs/cgdp.md has the design, the cost model (cost_model.py) and measurements.
 """
-from ..errors import LayerforgeError
+from ...errors import LayerforgeError
 from .chunks import ChunkSearch, make_chunks, param_units, parse_chunk_size
 from .pool import Result, WorkerPool, run_parallel
 from .workers import WorkerOptions
@@ -30,8 +30,8 @@ def train_parallel(solver, workers=None, devices=None, sync=None, chunk_size=Non
         batch: per-worker batch size override; resume: a ``.solverstate.npz`` to resume from.
         overrides: other solver keys (``max_iter=10``).
     """
-    from ..solvers.param import load_solver_param
-    from ..solvers.solver import SOLVER_REGISTRY
+    from ...solvers.param import load_solver_param
+    from ...solvers.solver import SOLVER_REGISTRY
 
     if sync is not None:
         overrides["sync"] = sync.upper()

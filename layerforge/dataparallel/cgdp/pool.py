@@ -8,7 +8,7 @@ import time
 
 import numpy
 
-from ..errors import LayerforgeError
+from ...errors import LayerforgeError
 from . import shm
 from .host import HostAccumulator
 from .workers import WORKER_THREADS_ENV, worker_main
@@ -22,8 +22,8 @@ class Result:
     Attributes:
         params: (G, P) final flat parameters of every replica (rows equal when the replicas agree).
         stats: worker 0's :meth:`PhaseTimer.summary` plus ``accumulate`` chunk times from the host and
-            ``rates`` (:func:`~layerforge.parallel.cost_model.measure_rates`, None for a net without parameters)
-            and ``latency_s`` (:func:`~layerforge.parallel.cost_model.measure_latency`).
+            ``rates`` (:func:`~layerforge.dataparallel.cgdp.cost_model.measure_rates`, None for a net without parameters)
+            and ``latency_s`` (:func:`~layerforge.dataparallel.cgdp.cost_model.measure_latency`).
         iteration_times: host-side wall time of every iteration (host mode), seconds.
         chunk_size: the chunk size in use at the end (host mode).
         iter: the solver's iteration count at the end.
@@ -46,7 +46,7 @@ def _describe_exit(code):
 
 
 class WorkerPool:
-    """Runs one parallel job of ``G`` workers with ``options`` (:class:`~layerforge.parallel.workers.WorkerOptions`).
+    """Runs one parallel job of ``G`` workers with ``options`` (:class:`~layerforge.dataparallel.cgdp.workers.WorkerOptions`).
 
     Args:
         search: ``(interval, step, range)`` of the chunk-size search (``chunk_size: auto``).

@@ -105,7 +105,7 @@ class CostModel:
 
 
 def from_stats(stats, compute=None):
-    """A CostModel from a run's stats (:class:`~layerforge.parallel.pool.Result` ``.stats``).
+    """A CostModel from a run's stats (:class:`~layerforge.dataparallel.cgdp.pool.Result` ``.stats``).
 
     The per-layer backward times come from the run (host mode times them layer by layer; a tree run has
     only the total, so pass a host run's stats with ``compute`` = the tree run's ``phases_ms``); the rates

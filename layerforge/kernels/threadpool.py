@@ -6,7 +6,7 @@ second core before; these bodies were single-threaded. Each slice is computed by
 same operations in the same order as the whole, so the result is bit-identical for any thread count.
 
 The thread count follows the BLAS setting, so that MPI ranks and CGDP workers, which divide the cores by
-setting ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` (layerforge._threads), divide these threads too:
+setting ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` (layerforge.cores), divide these threads too:
 the BLAS library's own count (threadpoolctl) where it can be read, else those variables, else the cores.
 :func:`set_num_threads` overrides it (tests, benchmarks).
 """

@@ -22,7 +22,7 @@ every array attribute of a layer) and the convolution workspace arenas, which al
 """
 import numpy
 
-from .kernels.implicit_gemm import arena_bytes
+from ..kernels.implicit_gemm import arena_bytes
 
 
 class _Unit:
@@ -154,14 +154,6 @@ def unplan(net, planned):
         if u.slot is not None:
             setattr(u.blob, u.kind, net.xp.zeros(u.blob.shape, dtype=net.dtype))
     _reshare_splits(net)
-
-
-def format_bytes(nbytes):
-    """``1536`` -> ``1.5 KiB``: binary units up to GiB, for messages and tables."""
-    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if nbytes >= size:
-            return f"{nbytes / size:,.1f} {unit}"
-    return f"{int(nbytes)} B"
 
 
 def memory_report(net):

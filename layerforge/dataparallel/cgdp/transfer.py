@@ -9,7 +9,7 @@ next layers while the copy engine moves the chunk.
 """
 import numpy
 
-from ..backend import get_array_module
+from ...backend import get_array_module
 
 
 class Mover:

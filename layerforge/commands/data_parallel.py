@@ -21,7 +21,7 @@ def wants_parallel(args):
 
 
 def _with_comm(fn):
-    from ..distributed import mpi_world_size
+    from ..dataparallel.mpi import mpi_world_size
 
     if mpi_world_size() <= 1:
         return fn(None)
@@ -33,7 +33,7 @@ def _with_comm(fn):
 
 def train_command(args, overrides):
     """``layerforge train --workers/--devices``; returns the exit code."""
-    from . import train_parallel
+    from ..dataparallel.cgdp import train_parallel
 
     def go(comm):
         result = train_parallel(args.solver, workers=args.workers, devices=args.devices, sync=args.sync,
@@ -46,7 +46,7 @@ def train_command(args, overrides):
 
 def time_command(args):
     """``layerforge time --model NET --workers G``: Table 3 phases and Table 4 per-chunk times."""
-    from . import train_parallel
+    from ..dataparallel.cgdp import train_parallel
 
     iterations = args.iterations + 1  # the first is the warm-up, left out of the means
     solver = {"net": os.path.abspath(args.model), "base_lr": 0.001, "momentum": 0.9, "max_iter": iterations,
@@ -93,7 +93,7 @@ def print_report(stats, out=print):
 def predict_rows(stats, Gs=(2, 4, 8)):
     """Cost-model rows per G from a host-mode run's stats: host T and tree T' (ms) at chunk size 1, their
     ratio, the winner, the speed-ups over one replica and the chunk size the model prefers (with its T)."""
-    from .cost_model import from_stats
+    from ..dataparallel.cgdp.cost_model import from_stats
 
     m = from_stats(stats)
     rows = []
@@ -114,42 +114,3 @@ def prediction_text(stats, Gs=(2, 4, 8), indent=""):
                      f"{r['winner']:>6}  {r['speedup_host']:13.2f}  {r['speedup_tree']:13.2f}  "
                      f"{r['best_chunk_size']:>15}")
     return "\n".join(lines)
-
-
-def plan_command(args):
-    """``layerforge plan --solver S --workers 2,4,8``: host vs tree per G, from a host-mode timing run.
-
-    The run is ``--timing`` (``layerforge time --workers G --json`` output) or one made now: 2 workers (or
-    the ``--devices``), host mode, chunk size 1, ``--iterations`` after a warm-up.
-    """
-    from ..commands.plan import read_timing
-    from ..errors import LayerforgeError
-    from . import train_parallel
-
-    try:
-        Gs = [int(g) for g in args.workers.split(",")]
-    except ValueError:
-        Gs = []
-    if not Gs or min(Gs) < 1:
-        raise LayerforgeError(f"--workers '{args.workers}': give worker counts >= 1, e.g. 2,4,8")
-    if args.timing:
-        stats = read_timing(args.timing)
-        if stats.get("sync") != "HOST" or "rates" not in stats or "units" not in stats:
-            raise LayerforgeError(f"{args.timing}: not a host-mode `layerforge time --workers G --json` output")
-    else:
-        stats = train_parallel(args.solver, workers=None if args.devices else 2, devices=args.devices, sync="host",
-                               chunk_size=1, iterations=args.iterations + 1, log=False, snapshot=0,
-                               snapshot_after_train=False, test_interval=0, display=0).stats
-    if not stats.get("rates"):
-        raise LayerforgeError(f"{args.solver}: the net has no learnable parameters: nothing to exchange")
-    parameters = sum(n for _, _, n in stats["units"])
-    if args.json:
-        print(json.dumps({"measured": {"G": stats["G"], "phases_ms": stats["phases_ms"], "rates": stats["rates"],
-                                       "parameters": parameters}, "rows": predict_rows(stats, Gs)}, indent=1))
-        return 0
-    ph, r = stats["phases_ms"], stats["rates"]
-    print(f"measured with {stats['G']} workers, host mode (worker 0, ms per iteration): forward {ph['forward']:.1f}, "
-          f"backward {ph['backward']:.1f}, update {ph['update']:.1f}; {parameters:,} parameters")
-    print("rates (ns per value): " + ", ".join(f"{k.replace('_', ' ')} {1e9 * v:.3f}" for k, v in r.items()))
-    print(prediction_text(stats, Gs))
-    return 0

@@ -10,13 +10,15 @@ import collections
 
 import numpy
 
-from . import backend, fusion, memory
-from .blob import Blob
-from .errors import ConfigError, DataError, LabelError, LayerforgeError, ShapeError
-from .layers import LAYER_REGISTRY
-from .netdef import LayerParameter, layer_included, load_net_def, set_shard
-from .npz import load_npz, save_npz_atomic
-from .schema import Params, suggest
+from .. import backend
+from . import fusion, memory
+from ..blob import Blob
+from ..errors import ConfigError, DataError, LabelError, LayerforgeError, ShapeError
+from ..layers import LAYER_REGISTRY
+from ..layers.layer_param import LayerParameter, layer_included
+from .netdef import load_net_def, set_shard
+from ..npz import load_npz, save_npz_atomic
+from ..schema import Params, suggest
 
 
 AUTOMATIC_TOP = "(automatic)"  # Caffe's name for the top a loss layer gets when it is written without one
@@ -212,7 +214,7 @@ class Net:
         self.outputs = [v.name for e in entries for v in e[3]
                         if id(v) not in consumed and not v.anonymous and self.blobs[v.name] is v.blob]
         self._layer_index = {layer.name: i for i, layer in enumerate(self.layers)}
-        # BatchNorm + Scale (+ ReLU) in place run as one (layerforge.fusion): {member index: group}
+        # BatchNorm + Scale (+ ReLU) in place run as one (layerforge.net.fusion): {member index: group}
         self._fused = fusion.batch_norm_groups(self) if self.netdef.fuse_batch_norm else {}
         # fn(i) after layer i's step of backward (run or skipped), e.g. to send gradients that are final
         self.backward_hooks = []
@@ -400,7 +402,7 @@ class Net:
     def optimize_memory(self, enable=True):
         """Share storage between activations (data and diffs) whose lives in a training iteration do not overlap.
 
-        See :mod:`layerforge.memory`. Afterwards only inputs, outputs and what backward reads keep their
+        See :mod:`layerforge.net.memory`. Afterwards only inputs, outputs and what backward reads keep their
         values between passes; intermediate blobs may hold other blobs' values. ``enable=False`` undoes it.
         """
         if enable and self._memory_plan is None:
@@ -410,7 +412,7 @@ class Net:
             self._memory_plan = None
 
     def memory_report(self):
-        """Bytes of activations (as planned, and unplanned), parameters and layer-held arrays; see layerforge.memory."""
+        """Bytes of activations (as planned, and unplanned), parameters and layer-held arrays; see layerforge.net.memory."""
         return memory.memory_report(self)
 
     def forward(self, start=None, end=None, **inputs):
@@ -437,7 +439,7 @@ class Net:
 
         A layer whose top shapes follow its data (Filter) may change them in forward: the layers after it
         are then reshaped at once, as Caffe's per-forward Reshape would. The first layer of a fused group
-        (layerforge.fusion) runs the whole group unless ``fuse`` is False; the others then do nothing.
+        (layerforge.net.fusion) runs the whole group unless ``fuse`` is False; the others then do nothing.
         """
         group = self._fused.get(i)
         if group is not None:
@@ -600,7 +602,7 @@ class Net:
         """Copy weights by layer name (Caffe's CopyTrainedLayersFrom): layers absent from the file keep theirs.
 
         A ``.caffemodel`` / ``.caffemodel.h5`` path is read by layerforge.caffe.caffemodel, with Caffe's rules."""
-        from .caffe.caffemodel import copy_trained_layers, is_caffe_weights
+        from ..caffe.caffemodel import copy_trained_layers, is_caffe_weights
         if not isinstance(path_or_arrays, dict) and is_caffe_weights(path_or_arrays):
             return copy_trained_layers(self, path_or_arrays)
         arrays = load_npz(path_or_arrays) if not isinstance(path_or_arrays, dict) else path_or_arrays

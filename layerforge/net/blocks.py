@@ -26,8 +26,8 @@ import ast
 import operator
 import re
 
-from .errors import ConfigError
-from .schema import LineDict, LineList, suggest
+from ..errors import ConfigError
+from ..schema import LineDict, LineList, suggest
 
 BLOCK_KEYS = ("params", "layers", "top")
 INSTANCE_KEYS = ("block", "name", "names", "bottom", "repeat", "with", "include", "exclude")

@@ -9,7 +9,7 @@ import numpy
 from google.protobuf.message import DecodeError
 
 from ..errors import DataError
-from .caffe_pb import Datum
+from ..caffe.caffe_pb import Datum
 
 
 def array_to_datum(array, label=0):
@@ -39,7 +39,7 @@ def datum_to_array(datum, where="Datum"):
     Raises DataError naming ``where`` when the values do not fit the shape or the image cannot be decoded.
     """
     if datum.encoded:
-        from ..data.images import decode_image  # OpenCV's and libjpeg's own messages are caught there
+        from .images import decode_image  # OpenCV's and libjpeg's own messages are caught there
 
         image = decode_image(numpy.frombuffer(datum.data, numpy.uint8), None, where)
         if image is None:

@@ -22,8 +22,8 @@ import platform
 
 import numpy
 
-from .errors import LayerforgeError
-from .npz import write_atomic
+from ..errors import LayerforgeError
+from ..npz import write_atomic
 
 logger = logging.getLogger("layerforge")
 
@@ -75,7 +75,7 @@ def machine_key(xp):
 @functools.lru_cache(maxsize=None)
 def _gpu(device_id):
     import cupy
-    from .backend import gpu_name
+    from ..backend import gpu_name
     return ("gpu", gpu_name(device_id), f"sm_{cupy.cuda.Device(device_id).compute_capability}", f"cupy-{cupy.__version__}",
             f"cuda-{cupy.cuda.runtime.runtimeGetVersion()}")
 

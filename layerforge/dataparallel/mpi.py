@@ -20,8 +20,8 @@ import time
 
 import numpy
 
-from . import backend
-from .errors import LayerforgeError
+from .. import backend
+from ..errors import LayerforgeError
 
 log = logging.getLogger("layerforge")
 
@@ -248,7 +248,7 @@ class SparseGradientExchange:
         self.seconds, self.calls = 0.0, 0
 
     def __call__(self, solver=None):
-        from .comm.sparse import aggregate
+        from ..comm.sparse import aggregate
         t0 = time.perf_counter()
         for k, p in enumerate(self.params):
             grad = p.sparse_diff()
@@ -261,7 +261,7 @@ class SparseGradientExchange:
         self.calls += 1
 
     def _choose(self, k, p, grad, summed):
-        from .comm import cost_model
+        from ..comm import cost_model
         comm = self.comm
         if comm.cost_params is None:
             comm.cost_params = cost_model.load_or_calibrate(comm)

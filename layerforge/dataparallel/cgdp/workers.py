@@ -4,10 +4,10 @@ Start-up: every worker builds the solver from the same solver file with its data
 (``rank = node * G + g``, ``world_size = nodes * G``) and sends ``hello`` (its parameter units); the parent
 creates the shared buffers (``slots`` G x P, ``acc`` P, ``params`` P), worker 0 copies its initial
 parameters into ``params`` and every other worker copies them in, so all replicas start identical. Then
-each worker trains with :class:`~layerforge.parallel.host.HostSync` or
-:class:`~layerforge.parallel.tree.TreeSync` installed, and finally copies its parameters into its slot so
+each worker trains with :class:`~layerforge.dataparallel.cgdp.host.HostSync` or
+:class:`~layerforge.dataparallel.cgdp.tree.TreeSync` installed, and finally copies its parameters into its slot so
 the parent can check that the replicas agree; worker 0 then times the exchange's operations for the cost
-model (:func:`~layerforge.parallel.cost_model.measure_rates`) while the others are gone.
+model (:func:`~layerforge.dataparallel.cgdp.cost_model.measure_rates`) while the others are gone.
 
 A worker that dies (a signal, ``os._exit``) or raises ends the job: the parent notices the closed pipe or
 the process sentinel, stops the other workers and raises one LayerforgeError naming the worker.
@@ -18,8 +18,8 @@ import signal
 import threading
 import traceback
 
-from .._threads import THREAD_VARS
-from ..errors import LayerforgeError
+from ...cores import THREAD_VARS
+from ...errors import LayerforgeError
 
 WORKER_THREADS_ENV = THREAD_VARS
 
@@ -103,10 +103,10 @@ def worker_main(g, G, options, conn):
 def _run_worker(g, G, options, link):
     import logging
 
-    from ..logs import setup_logging
-    from ..netdef import load_net_def, set_batch_size
-    from ..solvers import SOLVER_REGISTRY, get_solver
-    from ..solvers.param import load_solver_param
+    from ...logs import setup_logging
+    from ...net.netdef import load_net_def, set_batch_size
+    from ...solvers import SOLVER_REGISTRY, get_solver
+    from ...solvers.param import load_solver_param
     from .chunks import param_units, unit_sizes
     from .host import HostSync, _param_offsets
     from .shm import attach

@@ -3,7 +3,7 @@
 Worker side (:class:`HostSync`): backward runs layer by layer; as soon as the last layer of a chunk has
 run, the chunk is posted to the parent while the main thread goes on with the next layers. On a GPU a copy
 thread first moves the chunk's diffs into this worker's slot ``slots[g]`` (a second stream, pinned memory);
-a CPU replica's diffs *are* its slot (:meth:`~layerforge.parallel.transfer.Mover.attach_diffs`), so there
+a CPU replica's diffs *are* its slot (:meth:`~layerforge.dataparallel.cgdp.transfer.Mover.attach_diffs`), so there
 is nothing to copy. When the parent publishes the chunk, the slot holds the mean gradient: a GPU worker
 copies it back into its diffs, a CPU worker already has it. The solver's gradient hook (end of backward)
 waits only for the chunks still in flight; then every worker runs the same update on the same mean

@@ -19,7 +19,7 @@ group's forward on the BatchNorm row and its backward on the ReLU's (or Scale's)
 or ``Net.backward`` range that starts or ends inside a group runs its layers one by one. ``fuse_batch_norm: false`` (a net key) turns
 fusion off.
 """
-from .kernels.fused_batch_norm import bn_scale_relu_backward, scale_shift_relu
+from ..kernels.fused_batch_norm import bn_scale_relu_backward, scale_shift_relu
 
 
 class BatchNormScaleReLU:
