@@ -242,7 +242,7 @@ def phase_convs(smoke):
     import numpy
     import torch
     from bench_conv import conv_shapes
-    from layerforge.kernels.im2col import conv_output_size
+    from layerforge.kernels.output_size import conv_output_size
     from layerforge.kernels.implicit_gemm import ENGINES
     from layerforge.kernels.winograd import eligible
 

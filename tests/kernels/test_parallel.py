@@ -5,7 +5,8 @@ import numpy
 import pytest
 
 from layerforge.kernels import threadpool as parallel, pooling
-from layerforge.kernels.im2col import col2im_cpu, conv_output_size, im2col_cpu
+from layerforge.kernels.im2col import col2im_cpu, im2col_cpu
+from layerforge.kernels.output_size import conv_output_size
 
 
 @pytest.fixture
@@ -216,7 +217,7 @@ CONV_CASES = [("WINOGRAD_F2", (1, 4, 7, 5), (3, 3, 1, 1, 1, 1, 1, 1), 1, 6),
 
 @pytest.mark.parametrize("engine_name,shape,geometry,groups,filters", CONV_CASES)
 def test_convolution_engines(threads, engine_name, shape, geometry, groups, filters):
-    from layerforge.kernels.im2col import conv_output_size
+    from layerforge.kernels.output_size import conv_output_size
     from layerforge.kernels.implicit_gemm import ENGINES
     rng = numpy.random.RandomState(6 if engine_name == "WINOGRAD_F2" else 7)
     kh, kw, sy, sx, ph, pw, dy, dx = geometry
