@@ -12,7 +12,7 @@ from layerforge.kernels import engine_cache
 from layerforge.layers import conv
 from layerforge.solvers import get_solver
 
-from .solvers.test_snapshot import CONV_NET  # DummyData -> conv1 -> ReLU -> conv2 -> ip -> loss
+from ..solvers.test_snapshot import CONV_NET  # DummyData -> conv1 -> ReLU -> conv2 -> ip -> loss
 
 CONVS = ("conv1", "conv2")
 

@@ -101,7 +101,7 @@ import sys
 import numpy
 from layerforge.comm import Communicator, launch_guard
 from layerforge.dataparallel.cgdp import train_parallel
-from tests.parallel.helpers import solver
+from tests.dataparallel.cgdp.helpers import solver
 
 source, out = sys.argv[1], sys.argv[2]
 with launch_guard() as mpi_comm:

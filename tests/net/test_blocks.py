@@ -12,7 +12,7 @@ from layerforge.net import Net
 from layerforge.net.netdef import load_net_def, set_batch_size
 from layerforge.schema import load_yaml_text
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 NET = """\
 name: blocks

@@ -9,7 +9,7 @@ from layerforge.commands import draw
 from layerforge.errors import LayerforgeError
 from layerforge.net import Net
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 TINY = {
     "name": 'tiny "net"',

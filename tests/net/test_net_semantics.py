@@ -11,7 +11,7 @@ import pytest
 import layerforge
 from layerforge.errors import ConfigError
 
-from .solvers import dataset, fed_solver, linear_grads, linear_net
+from ..solvers import dataset, fed_solver, linear_grads, linear_net
 
 
 def _input(shape=((4, 3), (4,))):
