@@ -1,4 +1,4 @@
-"""The threaded non-GEMM kernels (kernels.parallel) at 1 and 2 threads, next to PyTorch's same op.
+"""The threaded non-GEMM kernels (kernels.threadpool) at 1 and 2 threads, next to PyTorch's same op.
 
     python benchmarks/bench_ops.py [--repeat 5] [--threads 1,2]
 

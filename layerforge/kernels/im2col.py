@@ -53,7 +53,7 @@ def im2col_tile(xt, col, kh, kw, sy, sx, ph, pw, dy=1, dx=1, r0=0):
 
     ``col`` may be any strided view (the engines pass transposed views of their own layouts); every
     element is written, so a reused buffer needs no clearing. numpy arrays are split over channels on
-    the kernel threads (kernels.parallel).
+    the kernel threads (kernels.threadpool).
     """
     parallel_for(xt.shape[0], lambda lo, hi: _im2col_slice(xt[lo:hi], col[lo:hi], kh, kw, sy, sx, ph, pw, dy, dx,
                                                            r0), work=host_work(col, kh * kw))

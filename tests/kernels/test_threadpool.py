@@ -1,10 +1,10 @@
-"""kernels.parallel: the threaded CPU bodies give the same bits as one thread, for any thread count."""
+"""kernels.threadpool: the threaded CPU bodies give the same bits as one thread, for any thread count."""
 import threading
 
 import numpy
 import pytest
 
-from layerforge.kernels import threadpool as parallel, pooling
+from layerforge.kernels import pooling, threadpool
 from layerforge.kernels.im2col import col2im_cpu, im2col_cpu
 from layerforge.kernels.output_size import conv_output_size
 
@@ -12,12 +12,12 @@ from layerforge.kernels.output_size import conv_output_size
 @pytest.fixture
 def threads(monkeypatch):
     """Set the kernel thread count (every size threaded); restores the BLAS-following default afterwards."""
-    monkeypatch.setattr(parallel, "MIN_PARALLEL_ELEMENTS", 0)
+    monkeypatch.setattr(threadpool, "MIN_PARALLEL_ELEMENTS", 0)
 
     def use(n):
-        parallel.set_num_threads(n)
+        threadpool.set_num_threads(n)
     yield use
-    parallel.set_num_threads(None)
+    threadpool.set_num_threads(None)
 
 
 def same_for_all_thread_counts(threads, compute):
@@ -81,25 +81,25 @@ def test_parallel_for_covers_the_range_once_and_nests_serially(threads):
 
     def body(lo, hi):
         inner = []
-        parallel.parallel_for(4, lambda a, b: inner.append((a, b)), work=10 ** 9)
+        threadpool.parallel_for(4, lambda a, b: inner.append((a, b)), work=10 ** 9)
         with lock:
             seen.extend(range(lo, hi))
             names.add(threading.current_thread().name.split("_")[0])
         assert inner == [(0, 4)]  # a body's own parallel_for runs on its thread
-    parallel.parallel_for(10, body, work=10 ** 9)
+    threadpool.parallel_for(10, body, work=10 ** 9)
     assert sorted(seen) == list(range(10))
     assert len(names) == 2  # the caller and the pool's threads
 
 
 def test_small_work_stays_on_the_calling_thread(monkeypatch):
-    parallel.set_num_threads(4)
+    threadpool.set_num_threads(4)
     try:
         calls = []
-        parallel.parallel_for(100, lambda lo, hi: calls.append((lo, hi, threading.current_thread())),
-                              work=parallel.MIN_PARALLEL_ELEMENTS - 1)
+        threadpool.parallel_for(100, lambda lo, hi: calls.append((lo, hi, threading.current_thread())),
+                              work=threadpool.MIN_PARALLEL_ELEMENTS - 1)
         assert calls == [(0, 100, threading.current_thread())]
     finally:
-        parallel.set_num_threads(None)
+        threadpool.set_num_threads(None)
 
 
 def test_an_exception_in_a_piece_reaches_the_caller(threads):
@@ -109,22 +109,22 @@ def test_an_exception_in_a_piece_reaches_the_caller(threads):
         if lo > 0:
             raise ValueError(f"piece {lo}")
     with pytest.raises(ValueError, match="piece 5"):
-        parallel.parallel_for(10, body, work=10 ** 9)
+        threadpool.parallel_for(10, body, work=10 ** 9)
 
 
 def test_thread_count_follows_the_blas_setting(monkeypatch):
-    monkeypatch.setattr(parallel, "_blas_threads", lambda: 3)
-    parallel.set_num_threads(None)
+    monkeypatch.setattr(threadpool, "_blas_threads", lambda: 3)
+    threadpool.set_num_threads(None)
     try:
-        assert parallel.num_threads() == 3
-        parallel.set_num_threads(1)
-        assert parallel.num_threads() == 1
+        assert threadpool.num_threads() == 3
+        threadpool.set_num_threads(1)
+        assert threadpool.num_threads() == 1
     finally:
-        parallel.set_num_threads(None)
+        threadpool.set_num_threads(None)
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-c", "from layerforge.kernels import parallel; import numpy; "
-                          "print(parallel.num_threads())"], capture_output=True, text=True, check=True,
+    out = subprocess.run([sys.executable, "-c", "from layerforge.kernels import threadpool; import numpy; "
+                          "print(threadpool.num_threads())"], capture_output=True, text=True, check=True,
                          env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert out.stdout.strip() == "1"
 
