@@ -79,7 +79,7 @@ def print_summary(path, result):
             fastest = min(busy.values())
             rows.append((str(it["iter"]), names.get(slowest, str(slowest)), _ms(busy[slowest]), _ms(fastest),
                          _ms(busy[slowest] - fastest)))
-        print_table(("iteration", "slowest", "its busy", "fastest busy", "others wait up to"), rows, left=2)
+        print_table(("iteration", "slowest", "its busy", "fastest busy", "spread"), rows, left=2)
 
 
 def _ms(value):

@@ -44,7 +44,8 @@ def plot_iteration(doc, out, iteration=None, path="trace"):
         if e["cat"] == "iteration":
             mine = [row_of[r] for r in rows if r[0] == e["pid"]]
             if mine:
-                ax.broken_barh([((e["ts"] - origin) / 1e3, e["dur"] / 1e3)], (min(mine) - 0.45, max(mine) - min(mine) + 0.9),
+                lo, hi = min(mine), max(mine)
+                ax.broken_barh([((e["ts"] - origin) / 1e3, e["dur"] / 1e3)], (lo - 0.45, hi - lo + 0.9),
                                facecolors="whitesmoke", edgecolors="silver", zorder=0)
     seen = set()
     for row in rows:

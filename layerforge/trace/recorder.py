@@ -10,10 +10,12 @@ Times are ``time.perf_counter()`` seconds: CLOCK_MONOTONIC on Linux, one clock f
 (the CGDP workers and their host agree without alignment); ranks on other hosts are aligned by
 layerforge.trace.clock.
 """
+import logging
 import os
 import threading
 import time
 
+from ..logs import LOGGER_NAME
 from . import nvtx
 
 # the steps a span can be; "iteration" is the one span per iteration that trace.iteration() writes itself
@@ -103,9 +105,11 @@ class Recorder:
         if role is None:
             role = next((r for prefix, r in THREAD_ROLES if thread.name.startswith(prefix)), thread.name)
         with self._names_lock:
+            key = getattr(self._local, "key", None)
+            if key is not None and self.threads[key][1] == role:
+                return key
             count = self._roles.get(role, 0)
             self._roles[role] = count + 1
-            key = getattr(self._local, "key", None)
             if key is None:
                 key = self._local.key = len(self.threads)
             self.threads[key] = (threading.get_native_id(), role if count == 0 else f"{role} {count}")
@@ -142,10 +146,15 @@ class Recorder:
         self.iter = None
 
     def _write_now(self):
+        from ..errors import LayerforgeError
         from .events import write_trace
 
         part = self.part(device=False)  # reading CUDA events would wait for the device: that is for the end
-        write_trace(self.path, [part] + self.others)
+        try:
+            write_trace(self.path, [part] + self.others)
+        except LayerforgeError as e:  # finish() tries again and raises it where the user sees it
+            logging.getLogger(LOGGER_NAME).warning("trace: %s (trying again when training ends)", e)
+            return
         self.written = (len(part["events"]), len(self.others))
 
     # -- export ---------------------------------------------------------------------------------------
@@ -159,7 +168,7 @@ class Recorder:
 
 
 class _Span:
-    __slots__ = ("recorder", "cat", "name", "args", "start", "device")
+    __slots__ = ("recorder", "cat", "name", "args", "start", "iteration", "device")
 
     def __init__(self, recorder, cat, name, args):
         if cat not in CATEGORIES:
@@ -171,6 +180,7 @@ class _Span:
         if rec.nvtx is not None:
             rec.nvtx.RangePush(self.name)
         self.device = rec.device.begin() if rec.device is not None else None
+        self.iteration = rec.iter  # a span belongs to the iteration it starts in, wherever it ends
         self.start = clock()
         return self
 
@@ -178,10 +188,10 @@ class _Span:
         end = clock()
         rec = self.recorder
         if self.device is not None:
-            rec.device.end(self.device, self.cat, self.name, rec.iter, self.args)
+            rec.device.end(self.device, self.cat, self.name, self.iteration, self.args)
         if rec.nvtx is not None:
             rec.nvtx.RangePop()
-        rec.events.append((self.cat, self.name, self.start, end - self.start, rec.thread_key(), rec.iter,
+        rec.events.append((self.cat, self.name, self.start, end - self.start, rec.thread_key(), self.iteration,
                            self.args or None))
         return False
 
@@ -195,14 +205,15 @@ def span(cat, name, **args):
     """
     if not _active:
         return NULL_SPAN
-    return _Span(_recorder, cat, name, args)
+    rec = _recorder
+    return NULL_SPAN if rec is None else _Span(rec, cat, name, args)  # None: stop() ran on another thread
 
 
 def begin(cat, name, **args):
     """Start a span that :func:`end` closes (on the same thread); returns a token, None when not recording."""
-    if not _active:
+    token = span(cat, name, **args)
+    if token is NULL_SPAN:
         return None
-    token = _Span(_recorder, cat, name, args)
     token.__enter__()
     return token
 
@@ -216,7 +227,8 @@ def end(token, **args):
 
 
 def complete(cat, name, start, dur, args=None, thread=None):
-    """Record a span measured elsewhere: ``start`` in :func:`clock` seconds, ``dur`` seconds.
+    """Record a span measured elsewhere: ``start`` in :func:`clock` seconds, ``dur`` seconds; it belongs to the
+    iteration running when this is called.
 
     ``thread``: the name of a row of its own (e.g. ``"comm"`` for a non-blocking allreduce that no thread of
     this process runs); default the calling thread's row.
@@ -226,26 +238,29 @@ def complete(cat, name, start, dur, args=None, thread=None):
     if cat not in CATEGORIES:
         raise ValueError(f"trace category {cat!r} is not one of {', '.join(CATEGORIES)}")
     rec = _recorder
-    key = rec.thread_key() if thread is None else rec.synthetic_thread(thread)
-    rec.events.append((cat, name, start, dur, key, rec.iter, dict(args) if args else None))
+    if rec is not None:
+        key = rec.thread_key() if thread is None else rec.synthetic_thread(thread)
+        rec.events.append((cat, name, start, dur, key, rec.iter, dict(args) if args else None))
 
 
 class _Wait:
-    __slots__ = ("kind", "name", "args", "start")
+    __slots__ = ("kind", "name", "args", "start", "recorder", "iteration")
 
     def __init__(self, kind, name, args):
         self.kind, self.name, self.args = kind, name, args
 
     def __enter__(self):
+        rec = self.recorder = _recorder if _active else None
+        self.iteration = rec.iter if rec is not None else None
         self.start = clock()
         return self
 
     def __exit__(self, *exc):
         end = clock()
         _waited[self.kind] += end - self.start
-        if _active:
-            rec = _recorder
-            rec.events.append((self.kind, self.name, self.start, end - self.start, rec.thread_key(), rec.iter,
+        rec = self.recorder
+        if rec is not None:
+            rec.events.append((self.kind, self.name, self.start, end - self.start, rec.thread_key(), self.iteration,
                                self.args or None))
         return False
 
@@ -273,6 +288,8 @@ def layer(cat, layer_obj, bottom, top, **args):
     if not _active:
         return NULL_SPAN
     rec = _recorder
+    if rec is None:
+        return NULL_SPAN
     shapes = tuple(t.shape for t in top)
     key = (id(layer_obj), cat, shapes)
     fixed = rec.layer_args.get(key)
@@ -385,6 +402,11 @@ def finish(comm=None, per_rank=False):
     if rec is None:
         return None
     part = stop()
+    if not part["events"] and rec.path:
+        window = "all" if rec.window is None else f"{rec.window[0]}:{'' if rec.window[1] is None else rec.window[1]}"
+        logging.getLogger(LOGGER_NAME).warning(
+            "trace: no iteration of the window %s ran on %s: %s holds no spans (see --trace-iterations)", window,
+            rec.process_name, rec.path)
     if comm is not None and comm.Get_size() > 1:
         from .clock import add_clock_point, clock_point, gather_parts
         from .events import write_trace

@@ -3,8 +3,8 @@
 Why tensorboardX: it writes TensorBoard's event files (protobuf records with CRCs) from numpy values alone, is
 pure Python and small (its runtime needs numpy, packaging and protobuf, which layerforge already has), and is
 maintained. ``torch.utils.tensorboard`` would make torch a runtime dependency; the ``tensorboard`` package's
-own writers need TensorFlow or are internal. tensorboardX imports torch when torch happens to be installed
-(about 1.5 s, once, and only when ``--tensorboard`` is given).
+own writer (``tensorboard.summary.Writer``) is marked experimental, and the package brings grpcio and a server.
+tensorboardX imports torch when torch happens to be installed (about 1.5 s, once, only with ``--tensorboard``).
 
 Tags (the iteration is the step):
 

@@ -252,3 +252,67 @@ def test_parse_window(text, window):
 def test_parse_window_refuses(text, reason):
     with pytest.raises(ValueError, match=reason):
         trace.parse_window(text)
+
+
+def test_a_span_belongs_to_the_iteration_it_starts_in(tmp_path):
+    path = tmp_path / "t.json"
+    trace.start(str(path), iterations=(0, 3))
+    trace.iteration(0)
+    token = trace.begin("comm", "bucket 0")  # posted in iteration 0, done in iteration 1
+    with trace.wait("data"):
+        trace.iteration(1)
+    trace.end(token)
+    trace.finish()
+    spans = {e["cat"]: e for e in x_events(load_trace(str(path))) if e["cat"] != "iteration"}
+    assert spans["comm"]["args"]["iter"] == 0 and spans["data"]["args"]["iter"] == 0
+
+
+def test_naming_a_thread_again_keeps_its_row():
+    rec = trace.start(None, iterations=None)
+    trace.name_thread("compute")
+    trace.name_thread("compute")
+    assert list(rec.threads.values()) == [(threading.get_native_id(), "compute")]
+    trace.name_thread("host")
+    assert list(rec.threads.values()) == [(threading.get_native_id(), "host")]
+
+
+def test_an_empty_window_is_written_and_said(tmp_path, caplog):
+    path = tmp_path / "t.json"
+    trace.start(str(path), iterations=(5, 10))
+    for k in range(3):  # a run shorter than the window
+        trace.iteration(k)
+        with trace.span("forward", "a"):
+            pass
+    with caplog.at_level("WARNING", logger="layerforge"):
+        assert trace.finish() == str(path)
+    assert "no iteration of the window 5:10 ran on rank 0" in caplog.text
+    assert json.loads(path.read_text())["traceEvents"][0]["args"] == {"name": "rank 0"}
+
+
+def test_parts_of_other_processes_are_written_with_this_one(tmp_path):
+    # a CGDP host: its workers (processes of this host, one clock) hand their parts over at the end
+    trace.start(None, iterations=None, pid=1, process_name="worker 1")
+    with trace.span("backward", "conv1"):
+        pass
+    worker = trace.stop()
+    path = tmp_path / "t.json"
+    trace.start(str(path), iterations=None, pid=100, process_name="host")
+    with trace.span("host", "accumulate chunk 0"):
+        pass
+    trace.absorb(worker)
+    trace.finish()
+    spans = x_events(load_trace(str(path)))
+    assert sorted((e["pid"], e["cat"]) for e in spans) == [(1, "backward"), (100, "host")]
+
+
+def test_a_span_begun_as_tracing_stops_is_harmless():
+    trace.start(None, iterations=None)
+    recorder._active = True  # as another thread sees it between stop()'s two assignments
+    saved, recorder._recorder = recorder._recorder, None
+    try:
+        assert trace.span("comm", "bucket 0") is trace.NULL_SPAN and trace.begin("comm", "x") is None
+        trace.complete("comm", "bucket 0", 0.0, 1.0)
+        with trace.wait("comm"):
+            pass
+    finally:
+        recorder._recorder = saved
