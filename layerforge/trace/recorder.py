@@ -343,7 +343,7 @@ def current_recorder():
 
 
 def start(path=None, iterations=DEFAULT_WINDOW, comm=None, pid=None, process_name=None, xp=None,
-          device_spans=False):
+          device_spans=False, role="compute"):
     """Begin tracing this process; returns its :class:`Recorder`.
 
     Args:
@@ -354,6 +354,7 @@ def start(path=None, iterations=DEFAULT_WINDOW, comm=None, pid=None, process_nam
             clock offset against rank 0 now (again in :func:`finish`); ``pid`` defaults to the rank, and the
             file is written once, at the end, by rank 0.
         pid, process_name, xp, device_spans: as for :class:`Recorder` (``pid`` default 0 without ``comm``).
+        role: the calling thread's row (a CGDP host process, whose main thread only coordinates: ``"host"``).
     """
     global _active, _recorder
     several = comm is not None and comm.Get_size() > 1
@@ -367,7 +368,7 @@ def start(path=None, iterations=DEFAULT_WINDOW, comm=None, pid=None, process_nam
         add_clock_point({"metadata": rec.metadata}, clock_point(comm))
     if rec.window is not None and rec.window[0] == 0:
         rec.open = True
-    rec.name_thread("compute")  # the thread that starts tracing is the one that trains
+    rec.name_thread(role)  # by default the thread that starts tracing is the one that trains
     _recorder = rec
     _active = rec.open
     return rec
