@@ -8,7 +8,7 @@ Spans are complete events, ``{"ph": "X", "cat", "name", "ts", "dur", "pid", "tid
 ``dur`` in microseconds of the host's monotonic clock (rank 0's clock after alignment); ``args.iter`` is the
 solver iteration the span started in. Metadata events (``"ph": "M"``) name each pid (``process_name``:
 ``"rank R"``) and each tid (``thread_name``: ``compute``, ``comm``, ``data``, ``host``, ``device`` ...).
-``otherData`` holds the recorded window and, per pid, the clock offsets measured (see layerforge.trace.clock),
+``otherData`` holds the recorded window and, per pid, the clock offsets measured (see layerforge.trace.clocks),
 whether they were subtracted, and their error bound.
 """
 import json
@@ -18,7 +18,7 @@ import numpy
 
 from ..errors import LayerforgeError
 from ..npz import write_atomic
-from .clock import offset_at
+from .clocks import offset_at
 
 # rows in this order within a process (chrome://tracing and Perfetto sort threads by thread_sort_index)
 ROW_ORDER = ("compute", "data", "comm", "host", "device")

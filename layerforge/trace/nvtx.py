@@ -41,7 +41,7 @@ class DeviceTimer:
     """
 
     def __init__(self, xp):
-        from .recorder import clock
+        from .clocks import clock
 
         self.xp = xp
         self.reference = xp.cuda.Event()

@@ -8,15 +8,16 @@ file is written (layerforge.trace.events), after the window closes or when train
 
 Times are ``time.perf_counter()`` seconds: CLOCK_MONOTONIC on Linux, one clock for every process of a host
 (the CGDP workers and their host agree without alignment); ranks on other hosts are aligned by
-layerforge.trace.clock.
+layerforge.trace.clocks.
 """
 import logging
 import os
 import threading
-import time
 
 from ..logs import LOGGER_NAME
 from . import nvtx
+from .clocks import add_clock_point, clock, clock_point, gather_parts
+from .events import write_trace
 
 # the steps a span can be; "iteration" is the one span per iteration that trace.iteration() writes itself
 CATEGORIES = ("forward", "backward", "update", "data", "comm", "host", "test", "snapshot", "iteration")
@@ -31,7 +32,6 @@ THREAD_ROLES = (("MainThread", "compute"), ("layerforge-comm", "comm"), ("prefet
 # are far above any Linux thread id (at most 2**22)
 SYNTHETIC_TID_BASE = 1 << 30
 
-clock = time.perf_counter
 
 _active = False      # the flag every call reads first: a recorder exists and the window is open
 _recorder = None
@@ -147,7 +147,6 @@ class Recorder:
 
     def _write_now(self):
         from ..errors import LayerforgeError
-        from .events import write_trace
 
         part = self.part(device=False)  # reading CUDA events would wait for the device: that is for the end
         try:
@@ -363,7 +362,6 @@ def start(path=None, iterations=DEFAULT_WINDOW, comm=None, pid=None, process_nam
     rec = Recorder(path, iterations, pid, process_name, xp, device_spans)
     rec.write_when_window_closes = not several  # under MPI, rank 0 writes everyone's spans at the end
     if several:
-        from .clock import add_clock_point, clock_point
 
         add_clock_point({"metadata": rec.metadata}, clock_point(comm))
     if rec.window is not None and rec.window[0] == 0:
@@ -409,8 +407,6 @@ def finish(comm=None, per_rank=False):
             "trace: no iteration of the window %s ran on %s: %s holds no spans (see --trace-iterations)", window,
             rec.process_name, rec.path)
     if comm is not None and comm.Get_size() > 1:
-        from .clock import add_clock_point, clock_point, gather_parts
-        from .events import write_trace
 
         if per_rank:
             point = clock_point(comm)
@@ -424,7 +420,6 @@ def finish(comm=None, per_rank=False):
         return None
     if rec.written == (len(part["events"]), len(rec.others)):
         return rec.path  # the window's writer wrote all of it
-    from .events import write_trace
 
     return write_trace(rec.path, [part] + rec.others)
 

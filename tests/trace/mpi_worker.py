@@ -13,13 +13,13 @@ import numpy
 from mpi4py import MPI
 
 from layerforge import trace
-from layerforge.trace import recorder
+from layerforge.trace import clocks as time_base, recorder
 
 path, mode = sys.argv[1], sys.argv[2]
 comm = MPI.COMM_WORLD
 skew = 5.0 * comm.rank
-real_clock = recorder.clock
-recorder.clock = lambda: real_clock() + skew
+real_clock = time_base.clock
+recorder.clock = time_base.clock = lambda: real_clock() + skew  # both readers of the time base
 
 trace.start(path, iterations=(1, 3), comm=comm)
 comm_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="layerforge-comm")  # as GradientExchange's

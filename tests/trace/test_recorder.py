@@ -9,7 +9,7 @@ import pytest
 
 import layerforge
 from layerforge import trace
-from layerforge.trace import recorder
+from layerforge.trace import clocks, recorder
 from layerforge.trace.events import load_trace
 
 
@@ -229,6 +229,7 @@ def test_no_nvtx_on_numpy_or_without_nvtx():
 def test_device_spans_are_placed_by_the_reference_event(monkeypatch):
     host = [100.0]
     monkeypatch.setattr(recorder, "clock", lambda: host[0])
+    monkeypatch.setattr(clocks, "clock", lambda: host[0])  # the device spans' reference reading
     FakeEvent.now[0] = 7.0  # the device's own time base: irrelevant, only differences count
     trace.start(None, iterations=None, xp=fake_cupy(FakeNvtx()), device_spans=True)  # reference at host 100.0
     FakeEvent.now[0] = 7.5  # the device starts the work 0.5 s after the reference event

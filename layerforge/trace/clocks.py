@@ -12,11 +12,16 @@ Clocks of different hosts also drift apart (tens of microseconds per second is c
 measured twice, when tracing starts and when it ends, and each span is shifted by the offset interpolated
 linearly to its time; the error bound given is the larger of the two measurements'.
 """
+import time
+
 import numpy
 
-from . import recorder
 
 TAG = 0x7ace  # the ping-pong's messages, apart from any other traffic on the communicator
+
+
+# the one time base of the trace: CLOCK_MONOTONIC on Linux, shared by the processes of a host
+clock = time.perf_counter
 
 
 def measure_offsets(comm, rounds=8):
@@ -38,17 +43,17 @@ def measure_offsets(comm, rounds=8):
         for r in range(1, size):
             best = None
             for _ in range(rounds):
-                t0 = recorder.clock()
+                t0 = clock()
                 comm.Send(reading, dest=r, tag=TAG)
                 comm.Recv(reading, source=r, tag=TAG)
-                t1 = recorder.clock()
+                t1 = clock()
                 if best is None or t1 - t0 < best[0]:
                     best = (t1 - t0, reading[0] - (t0 + t1) / 2)
             table[r] = best[1], best[0] / 2
     else:
         for _ in range(rounds):
             comm.Recv(reading, source=0, tag=TAG)
-            reading[0] = recorder.clock()
+            reading[0] = clock()
             comm.Send(reading, dest=0, tag=TAG)
     comm.Bcast(table, root=0)
     return float(table[rank, 0]), float(table[rank, 1])
@@ -57,7 +62,7 @@ def measure_offsets(comm, rounds=8):
 def clock_point(comm, rounds=8):
     """``(local time, offset, error)`` in seconds: :func:`measure_offsets` and when it was measured."""
     offset, error = measure_offsets(comm, rounds)
-    return recorder.clock(), offset, error
+    return clock(), offset, error
 
 
 def add_clock_point(part, point):
