@@ -26,6 +26,7 @@ COMMANDS = {
     "test": "test",
     "testbed": "testbed",
     "time": "time",
+    "trace": "trace",
     "train": "train",
 }
 

@@ -23,6 +23,7 @@ import time
 import numpy
 
 from ..cores import local_rank
+from .. import trace
 from ..backend import Stopwatch, gpu_array_module, gpu_name, rank_device
 from ..layers.conv import engines_settled
 from ..errors import LayerforgeError
@@ -45,7 +46,9 @@ def add_arguments(parser):
     parser.add_argument("--gpu", type=int, metavar="N", help="build and time the net on GPU N (device times, "
                         "CUDA events)")
     from .data_parallel import add_parallel_arguments
+    from .trace import add_run_arguments
 
+    add_run_arguments(parser)  # --trace FILE of the passes --trace-iterations names (warm-up passes count)
     add_parallel_arguments(parser)  # with --workers/--devices: phases and per-chunk exchange times (docs/cgdp.md)
     parser.add_argument("--no-reuse", action="store_true", help="give every activation its own storage")
     parser.add_argument("--allreduce", default="auto", help="under mpiexec: the allreduce of the exchange")
@@ -63,7 +66,8 @@ def time_net(net, iterations):
     fwd, bwd = [0.0] * n, [0.0] * n
     warmups = warm_up(net)
     watch = Stopwatch(net.xp)
-    for _ in range(iterations):
+    for k in range(iterations):
+        trace.iteration(warmups + k)
         for i in range(n):
             watch.start()
             net.forward_layer(i)
@@ -73,7 +77,8 @@ def time_net(net, iterations):
             net.backward_layer(i)
             bwd[i] += watch.stop()
     total_fwd = total_bwd = 0.0
-    for _ in range(iterations):
+    for k in range(iterations):
+        trace.iteration(warmups + iterations + k)
         watch.start()
         net.forward()
         total_fwd += watch.stop()
@@ -156,6 +161,7 @@ def warm_up(net, limit=20):
     """
     passes = 0
     while passes < 1 or (passes < limit and not engines_settled(net)):
+        trace.iteration(passes)
         net.forward()
         net.backward()
         passes += 1
@@ -195,7 +201,16 @@ def run(args):
     net = Net(netdef, phase=args.phase, weights=args.weights, xp=xp)
     if not args.no_reuse:
         net.optimize_memory()
+    mpi_comm = None
+    if args.trace:
+        if mpi_world_size() > 1:
+            from mpi4py import MPI
+            mpi_comm = MPI.COMM_WORLD
+        trace.start(args.trace, trace.parse_window(args.trace_iterations or "%d:%d" % trace.DEFAULT_WINDOW),
+                    comm=mpi_comm, xp=xp)
     result = time_net(net, args.iterations)
+    if args.trace:
+        trace.finish(comm=mpi_comm)
     if mpi_world_size() > 1:
         from ..comm import Communicator
         comm = Communicator()

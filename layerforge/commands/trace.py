@@ -93,6 +93,12 @@ def _span_text(values):
         ", ".join(map(str, values))
 
 
+def checked_window(text):
+    """argparse type of ``--trace-iterations``: the text, once :func:`window_argument` accepts it."""
+    window_argument(text)
+    return text
+
+
 def window_argument(text):
     """argparse type of ``--trace-iterations``: ``A:B`` -> ``(A, B)`` (see ``layerforge.trace.parse_window``)."""
     try:
@@ -107,8 +113,9 @@ def add_run_arguments(parser):
     parser.add_argument("--trace", metavar="FILE.json",
                         help="record a Chrome / Perfetto trace of the iterations --trace-iterations names "
                              "(every rank's, in one file under mpiexec); read it with layerforge trace")
-    parser.add_argument("--trace-iterations", type=window_argument, default=DEFAULT_WINDOW, metavar="A:B",
-                        help=f"iterations A to B-1 go into --trace (default {a}:{b}; 'A:' from A on; 'all')")
+    parser.add_argument("--trace-iterations", type=checked_window, metavar="A:B",
+                        help=f"iterations A to B-1 go into --trace (default: the solver's trace_iterations, "
+                             f"{a}:{b}; 'A:' from A on; 'all')")
     parser.add_argument("--tensorboard", metavar="DIR",
                         help="write TensorBoard scalars (loss, test outputs, learning rate, img/s, data wait, "
                              "exposed communication) to DIR")

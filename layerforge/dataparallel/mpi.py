@@ -20,7 +20,7 @@ import time
 
 import numpy
 
-from .. import backend
+from .. import backend, trace
 from ..errors import LayerforgeError
 
 log = logging.getLogger("layerforge")
@@ -63,6 +63,7 @@ class GradientExchange:
         fp16: send float16 payloads (values are divided by P before the sum so they cannot overflow).
         ready_after: per parameter, the layer index after whose backward its diff is final (the smallest
             index of the layers holding it); None: all at the end (no overlap possible).
+        names: per parameter, the name of the layer holding it (the trace names each bucket's layers).
         overlap, double_buffering: as above.
 
     Attributes:
@@ -72,8 +73,9 @@ class GradientExchange:
     """
 
     def __init__(self, params, comm, algorithm="auto", bucket_bytes=0, fp16=False, ready_after=None,
-                 overlap=False, double_buffering=False):
+                 overlap=False, double_buffering=False, names=None):
         params = list(params)
+        names = list(names) if names is not None else [""] * len(params)
         ready_after = list(ready_after) if ready_after is not None else [0] * len(params)
         order = sorted(range(len(params)), key=lambda k: -ready_after[k])  # stable: backward order
         self.params = [params[k] for k in order]
@@ -87,6 +89,9 @@ class GradientExchange:
         # a bucket may leave once every parameter overlapping it is final: after the smallest ready index
         self.bucket_ready = [min(r for r, lo, hi in zip(self.ready_after, self.offsets[:-1], self.offsets[1:])
                                  if lo < b_hi and hi > b_lo) for b_lo, b_hi in self.buckets]
+        names = [names[k] for k in order]
+        self.bucket_layers = [list(dict.fromkeys(n for n, lo, hi in zip(names, self.offsets[:-1], self.offsets[1:])
+                                                 if lo < b_hi and hi > b_lo and n)) for b_lo, b_hi in self.buckets]
         self.seconds = self.comm_seconds = self.exposed_seconds = 0.0
         self.calls = 0
         self.armed = False  # True during the backward whose gradients are exchanged (the last iter_size pass)
@@ -114,9 +119,17 @@ class GradientExchange:
         if self.fp16:
             self.buffer[b_lo:b_hi] /= numpy.float16(self.comm.size)
 
-    def _allreduce(self, b_lo, b_hi):
+    def _bucket_args(self, k):
+        b_lo, b_hi = self.buckets[k]
+        return dict(algorithm=self.algorithm, bytes=int((b_hi - b_lo) * self.buffer.itemsize),
+                    layers=self.bucket_layers[k])
+
+    def _allreduce(self, k, inline=False):
+        b_lo, b_hi = self.buckets[k]
         t0 = time.perf_counter()
-        with self._device or contextlib.nullcontext():
+        # inline, the training thread itself waits for the allreduce: exposed time, as the trace counts it
+        spanned = trace.wait if inline else trace.span
+        with spanned("comm", f"bucket {k}", **self._bucket_args(k)), self._device or contextlib.nullcontext():
             self.comm.allreduce(self.buffer[b_lo:b_hi], algorithm=self.algorithm)
         self.comm_seconds += time.perf_counter() - t0
 
@@ -124,16 +137,16 @@ class GradientExchange:
         b_lo, b_hi = self.buckets[k]
         self._pack(b_lo, b_hi)
         if not (self.overlap or self.double_buffering):
-            self._allreduce(b_lo, b_hi)
+            self._allreduce(k, inline=True)
         elif self.algorithm == "mpi":
             from mpi4py import MPI
             request = self.comm.comm.Iallreduce(MPI.IN_PLACE, self.buffer[b_lo:b_hi], op=MPI.SUM)
-            self._pending.append((time.perf_counter(), request))
+            self._pending.append((time.perf_counter(), request, k))
         else:
             if self._thread is None:
                 from concurrent.futures import ThreadPoolExecutor
                 self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="layerforge-comm")
-            self._pending.append(self._thread.submit(self._allreduce, b_lo, b_hi))
+            self._pending.append(self._thread.submit(self._allreduce, k))
 
     def backward_step(self, i):
         """After layer ``i``'s backward: send every bucket whose parameters are now final (when armed), and
@@ -143,14 +156,17 @@ class GradientExchange:
             self._launched += 1
         if self._pending and self.algorithm == "mpi":
             from mpi4py import MPI
-            MPI.Request.Testall([r for _, r in self._pending])  # drives the non-blocking allreduces on
+            MPI.Request.Testall([r for _, r, _ in self._pending])  # drives the non-blocking allreduces on
 
     def _wait(self):
         if self.algorithm == "mpi" and self._pending:
             from mpi4py import MPI
             started = self._pending[0][0]
-            MPI.Request.Waitall([r for _, r in self._pending])
-            self.comm_seconds += time.perf_counter() - started
+            MPI.Request.Waitall([r for _, r, _ in self._pending])
+            done = time.perf_counter()
+            self.comm_seconds += done - started
+            for posted, _, k in self._pending:  # the library progressed them somewhere: posted until waited for
+                trace.complete("comm", f"bucket {k}", posted, done - posted, self._bucket_args(k), thread="comm")
         else:
             for future in self._pending:
                 future.result()
@@ -159,7 +175,8 @@ class GradientExchange:
     def _finish(self):
         """Wait for the launched buckets, average, and write the diffs back."""
         t0 = time.perf_counter()
-        self._wait()
+        with trace.wait("comm"):
+            self._wait()
         self.exposed_seconds += time.perf_counter() - t0
         if not self.fp16:
             self.buffer /= self.buffer.dtype.type(self.comm.size)
@@ -218,6 +235,11 @@ class GradientExchange:
                 f"({share:.3g}% of the iteration; {mode})")
 
 
+def holder_names(net, params):
+    """Per blob of ``params``: the name of the first layer holding it."""
+    return [net.layers[i].name for i in gradient_ready_after(net, params)]
+
+
 def gradient_ready_after(net, params):
     """Per blob of ``params``: the index of the first layer holding it (its diff is final after that
     layer's backward, which runs last among its holders)."""
@@ -252,7 +274,8 @@ class SparseGradientExchange:
         t0 = time.perf_counter()
         for k, p in enumerate(self.params):
             grad = p.sparse_diff()
-            summed = aggregate(self.comm, grad, p.shape[0], self.paths[k] or "allgather", self.allreduce)
+            with trace.wait("comm", f"sparse {k}", algorithm=self.paths[k] or "allgather"):
+                summed = aggregate(self.comm, grad, p.shape[0], self.paths[k] or "allgather", self.allreduce)
             if self.paths[k] is None:
                 self.paths[k] = self._choose(k, p, grad, summed)
             summed.rows /= summed.rows.dtype.type(self.comm.size)
@@ -363,7 +386,7 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
     exchange = GradientExchange(dense, comm, algorithm or sp.allreduce.lower(),
                                 bucket_bytes=int(sp.allreduce_bucket_mb * 2 ** 20), fp16=sp.allreduce_fp16,
                                 ready_after=gradient_ready_after(solver.net, dense), overlap=overlap,
-                                double_buffering=sp.double_buffering)
+                                double_buffering=sp.double_buffering, names=holder_names(solver.net, dense))
     if overlap or sp.double_buffering:
         solver.net.backward_hooks.append(exchange.backward_step)
         solver.pass_hooks.append(exchange.before_pass)

@@ -10,7 +10,7 @@ import collections
 
 import numpy
 
-from .. import backend
+from .. import backend, trace
 from . import fusion, graph, memory
 from ..blob import Blob
 from ..errors import ConfigError, DataError, LabelError, LayerforgeError, ShapeError
@@ -327,14 +327,16 @@ class Net:
             if i == group.first:
                 group.ran_fused = fuse
                 if fuse:
-                    group.forward()
+                    with trace.span("forward", self._group_name(group), type="fused"):
+                        group.forward()
                     return 0.0
             elif group.ran_fused:
                 return 0.0
         top = self._top_vecs[i]
         shapes = [t.shape for t in top]
         try:
-            self.layers[i].forward(self._bottom_vecs[i], top)
+            with trace.layer("forward", self.layers[i], self._bottom_vecs[i], top):
+                self.layers[i].forward(self._bottom_vecs[i], top)
         except LabelError as e:
             record = self._record_of(i, e.bottom, e.position)
             raise DataError(f"{e}: it comes from {record}" if record else str(e)) from None
@@ -393,7 +395,8 @@ class Net:
         group = self._fused.get(i)
         if group is not None and group.ran_fused:
             if i == group.last:  # the whole group, at the first of its layers backward meets
-                group.backward()
+                with trace.span("backward", self._group_name(group), type="fused"):
+                    group.backward()
             return
         if not self.layer_need_backward[i]:
             return
@@ -411,10 +414,14 @@ class Net:
         for b in frozen:
             b.diff = self.xp.zeros_like(b.diff)
         try:
-            layer.backward(top, self.bottom_need_backward[i], self._bottom_vecs[i])
+            with trace.layer("backward", layer, self._bottom_vecs[i], top):
+                layer.backward(top, self.bottom_need_backward[i], self._bottom_vecs[i])
         finally:
             for b, diff in zip(frozen, kept):
                 b.diff = diff
+
+    def _group_name(self, group):
+        return f"{self.layers[group.first].name}..{self.layers[group.last].name}"
 
     def forward_backward(self):
         """One forward and one backward pass; returns the loss."""

@@ -65,6 +65,11 @@ SOLVER_KEYS = {
     "snapshot_format": Field("enum", "NPZ", choices=("NPZ", "BINARYPROTO", "HDF5"),
                              doc="NPZ: layerforge's .npz (resumes exactly); BINARYPROTO / HDF5: Caffe's files"),
     "weights": Field("strs", [], doc="weights file(s) to start from (copied by layer name; relative to the cwd)"),
+    # telemetry (docs/trace.md)
+    "trace": Field("str", None, doc="record a Chrome / Perfetto trace of the trace_iterations into this file "
+                                    "(relative to the working directory; --trace overrides)"),
+    "trace_iterations": Field("str", "5:10", doc="iterations A:B (A to B-1) that go into the trace; 'A:' or all"),
+    "tensorboard": Field("str", None, doc="write TensorBoard scalars to this folder (--tensorboard overrides)"),
     # environment
     "random_seed": Field("int", -1, doc="seed of the process random stream (< 0: leave it as it is)"),
     "solver_mode": Field("enum", "CPU", choices=("CPU", "GPU")),

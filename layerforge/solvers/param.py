@@ -8,6 +8,7 @@ import math
 import os
 
 from ..errors import ConfigError
+from ..trace import parse_window
 from ..schema import Context, LineDict, suggest, validate_block, with_lines
 from .caffe_solver import read_solver_file
 from .keys import INLINE_KEYS, SOLVER_KEYS
@@ -85,6 +86,10 @@ def load_solver_param(source, registry, **overrides):
 
 
 def _check(sp, registry):
+    try:
+        parse_window(sp.trace_iterations)
+    except ValueError as e:
+        raise sp.error(str(e), "trace_iterations") from None
     names = {n.upper(): n for n in registry}
     if sp.type.upper() not in names:
         near = suggest(sp.type.upper(), list(names))

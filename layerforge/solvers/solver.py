@@ -28,7 +28,7 @@ import time
 
 import numpy
 
-from .. import backend, rng
+from .. import backend, rng, trace
 from ..errors import LayerforgeError
 from ..net.net import Net
 from ..kernels import blas
@@ -147,6 +147,7 @@ class Solver:
         self.feed, self.gradient_hooks, self.callbacks = None, [], []
         self.pass_hooks = []  # fn(solver, k) before forward-backward pass k of the iter_size passes
         self.display_hooks = []  # fn(seconds per iteration, iterations) -> a line logged with the train display
+        self.test_hooks = []  # fn(iteration, test net index, {output: mean value}) after each test pass
         self.skip_update = False  # set by a gradient hook: this iteration makes no update (double buffering)
         self.root = True
         self.test_reduce, self.agree_action, self.snapshot_hooks = None, None, []
@@ -198,6 +199,7 @@ class Solver:
         stop_iter = self.iter + int(iters)
         self._timer, self._iter_last = time.perf_counter(), self.iter
         while self.iter < stop_iter:
+            trace.iteration(self.iter)
             self.net.clear_param_diffs()
             if (sp.test_interval and self.iter % sp.test_interval == 0 and (self.iter > 0 or sp.test_initialization)
                     and (self.root or self.test_reduce is not None)):
@@ -213,7 +215,8 @@ class Solver:
             for hook in self.gradient_hooks:
                 hook(self)
             if not self.skip_update:
-                self.apply_update(display)
+                with trace.span("update", sp.type):
+                    self.apply_update(display)
             self.iter += 1
             for fn in self.callbacks:
                 fn(self.iter - 1, loss)
@@ -434,7 +437,8 @@ class Solver:
             if self.requested_early_exit:
                 break
             log.info("Iteration %d, Testing net (#%d)", self.iter, k)
-            self.test(k)
+            with trace.span("test", f"test net {k}"):
+                self.test(k)
         return self.test_scores
 
     def test(self, k=0):
@@ -472,6 +476,8 @@ class Solver:
             if self.param.report_perplexity and w and mean.size == 1:
                 scores[f"{name}_perplexity"] = math.exp(min(float(mean[0]), 700.0))
         self.test_scores[k] = scores
+        for hook in self.test_hooks:
+            hook(self.iter, k, scores)
         return scores
 
     # ------------------------------------------------------------------------------------------
@@ -490,7 +496,8 @@ class Solver:
 
         Returns the solver-state path (None on non-root ranks). Non-finite weights are never written.
         """
-        return snapshots.snapshot(self)
+        with trace.span("snapshot", f"iteration {self.iter}"):
+            return snapshots.snapshot(self)
 
     def state_arrays(self, learned_net=""):
         """The solver state as ``{name: array}`` (no pickles: JSON strings in 0-d arrays)."""

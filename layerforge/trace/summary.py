@@ -161,7 +161,7 @@ def summarize(doc):
                       "iteration_ms": mean["iteration"], "busy_ms": mean["busy"], "forward_ms": mean["forward"],
                       "backward_ms": mean["backward"], "update_ms": mean["update"], "comm_ms": mean["comm"],
                       "exposed_ms": mean["exposed"],
-                      "overlap": 1.0 - mean["exposed"] / mean["comm"] if mean["comm"] > 0 else None,
+                      "overlap": max(0.0, 1.0 - mean["exposed"] / mean["comm"]) if mean["comm"] > 0 else None,
                       "data_wait_ms": mean["data"]})
 
     per_iteration = []

@@ -96,8 +96,8 @@ def test_run_arguments():
     parser = argparse.ArgumentParser()
     trace_command.add_run_arguments(parser)
     args = parser.parse_args(["--trace", "t.json", "--trace-iterations", "2:4", "--tensorboard", "tb"])
-    assert (args.trace, args.trace_iterations, args.tensorboard) == ("t.json", (2, 4), "tb")
-    assert parser.parse_args([]).trace_iterations == (5, 10)
+    assert (args.trace, args.trace_iterations, args.tensorboard) == ("t.json", "2:4", "tb")
+    assert parser.parse_args([]).trace_iterations is None  # the solver key decides (5:10 unless set)
 
 
 def test_bad_window_is_a_usage_error(capsys):
