@@ -71,7 +71,10 @@ class BaseData(Layer):
         p = getattr(self.layer_param, self.block)
         self.records = self.open_source(p)
         self.batch_size, self.prefetch = p.batch_size, p.prefetch
-        shape = self.records.read_many([0])[0][0].shape
+        try:  # the first record gives the shape of every batch
+            shape = self.records.read_many([0])[0][0].shape
+        except DataError as e:
+            raise DataError(f"layer '{self.name}' ({self.type}): {e}") from None
         self.transformer = DataTransformer(self.layer_param.transform, self.phase, self.dtype,
                                            source=f"layer '{self.name}' ({self.type})")
         self.top_shape = (p.batch_size,) + self.transformer.output_shape(shape)
