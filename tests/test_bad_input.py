@@ -388,7 +388,7 @@ BAD_STRUCTURE = {  # the net file, the line the error must name, what it must sa
 }
 
 
-@pytest.mark.xfail(strict=True, reason=LEAD_AFTER_MOVE)
+
 @pytest.mark.parametrize("case", sorted(BAD_STRUCTURE))
 def test_a_bad_net_structure_is_one_line_naming_its_line(tmp_path, case):
     text, line, message = BAD_STRUCTURE[case]
@@ -411,7 +411,7 @@ def _ip_net(tmp_path, layer_name):
     return path
 
 
-@pytest.mark.xfail(strict=True, reason=LEAD_AFTER_MOVE)
+
 @pytest.mark.parametrize("command", ["test", "train"])
 @pytest.mark.parametrize("suffix", [".npz", ".caffemodel"])
 def test_weights_that_match_no_layer_are_one_line(tmp_path, command, suffix):

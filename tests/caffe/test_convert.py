@@ -356,7 +356,7 @@ def test_old_data_param_fields_move_to_transform():
                        ' data_param { source: "db" batch_size: 4 scale: 0.5 mirror: true crop_size: 3 } }')[1]
     layer = net["layers"][0]
     assert layer["transform"] == {"scale": 0.5, "mirror": True, "crop_size": 3}
-    assert layer["data"] == {"source": "db", "batch_size": 4}
+    assert layer["data"] == {"source": "db", "batch_size": 4, "shuffle": False}  # Caffe reads in key order
     assert list(layer)[-2:] == ["transform", "data"]
     for order in ('transform_param { scale: 2 }\n data_param { source: "db" batch_size: 4 scale: 0.5 }',
                   'data_param { source: "db" batch_size: 4 scale: 0.5 }\n transform_param { scale: 2 }'):
@@ -606,7 +606,6 @@ def test_float_dtype_of_converted_values_survives_validation():
 AFTER_SPLIT = "issue 25: caffe/convert.py's change is applied by the lead after the convert split"
 
 
-@pytest.mark.xfail(strict=True, reason=AFTER_SPLIT)
 @pytest.mark.parametrize("ceil, round_mode", [("false", "FLOOR"), ("true", "CEIL"), ("0", "FLOOR")])
 def test_ceil_mode_of_caffe_forks_becomes_round_mode(ceil, round_mode):
     layer = layer_of(f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "p"\n'
@@ -614,7 +613,6 @@ def test_ceil_mode_of_caffe_forks_becomes_round_mode(ceil, round_mode):
     assert layer["pooling"]["round_mode"] == round_mode and "ceil_mode" not in layer["pooling"]
 
 
-@pytest.mark.xfail(strict=True, reason=AFTER_SPLIT)
 @pytest.mark.parametrize("param, line, fragment", [
     ("kernel_size: 3\n  ceil_mode: false\n  round_mode: CEIL", 7,
      "key 'pooling_param.round_mode': give 'ceil_mode' (a Caffe fork's field) or 'round_mode', not both"),
@@ -632,7 +630,6 @@ DATA_LAYER = ('layer {{ name: "d" type: "Data" top: "data" top: "label" include 
               ' data_param {{ source: "{source}" batch_size: 3 {extra}}} }}\n')
 
 
-@pytest.mark.xfail(strict=True, reason=AFTER_SPLIT)
 @pytest.mark.parametrize("extra, shuffle", [("", False), ("shuffle: true ", True), ("shuffle: false ", False)])
 def test_data_layers_read_in_caffes_order_unless_asked(extra, shuffle):
     kind, net, notes = convert_text(DATA_LAYER.format(source="db", extra=extra))
@@ -640,7 +637,6 @@ def test_data_layers_read_in_caffes_order_unless_asked(extra, shuffle):
     assert not any("shuffle" in note for note in notes)
 
 
-@pytest.mark.xfail(strict=True, reason=AFTER_SPLIT)
 def test_a_caffe_prototxt_net_reads_its_database_in_key_order_in_train(tmp_path):
     """Caffe's Data layer reads the LMDB in key order in TRAIN too: a solver of Caffe's then sees Caffe's batches."""
     from layerforge.data.lmdb_io import encode_record, write_lmdb_atomic

@@ -142,14 +142,14 @@ CEIL_MODE = pytest.mark.xfail(strict=True, reason="caffe/convert.py does not rea
                                                   "(issue 25: the lead adds it after the convert split)")
 
 
-@CEIL_MODE
+
 @pytest.mark.parametrize("ceil, pool1", [(False, 11), (True, 12)])
 def test_ceil_mode_of_caffe_forks_agrees_with_opencv(opencv_path, tmp_path, ceil, pool1):
     net = compare_with_opencv(with_ceil_mode(SMALL, ceil), opencv_path, tmp_path)
     assert net.blobs["pool1"].shape == (2, 8, pool1, pool1)
 
 
-@CEIL_MODE
+
 @needs_models
 @pytest.mark.parametrize("ceil", [False, True])
 @pytest.mark.parametrize("name", [n for n in BVLC if n not in SLOW] + [pytest.param("alexnet", marks=pytest.mark.slow)])

@@ -349,15 +349,9 @@ def _in_place_chain(fuse, stop_at):
     return {"name": "chain", "fuse_batch_norm": fuse, "layers": layers}
 
 
-FUSED_STOP = pytest.mark.xfail(strict=True, reason="the fused BatchNorm+Scale+ReLU backward runs the whole group "
-                                                   "when its ReLU needs backward, ignoring the ReLU's propagate_down: "
-                                                   "false (fusion.batch_norm_groups must leave such a group unfused; "
-                                                   "issue 25, for the lead after the net/ move)")
-
-
 @pytest.mark.parametrize("fuse, stop_at, needs, learning", [
     (False, "relu", {"relu"}, {"ip"}),
-    pytest.param(True, "relu", {"relu"}, {"ip"}, marks=FUSED_STOP),
+    (True, "relu", {"relu"}, {"ip"}),
     (True, "scale", {"scale", "relu"}, {"scale", "ip"}),
     (True, "ip", set(), {"ip"}),
 ])
