@@ -138,16 +138,10 @@ def test_bvlc_deploy_nets_agree_with_opencv(opencv_path, tmp_path, name):
     compare_with_opencv(deploy_text(name), opencv_path, tmp_path)
 
 
-CEIL_MODE = pytest.mark.xfail(strict=True, reason="caffe/convert.py does not read the fork field ceil_mode yet "
-                                                  "(issue 25: the lead adds it after the convert split)")
-
-
-
 @pytest.mark.parametrize("ceil, pool1", [(False, 11), (True, 12)])
 def test_ceil_mode_of_caffe_forks_agrees_with_opencv(opencv_path, tmp_path, ceil, pool1):
     net = compare_with_opencv(with_ceil_mode(SMALL, ceil), opencv_path, tmp_path)
     assert net.blobs["pool1"].shape == (2, 8, pool1, pool1)
-
 
 
 @needs_models
