@@ -4,6 +4,7 @@ import logging
 import numpy
 
 from ..kernels import engine_cache
+from .. import trace
 from ..backend import Stopwatch
 from ..errors import ShapeError
 from ..kernels.output_size import conv_output_size
@@ -374,9 +375,11 @@ class Convolution(Layer):
         if tune.choice:
             return getattr(self.engines[tune.choice], method or direction)(*args)
         name = tune.next()
-        self._stopwatch.start()
-        getattr(self.engines[name], method or direction)(*args)
-        if tune.record(name, self._stopwatch.stop()):
+        with trace.span(direction, self.name, trial=name):  # AUTO's trial of one engine, inside the layer's span
+            self._stopwatch.start()
+            getattr(self.engines[name], method or direction)(*args)
+            seconds = self._stopwatch.stop()
+        if tune.record(name, seconds):
             times = ", ".join(f"{k} {1000 * min(v):.3f} ms" for k, v in tune.times.items())
             logger.info("%s '%s': %s engine %s (%s)", self.type, self.name, direction, tune.choice, times)
             self._release_unchosen()
