@@ -32,8 +32,8 @@ import weakref
 
 import numpy
 
-from .._threads import local_ranks
 from ..errors import DataError, LayerforgeError, describe_exit
+from ..kernels.parallel import num_threads
 from .images import catch_stderr_for_good
 
 log = logging.getLogger("layerforge")
@@ -49,19 +49,17 @@ _exit_hook = []
 def decode_workers(configured=0):
     """How many decode workers a data layer starts.
 
-    ``$LAYERFORGE_DECODE_WORKERS`` when set (the command line's override), else ``configured`` (the layer's
-    ``decode_workers``) when positive, else this process's share of the cores it may run on: the cores divided
-    by the MPI ranks on this node, as the BLAS threads are divided.
+    ``$LAYERFORGE_DECODE_WORKERS`` when set (the command line's override, 0 there meaning the default whatever
+    the key says), else ``configured`` (the layer's ``decode_workers``) when positive, else one per kernel
+    thread: the share of the cores this process was given, which BLAS and the kernel thread pool use too (all
+    the cores; under mpiexec or CGDP, the cores divided by the processes on the node).
     """
     value = os.environ.get(WORKERS_ENV, "").strip()
     if value:
         if not value.isdigit():
             raise LayerforgeError(f"{WORKERS_ENV} must be a whole number of workers (0: one per core), got {value!r}")
         configured = int(value)
-    if configured > 0:
-        return configured
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // local_ranks())
+    return configured if configured > 0 else num_threads()
 
 
 class DecodePool:

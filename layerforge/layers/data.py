@@ -27,8 +27,8 @@ COMMON = {
     "rand_skip": Field("int", 0, min=0, doc="start at a random record in [0, rand_skip) (decorrelates workers)"),
     "prefetch": Field("int", 4, min=0, doc="batches the decode workers prepare ahead; 0: made during forward"),
     "decode_workers": Field("int", 0, min=0, doc="processes that read, decode and crop records (0: one per core, "
-                                                 "divided among a node's MPI ranks; $LAYERFORGE_DECODE_WORKERS "
-                                                 "overrides)"),
+                                                 "the cores divided among a node's processes; "
+                                                 "$LAYERFORGE_DECODE_WORKERS overrides)"),
     "rank": Field("int", 0, min=0, doc="read shard `rank` of `world_size` (records rank, rank + world_size, ...)"),
     "world_size": Field("int", 1, min=1, doc="number of disjoint shards the source is split into"),
 }

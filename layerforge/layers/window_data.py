@@ -178,7 +178,7 @@ class WindowSampler:
 
     def _mean_on(self, xp):
         if self.mean is not None and xp not in self._means:
-            self._means[xp] = xp.asarray(self.mean)
+            self._means[xp] = xp.asarray(numpy.ascontiguousarray(self.mean))  # a mean_value is a broadcast view
         return self._means.get(xp)
 
     def get_state(self):

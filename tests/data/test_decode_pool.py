@@ -161,14 +161,16 @@ def test_workers_end_with_their_parent(how):
 
 
 def test_worker_count(monkeypatch):
+    from layerforge.kernels import parallel
+
     monkeypatch.delenv(WORKERS_ENV, raising=False)
-    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1")
-    cores = len(os.sched_getaffinity(0))
-    assert decode_workers(0) == cores and decode_workers(3) == 3
-    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", str(2 * cores))  # more ranks than cores: one each
-    assert decode_workers(0) == 1
-    monkeypatch.setenv(WORKERS_ENV, "5")  # the command line's override wins over the layer's key
-    assert decode_workers(3) == 5
+    assert decode_workers(0) == parallel.num_threads() and decode_workers(3) == 3
+    monkeypatch.setattr(parallel, "_state", {"threads": 5, "pool": None})  # a rank given 5 of the node's cores
+    assert decode_workers(0) == 5
+    monkeypatch.setenv(WORKERS_ENV, "7")  # the command line's override wins over the layer's key
+    assert decode_workers(3) == 7
+    monkeypatch.setenv(WORKERS_ENV, "0")
+    assert decode_workers(3) == 5  # 0: one per kernel thread, whatever the key says
     monkeypatch.setenv(WORKERS_ENV, "many")
     with pytest.raises(LayerforgeError, match=f"{WORKERS_ENV} must be a whole number of workers"):
         decode_workers(0)

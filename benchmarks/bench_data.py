@@ -1,0 +1,252 @@
+"""The image input pipeline: layerforge's Data layer beside PyTorch's DataLoader and beside the decode limit.
+
+    python benchmarks/bench_data.py [--images 2000] [--workers 1,2] [--batches 40] [--quick] [--out DIR]
+
+Makes, once, an ImageNet-like set under data/bench_data/ (gitignored): ``--images`` 500 x 375 JPEGs of about
+73 KB (smooth colour fields with texture and noise, written by OpenCV at quality 88), put by ``layerforge
+convert_imageset --encoded`` into a Datum LMDB. Then, for each worker count W, side by side:
+
+* layerforge: a Data layer over the LMDB (TRAIN: shuffle, random crop 224, mirror, mean_value 104 117 123;
+  batch 64; ``decode_workers`` W; default prefetch), its forward filling float32 tops;
+* PyTorch: ``DataLoader(num_workers=W, batch_size=64, shuffle=True, persistent_workers=True)``, epoch after
+  epoch, over a Dataset that reads the same
+  records the same way (Datum parse, cv2.imdecode, random crop 224, mirror, mean) into float32 tensors;
+* the limit: W times one core's cv2.imdecode rate over the same JPEGs, measured just before.
+
+Images per second over ``--batches`` batches, after 6 warm-up batches (the workers' start and the batches they
+prepare before the clock starts). Each framework runs in its own subprocess per W (an LMDB environment is
+opened once per process). A second table shows why the workers are processes: decode rates of k threads with
+the per-image capture of OpenCV's messages (one fd 2 per process: a lock), of k threads without it, and of k
+forked processes that catch their own fd 2 once. ``--quick`` (CI): 48 images, batch 16, 3 batches, W = 1, 2.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+CROP, MEAN, WARMUP = 224, (104.0, 117.0, 123.0), 6
+
+
+# --------------------------------------------------------------------------------------------------
+# the data set
+
+def imagenet_like(r, height=375, width=500):
+    """A 500 x 375 BGR image that JPEG compresses like a photograph: smooth colour, texture, sensor noise."""
+    import cv2
+
+    base = cv2.resize(r.integers(0, 256, (12, 16, 3), dtype=numpy.uint8), (width, height),
+                      interpolation=cv2.INTER_CUBIC).astype(numpy.float32)
+    texture = cv2.resize(r.normal(0, 1, (height // 4, width // 4, 3)).astype(numpy.float32), (width, height))
+    noise = r.normal(0, 1, (height, width, 3)).astype(numpy.float32)
+    return numpy.clip(base + 28 * texture + 9 * noise, 0, 255).astype(numpy.uint8)
+
+
+def make_set(out, count):
+    """``(lmdb path, mean JPEG bytes)``: ``count`` JPEGs in ``out``/jpeg and their Datum LMDB, made once."""
+    import cv2
+
+    db, folder = os.path.join(out, "lmdb"), os.path.join(out, "jpeg")
+    if not os.path.isdir(db):
+        os.makedirs(folder, exist_ok=True)
+        r, lines = numpy.random.default_rng(0), []
+        for i in range(count):
+            cv2.imwrite(os.path.join(folder, f"{i:05d}.jpg"), imagenet_like(r), [cv2.IMWRITE_JPEG_QUALITY, 88])
+            lines.append(f"{i:05d}.jpg {i % 1000}")
+        with open(os.path.join(out, "list.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        subprocess.run([sys.executable, "-m", "layerforge", "convert_imageset", "--encoded", folder + "/",
+                        os.path.join(out, "list.txt"), db], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    sizes = [os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)]
+    return db, sum(sizes) / len(sizes)
+
+
+def jpeg_bytes(db, count=64):
+    import lmdb
+
+    from layerforge.caffe.caffe_pb import Datum
+
+    with lmdb.open(db, readonly=True, lock=False) as env, env.begin() as txn:
+        out = []
+        for _, value in zip(range(count), txn.cursor()):
+            datum = Datum()
+            datum.ParseFromString(value[1])
+            out.append(numpy.frombuffer(datum.data, numpy.uint8))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the decode limit, and threads against processes
+
+def decode_rate(jpegs, seconds, decode=None, workers=1, processes=False):
+    """Images per second decoded by ``workers`` threads (or forked processes) calling ``decode``."""
+    import multiprocessing
+
+    import cv2
+
+    decode = decode or (lambda b: cv2.imdecode(b, cv2.IMREAD_COLOR))
+
+    def run(report):
+        if processes:  # what a decode worker does
+            from layerforge.data.images import catch_stderr_for_good
+            catch_stderr_for_good()
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for b in jpegs:
+                decode(b)
+            count += len(jpegs)
+        report(count / (time.perf_counter() - start))
+
+    if processes:
+        context = multiprocessing.get_context("fork")
+        rates = context.SimpleQueue()
+        runners = [context.Process(target=run, args=(rates.put,)) for _ in range(workers)]
+    else:
+        rates = []
+        runners = [threading.Thread(target=run, args=(rates.append,)) for _ in range(workers)]
+    for r in runners:
+        r.start()
+    for r in runners:
+        r.join()
+    return sum(rates.get() for _ in runners) if processes else sum(rates)
+
+
+def primitives(jpegs, workers, seconds):
+    from layerforge.data.images import decode_image
+
+    caught = lambda b: decode_image(b, True, "bench")  # noqa: E731
+    rows = []
+    for k in workers:
+        rows.append((k, decode_rate(jpegs, seconds, caught, k), decode_rate(jpegs, seconds, None, k),
+                     decode_rate(jpegs, seconds, caught, k, processes=True)))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# the two pipelines (each in a subprocess of its own)
+
+def run_layerforge(db, workers, batch, batches):
+    from layerforge import rng
+    from layerforge.blob import Blob
+    from layerforge.layers import create_layer
+
+    rng.seed(0)
+    layer = create_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                          "transform": {"crop_size": CROP, "mirror": True, "mean_value": list(MEAN)},
+                          "data": {"source": db, "batch_size": batch, "decode_workers": workers}}, phase="TRAIN")
+    top = [Blob(), Blob()]
+    layer.setup([], top)
+    for _ in range(WARMUP):
+        layer.forward([], top)
+    start = time.perf_counter()
+    for _ in range(batches):
+        layer.forward([], top)
+    rate = batches * batch / (time.perf_counter() - start)
+    layer.close()
+    return rate
+
+
+def run_torch(db, workers, batch, batches):
+    import random
+
+    import cv2
+    import lmdb
+    import torch
+
+    from layerforge.caffe.caffe_pb import Datum
+
+    class Images(torch.utils.data.Dataset):
+        """The LMDB's records as float32 (3, 224, 224) tensors: decode, random crop, mirror, mean."""
+
+        def __init__(self):
+            with lmdb.open(db, readonly=True, lock=False) as env, env.begin() as txn:
+                self.keys = list(txn.cursor().iternext(keys=True, values=False))
+            self.env, self.mean = None, numpy.array(MEAN, numpy.float32).reshape(3, 1, 1)
+
+        def __len__(self):
+            return len(self.keys)
+
+        def __getitem__(self, i):
+            if self.env is None:  # opened in the worker that reads
+                self.env = lmdb.open(db, readonly=True, lock=False, readahead=False)
+            with self.env.begin(buffers=True) as txn:
+                datum = Datum()
+                datum.ParseFromString(bytes(txn.get(self.keys[i])))
+            image = cv2.imdecode(numpy.frombuffer(datum.data, numpy.uint8), cv2.IMREAD_COLOR)
+            y0, x0 = random.randint(0, image.shape[0] - CROP), random.randint(0, image.shape[1] - CROP)
+            window = image[y0:y0 + CROP, x0:x0 + CROP]
+            if random.random() < 0.5:
+                window = window[:, ::-1]
+            return torch.from_numpy(window.transpose(2, 0, 1).astype(numpy.float32) - self.mean), datum.label
+
+    def epochs(loader):  # as a training loop runs them: the workers stay, each epoch reshuffles
+        while True:
+            yield from loader
+
+    loader = epochs(torch.utils.data.DataLoader(Images(), batch_size=batch, shuffle=True, num_workers=workers,
+                                                drop_last=True, persistent_workers=True))
+    for _ in range(WARMUP):
+        next(loader)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(loader)
+    return batches * batch / (time.perf_counter() - start)
+
+
+def measure(framework, db, workers, batch, batches):
+    out = subprocess.run([sys.executable, __file__, "--run", framework, "--db", db, "--workers", str(workers),
+                          "--batch", str(batch), "--batches", str(batches)],
+                         capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    if out.returncode != 0:
+        sys.exit(f"{framework} with {workers} workers failed:\n{out.stderr}")
+    return json.loads(out.stdout.splitlines()[-1])["rate"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--workers", default=None, help="worker counts, e.g. 1,2 (default: 1 .. the cores)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batches", type=int, default=40, help="timed batches per pipeline")
+    parser.add_argument("--quick", action="store_true", help="48 images, batch 16, 3 batches, W = 1, 2 (CI)")
+    parser.add_argument("--out", default=None, help="where the set goes (default data/bench_data/<images>)")
+    parser.add_argument("--run", choices=("layerforge", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--db", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        run = run_layerforge if args.run == "layerforge" else run_torch
+        print(json.dumps({"rate": run(args.db, int(args.workers), args.batch, args.batches)}))
+        return
+    if args.quick:
+        args.images, args.batch, args.batches, args.workers = 48, 16, 3, args.workers or "1,2"
+    workers = [int(w) for w in (args.workers or ",".join(map(str, range(1, os.cpu_count() + 1)))).split(",")]
+    out = args.out or os.path.join(ROOT, "data", "bench_data", str(args.images))
+    db, size = make_set(out, args.images)
+    jpegs = jpeg_bytes(db)
+    seconds = 0.3 if args.quick else 2.0
+    print(f"{args.images} JPEGs of 500x375, {size / 1024:.0f} KB on average; crop {CROP}, mirror, mean; batch "
+          f"{args.batch}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at the start")
+    print(f"{'workers':>7} | {'layerforge img/s':>16} | {'PyTorch img/s':>13} | {'limit img/s':>11} | "
+          f"{'layerforge/limit':>16} | {'layerforge/PyTorch':>18}")
+    for w in workers:
+        limit = w * decode_rate(jpegs, seconds)
+        ours = measure("layerforge", db, w, args.batch, args.batches)
+        theirs = measure("torch", db, w, args.batch, args.batches)
+        print(f"{w:>7} | {ours:>16,.0f} | {theirs:>13,.0f} | {limit:>11,.0f} | {ours / limit:>16.0%} | "
+              f"{ours / theirs:>17.2f}x")
+    print(f"\ndecode rates, img/s (threads vs processes; load average {os.getloadavg()[0]:.2f})")
+    print(f"{'k':>3} | {'k threads, fd 2 caught per image':>32} | {'k threads, nothing caught':>25} | "
+          f"{'k processes, fd 2 caught once':>29}")
+    for k, locked, free, processes in primitives(jpegs, workers, seconds):
+        print(f"{k:>3} | {locked:>32,.0f} | {free:>25,.0f} | {processes:>29,.0f}")
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()
