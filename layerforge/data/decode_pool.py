@@ -162,7 +162,7 @@ class DecodePool:
     def _died(self, j):
         process = self.procs[j]
         process.join(1.0)
-        slot, chunk = self.owed[j][0]
+        _, chunk = self.owed[j][0]  # the first chunk it owes is the one it was filling
         record = self.describe(chunk[min(max(int(self.progress[j]), 0), len(chunk) - 1)])
         message = (f"{self.name}: decode worker {j} (pid {process.pid}) {describe_exit(process.exitcode)} "
                    f"while reading {record}")
