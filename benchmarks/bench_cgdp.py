@@ -5,7 +5,7 @@
 For each net both modes run in the same invocation with the same per-worker batch (synthetic DummyData
 from configs/<net>_net.yaml), alternating ``--repeats`` times; each mode's fastest run is kept. Reported per mode: the phases of worker 0 (forward, backward, exposed
 exchange, update, iteration; ms), the exposed exchange as % of backward, and the ratio of iteration times
-tree / host. The cost model (layerforge/parallel/cost_model.py) takes the host run's per-layer backward
+tree / host. The cost model (layerforge/dataparallel/cgdp/cost_model.py) takes the host run's per-layer backward
 times, each mode's forward/backward/update totals and the exchange rates worker 0 timed after the host
 run (seconds per value copied, added, scaled), and predicts both modes' iteration times, which are
 compared with the measurements.
@@ -22,8 +22,8 @@ BATCH = {"alexnet": 4, "vgg16": 1}
 
 
 def run_net(name, G, iterations, chunk_size, repeats=2, batch=None):
-    from layerforge.parallel import train_parallel
-    from layerforge.parallel.cost_model import from_stats
+    from layerforge.dataparallel.cgdp import train_parallel
+    from layerforge.dataparallel.cgdp.cost_model import from_stats
 
     solver = {"net": os.path.join(ROOT, "configs", f"{name}_net.yaml"), "base_lr": 0.001, "momentum": 0.9,
               "max_iter": iterations + 1, "snapshot_after_train": False, "random_seed": 1}

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_train import NETS  # noqa: E402
-from layerforge.kernels.im2col import conv_output_size  # noqa: E402
+from layerforge.kernels.output_size import conv_output_size  # noqa: E402
 from layerforge.kernels import winograd  # noqa: E402
 from layerforge.kernels.implicit_gemm import ENGINES  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The threaded non-GEMM kernels (kernels.parallel) at 1 and 2 threads, next to PyTorch's same op.
+"""The threaded non-GEMM kernels (kernels.threadpool) at 1 and 2 threads, next to PyTorch's same op.
 
     python benchmarks/bench_ops.py [--repeat 5] [--threads 1,2]
 
@@ -20,10 +20,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_conv import best_time  # noqa: E402
 
-from layerforge.kernels import parallel, pooling  # noqa: E402
+from layerforge.kernels import threadpool as parallel, pooling  # noqa: E402
 from layerforge.kernels.batch_norm import batch_stats, normalize  # noqa: E402
 from layerforge.kernels.fused_batch_norm import bn_scale_relu_backward, scale_shift_relu  # noqa: E402
-from layerforge.kernels.im2col import col2im_cpu, conv_output_size, im2col_cpu  # noqa: E402
+from layerforge.kernels.im2col import col2im_cpu, im2col_cpu  # noqa: E402
+from layerforge.kernels.output_size import conv_output_size  # noqa: E402
 
 # (name, N, C, H, W, kernel, stride, pad)
 IM2COL = [("alexnet conv2 b16", 16, 96, 27, 27, 5, 1, 2), ("resnet50 3x3 56 b8", 8, 64, 56, 56, 3, 1, 1),

@@ -123,7 +123,7 @@ def torch_runner(net, torch):
 def bench(name, batch, iterations, torch):
     from layerforge.net import Net
     from layerforge.commands.time import warm_up
-    from layerforge.netdef import load_net_def, set_batch_size
+    from layerforge.net.netdef import load_net_def, set_batch_size
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", f"{name}.yaml")
     net = Net(set_batch_size(load_net_def(path), batch), phase="train")

@@ -15,7 +15,8 @@ seconds, 570 by default):
    trains LeNet and a small ResNet 20 iterations on both and runs ``layerforge time --gpu 0``), the
    device feed, the Stopwatch, and CGDP with two workers sharing the GPU (``--devices 0,0``, host and tree).
 4. ``lenet``: configs/lenet_solver.yaml with ``solver_mode: GPU`` (stopping early if its box runs
-   short; ``lenet_iterations`` says how far it got); test accuracy and seconds.
+   short; ``lenet_iterations`` says how far it got); test accuracy and seconds. Iterations 10-14 are traced
+   (layerforge.trace) with NVTX ranges and device spans: ``trace_spans``, ``trace_nvtx``, ``trace_device_spans``.
 5. ``nets``: ResNet-50 b64, AlexNet b256, VGG-16 b32 training iterations (forward, backward, momentum
    SGD) in layerforge (cupy) and PyTorch (CUDA), strict fp32 and TF32: images/s and peak device memory
    (cupy's memory pool after the run; torch.cuda.max_memory_allocated); and layerforge in fp32 with its
@@ -92,7 +93,7 @@ def phase_info(smoke):
 def phase_tests(smoke):
     targets = ["tests/kernels/test_lrn.py"] if smoke else [
         "tests/kernels", "tests/layers", "tests/data/test_device_feed.py", "tests/test_backend.py",
-        "tests/parallel/test_host_tree.py::test_two_workers_sharing_one_gpu_match_one_cpu_worker_with_the_whole_batch"]
+        "tests/dataparallel/cgdp/test_host_tree.py::test_two_workers_sharing_one_gpu_match_one_cpu_worker_with_the_whole_batch"]
     import importlib.util
     if not smoke and importlib.util.find_spec("xdist"):  # the device image has pytest-xdist: 16 cores
         targets += ["-n", "8"]
@@ -125,13 +126,24 @@ def phase_lenet(smoke, seconds_left):
     else:
         overrides.update(solver_mode="GPU", device_id=0)
     solver = layerforge.get_solver(os.path.join(ROOT, "configs", "lenet_solver.yaml"), **overrides)
+    from layerforge import trace
+    trace_path = os.path.join(tempfile.mkdtemp(), "lenet-trace.json")
+    # iterations 10-14 traced: NVTX ranges (Nsight) and device spans (CUDA events) on a GPU
+    trace.start(trace_path, (10, 15), xp=solver.xp, device_spans=not smoke)
     t0 = time.perf_counter()
     stop = STARTED + 0.75 * seconds_left  # the box counts from process start; leave time for the test pass
     while solver.iter < solver.param.max_iter and time.perf_counter() < stop:
         solver.step(min(50, solver.param.max_iter - solver.iter))
     seconds = time.perf_counter() - t0
+    rec = trace.current_recorder()
+    trace.finish()
     scores = solver.test(0)
-    return {"lenet_accuracy": float(scores["accuracy"]), "lenet_seconds": seconds, "lenet_iterations": solver.iter}
+    doc = trace.load_trace(trace_path)
+    rows = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"}
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    return {"lenet_accuracy": float(scores["accuracy"]), "lenet_seconds": seconds, "lenet_iterations": solver.iter,
+            "trace_spans": len(spans), "trace_nvtx": rec.nvtx is not None,
+            "trace_device_spans": sum(rows.get((e["pid"], e["tid"])) == "device" for e in spans)}
 
 
 def _sync(xp):
@@ -242,7 +254,7 @@ def phase_convs(smoke):
     import numpy
     import torch
     from bench_conv import conv_shapes
-    from layerforge.kernels.im2col import conv_output_size
+    from layerforge.kernels.output_size import conv_output_size
     from layerforge.kernels.implicit_gemm import ENGINES
     from layerforge.kernels.winograd import eligible
 

@@ -9,12 +9,12 @@ pycaffe-style API::
     solver = layerforge.get_solver("configs/lenet_solver.yaml")
     solver.step(100)
 """
-from ._threads import limit_threads_per_rank
+from .cores import limit_threads_per_rank
 
 limit_threads_per_rank()  # before numpy loads its BLAS
 
 from .errors import ConfigError, DataError, LayerforgeError, ShapeError  # noqa: E402
-from .net import Net  # noqa: E402
+from .net.net import Net  # noqa: E402
 from .solvers import Solver, get_solver  # noqa: E402
 
 __version__ = "0.1.0"

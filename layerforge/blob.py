@@ -11,6 +11,7 @@ import numpy
 
 from .backend import get_array_module
 from .errors import ShapeError
+from .logs import format_bytes
 
 # Allocations below this size skip the free-memory check (it reads /proc or asks the device).
 _CHECKED_BYTES = 64 << 20
@@ -47,7 +48,6 @@ def zeros_checked(shape, dtype, xp=numpy, what="a blob"):
 
 
 def _gib(nbytes):
-    from .memory import format_bytes  # memory imports the kernels, which blob must not import at load
     return format_bytes(nbytes)
 
 

@@ -26,6 +26,7 @@ COMMANDS = {
     "test": "test",
     "testbed": "testbed",
     "time": "time",
+    "trace": "trace",
     "train": "train",
 }
 
@@ -70,7 +71,7 @@ def build_parser(only=None):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
-    from .supervisor import needs_supervisor, supervise
+    from .dataparallel.supervisor import needs_supervisor, supervise
 
     if needs_supervisor():  # a rank of an MPI job: its work runs in a child whose death by a signal is reported
         return supervise(argv)

@@ -118,3 +118,11 @@ def _clock(seconds):
         return "?"
     seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def format_bytes(nbytes):
+    """``1536`` -> ``1.5 KiB``: binary units up to GiB, for messages and tables."""
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:,.1f} {unit}"
+    return f"{int(nbytes)} B"

@@ -8,8 +8,6 @@ returns a :class:`Params` namespace with defaults filled in. Every error is a on
 import difflib
 import math
 import numbers
-import os
-import re
 
 import yaml
 from numpy import bool_ as numpy_bool
@@ -83,46 +81,6 @@ def read_config_text(path):
 def load_yaml(path):
     """Read a YAML file into LineDict/LineList values; syntax errors become one-line ConfigErrors."""
     return load_yaml_text(read_config_text(path), str(path))
-
-
-_PROTOTXT_BLOCK = re.compile(r"^\s*[A-Za-z_]\w*\s*\{", re.M)
-
-
-def is_prototxt(path, text):
-    """True for Caffe's text format: a .prototxt/.pt file, or (any other name but .yaml/.yml) text with
-    ``name {`` message blocks, which YAML never has at the start of a line. (Other files are read as YAML
-    first: a prototxt of one ``key: value`` per line is valid YAML of the same meaning.)"""
-    ext = os.path.splitext(str(path))[1].lower()
-    if ext in (".yaml", ".yml"):
-        return False
-    return ext in (".prototxt", ".pt") or bool(_PROTOTXT_BLOCK.search(text))
-
-
-def load_config(path):
-    """A net or solver file as LineDict values: YAML as it is, Caffe prototxt converted (layerforge.caffe).
-
-    Either way, errors are one-line ConfigErrors naming the file and line.
-    """
-    from .caffe.prototxt import parse
-
-    def converted():
-        from .caffe.convert import convert_message
-
-        # a solver's net files are read where they are, as they are (prototxt too): no renaming to .yaml
-        return convert_message(parse(text, str(path)), str(path), rename_net=lambda old, key: old)[1]
-
-    text = read_config_text(path)
-    if is_prototxt(path, text):
-        return converted()
-    try:
-        return load_yaml_text(text, str(path))
-    except ConfigError as yaml_error:
-        if os.path.splitext(str(path))[1].lower() in (".yaml", ".yml"):
-            raise
-        try:  # several "key: value" fields on one line are prototxt, never YAML
-            return converted()
-        except ConfigError:
-            raise yaml_error from None
 
 
 # A config that expands to more nodes than this is refused before it is built: aliases can make a

@@ -65,7 +65,7 @@ def test_array_module_dispatch():
 @pytest.mark.parametrize("env, rank", [({}, 0), ({"MPI_LOCALRANKID": "3"}, 3), ({"OMPI_COMM_WORLD_LOCAL_RANK": "1"}, 1),
                                        ({"SLURM_LOCALID": "2"}, 2)])
 def test_local_rank_from_the_launchers_environment(monkeypatch, env, rank):
-    from layerforge._threads import local_rank
+    from layerforge.cores import local_rank
     for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():

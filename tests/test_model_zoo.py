@@ -11,7 +11,7 @@ import pytest
 from layerforge import cli
 from layerforge.commands.summary import summarize
 from layerforge.net import Net
-from layerforge.netdef import load_net_def, set_batch_size
+from layerforge.net.netdef import load_net_def, set_batch_size
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -105,7 +105,7 @@ def test_train_resnet50_on_synthetic_data(tmp_path, monkeypatch, capsys):
 
 def test_real_data_stage_swaps_the_data_layers():
     netdef = load_net_def(CONFIGS / "cifar10_quick_net.yaml")
-    from layerforge.netdef import layer_included
+    from layerforge.layers.layer_param import layer_included
     data = [lp for lp in netdef.layers if lp.name == "cifar"]
     assert [lp.type for lp in data if layer_included(lp, "TRAIN")] == ["DummyData"]
     assert [lp.type for lp in data if layer_included(lp, "TRAIN", stages=("real",))] == ["Data"]

@@ -69,7 +69,7 @@ def test_data_parallel_exchange_sends_the_rows_embed_added(monkeypatch, aggregat
     from mpi4py import MPI
 
     from layerforge.comm import Communicator, CostParams
-    from layerforge.distributed import make_data_parallel
+    from layerforge.dataparallel.mpi import make_data_parallel
     from tests.solvers.test_sparse_update import embed_net
 
     from layerforge.solvers import get_solver

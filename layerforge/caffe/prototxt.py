@@ -14,10 +14,11 @@ occurrence in order (``msg.all("top")``) and each occurrence keeps its line. Val
 strings (C escapes decoded, adjacent strings joined) and :class:`Enum` (a ``str``) for bare identifiers,
 so ``pool: MAX`` and ``type: "xavier"`` stay distinguishable.
 """
+import os
 import re
 
 from ..errors import ConfigError
-from ..schema import read_config_text
+from ..schema import load_yaml_text, read_config_text
 
 
 class Enum(str):
@@ -282,3 +283,33 @@ def _unescape(token, path, line):
         else:
             raise ConfigError(f"invalid escape '\\{e}' in a string", path, line)
     return bytes(out)
+
+
+_PROTOTXT_BLOCK = re.compile(r"^\s*[A-Za-z_]\w*\s*\{", re.M)
+
+
+def is_prototxt(path, text):
+    """True for Caffe's text format: a .prototxt/.pt file, or (any other name but .yaml/.yml) text with
+    ``name {`` message blocks, which YAML never has at the start of a line. (Other files are read as YAML
+    first: a prototxt of one ``key: value`` per line is valid YAML of the same meaning.)"""
+    ext = os.path.splitext(str(path))[1].lower()
+    if ext in (".yaml", ".yml"):
+        return False
+    return ext in (".prototxt", ".pt") or bool(_PROTOTXT_BLOCK.search(text))
+
+
+def read_yaml_or_prototxt(path, convert):
+    """A config file as LineDict values: YAML as it is, or Caffe prototxt parsed and given to ``convert``
+    (``convert(message, path) -> mapping``). Either way, errors are one-line ConfigErrors naming file and line."""
+    text = read_config_text(path)
+    if is_prototxt(path, text):
+        return convert(parse(text, str(path)), str(path))
+    try:
+        return load_yaml_text(text, str(path))
+    except ConfigError as yaml_error:
+        if os.path.splitext(str(path))[1].lower() in (".yaml", ".yml"):
+            raise
+        try:  # several "key: value" fields on one line are prototxt, never YAML
+            return convert(parse(text, str(path)), str(path))
+        except ConfigError:
+            raise yaml_error from None

@@ -6,7 +6,7 @@ phase is built (graph, shapes), which stops at the first problem there. Exit 2 w
 import sys
 
 from ..errors import ConfigError
-from ..net import Net
+from ..net.net import Net
 
 HELP = ("validate a net (keys, types, graph, shapes): lists every layer's problems, one line each, then the "
         "first graph or shape problem; exit 2 if any")
@@ -19,11 +19,11 @@ def add_arguments(parser):
 
 def layer_problems(path):
     """A ConfigError for every layer whose own definition is wrong (the graph is not built)."""
-    from ..blocks import expand_blocks
-    from ..netdef import parse_layer
-    from ..schema import load_config
+    from ..net.blocks import expand_blocks
+    from ..layers.layer_param import parse_layer
+    from ..solvers.caffe_solver import read_config_file
 
-    mapping = expand_blocks(load_config(path), path)
+    mapping = expand_blocks(read_config_file(path), path)
     layers = mapping.get("layers", mapping.get("layer")) if isinstance(mapping, dict) else None
     problems = []
     for i, definition in enumerate(layers if isinstance(layers, list) else ()):

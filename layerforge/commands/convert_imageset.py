@@ -12,7 +12,7 @@ import os
 import numpy
 
 from ..data.images import folder_entries, load_image, read_list_file
-from ..caffe.datum import array_to_datum, encoded_datum
+from ..data.datum import array_to_datum, encoded_datum
 from ..data.lmdb_io import encode_image_record, encode_record, write_lmdb_atomic
 from ..errors import DataError
 

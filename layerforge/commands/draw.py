@@ -4,7 +4,7 @@ Layers are boxes (name, type and the parameters the YAML sets); edges are blobs,
 and shape from the built net; in-place layers (ReLU, BatchNorm...) appear in the chain of their blob.
 Auto-inserted Split layers are not drawn: their consumers connect to the blob's producer. Output files
 ending in ``.svg``/``.png``/``.pdf`` go through Graphviz's ``dot`` when it is installed and through
-matplotlib otherwise (layerforge/drawing.py); ``.dot`` (or no ``-o``) is DOT text.
+matplotlib otherwise (layerforge/net/drawing.py); ``.dot`` (or no ``-o``) is DOT text.
 """
 import os
 import shutil
@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 from ..errors import LayerforgeError
-from ..net import Net
-from ..netdef import load_net_def, set_batch_size
+from ..net.net import Net
+from ..net.netdef import load_net_def, set_batch_size
 from ..schema import Params
 from .summary import format_shape
 
@@ -106,7 +106,7 @@ def graph(net):
 def definition_graph(netdef, phase="TRAIN", level=0, stages=()):
     """The drawn graph of a net definition that is not built (its data need not exist): layers as boxes
     (name, type, given parameters), blobs named on the edges, without shapes. Same form as :func:`graph`."""
-    from ..netdef import layer_included
+    from ..layers.layer_param import layer_included
 
     nodes, edges, producer = {}, [], {}
     for i, lp in enumerate(l for l in netdef.layers if layer_included(l, phase.upper(), level, tuple(stages))):
@@ -148,7 +148,7 @@ def render(net, path, rankdir="TB", engine="auto", drawn=None):
     if dot is None:
         if engine == "graphviz":
             raise LayerforgeError(f"writing {path} with --engine graphviz needs Graphviz's 'dot' (not installed)")
-        from ..drawing import render_matplotlib
+        from ..net.drawing import render_matplotlib
 
         try:
             return render_matplotlib(*drawn, path, rankdir)

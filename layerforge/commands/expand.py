@@ -6,8 +6,8 @@ import sys
 
 import yaml
 
-from ..blocks import expand_blocks
-from ..netdef import load_net_def
+from ..net.blocks import expand_blocks
+from ..net.netdef import load_net_def
 from ..schema import load_yaml
 
 HELP = "print a net with its reusable blocks expanded into plain layers (valid input for every command)"

@@ -1,5 +1,5 @@
 """``layerforge export NET.yaml --weights W -o net.onnx``: the net's inference graph as an ONNX model."""
-from ..netdef import load_net_def, set_batch_size
+from ..net.netdef import load_net_def, set_batch_size
 
 HELP = "export a net's inference graph (TEST phase, losses left out) with its weights as an ONNX model"
 
@@ -16,7 +16,7 @@ def add_arguments(parser):
 
 def run(args):
     from ..export.onnx import export_onnx
-    from ..net import Net
+    from ..net.net import Net
 
     netdef = load_net_def(args.net)
     if args.batch is not None:

@@ -1,7 +1,7 @@
 """``layerforge plan --solver S --nodes N --group Q``: predicted data-parallel iteration time per allreduce.
 
 With ``--workers 2,4,8`` instead: the CGDP cost model (docs/cgdp.md) for G workers on one host, host mode
-against the tree baseline, from a host-mode timing run (layerforge.parallel.commands.plan_command).
+against the tree baseline, from a host-mode timing run (plan_workers).
 
 Model (weak scaling, batch b per rank): one iteration = the net's forward-backward time T_c (measured
 here, or read from ``layerforge time --json``) + one allreduce of all gradients, n bytes, whose time the
@@ -129,16 +129,14 @@ def predict_plan(compute_ms, grad_bytes, p, q, params, batch, sparse_ms=0.0, bac
 
 
 def run(args):
-    from ..net import Net
+    from ..net.net import Net
     from ..solvers.param import load_solver_param
     from ..solvers import SOLVER_REGISTRY
     from .summary import batch_size
     from .time import time_net
 
     if args.workers:
-        from ..parallel.commands import plan_command
-
-        return plan_command(args)
+        return plan_workers(args)
     if args.nodes is None:
         raise LayerforgeError("give --nodes N (MPI ranks) or --workers LIST (workers on one host)")
     if args.nodes < 1 or args.group < 1 or args.group > args.nodes:
@@ -179,3 +177,40 @@ def run(args):
               f"{r['speedup']:9.1f} {r['images_per_s']:10.1f} {r['overlapped_ms']:14.2f} {r['double_buffered_ms']:15.2f}")
     return 0
 
+
+def plan_workers(args):
+    """``layerforge plan --solver S --workers 2,4,8``: host vs tree per G, from a host-mode timing run.
+
+    The run is ``--timing`` (``layerforge time --workers G --json`` output) or one made now: 2 workers (or
+    the ``--devices``), host mode, chunk size 1, ``--iterations`` after a warm-up.
+    """
+    from ..dataparallel.cgdp import train_parallel
+    from .data_parallel import predict_rows, prediction_text
+
+    try:
+        Gs = [int(g) for g in args.workers.split(",")]
+    except ValueError:
+        Gs = []
+    if not Gs or min(Gs) < 1:
+        raise LayerforgeError(f"--workers '{args.workers}': give worker counts >= 1, e.g. 2,4,8")
+    if args.timing:
+        stats = read_timing(args.timing)
+        if stats.get("sync") != "HOST" or "rates" not in stats or "units" not in stats:
+            raise LayerforgeError(f"{args.timing}: not a host-mode `layerforge time --workers G --json` output")
+    else:
+        stats = train_parallel(args.solver, workers=None if args.devices else 2, devices=args.devices, sync="host",
+                               chunk_size=1, iterations=args.iterations + 1, log=False, snapshot=0,
+                               snapshot_after_train=False, test_interval=0, display=0).stats
+    if not stats.get("rates"):
+        raise LayerforgeError(f"{args.solver}: the net has no learnable parameters: nothing to exchange")
+    parameters = sum(n for _, _, n in stats["units"])
+    if args.json:
+        print(json.dumps({"measured": {"G": stats["G"], "phases_ms": stats["phases_ms"], "rates": stats["rates"],
+                                       "parameters": parameters}, "rows": predict_rows(stats, Gs)}, indent=1))
+        return 0
+    ph, r = stats["phases_ms"], stats["rates"]
+    print(f"measured with {stats['G']} workers, host mode (worker 0, ms per iteration): forward {ph['forward']:.1f}, "
+          f"backward {ph['backward']:.1f}, update {ph['update']:.1f}; {parameters:,} parameters")
+    print("rates (ns per value): " + ", ".join(f"{k.replace('_', ' ')} {1e9 * v:.3f}" for k, v in r.items()))
+    print(prediction_text(stats, Gs))
+    return 0

@@ -1,6 +1,7 @@
 """``layerforge summary NET.yaml``: one row per layer with top shapes, parameters and multiply-adds."""
-from ..memory import format_bytes, memory_report
-from ..net import Net
+from ..logs import format_bytes
+from ..net.memory import memory_report
+from ..net.net import Net
 
 HELP = "print each layer's type, top shapes, parameter count and forward multiply-adds, with totals"
 

@@ -3,7 +3,7 @@ import logging
 
 from .. import backend
 from ..logs import setup_logging
-from ..net import Net
+from ..net.net import Net
 
 HELP = "run a net's TEST phase for N batches with given weights and print per-batch and mean outputs"
 

@@ -7,7 +7,7 @@ Warm-up runs until every AUTO convolution has chosen its engines, so the timed p
 Memory: unless ``--no-reuse``, the net shares activation storage (``Net.optimize_memory``). The peak of a
 training iteration is counted, not sampled: activation arrays (after sharing; the unshared figure
 too) + parameter data and diffs + what layers hold (convolution workspaces and every cached array,
-see ``layerforge.memory``). The process's RSS high-water mark (``ru_maxrss``) is printed beside it: it
+see ``layerforge.net.memory``). The process's RSS high-water mark (``ru_maxrss``) is printed beside it: it
 includes the interpreter, numpy, BLAS buffers and temporaries that the count does not see.
 
 Under ``mpiexec -n P`` every rank times its replica and then runs whole data-parallel iterations (forward,
@@ -22,13 +22,14 @@ import time
 
 import numpy
 
-from .._threads import local_rank
+from ..cores import local_rank
+from .. import trace
 from ..backend import Stopwatch, gpu_array_module, gpu_name, rank_device
 from ..layers.conv import engines_settled
 from ..errors import LayerforgeError
-from ..memory import layer_bytes
-from ..net import Net
-from ..netdef import load_net_def, set_batch_size
+from ..net.memory import layer_bytes
+from ..net.net import Net
+from ..net.netdef import load_net_def, set_batch_size
 from .summary import format_shape, print_table
 
 HELP = "time each layer's forward and backward passes and print a table with totals"
@@ -44,8 +45,10 @@ def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     parser.add_argument("--gpu", type=int, metavar="N", help="build and time the net on GPU N (device times, "
                         "CUDA events)")
-    from ..parallel.commands import add_parallel_arguments
+    from .data_parallel import add_parallel_arguments
+    from .trace import add_run_arguments
 
+    add_run_arguments(parser)  # --trace FILE of the passes --trace-iterations names (warm-up passes count)
     add_parallel_arguments(parser)  # with --workers/--devices: phases and per-chunk exchange times (docs/cgdp.md)
     parser.add_argument("--no-reuse", action="store_true", help="give every activation its own storage")
     parser.add_argument("--allreduce", default="auto", help="under mpiexec: the allreduce of the exchange")
@@ -63,7 +66,8 @@ def time_net(net, iterations):
     fwd, bwd = [0.0] * n, [0.0] * n
     warmups = warm_up(net)
     watch = Stopwatch(net.xp)
-    for _ in range(iterations):
+    for k in range(iterations):
+        trace.iteration(warmups + k)
         for i in range(n):
             watch.start()
             net.forward_layer(i)
@@ -73,7 +77,8 @@ def time_net(net, iterations):
             net.backward_layer(i)
             bwd[i] += watch.stop()
     total_fwd = total_bwd = 0.0
-    for _ in range(iterations):
+    for k in range(iterations):
+        trace.iteration(warmups + iterations + k)
         watch.start()
         net.forward()
         total_fwd += watch.stop()
@@ -121,7 +126,7 @@ def time_exchange(net, comm, iterations, algorithm="auto", bucket_mb=4.0):
     import numpy
     from mpi4py import MPI
 
-    from ..distributed import GradientExchange, gradient_ready_after
+    from ..dataparallel.mpi import GradientExchange, gradient_ready_after
 
     params = net.learnable_params
     out = {}
@@ -156,6 +161,7 @@ def warm_up(net, limit=20):
     """
     passes = 0
     while passes < 1 or (passes < limit and not engines_settled(net)):
+        trace.iteration(passes)
         net.forward()
         net.backward()
         passes += 1
@@ -179,7 +185,7 @@ def mib(n):
 
 
 def run(args):
-    from ..parallel.commands import time_command, wants_parallel
+    from .data_parallel import time_command, wants_parallel
 
     if wants_parallel(args):
         if args.gpu is not None:
@@ -189,13 +195,22 @@ def run(args):
     netdef = load_net_def(args.model)
     if args.batch is not None:
         set_batch_size(netdef, args.batch)
-    from ..distributed import mpi_world_size
+    from ..dataparallel.mpi import mpi_world_size
     device = None if args.gpu is None else rank_device(args.gpu, local_rank() if mpi_world_size() > 1 else 0)
     xp = numpy if device is None else gpu_array_module(device, "--gpu")
     net = Net(netdef, phase=args.phase, weights=args.weights, xp=xp)
     if not args.no_reuse:
         net.optimize_memory()
+    mpi_comm = None
+    if args.trace:
+        if mpi_world_size() > 1:
+            from mpi4py import MPI
+            mpi_comm = MPI.COMM_WORLD
+        trace.start(args.trace, trace.parse_window(args.trace_iterations or "%d:%d" % trace.DEFAULT_WINDOW),
+                    comm=mpi_comm, xp=xp)
     result = time_net(net, args.iterations)
+    if args.trace:
+        trace.finish(comm=mpi_comm)
     if mpi_world_size() > 1:
         from ..comm import Communicator
         comm = Communicator()

@@ -27,9 +27,11 @@ def add_arguments(parser):
     parser.add_argument("--allreduce", choices=("auto", "recursive", "topology", "ring", "doubling", "hierarchical",
                                                 "mpi", "nccl"),
                         help="gradient allreduce under mpiexec (overrides the solver's allreduce)")
-    from ..parallel.commands import add_parallel_arguments
+    from .data_parallel import add_parallel_arguments
+    from .trace import add_run_arguments
 
-    add_parallel_arguments(parser)  # --workers/--devices/--sync/--chunk-size: layerforge/parallel (docs/cgdp.md)
+    add_run_arguments(parser)  # --trace FILE, --trace-iterations A:B, --tensorboard DIR (docs/trace.md)
+    add_parallel_arguments(parser)  # --workers/--devices/--sync/--chunk-size: layerforge/dataparallel/cgdp (docs/cgdp.md)
 
 
 def solver_overrides(args):
@@ -48,8 +50,8 @@ def solver_overrides(args):
 
 
 def run(args):
-    from ..distributed import mpi_world_size
-    from ..parallel.commands import train_command, wants_parallel
+    from ..dataparallel.mpi import mpi_world_size
+    from .data_parallel import train_command, wants_parallel
 
     if wants_parallel(args):  # several workers/devices on this host (and MPI ranks as hosts)
         setup_logging()
@@ -74,10 +76,10 @@ def train(args, mpi_comm=None):
     if mpi_comm is None:
         solver = get_solver(args.solver, **overrides)
     else:
-        from .._threads import local_rank
+        from ..cores import local_rank
         from ..backend import rank_device
         from ..comm import Communicator
-        from ..distributed import config_digest, make_data_parallel
+        from ..dataparallel.mpi import config_digest, make_data_parallel
         from ..solvers import SOLVER_REGISTRY
         from ..solvers.param import load_solver_param
 
@@ -91,6 +93,7 @@ def train(args, mpi_comm=None):
         comm = Communicator(mpi_comm, group_size=solver.param.group_size or None)
         make_data_parallel(solver, comm, digest=config_digest(solver.param, overrides))
     check_memory(solver)
+    recording = start_telemetry(args, solver, mpi_comm)
     progress = []  # made at the first iteration, so a resumed run's rate and ETA count from where it resumed
 
     def report(iteration, loss):
@@ -102,10 +105,57 @@ def train(args, mpi_comm=None):
         solver.callbacks.append(report)
     try:
         solver.solve(resume_file=args.snapshot, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect)
+        recording.finish()  # collective under mpiexec: only where every rank got here
     finally:
         if progress:
             progress[0].close()
+        recording.close()
     return 0
+
+
+class Telemetry:
+    """The run's trace file and TensorBoard scalars, as ``--trace`` / ``--tensorboard`` (or the solver's
+    ``trace`` / ``tensorboard`` keys) ask; both optional."""
+
+    def __init__(self, tracing, comm, scalars):
+        self.tracing, self.comm, self.scalars = tracing, comm, scalars
+
+    def finish(self):
+        if self.tracing:
+            from .. import trace
+
+            trace.finish(comm=self.comm)
+            self.tracing = False
+
+    def close(self):
+        if self.tracing and self.comm is None:  # a failed single process still writes what it recorded
+            self.finish()
+        if self.scalars is not None:
+            self.scalars.close()
+
+
+def start_telemetry(args, solver, mpi_comm=None):
+    """Start recording the trace and TensorBoard scalars that ``args`` and the solver file ask for."""
+    from .. import trace
+    from ..solvers.param import learning_rate
+
+    sp = solver.param
+    path = getattr(args, "trace", None) or sp.trace
+    given = getattr(args, "trace_iterations", None)
+    window = trace.parse_window(given or sp.trace_iterations)
+    if path:
+        trace.start(path, window, comm=mpi_comm, xp=solver.xp)
+    scalars = None
+    logdir = getattr(args, "tensorboard", None) or sp.tensorboard
+    if logdir and solver.root:
+        from ..trace.tensorboard import ScalarWriter
+        from .summary import batch_size
+
+        ranks = mpi_comm.Get_size() if mpi_comm is not None else 1
+        scalars = ScalarWriter(logdir, images_per_iteration=batch_size(solver.net) * sp.iter_size * ranks)
+        solver.callbacks.append(lambda it, loss: scalars.train(it, loss, learning_rate(sp, it)))
+        solver.test_hooks.append(lambda it, k, scores: scalars.test(it, scores, k))
+    return Telemetry(bool(path), mpi_comm, scalars)
 
 
 def check_memory(solver):
@@ -117,7 +167,8 @@ def check_memory(solver):
     import os
 
     from ..errors import LayerforgeError
-    from ..memory import format_bytes, memory_report
+    from ..logs import format_bytes
+    from ..net.memory import memory_report
 
     if solver.xp.__name__ != "numpy":
         return

@@ -32,7 +32,7 @@ import weakref
 import lmdb
 import numpy
 
-from ..caffe.datum import decode_datum
+from .datum import decode_datum
 from ..errors import DataError
 
 MAGIC = b"LFR1"

@@ -1,6 +1,6 @@
 """BatchNorm's passes over (N, C, S) views (statistics per channel over N and S), for numpy and cupy.
 
-numpy arrays run compiled loops (kernels.parallel.cpu_kernel), one channel at a time, the channels split
+numpy arrays run compiled loops (kernels.threadpool.cpu_kernel), one channel at a time, the channels split
 over the kernel threads: a channel's N runs of S elements are summed in float64, in the same order for
 every thread count. cupy arrays run batch_norm.cu (one block per channel for the sums).
 
@@ -10,7 +10,7 @@ both need S1 = sum(gz) and S2 = sum(gz x_norm) per channel and then ``gx = a gz 
 import numpy
 
 from ..backend import get_array_module
-from .parallel import cpu_kernel, parallel_for
+from .threadpool import cpu_kernel, parallel_for
 
 
 @cpu_kernel

@@ -21,7 +21,7 @@ import numpy
 
 from ..backend import get_array_module
 from .batch_norm import grad_sums, input_grad
-from .parallel import cpu_kernel, parallel_for
+from .threadpool import cpu_kernel, parallel_for
 
 
 @cpu_kernel

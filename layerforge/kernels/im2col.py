@@ -20,27 +20,8 @@ import itertools
 import numpy
 
 from ..backend import get_array_module
-from .parallel import host_work, parallel_for
-
-
-def conv_output_size(size, k, s, p, d=1):
-    """Caffe's convolution output length: ``floor((size + 2p - (d (k - 1) + 1)) / s) + 1``."""
-    return (size + 2 * p - (d * (k - 1) + 1)) // s + 1
-
-
-def pooling_output_size(size, k, s, p, ceil_mode=True, padded=None):
-    """Caffe's pooling output length: ``ceil((size + 2p - k) / s) + 1`` (floor when ``ceil_mode`` is False).
-
-    When the layer has padding on any axis (``padded``; default: this axis's ``p`` > 0), a last window
-    that would start in the right/bottom padding, ``(out - 1) s >= size + p``, is dropped, so every
-    window starts inside the image or the left/top pad. Caffe tests this on both axes when either has
-    padding, so an axis without padding can lose its last ceil-mode window too.
-    """
-    span = size + 2 * p - k
-    out = (-(-span // s) if ceil_mode else span // s) + 1
-    if (p > 0 if padded is None else padded) and (out - 1) * s >= size + p:
-        out -= 1
-    return out
+from .output_size import conv_output_size
+from .threadpool import host_work, parallel_for
 
 
 def _strided(start, stride, count):
@@ -72,7 +53,7 @@ def im2col_tile(xt, col, kh, kw, sy, sx, ph, pw, dy=1, dx=1, r0=0):
 
     ``col`` may be any strided view (the engines pass transposed views of their own layouts); every
     element is written, so a reused buffer needs no clearing. numpy arrays are split over channels on
-    the kernel threads (kernels.parallel).
+    the kernel threads (kernels.threadpool).
     """
     parallel_for(xt.shape[0], lambda lo, hi: _im2col_slice(xt[lo:hi], col[lo:hi], kh, kw, sy, sx, ph, pw, dy, dx,
                                                            r0), work=host_work(col, kh * kw))

@@ -34,8 +34,9 @@ import numpy
 
 from ..backend import get_array_module
 from .blas import add_matmul, matmul
-from .im2col import col2im_nd, col2im_tile, conv_output_size, im2col_nd, im2col_tile
-from .parallel import elementwise, host_work, parallel_for
+from .im2col import col2im_nd, col2im_tile, im2col_nd, im2col_tile
+from .output_size import conv_output_size
+from .threadpool import elementwise, host_work, parallel_for
 
 DEFAULT_BUDGET = 4 << 20  # bytes of column tile for IMPLICIT: a few MiB stays in L2/L3
 

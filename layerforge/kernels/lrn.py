@@ -4,13 +4,13 @@
 the ends), ``y = x scale^(-beta)``; backward
 ``gx = gy scale^(-beta) - 2 alpha_n beta x sum_{window} gy y / scale``. numpy arrays run strided xp
 bodies (:func:`window_sum`, shared with the LRN layer's WITHIN_CHANNEL path), split over images on the
-kernel threads (kernels.parallel); cupy arrays run lrn.cu
+kernel threads (kernels.threadpool); cupy arrays run lrn.cu
 (one thread per element).
 """
 import numpy
 
 from ..backend import get_array_module
-from .parallel import parallel_for
+from .threadpool import parallel_for
 
 
 def window_sum(a, n, axes):

@@ -4,20 +4,20 @@ Window (y, x) covers padded rows ``[y sy - ph, y sy - ph + kh)`` and the matchin
 come from the caller (``pooling_output_size``), so a ceil-mode window may reach past the padded image: the
 part beyond the image counts as -inf (MAX) or contributes nothing (AVE).
 
-Max pooling on the CPU is a compiled loop over (image, channel) planes (kernels.parallel.cpu_kernel): each
+Max pooling on the CPU is a compiled loop over (image, channel) planes (kernels.threadpool.cpu_kernel): each
 output scans its window once, and backward adds each output gradient to its window's winner, where numpy
 needed a pass over every output per kernel position (10x torch's time for AlexNet's overlapping 3x3/2).
 Average pooling stays numpy: each body loops over the kh * kw kernel positions and handles every image,
 channel and output pixel of that position in one strided slice, with in-place ufuncs (``out=``). Without
 padding, when every window lies inside the image (LeNet's 2x2/2, VGG's), the windows are slices of x
 itself; when they are also disjoint, backward assigns each window's share instead of accumulating into a
-cleared buffer. CPU batches are split over planes or images on the kernel threads (kernels.parallel);
+cleared buffer. CPU batches are split over planes or images on the kernel threads (kernels.threadpool);
 cupy arrays go to kernels/cuda/pooling.cu (argmax int32).
 """
 import numpy
 
 from ..backend import get_array_module
-from .parallel import cpu_kernel, into_contiguous, parallel_for
+from .threadpool import cpu_kernel, into_contiguous, parallel_for
 
 
 def _window(i, j, sy, sx, out_h, out_w):

@@ -13,7 +13,7 @@ fewer for m = 2 and 4x for m = 4. The gradients are the exact adjoints of that c
     dM = A gy_tile A^T,   dU = sum_tiles dM V^T  ->  gW = G^T dU G,   dV = U^T dM  ->  gx tiles = B dV B^T
 
 (the overlapping gx tiles add up). On the CPU, F(2,3)'s transforms (input tiles, output tiles, gradient
-tiles, the filters and their gradient, and the gx scatter) are compiled loops over channels on the kernel threads (kernels.parallel): each
+tiles, the filters and their gradient, and the gx scatter) are compiled loops over channels on the kernel threads (kernels.threadpool): each
 tile's 4 x 4 transform is a handful of adds in registers, where the numpy path copies every tile position
 out strided and runs small GEMMs over all tiles. F(4,3) and cupy use the ``xp`` path. Float rounding grows with m: the transforms of F(4,3) have entries up to
 5 and 1/24 (the points 0, +-1, +-1/2, infinity), F(2,3) only 0, +-1/2, 1; docs/performance.md has the
@@ -25,8 +25,8 @@ import numpy
 
 from ..backend import get_array_module
 from .blas import matmul
-from .im2col import conv_output_size
-from .parallel import cpu_kernel, into_contiguous, parallel_for
+from .output_size import conv_output_size
+from .threadpool import cpu_kernel, into_contiguous, parallel_for
 
 # (B^T, G, A^T) per output tile size m
 TRANSFORMS = {

@@ -42,6 +42,7 @@ from . import (  # noqa: F401,E402
     token_data,
     window_data,
 )
+from .layer_param import parse_layer  # noqa: E402
 
 
 def create_layer(definition, phase="TRAIN", dtype=numpy.float32, xp=numpy):
@@ -50,7 +51,6 @@ def create_layer(definition, phase="TRAIN", dtype=numpy.float32, xp=numpy):
     ``create_layer({"name": "c1", "type": "Convolution", "convolution": {"num_output": 8, "kernel_size": 3}})``
     returns a Layer that is not yet set up (call ``layer.setup(bottom, top)`` with Blobs).
     """
-    from ..netdef import parse_layer
     definition = dict(definition)
     definition.setdefault("name", definition.get("type", "layer").lower())
     lp = parse_layer(definition)

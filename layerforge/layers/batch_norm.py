@@ -11,7 +11,7 @@ class BatchNorm(Layer):
 
     x: (N, C, ...) -> y of the same shape (a 1-D x is treated as (N, 1)); works in place. Follow it by
     a Scale layer with ``bias_term: true`` for Caffe's learnable gamma and beta; in place, the two (and a
-    ReLU after them) run fused unless the net says ``fuse_batch_norm: false`` (``layerforge.fusion``).
+    ReLU after them) run fused unless the net says ``fuse_batch_norm: false`` (``layerforge.net.fusion``).
 
     Blobs (running statistics, not weights, so ``learnable`` is False and the net gives them lr_mult 0):
     ``blobs[0]`` sum of means (C,), ``blobs[1]`` sum of variances (C,), ``blobs[2]`` the scale factor (1,).
@@ -60,7 +60,7 @@ class BatchNorm(Layer):
 
     def normalise(self, x):
         """``self.x_norm`` (N, C, S) = normalised ``x`` (and ``self.std``, the running statistics updated as the
-        phase says); the fused BatchNorm + Scale (+ ReLU) of layerforge.fusion calls it too."""
+        phase says); the fused BatchNorm + Scale (+ ReLU) of layerforge.net.fusion calls it too."""
         xp = self.xp
         p = self.layer_param.batch_norm
         x = self._view(x)

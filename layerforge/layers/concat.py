@@ -1,6 +1,6 @@
 """Joining and dividing blobs: Concat, Slice and Split (Caffe's concat/slice/split layers)."""
 from ..errors import ShapeError
-from ..kernels.parallel import sum_into
+from ..kernels.threadpool import sum_into
 from .base import Field, Layer, register_layer
 
 

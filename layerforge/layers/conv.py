@@ -3,10 +3,10 @@ import logging
 
 import numpy
 
-from .. import engine_cache
+from ..kernels import engine_cache
 from ..backend import Stopwatch
 from ..errors import ShapeError
-from ..kernels.im2col import conv_output_size
+from ..kernels.output_size import conv_output_size
 from ..kernels import winograd
 from ..kernels.implicit_gemm import ENGINES, NdIm2colConv, free_arenas
 from ..schema import REQUIRED
@@ -106,7 +106,7 @@ class Convolution(Layer):
     both over the first calls, separately for forward and backward, and keeps the faster
     (``engine_choice``; logged on the "layerforge" logger), except that it does not try IM2COL where
     the full column buffer would exceed ``AUTO_WORKSPACE_LIMIT``. Snapshots and the on-disk engine cache
-    (``layerforge.engine_cache``) keep AUTO's choices, so a resumed run or a second start does not time again.
+    (``layerforge.kernels.engine_cache``) keep AUTO's choices, so a resumed run or a second start does not time again.
 
     N-d (Caffe's N-d path): with ``axis`` the channel axis, the axes before it are batch axes and the D
     axes after it spatial; kernel_size / stride / pad / dilation take one value or D. Anything but a 4-D

@@ -1,6 +1,6 @@
 """Eltwise: element-wise product, weighted sum or maximum of bottoms of one shape (Caffe's EltwiseLayer)."""
 from ..errors import ShapeError
-from ..kernels.parallel import elementwise, sum_into
+from ..kernels.threadpool import elementwise, sum_into
 from .base import Field, Layer, register_layer
 
 

@@ -1,7 +1,8 @@
 """Im2col (Caffe's Im2colLayer): the convolution's column matrix as a blob."""
 import math
 
-from ..kernels.im2col import col2im, col2im_nd, conv_output_shape, conv_output_size, im2col, im2col_nd
+from ..kernels.im2col import col2im, col2im_nd, conv_output_shape, im2col, im2col_nd
+from ..kernels.output_size import conv_output_size
 from .base import Field, register_layer
 from .conv import Convolution
 from .softmax import canonical_axis

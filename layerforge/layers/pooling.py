@@ -2,7 +2,7 @@
 from .. import rng
 from ..errors import ShapeError
 from ..kernels import pooling as kernels
-from ..kernels.im2col import pooling_output_size
+from ..kernels.output_size import pooling_output_size
 from .base import Field, Layer, register_layer
 from .conv import read_pair
 

@@ -2,7 +2,7 @@
 import math
 
 from ..errors import ShapeError
-from ..kernels.parallel import elementwise
+from ..kernels.threadpool import elementwise
 from ..schema import Context, validate_block
 from .base import FILLER, Field, Layer, register_layer
 

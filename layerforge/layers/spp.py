@@ -3,7 +3,7 @@ import math
 
 from ..errors import ShapeError
 from ..kernels import pooling as kernels
-from ..kernels.im2col import pooling_output_size
+from ..kernels.output_size import pooling_output_size
 from .base import Field, Layer, register_layer
 
 FLT_MAX = 3.4028234663852886e38

@@ -12,9 +12,9 @@ _PHASES = {None: "TRAIN", 0: "TRAIN", 1: "TEST"}
 
 
 def _graph(caffe_net, phase):
-    from ..caffe.convert import convert_message
+    from ..commands.convert import convert_message
     from ..caffe.prototxt import parse
-    from ..netdef import load_net_def
+    from ..net.netdef import load_net_def
     from .net_spec import to_prototxt
 
     mapping = convert_message(parse(to_prototxt(caffe_net), "<NetParameter>"), "<NetParameter>")[1]

@@ -189,7 +189,7 @@ def blobprotovector_str_to_arraylist(data):
 
 def array_to_datum(arr, label=None):
     """A (C, H, W) array as a Datum: uint8 as bytes in ``data``, other dtypes in ``float_data``."""
-    from ..caffe.datum import array_to_datum as to_datum
+    from ..data.datum import array_to_datum as to_datum
 
     if numpy.asarray(arr).ndim != 3:
         raise ValueError("Incorrect array shape.")
@@ -198,6 +198,6 @@ def array_to_datum(arr, label=None):
 
 def datum_to_array(datum):
     """A Datum's values as a (C, H, W) array (uint8 from ``data``, float from ``float_data``); not the label."""
-    from ..caffe.datum import datum_to_array as to_array
+    from ..data.datum import datum_to_array as to_array
 
     return to_array(datum)[0]

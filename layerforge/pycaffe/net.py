@@ -11,7 +11,7 @@ import warnings
 
 import numpy
 
-from .. import Net as _Net
+from ..net import Net as _Net
 from ..errors import LayerforgeError
 from . import mode
 

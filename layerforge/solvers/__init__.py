@@ -6,7 +6,8 @@
 
 docs/solvers.md describes the solver YAML, the update formulas, the lr policies and snapshots.
 """
-from .param import LR_POLICIES, SOLVER_KEYS, SolverParameter, learning_rate, load_solver_param, policy_rate
+from .keys import LR_POLICIES, SOLVER_KEYS
+from .param import SolverParameter, learning_rate, load_solver_param, policy_rate
 from .solver import SOLVER_REGISTRY, NonFiniteError, Solver, get_solver, register_solver
 
 # Importing a module registers its rules.

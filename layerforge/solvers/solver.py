@@ -21,33 +21,30 @@ iter_size and ``iter_size: k`` with batch b stays equivalent to batch k*b even w
 parameter whose gradient came as rows (Embed), see :meth:`Solver.update_rows`.
 """
 import collections
-import contextlib
-import json
 import logging
 import math
 import os
-import signal
-import threading
 import time
 
 import numpy
 
-from .. import backend, rng
+from .. import backend, rng, trace
 from ..errors import LayerforgeError
-from ..net import Net
+from ..net.net import Net
 from ..kernels import blas
 from ..layers.conv import engines_settled
 from . import cuda_graph
-from ..kernels.parallel import num_threads, parallel_for
-from ..netdef import load_net_def
-from ..npz import check_writable, load_npz, save_npz_atomic
+from ..kernels.threadpool import num_threads, parallel_for
+from ..net.netdef import load_net_def
+from ..npz import check_writable
 from ..registry import registrar
+from . import snapshot as snapshots
 from .param import SolverParameter, learning_rate, load_solver_param
+from .signals import signal_handlers
 
 log = logging.getLogger("layerforge")
 
 SOLVER_REGISTRY = {}
-EFFECTS = ("snapshot", "stop", "none")
 
 
 register_solver = registrar(SOLVER_REGISTRY, "solver type")
@@ -84,10 +81,6 @@ class _Rows:
 def _g(x):
     # C++ ostream's default float format, which Caffe's log lines use
     return format(float(x), ".6g")
-
-
-def _finite(a):
-    return bool(backend.get_array_module(a).isfinite(a).all())
 
 
 class Solver:
@@ -154,6 +147,7 @@ class Solver:
         self.feed, self.gradient_hooks, self.callbacks = None, [], []
         self.pass_hooks = []  # fn(solver, k) before forward-backward pass k of the iter_size passes
         self.display_hooks = []  # fn(seconds per iteration, iterations) -> a line logged with the train display
+        self.test_hooks = []  # fn(iteration, test net index, {output: mean value}) after each test pass
         self.skip_update = False  # set by a gradient hook: this iteration makes no update (double buffering)
         self.root = True
         self.test_reduce, self.agree_action, self.snapshot_hooks = None, None, []
@@ -205,6 +199,7 @@ class Solver:
         stop_iter = self.iter + int(iters)
         self._timer, self._iter_last = time.perf_counter(), self.iter
         while self.iter < stop_iter:
+            trace.iteration(self.iter)
             self.net.clear_param_diffs()
             if (sp.test_interval and self.iter % sp.test_interval == 0 and (self.iter > 0 or sp.test_initialization)
                     and (self.root or self.test_reduce is not None)):
@@ -220,7 +215,8 @@ class Solver:
             for hook in self.gradient_hooks:
                 hook(self)
             if not self.skip_update:
-                self.apply_update(display)
+                with trace.span("update", sp.type):
+                    self.apply_update(display)
             self.iter += 1
             for fn in self.callbacks:
                 fn(self.iter - 1, loss)
@@ -250,7 +246,7 @@ class Solver:
         if resume_file:
             self.restore(resume_file)
         self.requested_early_exit = False
-        with self._signal_handlers(sigint_effect, sighup_effect):
+        with signal_handlers(self._pending, sigint_effect, sighup_effect):
             self.step(sp.max_iter - self.iter)
             if sp.snapshot_after_train and (not sp.snapshot or self.iter % sp.snapshot != 0):
                 self.snapshot()
@@ -286,7 +282,7 @@ class Solver:
             self.net.forward()
             loss = self.net.loss
         if not math.isfinite(loss):
-            raise self._non_finite_error(f"loss is {loss}")
+            raise self.non_finite_error(f"loss is {loss}")
         if self.graphs is None:
             self.net.backward()
         return loss
@@ -441,7 +437,8 @@ class Solver:
             if self.requested_early_exit:
                 break
             log.info("Iteration %d, Testing net (#%d)", self.iter, k)
-            self.test(k)
+            with trace.span("test", f"test net {k}"):
+                self.test(k)
         return self.test_scores
 
     def test(self, k=0):
@@ -479,6 +476,8 @@ class Solver:
             if self.param.report_perplexity and w and mean.size == 1:
                 scores[f"{name}_perplexity"] = math.exp(min(float(mean[0]), 700.0))
         self.test_scores[k] = scores
+        for hook in self.test_hooks:
+            hook(self.iter, k, scores)
         return scores
 
     # ------------------------------------------------------------------------------------------
@@ -497,165 +496,36 @@ class Solver:
 
         Returns the solver-state path (None on non-root ranks). Non-finite weights are never written.
         """
-        for hook in self.snapshot_hooks:
-            hook(self)
-        if not self.root:
-            return None
-        for layer in self.net.layers:
-            if not all(_finite(b.data) for b in layer.blobs):
-                raise self._non_finite_error(f"the parameters of layer '{layer.name}' ({layer.type}) became "
-                                             "non-finite in the update; no snapshot of them is written", scan=False)
-        base = f"{self.snapshot_prefix}_iter_{self.iter}"
-        if self.param.snapshot_format != "NPZ":  # Caffe's .caffemodel + .solverstate (or their .h5)
-            from ..caffe import solverstate
-            self.last_snapshot = solverstate.snapshot(self, base, self.param.snapshot_format)
-            return self.last_snapshot
-        weights, state = base + ".npz", base + ".solverstate.npz"
-        log.info("Snapshotting to %s", weights)
-        self.net.save(weights)
-        log.info("Snapshotting solver state to %s", state)
-        save_npz_atomic(state, self.state_arrays(os.path.basename(weights)))
-        self.last_snapshot = state
-        return state
+        with trace.span("snapshot", f"iteration {self.iter}"):
+            return snapshots.snapshot(self)
 
     def state_arrays(self, learned_net=""):
         """The solver state as ``{name: array}`` (no pickles: JSON strings in 0-d arrays)."""
-        arrays = {
-            "iter": numpy.array(self.iter, dtype=numpy.int64),
-            "type": numpy.array(self.type or ""),
-            "learned_net": numpy.array(learned_net),
-            "rng": numpy.array(json.dumps(rng.get_state())),
-            "data_state": numpy.array(json.dumps(self._data_states(), default=_jsonable)),
-            "losses": numpy.array(list(self.losses), dtype=numpy.float64),
-        }
-        for i, h in enumerate(self.history):
-            arrays[f"history/{i}"] = backend.to_numpy(h)
-        return arrays
-
-    def _nets(self):
-        return [("train", self.net)] + [(f"test/{k}", tn) for k, tn in enumerate(self.test_nets)]
-
-    def _data_states(self):
-        return {key: {layer.name: layer.get_state() for layer in net.layers if hasattr(layer, "get_state")}
-                for key, net in self._nets()}
+        return snapshots.state_arrays(self, learned_net)
 
     def restore(self, path):
         """Resume from a ``.solverstate.npz``: weights, iteration, history, random stream, data positions.
 
         A Caffe ``.solverstate`` (or ``.solverstate.h5``) restores weights, iteration and history only."""
-        path = str(path)
-        log.info("Restoring previous solver status from %s", path)
-        from ..caffe import solverstate
-        if solverstate.is_caffe_state(path):
-            return solverstate.restore(self, path)
-        arrays = load_npz(path)
-        if "iter" not in arrays or "learned_net" not in arrays:
-            hint = ""
-            if path.endswith(".npz") and os.path.exists(path[:-4] + ".solverstate.npz"):
-                hint = f"; did you mean '{path[:-4]}.solverstate.npz'?"
-            raise LayerforgeError(f"{path}: not a solver state (weights alone start training with 'weights'){hint}")
-        fields = self._state_fields(arrays, path)
-        n = len(self.history)
-        kept = sum(1 for k in arrays if k.startswith("history/"))
-        if kept != n:
-            raise LayerforgeError(f"{path}: holds {kept} history arrays ({arrays['type'].item() or 'unknown'} solver) "
-                                  f"but this {self.type} solver has {n}")
-        for i, h in enumerate(self.history):
-            a = arrays[f"history/{i}"]
-            if tuple(a.shape) != tuple(h.shape):
-                raise LayerforgeError(f"{path}: history/{i} has shape {tuple(a.shape)}, the net's parameter "
-                                      f"{tuple(h.shape)}; was it written for another net?")
-            h[...] = self.xp.asarray(a, dtype=h.dtype)
-        weights = arrays["learned_net"].item()
-        if weights and not os.path.isabs(weights):
-            weights = os.path.join(os.path.dirname(path), weights)
-        self.net.load(weights)
-        self.iter, random_state, states, losses = fields
-        rng.set_state(random_state)
-        for key, net in self._nets():
-            for layer in net.layers:
-                saved = states.get(key, {}).get(layer.name) if isinstance(states.get(key), dict) else None
-                if saved is not None and hasattr(layer, "set_state"):
-                    try:
-                        layer.set_state(saved)
-                    except (KeyError, TypeError, ValueError, AttributeError) as e:
-                        raise LayerforgeError(f"{path}: the saved state of layer '{layer.name}' ({key} net) is "
-                                              f"malformed ({type(e).__name__}: {e})") from None
-        self.losses = collections.deque(losses, maxlen=self.param.average_loss)
-        self.smoothed_loss = sum(self.losses) / len(self.losses) if self.losses else 0.0
-
-    def _state_fields(self, arrays, path):
-        """``(iter, rng state, layer states, losses)`` of a solver-state file, each checked before any is used;
-        a field that is not what this solver writes is one LayerforgeError naming it."""
-        def field(name, parse):
-            try:
-                return parse(arrays[name])
-            except KeyError:
-                raise LayerforgeError(f"{path}: has no '{name}'; not a complete solver state") from None
-            except (TypeError, ValueError, AttributeError) as e:  # json's errors are ValueErrors
-                raise LayerforgeError(f"{path}: field '{name}' is malformed ({str(e).splitlines()[0][:120]})") \
-                    from None
-
-        def random_state(a):
-            state = json.loads(a.item())
-            probe = type(rng.get_rng().bit_generator)()
-            probe.state = state  # a state of another generator, or a broken one, is refused here
-            return state
-
-        def layer_states(a):
-            states = json.loads(a.item())
-            if not isinstance(states, dict):
-                raise ValueError("expected a mapping of nets to layer states")
-            return states
-
-        saved_type = field("type", lambda a: str(a.item())) if "type" in arrays else ""
-        if saved_type and saved_type != self.type:
-            log.warning("%s was written by a %s solver; continuing with %s", path, saved_type, self.type)
-        return (field("iter", lambda a: int(a)), field("rng", random_state), field("data_state", layer_states),
-                field("losses", lambda a: [float(v) for v in a]))
+        return snapshots.restore(self, path)
 
     # ------------------------------------------------------------------------------------------
     # signals and non-finite values
-
-    @contextlib.contextmanager
-    def _signal_handlers(self, sigint_effect, sighup_effect):
-        for name, effect in (("sigint_effect", sigint_effect), ("sighup_effect", sighup_effect)):
-            if effect not in EFFECTS:
-                raise LayerforgeError(f"{name} must be one of {', '.join(EFFECTS)}, got {effect!r}")
-        wanted = {signal.SIGINT: sigint_effect, signal.SIGTERM: sigint_effect}
-        if hasattr(signal, "SIGHUP"):
-            wanted[signal.SIGHUP] = sighup_effect
-        wanted = {s: e for s, e in wanted.items() if e != "none"}
-        if threading.current_thread() is not threading.main_thread():
-            wanted = {}  # Python delivers signals to the main thread only
-
-        def handler(signum, frame):
-            if signum == signal.SIGINT and any(s == signum for s, _ in self._pending):
-                raise KeyboardInterrupt
-            self._pending.append((signum, wanted[signum]))
-
-        old = {s: signal.signal(s, handler) for s in wanted}
-        try:
-            yield
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-            self._pending.clear()
 
     def _requested_action(self):
         action = self._pending.pop(0)[1] if self._pending else "none"
         return action if self.agree_action is None else self.agree_action(action)
 
-    def _non_finite_error(self, what, scan=True):
+    def non_finite_error(self, what, scan=True):
         # after the fact, an in-place chain (ip1 -> relu1 in place) shows its last writer's values under
         # the first layer's name: the report names the chain's producer
         culprit = ""
         net = self.net
         for i, layer in enumerate(net.layers if scan else []):
-            if not all(_finite(b.data) for b in layer.blobs):
+            if not all(snapshots.finite(b.data) for b in layer.blobs):
                 culprit = f"; the parameters of layer '{layer.name}' ({layer.type}) are non-finite"
                 break
-            bad = [n for n, b in zip(net.top_names(i), net.top_blobs(i)) if not _finite(b.data)]
+            bad = [n for n, b in zip(net.top_names(i), net.top_blobs(i)) if not snapshots.finite(b.data)]
             if bad:
                 culprit = f"; first layer with a non-finite output: '{layer.name}' ({layer.type}), top '{bad[0]}'"
                 break
@@ -687,11 +557,3 @@ def _output_weights(net):
             if w:
                 weights[name] = w
     return weights
-
-
-def _jsonable(value):
-    if isinstance(value, numpy.generic):
-        return value.item()
-    if isinstance(value, numpy.ndarray):
-        return value.tolist()
-    raise TypeError(f"data layer state value {value!r} is not JSON-serialisable")

@@ -16,14 +16,16 @@ import re
 import numpy
 import pytest
 
-from layerforge.caffe.convert import convert_file, convert_message, to_yaml
+from layerforge.commands.convert import convert_file, convert_message
+from layerforge.commands.yaml_text import to_yaml
 from layerforge.caffe.prototxt import parse, parse_file
 from layerforge.cli import main
 from layerforge.commands.summary import summarize
 from layerforge.errors import ConfigError
 from layerforge.layers import LAYER_REGISTRY
 from layerforge.net import Net
-from layerforge.netdef import NetParameter, layer_included, load_net_def, parse_layer
+from layerforge.layers.layer_param import layer_included, parse_layer
+from layerforge.net.netdef import NetParameter, load_net_def
 from layerforge.schema import Params, load_yaml_text
 from layerforge.solvers import SOLVER_REGISTRY, learning_rate, load_solver_param
 

@@ -9,7 +9,7 @@ import yaml
 
 from layerforge import Net, rng
 from layerforge.caffe.caffe_pb import Datum
-from layerforge.caffe.datum import array_to_datum, datum_to_array, decode_datum, encoded_datum
+from layerforge.data.datum import array_to_datum, datum_to_array, decode_datum, encoded_datum
 from layerforge.data import mnist
 from layerforge.data.lmdb_io import LMDBReader, LMDBWriter
 from layerforge.errors import DataError

@@ -3,7 +3,7 @@ import pytest
 
 from layerforge import Net
 from layerforge.errors import ConfigError
-from layerforge.schema import is_prototxt
+from layerforge.caffe.prototxt import is_prototxt
 from layerforge.solvers import get_solver
 
 NET = """name: 'testnet' force_backward: true

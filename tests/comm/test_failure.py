@@ -89,3 +89,31 @@ def test_killed_training_rank_is_named_with_its_host(tmp_path):
     assert proc.returncode != 0
     assert f"rank 1 (host {os.uname().nodename}, pid {pid}): killed by signal 9 (SIGKILL)" in err, err[-2000:]
     assert "Traceback" not in err
+
+
+@pytest.mark.mpi
+def test_rank_killed_before_mpi_init_ends_the_job_naming_it(tmp_path):
+    """Rank 1's process dies at interpreter start, before MPI_Init: hydra alone would wait forever."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_train_cli import write_solver
+
+    from .mpirun import ROOT, mpiexec
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, signal\n"
+        "if os.environ.get('LAYERFORGE_SUPERVISED') == '1' and os.environ.get('PMI_RANK') == '1':\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), ROOT, os.environ.get("PYTHONPATH", "")]))
+    solver = str(write_solver(tmp_path, 100000))
+    t0 = time.monotonic()
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "layerforge", "train", "--solver", solver],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert "rank 1 (host " in proc.stderr and "killed by signal 9 (SIGKILL)" in proc.stderr
+    assert elapsed < 30, f"the job took {elapsed:.0f} s to end"

@@ -6,7 +6,7 @@ import pytest
 
 from layerforge import Net
 from layerforge.errors import ConfigError
-from layerforge.netdef import load_net_def, set_batch_size
+from layerforge.net.netdef import load_net_def, set_batch_size
 
 ort = pytest.importorskip("onnxruntime")
 from layerforge.export.onnx import export_onnx  # noqa: E402  (needs onnx, which the onnx extra brings)

@@ -201,7 +201,7 @@ def test_out_and_accumulate(fake_cupy):
 @pytest.mark.parametrize("engine", ["IM2COL", "IMPLICIT", "WINOGRAD_F2"])
 def test_the_switch_reaches_every_layer_product_and_training_still_follows(precision, engine):
     from layerforge import get_solver
-    from tests.test_fusion import resnet_block
+    from tests.net.test_fusion import resnet_block
 
     runs = {}
     for name in ("fp32", "bf16"):
@@ -259,7 +259,7 @@ def test_a_layer_under_bf16_computes_on_bfloat16_operands(precision, kind):
 
 def test_the_solver_key_sets_the_switch(precision):
     from layerforge import get_solver
-    from tests.test_fusion import resnet_block
+    from tests.net.test_fusion import resnet_block
 
     precision("fp32")
     get_solver(dict(net_param=resnet_block(False), gemm_precision="bf16", max_iter=1, display=0))

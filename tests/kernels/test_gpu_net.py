@@ -47,7 +47,7 @@ def run(path, xp, weights, data, label):
 
 
 def test_caffe_net_on_the_kernels_agrees(tmp_path, xp):
-    from layerforge.caffe.convert import convert_file
+    from layerforge.commands.convert import convert_file
 
     path = tmp_path / "kernels.prototxt"
     path.write_text(PROTOTXT)
@@ -81,7 +81,7 @@ def test_time_on_the_gpu_reports_device_times():
 
 
 def small_resnet():
-    from tests.test_fusion import resnet_block
+    from tests.net.test_fusion import resnet_block
     return dict(net_param=resnet_block(True), base_lr=0.1, momentum=0.9, weight_decay=1e-4, random_seed=2)
 
 

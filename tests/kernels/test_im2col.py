@@ -4,8 +4,8 @@ import numpy
 import pytest
 
 from layerforge.backend import to_numpy
-from layerforge.kernels.im2col import (col2im, col2im_nd, conv_output_shape, conv_output_size, im2col, im2col_cpu,
-                                      im2col_nd, pooling_output_size)
+from layerforge.kernels.im2col import col2im, col2im_nd, conv_output_shape, im2col, im2col_cpu, im2col_nd
+from layerforge.kernels.output_size import conv_output_size, pooling_output_size
 
 
 def naive_im2col(x, kh, kw, sy, sx, ph, pw, dy, dx):

@@ -1,7 +1,8 @@
 import numpy
 import pytest
 
-from layerforge.kernels.im2col import col2im_cpu, conv_output_size, im2col_cpu
+from layerforge.kernels.im2col import col2im_cpu, im2col_cpu
+from layerforge.kernels.output_size import conv_output_size
 from layerforge.kernels.implicit_gemm import ENGINES, ImplicitGemmConv, Im2colConv, NdIm2colConv, gemm_shape
 
 GEOMETRIES = [  # kh, kw, sy, sx, ph, pw, dy, dx, group

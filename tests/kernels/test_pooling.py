@@ -3,7 +3,7 @@ import pytest
 
 from layerforge.backend import to_numpy
 from layerforge.kernels import pooling
-from layerforge.kernels.im2col import pooling_output_size
+from layerforge.kernels.output_size import pooling_output_size
 
 
 def caffe_pooling(x, gy, pool, kh, kw, sy, sx, ph, pw):

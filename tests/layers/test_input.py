@@ -5,7 +5,7 @@ from layerforge import rng
 from layerforge.blob import Blob
 from layerforge.errors import ConfigError
 from layerforge.layers import create_layer
-from layerforge.netdef import load_net_def
+from layerforge.net.netdef import load_net_def
 
 
 def _setup(definition, n_top, phase="TRAIN", xp=numpy):

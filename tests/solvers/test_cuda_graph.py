@@ -10,7 +10,7 @@ from layerforge import Net, get_solver, rng
 from layerforge.errors import ConfigError
 from layerforge.solvers.cuda_graph import IterationGraphs, body_range, body_refusal, refusal
 from tests.conftest import BACKENDS
-from tests.test_fusion import resnet_block
+from tests.net.test_fusion import resnet_block
 
 
 def net_def(dropout=False):

@@ -1,7 +1,7 @@
 """The solver's update runs whole parameters on the kernel threads: the same bits for any thread count."""
 import pytest
 
-from layerforge.kernels import parallel
+from layerforge.kernels import threadpool as parallel
 from layerforge.solvers import get_solver
 
 from .test_snapshot import CONV_NET  # DummyData -> conv1 -> ReLU -> conv2 -> ip -> loss

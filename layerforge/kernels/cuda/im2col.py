@@ -1,5 +1,5 @@
 """GPU bodies of :func:`layerforge.kernels.im2col.im2col` / ``col2im`` (im2col.cu), same layout and results."""
-from .. import im2col as cpu
+from ..output_size import conv_output_size
 from . import launch
 
 
@@ -8,7 +8,7 @@ def im2col_gpu(x, kh, kw, sy, sx, ph, pw, dy=1, dx=1):
     import cupy
 
     n, c, h, w = x.shape
-    out_h, out_w = cpu.conv_output_size(h, kh, sy, ph, dy), cpu.conv_output_size(w, kw, sx, pw, dx)
+    out_h, out_w = conv_output_size(h, kh, sy, ph, dy), conv_output_size(w, kw, sx, pw, dx)
     x = cupy.ascontiguousarray(x)
     col = cupy.empty((c, kh, kw, n, out_h, out_w), dtype=x.dtype)
     launch("im2col", "im2col", x.dtype, col.size,

@@ -1,7 +1,7 @@
 """GPU body of the IMPLICIT convolution engine (implicit_gemm.cu): tiled implicit GEMM, no column buffer."""
 import math
 
-from ..im2col import conv_output_size
+from ..output_size import conv_output_size
 from . import run
 
 TILE = 16  # implicit_gemm.cu's TILE

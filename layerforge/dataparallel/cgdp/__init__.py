@@ -1,0 +1,52 @@
+"""Data parallel training over several workers or devices of one host (IBM's CPU-GPU data parallel, CGDP).
+
+    from layerforge.dataparallel.cgdp import train_parallel
+    result = train_parallel("solver.yaml", workers=2, sync="host", chunk_size="auto")
+
+Each worker process holds a replica built from the same solver file and reads its own data shard. With
+``sync: host`` gradients go to shared host memory chunk by chunk during backward and host threads sum them
+(layerforge/dataparallel/cgdp/host.py); with ``sync: tree`` worker 0 gathers, updates and broadcasts after backward
+(tree.py). Under ``mpiexec`` every rank is one host: its accumulated chunks go through the communicator's
+allreduce. docs/cgdp.md has the design, the cost model (cost_model.py) and measurements.
+"""
+from ...errors import LayerforgeError
+from .chunks import ChunkSearch, make_chunks, param_units, parse_chunk_size
+from .pool import Result, WorkerPool, run_parallel
+from .workers import WorkerOptions
+
+__all__ = ["ChunkSearch", "Result", "WorkerOptions", "WorkerPool", "make_chunks", "param_units",
+           "parse_chunk_size", "run_parallel", "train_parallel"]
+
+
+def train_parallel(solver, workers=None, devices=None, sync=None, chunk_size=None, comm=None, iterations=None,
+                   batch=None, resume=None, log=True, **overrides):
+    """Train ``solver`` (a YAML path or dict) on several workers; returns a :class:`Result`.
+
+    Args:
+        workers: number of CPU worker processes, or None with ``devices`` (GPU ids, one worker each).
+        sync, chunk_size: override the solver's ``sync`` (``"host"``/``"tree"``) and ``chunk_size``.
+        comm: a :class:`~layerforge.comm.Communicator` over hosts (one rank per host), or None.
+        iterations: run exactly this many iterations (timing) instead of ``solve()`` to max_iter.
+        batch: per-worker batch size override; resume: a ``.solverstate.npz`` to resume from.
+        overrides: other solver keys (``max_iter=10``).
+    """
+    from ...solvers.param import load_solver_param
+    from ...solvers.solver import SOLVER_REGISTRY
+
+    if sync is not None:
+        overrides["sync"] = sync.upper()
+    if chunk_size is not None:
+        overrides["chunk_size"] = str(chunk_size)
+    sp = load_solver_param(solver, SOLVER_REGISTRY, **overrides)
+    if devices is not None:
+        devices = [int(d) for d in (devices.split(",") if isinstance(devices, str) else devices)]
+        if workers is not None and workers != len(devices):
+            raise LayerforgeError(f"--workers {workers} does not match the {len(devices)} devices given")
+        workers = len(devices)
+    if not workers:
+        raise LayerforgeError("give the number of workers (--workers N) or the devices (--devices 0,1)")
+    nodes, node = (comm.size, comm.rank) if comm is not None else (1, 0)
+    options = WorkerOptions(solver, overrides, sp.sync, sp.chunk_size, devices, batch, node, nodes,
+                            iterations, resume, log and node == 0)
+    search = (sp.chunk_search_interval, sp.chunk_search_step, sp.chunk_search_range)
+    return run_parallel(int(workers), options, search=search, comm=comm)

@@ -1,0 +1,298 @@
+"""CGDP's host mode: chunk gradients go to shared host memory during backward, host threads combine them.
+
+Worker side (:class:`HostSync`): backward runs layer by layer; as soon as the last layer of a chunk has
+run, the chunk is posted to the parent while the main thread goes on with the next layers. On a GPU a copy
+thread first moves the chunk's diffs into this worker's slot ``slots[g]`` (a second stream, pinned memory);
+a CPU replica's diffs *are* its slot (:meth:`~layerforge.dataparallel.cgdp.transfer.Mover.attach_diffs`), so there
+is nothing to copy. When the parent publishes the chunk, the slot holds the mean gradient: a GPU worker
+copies it back into its diffs, a CPU worker already has it. The solver's gradient hook (end of backward)
+waits only for the chunks still in flight; then every worker runs the same update on the same mean
+gradient (no parameter server).
+
+Parent side (:class:`HostAccumulator`): when all G workers have posted chunk c, a host thread writes the
+mean of the G slots into every slot, block by block so that each value is read and written once
+(:func:`mean_into_slots`), and publishes the chunk. With MPI across nodes the host thread sums the slots
+into ``acc``, chunks pass through the communicator's mean in chunk order (local aggregation first), and
+the node-wide mean is then written into the slots.
+"""
+import concurrent.futures
+import os
+import queue
+import threading
+import time
+
+import numpy
+
+from .chunks import ChunkSearch, make_chunks, param_units, units_from_sizes
+
+BLOCK_BYTES = 1 << 19  # the G slots' part of one block and the sum stay in a core's cache between passes
+
+
+def _param_offsets(net, units):
+    offsets = [None] * len(net.learnable_params)
+    for u in units:
+        off = u.offset
+        for k in u.params:
+            n = int(net.learnable_params[k].count)
+            offsets[k] = (off, n)
+            off += n
+    return offsets
+
+
+class ChunkedBackward:
+    """Replaces ``net.backward`` with a layer-by-layer pass that calls ``on_chunk(chunk, token)`` per chunk.
+
+    Only the last of the solver's ``iter_size`` passes ships chunks: earlier passes accumulate locally.
+    """
+
+    def __init__(self, solver, on_chunk, timer, mark=lambda: None):
+        self.net, self.on_chunk, self.timer, self.mark = solver.net, on_chunk, timer, mark
+        self.iter_size, self.passes = solver.param.iter_size, 0
+        self.plain = self.net.backward
+        self.by_layer = {}
+        self.net.backward = self.backward
+
+    def set_chunks(self, chunks):
+        self.by_layer = {c.last_layer: c for c in chunks}
+
+    def backward(self, start=None, end=None):
+        self.passes += 1
+        t0 = time.perf_counter()
+        if self.passes < self.iter_size or start is not None or end is not None:
+            out = self.plain(start, end)
+        else:
+            net = self.net
+            clock, times = time.perf_counter, self.timer.layer_backward
+            for i in reversed(range(len(net.layers))):
+                t1 = clock()
+                net.backward_layer(i)
+                times[i] = times.get(i, 0.0) + clock() - t1
+                c = self.by_layer.get(i)
+                if c is not None:
+                    self.on_chunk(c, self.mark())
+            out = {name: net.blobs[name].diff for name in net.inputs}
+        self.timer.add("backward", time.perf_counter() - t0)
+        return out
+
+
+class HostSync:
+    """Worker side of host mode (see the module docstring); installs itself into ``solver``."""
+
+    def __init__(self, solver, link, slot, chunk_size, mover, timer):
+        self.solver, self.link, self.slot, self.mover, self.timer = solver, link, slot, mover, timer
+        self.units = param_units(solver.net)
+        self.size = 1 if chunk_size == "auto" else chunk_size  # auto starts the search at 1, as the host does
+        self.chunks = make_chunks(self.units, self.size)
+        self.copies = not mover.attach_diffs(slot)
+        self.backward = ChunkedBackward(solver, self._post, timer, mover.mark)
+        self.backward.set_chunks(self.chunks)
+        self.cond = threading.Condition()
+        self.received, self.next_size = 0, None
+        if self.copies:
+            self.outbox = queue.SimpleQueue()
+            threading.Thread(target=self._copy_out, name="cgdp-copy-out", daemon=True).start()
+        link.handlers["ready"] = self._ready
+        solver.gradient_hooks.append(self.wait)
+
+    def _post(self, chunk, token):
+        if self.copies:
+            self.outbox.put((chunk, token))
+        else:  # the diffs are the slot: the chunk is already in shared memory
+            self.link.send(("post", chunk.index))
+
+    def _copy_out(self):
+        try:
+            while True:
+                chunk, token = self.outbox.get()
+                t0 = time.perf_counter()
+                self.mover.to_host(chunk.params, self.slot, token)
+                self.timer.add_chunk("copy_out", chunk.name, time.perf_counter() - t0)
+                self.link.send(("post", chunk.index))
+        except BaseException as e:  # noqa: BLE001 - the other workers wait for this chunk: end the job
+            self.link.send(("error", f"copy-out thread: {type(e).__name__}: {e}"))
+            os._exit(1)
+
+    def _ready(self, msg):
+        _, c, next_size = msg
+        if self.copies:
+            chunk = self.chunks[c]
+            t0 = time.perf_counter()
+            self.mover.to_device(chunk.params, self.slot)
+            self.timer.add_chunk("copy_back", chunk.name, time.perf_counter() - t0)
+        with self.cond:
+            self.received += 1
+            if next_size is not None:
+                self.next_size = next_size
+            self.cond.notify_all()
+
+    def wait(self, solver):
+        """Gradient hook: wait for the chunks still in flight, then switch layout if the search asked."""
+        t0 = time.perf_counter()
+        with self.cond:
+            while self.received < len(self.chunks):
+                self.link.check()
+                self.cond.wait(0.5)
+            self.received = 0
+        self.mover.synchronize()
+        self.backward.passes = 0
+        self.timer.add("exchange", time.perf_counter() - t0)
+        if self.next_size is not None and self.next_size != self.size:
+            self.size = self.next_size
+            self.chunks = make_chunks(self.units, self.size)
+            self.backward.set_chunks(self.chunks)
+        self.timer.chunk_size = self.size
+
+
+class HostAccumulator:
+    """Parent side of host mode: combines the G posted copies of each chunk and publishes the chunk.
+
+    Args:
+        slots: (G, P) shared array of the workers' partial gradients; acc: (P,) shared accumulated gradient.
+        unit_sizes: the units' ``(layer, name, size)`` in backward order (from worker 0).
+        chunk_size: an int or ``"auto"``; search: ``(interval, step, range)`` for auto.
+        send: ``send(g, message)`` to worker g. comm: a Communicator across nodes, or None.
+        threads: host threads that accumulate chunks concurrently.
+    """
+
+    def __init__(self, slots, acc, unit_sizes, chunk_size, send, search=(10, 1, 3), comm=None, threads=2):
+        self.slots, self.acc, self.send, self.comm = slots, acc, send, comm
+        self.G = slots.shape[0]
+        self.units = units_from_sizes(unit_sizes)
+        self.search = None
+        if chunk_size == "auto":
+            interval, step, rng = search
+            self.search = ChunkSearch(max(1, len(self.units)), interval, step, rng)
+            chunk_size = self.search.size
+        self.chunk_size = chunk_size
+        self.chunks = make_chunks(self.units, chunk_size)
+        self.counts = [0] * len(self.chunks)
+        self.published = 0
+        self.lock = threading.Lock()
+        self.pool = concurrent.futures.ThreadPoolExecutor(max(1, threads), thread_name_prefix="cgdp-acc")
+        self.accumulate_times = {}  # chunk name -> [seconds, count]
+        self.network = queue.SimpleQueue() if comm is not None else None
+        self.last_end = None
+        self.iteration_times = []
+        if comm is not None:
+            threading.Thread(target=self._network_loop, name="cgdp-network", daemon=True).start()
+
+    def on_post(self, g, c):
+        """Worker ``g`` has put chunk ``c`` into its slot."""
+        with self.lock:
+            self.counts[c] += 1
+            full = self.counts[c] == self.G
+            if full:
+                self.counts[c] = 0
+        if full:
+            self.pool.submit(self._combine, c).add_done_callback(_reraise)
+
+    def _combine(self, c):
+        chunk = self.chunks[c]
+        seg = slice(chunk.offset, chunk.offset + chunk.size)
+        t0 = time.perf_counter()
+        if self.network is None:
+            mean_into_slots(self.slots[:, seg])
+        else:
+            sum_slots(self.acc[seg], self.slots[:, seg])
+        with self.lock:
+            rec = self.accumulate_times.setdefault(chunk.name, [0.0, 0])
+            rec[0] += time.perf_counter() - t0
+            rec[1] += 1
+        if self.network is None:
+            self._publish(c)
+        else:
+            self.network.put(c)
+
+    def _network_loop(self):
+        # every rank must call the collectives in the same order: chunks are reduced in index order
+        done, ready = 0, set()
+        while True:
+            ready.add(self.network.get())
+            while done in ready:
+                ready.discard(done)
+                chunk = self.chunks[done]
+                seg = slice(chunk.offset, chunk.offset + chunk.size)
+                if chunk.size:
+                    self.comm.mean(self.acc[seg])  # the mean over nodes of the node sums
+                    for row in self.slots[:, seg]:
+                        numpy.multiply(self.acc[seg], row.dtype.type(1.0 / self.G), out=row)
+                is_last = done == len(self.chunks) - 1
+                self._publish(done)
+                done = 0 if is_last else done + 1
+
+    def _publish(self, c):
+        with self.lock:
+            self.published += 1
+            last = self.published == len(self.chunks)
+            next_size = None
+            if last:
+                self.published = 0
+                next_size = self._iteration_done()
+        for g in range(self.G):
+            self.send(g, ("ready", c, next_size))
+
+    def _iteration_done(self):
+        now = time.perf_counter()
+        seconds = None if self.last_end is None else now - self.last_end
+        self.last_end = now
+        if seconds is not None:
+            self.iteration_times.append(seconds)
+        if self.search is None or seconds is None or self.search.done:
+            return None
+        if self.comm is not None:  # all nodes must choose the same layout
+            t = numpy.array([seconds])
+            self.comm.allreduce(t)
+            seconds = float(t[0]) / self.comm.size
+        size = self.search.record(seconds)
+        if size == self.chunk_size:
+            return None
+        self.chunk_size = size
+        self.chunks = make_chunks(self.units, size)
+        self.counts = [0] * len(self.chunks)
+        return size
+
+    def close(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def sum_slots(out, slots):
+    """``out = slots[0] + ... + slots[G-1]``, reading every slot once and writing ``out`` once."""
+    if len(slots) == 1:
+        numpy.copyto(out, slots[0])
+        return
+    numpy.add(slots[0], slots[1], out=out)
+    for row in slots[2:]:
+        out += row
+
+
+def mean_into_slots(slots):
+    """Write the mean of the rows of ``slots`` (G x n) into every row.
+
+    Block by block, so that each value is read from memory once and written once (2G values of traffic
+    per value of the chunk) instead of a pass per operation.
+    """
+    G, n = slots.shape
+    if G == 1 or n == 0:
+        return
+    scale = slots.dtype.type(1.0 / G)
+    step = max(4096, BLOCK_BYTES // ((G + 1) * slots.dtype.itemsize))
+    block = numpy.empty(min(n, step), slots.dtype)
+    for start in range(0, n, step):
+        part = slots[:, start:start + step]
+        out = block[:part.shape[1]]
+        sum_slots(out, part)
+        out *= scale
+        for row in part:
+            numpy.copyto(row, out)
+
+
+def _reraise(future):
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None:  # a failing host thread must not leave the workers waiting silently
+        import _thread
+        import sys
+
+        print(f"error: host accumulation thread failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _thread.interrupt_main()

@@ -1,0 +1,224 @@
+"""The parent process: starts G workers, relays their messages, runs the host accumulation, watches for deaths."""
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import threading
+import time
+
+import numpy
+
+from ...errors import LayerforgeError
+from . import shm
+from .host import HostAccumulator
+from .workers import WORKER_THREADS_ENV, worker_main
+
+MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "MPI_LOCAL")
+
+
+class Result:
+    """What a parallel run returns.
+
+    Attributes:
+        params: (G, P) final flat parameters of every replica (rows equal when the replicas agree).
+        stats: worker 0's :meth:`PhaseTimer.summary` plus ``accumulate`` chunk times from the host and
+            ``rates`` (:func:`~layerforge.dataparallel.cgdp.cost_model.measure_rates`, None for a net without parameters)
+            and ``latency_s`` (:func:`~layerforge.dataparallel.cgdp.cost_model.measure_latency`).
+        iteration_times: host-side wall time of every iteration (host mode), seconds.
+        chunk_size: the chunk size in use at the end (host mode).
+        iter: the solver's iteration count at the end.
+    """
+
+    def __init__(self, params, stats, iteration_times, chunk_size, iter_):
+        self.params, self.stats, self.iteration_times = params, stats, iteration_times
+        self.chunk_size, self.iter = chunk_size, iter_
+
+
+def _describe_exit(code):
+    if code is None:
+        return "stopped responding"
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class WorkerPool:
+    """Runs one parallel job of ``G`` workers with ``options`` (:class:`~layerforge.dataparallel.cgdp.workers.WorkerOptions`).
+
+    Args:
+        search: ``(interval, step, range)`` of the chunk-size search (``chunk_size: auto``).
+        comm: a Communicator across nodes (MPI, host mode only) or None.
+        host_threads: threads summing chunks in the parent.
+    """
+
+    def __init__(self, G, options, search=(10, 1, 3), comm=None, host_threads=2, start_method="spawn"):
+        if G < 1:
+            raise LayerforgeError(f"--workers must be >= 1, got {G}")
+        if comm is not None and comm.size > 1 and options.sync != "HOST":
+            raise LayerforgeError("across nodes only sync: host is supported (tree gathers on one device)")
+        self.G, self.options, self.search, self.comm = G, options, search, comm
+        self.host_threads, self.ctx = host_threads, multiprocessing.get_context(start_method)
+        self.procs, self.conns, self.buffers, self.accumulator = [], [], None, None
+        self.finished = set()
+        self.started = threading.Event()  # set once the workers train
+
+    # -- start-up ---------------------------------------------------------------------------------------------
+    def _start(self):
+        threads = str(max(1, (os.cpu_count() or 1) // self.G))
+        launcher = [k for k in os.environ if k.startswith(MPI_ENV_PREFIXES)]
+        saved = {k: os.environ.get(k) for k in list(WORKER_THREADS_ENV) + launcher}
+        for k in WORKER_THREADS_ENV:  # G processes share the cores: one BLAS pool each would oversubscribe them
+            os.environ.setdefault(k, threads)
+        for k in launcher:  # under mpiexec: a worker that imports mpi4py must not join the parent's job
+            del os.environ[k]
+        try:
+            for g in range(self.G):
+                parent, child = self.ctx.Pipe()
+                p = self.ctx.Process(target=worker_main, args=(g, self.G, self.options, child),
+                                     name=f"layerforge-worker-{g}", daemon=True)
+                p.start()
+                child.close()
+                self.procs.append(p)
+                self.conns.append(parent)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def send(self, g, msg):
+        try:
+            self.conns[g].send(msg)
+        except (BrokenPipeError, OSError):
+            pass  # the worker is gone; the receive loop reports it
+
+    def _receive(self, want):
+        """Wait for one message from every worker in ``want`` (a set of indices); returns ``{g: message}``."""
+        got = {}
+        while len(got) < len(want):
+            for g, msg in self._poll():
+                if msg[0] in ("post", "post_all", "params", "ping") and self.handle(g, msg):
+                    continue
+                got[g] = msg
+                if msg[0] == "done":
+                    self.finished.add(g)
+        return got
+
+    def _poll(self):
+        live = [g for g in range(self.G) if g not in self.finished]
+        ready = multiprocessing.connection.wait([self.conns[g] for g in live] + [self.procs[g].sentinel for g in live])
+        out = []
+        for g in live:
+            conn = self.conns[g]
+            if conn in ready:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    self._died(g)
+                if msg[0] == "error":
+                    self._fail(f"worker {g} (pid {self.procs[g].pid}) failed: {msg[1]}")
+                out.append((g, msg))
+        if not out:
+            for g in live:
+                p = self.procs[g]
+                if p.sentinel in ready and not self.conns[g].poll():
+                    self._died(g)
+        return out
+
+    def _died(self, g):
+        p = self.procs[g]
+        p.join(1.0)
+        self._fail(f"worker {g} (pid {p.pid}) {_describe_exit(p.exitcode)}; the job was stopped")
+
+    def _fail(self, message):
+        raise LayerforgeError(message)
+
+    # -- messages during training -----------------------------------------------------------------------------
+    def handle(self, g, msg):
+        kind = msg[0]
+        if kind == "post":
+            self.accumulator.on_post(g, msg[1])
+        elif kind == "post_all":
+            self._posted += 1
+            if self._posted == self.G - 1:
+                self._posted = 0
+                self.send(0, ("gathered",))
+        elif kind == "params":
+            for h in range(1, self.G):
+                self.send(h, ("params",))
+        elif kind == "ping":
+            self.send(g, ("pong",))
+        else:
+            return False
+        return True
+
+    def run(self):
+        """Start the workers, train, and return a :class:`Result`; raises LayerforgeError on any failure."""
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self):
+        self._start()
+        hellos = self._receive(set(range(self.G)))
+        units, dtype = hellos[0][1], numpy.dtype(hellos[0][2])
+        for g, msg in hellos.items():
+            if msg[1] != units or msg[2] != hellos[0][2]:
+                self._fail(f"worker {g} built a different net than worker 0 (parameter layout or dtype differs)")
+        total = sum(size for _, _, size in units)
+        self.buffers = shm.create(self.G, total, dtype)
+        for g in range(self.G):
+            self.send(g, ("layout", self.buffers.names, total))
+        _, start_iter = self._receive({0})[0]
+        if self.comm is not None and self.comm.size > 1:  # one starting point for every node
+            self.comm.bcast(self.buffers["params"], root=0)
+        self._posted = 0
+        if self.options.sync == "HOST":
+            self.accumulator = HostAccumulator(self.buffers["slots"], self.buffers["acc"], units,
+                                               self.options.chunk_size, self.send, self.search, self.comm,
+                                               self.host_threads)
+        for g in range(self.G):
+            self.send(g, ("start", start_iter))
+        self.started.set()
+        done = self._receive(set(range(self.G)))
+        params = numpy.array(self.buffers["slots"])  # the final parameters, before worker 0's timings reuse the slots
+        for p in self.procs[1:]:
+            p.join(5.0)
+        self.finished.discard(0)
+        self.send(0, ("calibrate",))
+        _, rates, latency = self._receive({0})[0]
+        stats = dict(done[0][1], units=units, G=self.G, sync=self.options.sync, rates=rates, latency_s=latency)
+        acc = self.accumulator
+        if acc is not None:
+            stats["chunks_ms"].update({f"accumulate:{name}": 1000.0 * s / n
+                                       for name, (s, n) in acc.accumulate_times.items() if n})
+        self.procs[0].join(5.0)  # the others were joined before the timings
+        return Result(params, stats, list(acc.iteration_times) if acc else [],
+                      acc.chunk_size if acc else None, done[0][2])
+
+    def close(self):
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(5.0)
+        for c in self.conns:
+            c.close()
+        if self.accumulator is not None:
+            self.accumulator.close()
+        if self.buffers is not None:
+            self.buffers.close()
+            self.buffers = None
+
+
+def run_parallel(G, options, **kwargs):
+    """Run a parallel job (see :class:`WorkerPool`); returns its :class:`Result`."""
+    t0 = time.perf_counter()
+    result = WorkerPool(G, options, **kwargs).run()
+    result.wall_s = time.perf_counter() - t0
+    return result

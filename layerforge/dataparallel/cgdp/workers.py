@@ -1,0 +1,173 @@
+"""G worker processes, each with its own solver replica, coordinated by the parent through pipes.
+
+Start-up: every worker builds the solver from the same solver file with its data shard
+(``rank = node * G + g``, ``world_size = nodes * G``) and sends ``hello`` (its parameter units); the parent
+creates the shared buffers (``slots`` G x P, ``acc`` P, ``params`` P), worker 0 copies its initial
+parameters into ``params`` and every other worker copies them in, so all replicas start identical. Then
+each worker trains with :class:`~layerforge.dataparallel.cgdp.host.HostSync` or
+:class:`~layerforge.dataparallel.cgdp.tree.TreeSync` installed, and finally copies its parameters into its slot so
+the parent can check that the replicas agree; worker 0 then times the exchange's operations for the cost
+model (:func:`~layerforge.dataparallel.cgdp.cost_model.measure_rates`) while the others are gone.
+
+A worker that dies (a signal, ``os._exit``) or raises ends the job: the parent notices the closed pipe or
+the process sentinel, stops the other workers and raises one LayerforgeError naming the worker.
+"""
+import os
+import queue
+import signal
+import threading
+import traceback
+
+from ...cores import THREAD_VARS
+from ...errors import LayerforgeError
+
+WORKER_THREADS_ENV = THREAD_VARS
+
+
+class WorkerOptions:
+    """What a worker needs besides its index (picklable for 'spawn').
+
+    Args:
+        solver: a solver YAML path or dict; overrides: solver key overrides (``max_iter=...``).
+        sync: ``"HOST"`` or ``"TREE"``; chunk_size: int or ``"auto"``.
+        devices: GPU ids per worker (None: CPU); batch: per-worker batch size override (or None).
+        node, nodes: this host's index and the number of hosts (MPI ranks) for data sharding.
+        iterations: run ``solver.step(iterations)`` instead of ``solve()`` (timing); resume: a solver state.
+        log: whether worker 0 logs (glog format, to stdout).
+        setup: an importable ``fn(g, solver)`` each worker runs once its solver is built (instrumentation).
+    """
+
+    def __init__(self, solver, overrides=None, sync="HOST", chunk_size=1, devices=None, batch=None,
+                 node=0, nodes=1, iterations=None, resume=None, log=True, setup=None):
+        self.solver, self.overrides, self.sync, self.chunk_size = solver, dict(overrides or {}), sync, chunk_size
+        self.devices, self.batch, self.node, self.nodes = devices, batch, node, nodes
+        self.iterations, self.resume, self.log, self.setup = iterations, resume, log, setup
+
+
+class Link:
+    """A worker's end of its pipe: a receiver thread runs handlers; other messages queue for the main thread."""
+
+    def __init__(self, conn):
+        self.conn, self.lock = conn, threading.Lock()
+        self.handlers, self.mailbox = {}, queue.SimpleQueue()
+        self.error = None
+        threading.Thread(target=self._receive, name="cgdp-inbox", daemon=True).start()
+
+    def send(self, msg):
+        with self.lock:
+            self.conn.send(msg)
+
+    def _receive(self):
+        try:
+            while True:
+                msg = self.conn.recv()
+                handler = self.handlers.get(msg[0])
+                if handler is not None:
+                    handler(msg)
+                else:
+                    self.mailbox.put(msg)
+        except (EOFError, OSError):
+            os._exit(3)  # the parent is gone: nobody will ever answer
+        except BaseException as e:  # noqa: BLE001 - a failing copy-back must end the job, not hang it
+            self.error = f"{type(e).__name__}: {e}"
+            self.mailbox.put(("failed",))
+
+    def check(self):
+        if self.error is not None:
+            raise LayerforgeError(self.error)
+
+    def expect(self, kind):
+        msg = self.mailbox.get()
+        self.check()
+        if msg[0] != kind:
+            raise LayerforgeError(f"protocol error: expected '{kind}', got '{msg[0]}'")
+        return msg
+
+
+def worker_main(g, G, options, conn):
+    """Entry point of worker ``g`` of ``G`` (runs in a spawned process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the workers
+    link = Link(conn)
+    try:
+        _run_worker(g, G, options, link)
+    except LayerforgeError as e:
+        link.send(("error", str(e)))
+        os._exit(1)
+    except BaseException as e:  # noqa: BLE001
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        link.send(("error", f"{type(e).__name__}: {e} ({os.path.basename(where.filename)}:{where.lineno})"))
+        os._exit(1)
+    os._exit(0)
+
+
+def _run_worker(g, G, options, link):
+    import logging
+
+    from ...logs import setup_logging
+    from ...net.netdef import load_net_def, set_batch_size
+    from ...solvers import SOLVER_REGISTRY, get_solver
+    from ...solvers.param import load_solver_param
+    from .chunks import param_units, unit_sizes
+    from .host import HostSync, _param_offsets
+    from .shm import attach
+    from .stats import PhaseTimer
+    from .transfer import make_mover
+    from .tree import TreeSync
+
+    if options.log and g == 0:
+        setup_logging()
+    else:
+        logging.getLogger("layerforge").setLevel(logging.WARNING)
+    overrides = dict(options.overrides)
+    if options.devices is not None:
+        overrides.update(solver_mode="GPU", device_id=int(options.devices[g]))
+    rank, world = options.node * G + g, options.nodes * G
+    if options.batch is None:
+        solver = get_solver(options.solver, shard=(rank, world), **overrides)
+    else:  # `layerforge time --batch`: the same solver over the net with another per-worker batch size
+        sp = load_solver_param(options.solver, SOLVER_REGISTRY, **overrides)
+        source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
+        sp.net_param = set_batch_size(load_net_def(source), options.batch)
+        sp.net = sp.train_net = sp.train_net_param = None
+        solver = SOLVER_REGISTRY[sp.type](sp, shard=(rank, world))
+    solver.root = rank == 0
+    if options.setup is not None:
+        options.setup(g, solver)
+    net = solver.net
+    units = param_units(net)
+    link.send(("hello", unit_sizes(units), net.dtype.str, os.getpid()))
+    _, names, total = link.expect("layout")
+    buffers = attach(names, G, total, net.dtype)
+    slots, acc, params = buffers["slots"], buffers["acc"], buffers["params"]
+    offsets = _param_offsets(net, units)
+    mover = make_mover(net, offsets, (slots[g], acc, params))
+    if options.resume:  # every replica: each host-mode worker updates with its own (identical) history
+        solver.restore(options.resume)
+    if g == 0:
+        mover.params_to_host(params)
+        link.send(("initial", solver.iter))
+    _, start_iter = link.expect("start")
+    if g != 0:
+        mover.params_from_host(params)
+        solver.iter = start_iter
+    timer = PhaseTimer()
+    if options.sync == "HOST":
+        HostSync(solver, link, slots[g], options.chunk_size, mover, timer)
+    else:
+        TreeSync(solver, link, g, slots, params, mover, timer)
+    timer.install(solver)
+    if options.iterations is not None:
+        solver.step(options.iterations)
+    else:
+        solver.solve(sigint_effect="none", sighup_effect="none")
+    mover.params_to_host(slots[g])  # the parent compares the replicas
+    link.send(("done", timer.summary(), solver.iter))
+    if g == 0:  # once the others are gone, time the exchange's operations for the cost model
+        link.expect("calibrate")
+        from .cost_model import measure_latency, measure_rates
+
+        rates = measure_rates(net.learnable_params, mover, slots, acc, solver.xp)
+        link.send(("rates", rates, measure_latency(link)))
+    mover.close()
+    buffers.close()
+

@@ -1,0 +1,143 @@
+"""Rank supervision: under ``mpiexec``, a rank's work runs in a child process that its parent watches.
+
+A rank killed without a word (SIGKILL, the kernel's out-of-memory killer, a segfault) cannot report its
+own death, and MPICH's hydra then prints only "BAD TERMINATION ... EXIT CODE: 9" with a pid, and kills
+the other ranks at once. So the process hydra starts (the supervisor) runs the same command as a child
+and waits for it: when the child dies by a signal, the supervisor prints ``rank R (host H, pid P): killed
+by signal S`` and exits non-zero, and hydra ends the job. The child inherits the PMI connection (MPI
+starts in the child, never in the supervisor) and dies with its supervisor (PR_SET_PDEATHSIG), so
+killing either ends the rank. Signals the supervisor gets (Ctrl-C, SIGTERM, SIGHUP) go on to the child.
+
+A rank that dies before its MPI_Init has finished is not enough for hydra, which then keeps the job waiting
+(the other ranks spin in MPI_Init) forever. So a supervisor whose child died leaves a watchdog behind: if
+this node's launcher proxy (hydra_pmi_proxy) still runs after ``END_JOB_GRACE`` seconds, the watchdog ends
+the proxy's other ranks (SIGTERM, which their supervisors pass on and report, then SIGKILL), and hydra
+ends the job once they are gone. When hydra ends the job itself, as it does for a rank that dies later,
+the proxy is gone by then and the watchdog does nothing.
+"""
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+SUPERVISED = "LAYERFORGE_SUPERVISED"
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+END_JOB_GRACE = 5.0  # seconds hydra gets to end the job itself; tearing down a loaded 4-rank job takes ~1 s
+PROXIES = (b"hydra_pmi_proxy",)  # the launcher processes that start ranks (MPICH's hydra)
+
+
+def mpi_rank_from_env():
+    """This process's rank as the launcher's environment gives it, or None."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return None
+
+
+def needs_supervisor():
+    """True in a process that mpiexec started for a job of several ranks and that is not a child already."""
+    from .mpi import mpi_world_size
+
+    return mpi_world_size() > 1 and os.environ.get(SUPERVISED) != "1"
+
+
+def _die_with_parent():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills the child when its parent dies
+    except (OSError, AttributeError):  # not Linux: the supervisor forwards what it can
+        pass
+
+
+def supervise(argv):
+    """Run ``python -m layerforge argv...`` as this rank's child; returns the exit status for this process."""
+    env = dict(os.environ, **{SUPERVISED: "1"})
+    child = subprocess.Popen([sys.executable, "-m", "layerforge", *argv], env=env, close_fds=False,
+                             preexec_fn=_die_with_parent)  # close_fds=False: the PMI descriptor must reach it
+
+    def forward(signum, frame):
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    for s in FORWARDED:
+        signal.signal(s, forward)
+    status = child.wait()
+    if status >= 0:
+        return status
+    signum = -status
+    name = signal.Signals(signum).name
+    why = " (also what the kernel's out-of-memory killer sends)" if signum == signal.SIGKILL else ""
+    print(f"rank {mpi_rank_from_env()} (host {socket.gethostname()}, pid {child.pid}): killed by signal "
+          f"{signum} ({name}){why}", file=sys.stderr, flush=True)
+    _leave_watchdog(os.getppid())
+    return 128 + signum
+
+
+def _process_start(pid):
+    """``(command line, start time in clock ticks)`` of process ``pid``, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        with open(f"/proc/{pid}/stat") as f:
+            start = int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+    return cmdline, start
+
+
+def _leave_watchdog(proxy):
+    """Start :func:`end_job_if_stuck` for launcher process ``proxy`` in a detached process of its own."""
+    seen = _process_start(proxy)
+    if seen is None or not any(name in seen[0] for name in PROXIES):
+        return  # not started by a launcher we know how to stop
+    subprocess.Popen([sys.executable, "-c", "import sys; from layerforge.dataparallel.supervisor import "
+                      f"end_job_if_stuck; end_job_if_stuck({proxy}, {seen[1]}, {END_JOB_GRACE})"],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     close_fds=True, start_new_session=True)  # holds none of the rank's pipes or PMI socket
+
+
+def _children(pid):
+    """The pids of the processes whose parent is ``pid``."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def end_job_if_stuck(proxy, start, grace):
+    """End the ranks that launcher process ``proxy`` (started at ``start`` ticks) still runs after ``grace``
+    seconds: SIGTERM, then SIGKILL 2 s later. Comparing the start time makes a recycled pid safe."""
+
+    def ranks_left():
+        seen = _process_start(proxy)
+        return _children(proxy) if seen is not None and seen[1] == start else []
+
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        seen = _process_start(proxy)
+        if seen is None or seen[1] != start:
+            return  # hydra ended the job itself
+        time.sleep(0.1)
+    for signum, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0.0)):
+        for rank in ranks_left():
+            _signal(rank, signum)
+        deadline = time.monotonic() + wait
+        while ranks_left() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _signal(pid, signum):
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,137 @@
+"""The on-disk cache of AUTO's convolution engine choices, so a second start skips the timing.
+
+The cache is one JSON file, ``$LAYERFORGE_CACHE_DIR/conv_engines.json`` (default
+``$XDG_CACHE_HOME/layerforge``, else ``~/.cache/layerforge``): ``{machine key: {layer key: {"forward": engine,
+"backward": engine}}}``.
+
+- The machine key names what makes one engine faster than another on this computer: the backend (``cpu``, or
+  ``gpu`` with the device name and compute capability), the CPU model, the core count, the BLAS/OpenMP thread
+  setting, and the numpy, BLAS and cupy/CUDA versions.
+- The layer key names the convolution: layer type, input and output shapes, weight shape, kernel, stride, pad,
+  dilation, groups, dtype, and the engine set AUTO chose among (a new engine in the set times them all again).
+
+A cache that cannot be read (corrupt JSON, wrong layout, no permission) is ignored with one warning line naming
+the file, and is replaced by the next store; an unwritable cache directory costs only the timing next time.
+``$LAYERFORGE_CACHE_DIR`` set to ``off`` turns the cache off.
+"""
+import functools
+import json
+import logging
+import os
+import platform
+
+import numpy
+
+from ..errors import LayerforgeError
+from ..npz import write_atomic
+
+logger = logging.getLogger("layerforge")
+
+CACHE_DIR_ENV = "LAYERFORGE_CACHE_DIR"
+FILE_NAME = "conv_engines.json"
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_warned = set()  # cache files already warned about: one line per bad file, not one per layer
+
+
+def cache_dir():
+    """The layerforge cache directory (see the module docstring); None when the cache is turned off."""
+    given = os.environ.get(CACHE_DIR_ENV)
+    if given:
+        return None if given.lower() == "off" else given
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "layerforge")
+
+
+def cache_path():
+    """The engine-choice cache file, or None when the cache is off."""
+    d = cache_dir()
+    return None if d is None else os.path.join(d, FILE_NAME)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(xp):
+    """What the timing depended on, as one string (see the module docstring)."""
+    try:
+        blas = numpy.__config__.CONFIG["Build Dependencies"]["blas"]
+        blas = f"{blas['name']}-{blas['version']}"
+    except (AttributeError, KeyError, TypeError):
+        blas = "unknown-blas"
+    threads = ",".join(f"{v}={os.environ[v]}" for v in THREAD_VARS if v in os.environ) or "threads=default"
+    parts = [_cpu_model(), f"cores={os.cpu_count()}", threads, f"numpy-{numpy.__version__}", blas]
+    return "|".join((_gpu(xp.cuda.Device().id) if xp is not numpy else ("cpu",)) + tuple(parts))
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu(device_id):
+    import cupy
+    from ..backend import gpu_name
+    return ("gpu", gpu_name(device_id), f"sm_{cupy.cuda.Device(device_id).compute_capability}", f"cupy-{cupy.__version__}",
+            f"cuda-{cupy.cuda.runtime.runtimeGetVersion()}")
+
+
+def layer_key(layer_type, x_shape, y_shape, w_shape, geometry, group, dtype, engines):
+    """The convolution a choice was timed for, as one string."""
+    return (f"{layer_type}|x={'x'.join(map(str, x_shape))}|y={'x'.join(map(str, y_shape))}"
+            f"|w={'x'.join(map(str, w_shape))}|geometry={','.join(map(str, geometry))}|group={group}"
+            f"|{dtype}|engines={','.join(engines)}")
+
+
+def _warn_once(path, reason):
+    if path not in _warned:
+        _warned.add(path)
+        logger.warning("%s: engine cache ignored (%s)", path, reason)
+
+
+def _read(path):
+    """The whole table, ``{}`` when the file is missing or unreadable (warned once)."""
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, UnicodeDecodeError) as e:  # json's errors are ValueErrors
+        _warn_once(path, f"unreadable: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+        return {}
+    if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+        _warn_once(path, "not a mapping of machines to layer choices")
+        return {}
+    return table
+
+
+def lookup(machine, layer):
+    """``{"forward": engine, "backward": engine}`` stored for this machine and layer, or None."""
+    path = cache_path()
+    if path is None:
+        return None
+    choice = _read(path).get(machine, {}).get(layer)
+    if not isinstance(choice, dict) or not all(isinstance(v, str) for v in choice.values()):
+        return None
+    return choice
+
+
+def store(machine, layer, choice):
+    """Add one layer's settled choice to the cache (read, merge, atomic rename: concurrent ranks lose nothing
+    but each other's newest entry)."""
+    path = cache_path()
+    if path is None:
+        return
+    table = _read(path)
+    if table.get(machine, {}).get(layer) == choice:
+        return
+    table.setdefault(machine, {})[layer] = dict(choice)
+    text = json.dumps(table, indent=1, sort_keys=True).encode()
+    try:
+        write_atomic(path, lambda f: f.write(text))
+    except LayerforgeError as e:  # a cache that cannot be written costs only the timing next time
+        _warn_once(path, f"not writable: {str(e)[len(path) + 2:][:100]}")

@@ -1,0 +1,160 @@
+"""Run a CPU kernel body over slices of one axis on several threads.
+
+numpy releases the GIL inside its array loops, so the copies of im2col / col2im and the strided ufuncs of
+pooling run in parallel when each thread takes its own slice of channels or images. Only BLAS used the
+second core before; these bodies were single-threaded. Each slice is computed by the same body with the
+same operations in the same order as the whole, so the result is bit-identical for any thread count.
+
+The thread count follows the BLAS setting, so that MPI ranks and CGDP workers, which divide the cores by
+setting ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` (layerforge.cores), divide these threads too:
+the BLAS library's own count (threadpoolctl) where it can be read, else those variables, else the cores.
+:func:`set_num_threads` overrides it (tests, benchmarks).
+"""
+import functools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy
+
+from ..backend import get_array_module
+
+# Below this many elements per array operation of a body, a kernel runs on the calling thread. Handing out
+# the slices costs about 60 us per call on the 2-core machine (measured with an empty body) and every
+# numpy call of a body pays its Python overhead once per thread; a 64K-element float32 copy takes about
+# 11 us, so with a body's several passes this is where the second core starts to win (a global 7x7 average
+# pool of ResNet-50, 16K outputs per pass, ran slower on 2 threads; im2col of 400K per tap, 1.3x faster).
+MIN_PARALLEL_ELEMENTS = 1 << 16
+
+_state = {"threads": None, "pool": None}
+_inside = threading.local()
+
+
+def _blas_threads():
+    try:
+        from threadpoolctl import threadpool_info
+
+        counts = [info["num_threads"] for info in threadpool_info() if info.get("user_api") == "blas"]
+        if counts:
+            return max(counts)
+    except Exception:  # noqa: BLE001 - threadpoolctl missing or unable to read a library: use the variables
+        pass
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        value = os.environ.get(var, "").split(",")[0]
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return os.cpu_count() or 1
+
+
+def num_threads():
+    """Threads the kernels use (the BLAS thread count unless :func:`set_num_threads` chose one)."""
+    if _state["threads"] is None:
+        _state["threads"] = max(1, _blas_threads())
+    return _state["threads"]
+
+
+def set_num_threads(n):
+    """Use ``n`` threads from now on (None: follow the BLAS setting again)."""
+    _state["threads"] = None if n is None else max(1, int(n))
+
+
+def _pool(workers):
+    pool = _state["pool"]
+    if pool is None or pool._max_workers < workers:
+        if pool is not None:
+            pool.shutdown(wait=True)
+        pool = _state["pool"] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="layerforge-kernel")
+    return pool
+
+
+def parallel_for(n, body, work):
+    """Call ``body(lo, hi)`` for contiguous pieces ``[lo, hi)`` that cover ``range(n)``, in parallel.
+
+    Args:
+        n: length of the axis that is split (images, channels).
+        body: computes and writes the result for one piece; pieces must not write the same memory.
+        work: elements one array operation of the body touches for the whole range (one tap's copy, one
+            pass over the outputs); below :data:`MIN_PARALLEL_ELEMENTS` the call runs on the calling
+            thread, as do calls made from inside a body.
+    """
+    threads = min(num_threads(), n)
+    if threads <= 1 or work < MIN_PARALLEL_ELEMENTS or getattr(_inside, "active", False):
+        body(0, n)
+        return
+    bounds = [n * k // threads for k in range(threads + 1)]
+
+    def run(lo, hi):
+        _inside.active = True
+        try:
+            body(lo, hi)
+        finally:
+            _inside.active = False
+
+    futures = [_pool(threads - 1).submit(run, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    try:
+        run(bounds[0], bounds[1])
+    finally:
+        for f in futures:
+            f.result()
+
+
+def elementwise(fn, *arrays):
+    """``fn(*pieces)`` over matching pieces of axis 0 of same-shaped arrays, on the kernel threads for numpy
+    arrays (copies and adds of whole activations: Eltwise, Split); one call ``fn(*arrays)`` for cupy."""
+    first = arrays[0]
+    if not isinstance(first, numpy.ndarray) or first.ndim == 0:
+        fn(*arrays)
+        return
+    parallel_for(len(first), lambda lo, hi: fn(*(a[lo:hi] for a in arrays)), work=first.size)
+
+
+def into_contiguous(out, fill):
+    """``fill(target)`` with a C-contiguous ``target`` standing for the numpy array ``out``: ``out`` itself, or
+    a scratch array copied into ``out`` afterwards (the compiled kernels index their outputs as contiguous)."""
+    target = out if out.flags.c_contiguous else numpy.empty(out.shape, out.dtype)
+    fill(target)
+    if target is not out:
+        out[...] = target
+    return out
+
+
+def sum_into(out, *arrays):
+    """``out = arrays[0] + arrays[1] + ...`` (same shapes; ``out`` may be ``arrays[0]``), on the kernel threads
+    for numpy arrays: Eltwise SUM's forward and Split's gradient."""
+    elementwise(_sum_into, out, *arrays)
+
+
+def _sum_into(out, *arrays):
+    if len(arrays) == 1:
+        out[...] = arrays[0]
+        return
+    get_array_module(out).add(arrays[0], arrays[1], out=out)
+    for a in arrays[2:]:
+        out += a
+
+
+def cpu_kernel(fn):
+    """Compile a CPU kernel body with numba: nopython, releasing the GIL (so :func:`parallel_for`'s threads run
+    it side by side), cached on disk. Used where numpy would need several passes or a pass per window
+    position for what one loop does; each body computes its slice in a fixed order, so results stay
+    bit-identical for any thread count. Floating-point reductions may be reassociated (vectorised), always
+    the same way for the same lengths. numba is imported at the first call (it takes a quarter of a second,
+    which commands that run no kernel, and every rank's start, would pay)."""
+    compiled = []
+    lock = threading.Lock()
+
+    @functools.wraps(fn)
+    def call(*args):
+        if not compiled:
+            with lock:
+                if not compiled:
+                    import numba
+
+                    compiled.append(numba.njit(nogil=True, cache=True, fastmath={"reassoc"})(fn))
+        return compiled[0](*args)
+    return call
+
+
+def host_work(array, passes=1):
+    """``array.size // passes`` for a numpy array, 0 for a device array (cupy orders its own work)."""
+    return array.size // passes if isinstance(array, numpy.ndarray) else 0

@@ -1,0 +1,97 @@
+"""Fused BatchNorm + Scale (+ ReLU): a net-build optimisation for Caffe's ResNet pattern.
+
+Where a net has, one after the other and all in place on one blob,
+
+    BatchNorm  ->  Scale (one bottom, ``bias_term: true``, a per-channel scale: axis 1, num_axes 1)  ->  [ReLU]
+
+(negative_slope >= 0, no loss weight on any of them), the three run as one: forward normalises once and
+writes ``relu(gamma x_norm + beta)`` straight into the blob; backward turns the blob's diff into the input's
+with one sweep for two per-channel sums and one for the gradient (``kernels.fused_batch_norm``). Unfused,
+BatchNorm keeps ``x_norm``, Scale keeps a copy of its (in-place) input for the gamma gradient, and the
+forward copies x_norm into the blob; fused, only ``x_norm`` (BatchNorm's own attribute) is kept, so each
+group holds one activation-sized array fewer (``Net.memory_report``'s ``cache_bytes``).
+
+The layers stay in ``Net.layers`` with their own blobs (BatchNorm's three statistics, Scale's gamma and beta):
+snapshots, weights files, caffemodel and ONNX export, pycaffe's ``net.params`` see the unfused net. The group
+runs forward at its BatchNorm's index (``Net.forward_layer``) and backward at its last layer's
+(``Net.backward_layer``); the other layers then do nothing in that pass, so ``layerforge time`` shows the
+group's forward on the BatchNorm row and its backward on the ReLU's (or Scale's). A ``Net.forward`` range
+or ``Net.backward`` range that starts or ends inside a group runs its layers one by one. ``fuse_batch_norm: false`` (a net key) turns
+fusion off.
+"""
+from ..kernels.fused_batch_norm import bn_scale_relu_backward, scale_shift_relu
+
+
+class BatchNormScaleReLU:
+    """One fused group of ``net``: the BatchNorm at ``first``, the Scale after it, the ReLU at ``last`` if any."""
+
+    def __init__(self, net, first, last):
+        self.net, self.first, self.last = net, first, last
+        self.batch_norm, self.scale = net.layers[first], net.layers[first + 1]
+        self.relu = net.layers[first + 2] if last == first + 2 else None
+        self.ran_fused = False  # whether the last forward ran fused (backward must then too)
+
+    @property
+    def members(self):
+        return range(self.first, self.last + 1)
+
+    @property
+    def negative_slope(self):
+        return None if self.relu is None else self.relu.negative_slope
+
+    def forward(self):
+        self.scale.x = None  # a copy that unfuse() made is not needed
+        blob = self.net.bottom_blobs(self.first)[0]
+        x_norm = self.batch_norm.normalise(blob.data)
+        gamma, beta = (b.data for b in self.scale.blobs)
+        scale_shift_relu(x_norm, gamma, beta, self.negative_slope, out=_channels(blob.data, self.batch_norm.channels))
+        self.ran_fused = True
+
+    def unfuse(self):
+        """After a fused forward, let each layer run its own backward (a backward range that cuts the group):
+        Scale's input, which its own forward would have copied, is BatchNorm's x_norm."""
+        if self.ran_fused:
+            blob = self.net.bottom_blobs(self.first)[0]
+            self.scale.x = self.batch_norm.x_norm.reshape(blob.shape).copy()
+            self.ran_fused = False
+
+    def backward(self):
+        net, bn = self.net, self.batch_norm
+        if not any(net.layer_need_backward[k] for k in self.members):
+            return
+        blob, scale = net.bottom_blobs(self.first)[0], self.scale
+        g_gamma, g_beta = (b.diff if down else None for b, down in zip(scale.blobs, scale.param_propagate_down))
+        gy = _channels(blob.diff, bn.channels)
+        bn_scale_relu_backward(gy, _channels(blob.data, bn.channels), bn.x_norm, 1 / bn.std, scale.blobs[0].data,
+                               self.negative_slope, not bn.use_global_stats, g_gamma, g_beta,
+                               gx=gy if net.bottom_need_backward[self.first][0] else None)
+
+
+def batch_norm_groups(net):
+    """``{layer index: BatchNormScaleReLU}`` for every member of every fusable group of ``net`` (module docstring)."""
+    groups, layers = {}, net.layers
+    for i, bn in enumerate(layers[:-1]):
+        if bn.type != "BatchNorm" or not _in_place(net, i, net.bottom_blobs(i)[0]):
+            continue
+        blob, scale = net.bottom_blobs(i)[0], layers[i + 1]
+        if not (scale.type == "Scale" and _in_place(net, i + 1, blob) and scale.has_bias_term()
+                and len(scale.blobs) == 2 and scale.axis == 1 and tuple(scale.blobs[0].shape) == (bn.channels,)):
+            continue
+        last = i + 1
+        relu = layers[i + 2] if i + 2 < len(layers) else None
+        if relu is not None and relu.type == "ReLU" and _in_place(net, i + 2, blob) and relu.negative_slope >= 0:
+            last = i + 2
+        if any(w for k in range(i, last + 1) for w in net.loss_weights(k)):
+            continue
+        group = BatchNormScaleReLU(net, i, last)
+        groups.update((k, group) for k in group.members)
+    return groups
+
+
+def _channels(a, channels):
+    return a.reshape(a.shape[0], channels, -1)  # (N, C, S), as BatchNorm sees its blob
+
+
+def _in_place(net, i, blob):
+    bottom, top = net.bottom_blobs(i), net.top_blobs(i)
+    return len(bottom) == 1 and len(top) == 1 and bottom[0] is blob and top[0] is blob

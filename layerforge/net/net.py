@@ -1,0 +1,528 @@
+"""Net: builds the layer graph of a net definition and runs forward and backward over it (Caffe's Net).
+
+Build steps, all before any array is allocated: filter layers by phase/level/stage, bind every bottom to
+the blob *version* it reads (an in-place layer makes a new version of the same name), insert Split layers
+where one version feeds several layers (their diffs are summed), and order the layers topologically.
+Then layers are created and set up in that order, parameters are shared by name, and the backward-need
+analysis decides which layers and bottoms take part in backward.
+"""
+import collections
+
+import numpy
+
+from .. import backend, trace
+from . import fusion, graph, memory
+from ..blob import Blob
+from ..errors import ConfigError, DataError, LabelError, LayerforgeError, ShapeError
+from ..layers import LAYER_REGISTRY
+from ..layers.layer_param import layer_included
+from .netdef import load_net_def, set_shard
+from ..npz import load_npz, save_npz_atomic
+from ..schema import Params, suggest
+
+
+class Net:
+    """A net built from a YAML path or a dict, pycaffe style.
+
+    Args:
+        source: path of a net YAML file, or a dict of the same structure.
+        phase: ``"train"`` or ``"test"`` (layers are filtered by their include/exclude rules); None: the
+            net's own ``state: {phase}``, else train.
+        level, stages: Caffe's NetState level and stages for the rules; None: the net's ``state``. Given
+            stages are added to the state's, a given level replaces it (Caffe's Net(file, phase, level, stages)).
+        dtype: ``"float32"`` (default) or ``"float64"`` for every blob and parameter.
+        weights: optional ``.npz`` of weights to copy in (as :meth:`copy_from`).
+        shard: ``(rank, world_size)``: data layers read only that shard of their source.
+
+    Attributes:
+        blobs: ordered ``{name: Blob}`` of every blob (``.data`` / ``.diff``, shape N x C x H x W ...).
+        params: ordered ``{layer name: [Blob, ...]}`` for layers that have parameters.
+        layers: the Layer objects in execution order (auto-inserted Split layers included).
+        inputs / outputs: names of input blobs (tops of Input layers) and of blobs no layer consumes.
+        loss: total weighted loss of the last forward pass (a float).
+        phase, level, stages: the NetState the layers were selected with.
+        layer_need_backward, bottom_need_backward: Caffe's backward flags (see :meth:`_analyse_backward`).
+    """
+
+    def __init__(self, source, phase=None, level=None, stages=None, dtype="float32", weights=None, xp=numpy,
+                 shard=None):
+        self.netdef = load_net_def(source)
+        if shard is not None:
+            set_shard(self.netdef, *shard)
+        self.path = self.netdef.path
+        self.name = self.netdef.name
+        # Caffe's NetState: the file's `state`, with phase and level replaced and stages added by the arguments
+        state = self.netdef.state
+        self.phase = str(phase if phase is not None else state.phase or "train").upper()
+        if self.phase not in ("TRAIN", "TEST"):
+            raise LayerforgeError(f"phase must be 'train' or 'test', got {phase!r}")
+        self.level = int(level if level is not None else state.level)
+        self.stages = tuple(state.stage) + tuple(s for s in (stages or ()) if s not in state.stage)
+        self.dtype = backend.dtype_of(dtype)
+        self.xp = xp
+        self.loss = 0.0
+        included = [lp for lp in self.netdef.layers if layer_included(lp, self.phase, self.level, self.stages)]
+        excluded = [lp for lp in self.netdef.layers if lp not in included]
+        # Caffe allows a name on several layers of one net (its MNIST autoencoder has two "loss" layers):
+        # looking a layer up by name finds the last one, as Caffe's layer_names_index_ does
+        if self.netdef.unique_layer_names:
+            seen = {}
+            for lp in included:  # one name may still serve several phases (Caffe's two "mnist" data layers)
+                if lp.name in seen:
+                    raise lp.error(f"layer name '{lp.name}' is already used at line {seen[lp.name]}", "name")
+                seen[lp.name] = lp.line
+        self._memory_plan = None
+        self._build(graph.resolve_graph(included, excluded, self.phase))
+        if weights is not None:
+            self.copy_from(weights)
+
+    # ------------------------------------------------------------------------------------------
+    # building layers and blobs
+
+    def _build(self, resolved):
+        # Count consumers of every version and the loss weight of every top.
+        entries = []  # (LayerParameter, layer class, [bottom versions], [top versions], [loss weights])
+        for lp, bottom_versions, top_versions in resolved:
+            cls = LAYER_REGISTRY[lp.type]
+            cls.check_blob_counts(lp, len(lp.bottom), len(top_versions))
+            weights = list(lp.loss_weight)
+            if weights and len(weights) != len(top_versions):
+                raise lp.error(f"has {len(weights)} loss weights for {len(top_versions)} tops", "loss_weight")
+            if not weights:
+                weights = [cls.default_loss_weight if j == 0 else 0.0 for j in range(len(top_versions))]
+            entries.append([lp, cls, list(bottom_versions), list(top_versions), weights])
+        for k, (lp, cls, bvs, tvs, lw) in enumerate(entries):
+            for j, v in enumerate(bvs):
+                v.consumers.append((k, j))
+        entries = graph.insert_splits(entries)
+
+        self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights = [], [], [], []
+        self.blobs = collections.OrderedDict()
+        self._layer_params = []
+        for lp, cls, bvs, tvs, lw in entries:
+            layer = cls(lp, phase=self.phase, dtype=self.dtype, xp=self.xp)
+            bottom = [v.blob for v in bvs]
+            top = []
+            for j, v in enumerate(tvs):
+                source = bvs[lp.bottom.index(v.name)] if v.name in lp.bottom else None
+                if source is not None and len(source.consumers) == 1 and not source.is_split_output:
+                    v.blob = source.blob  # in place: same storage
+                else:
+                    v.blob = Blob((), self.dtype, self.xp)
+                top.append(v.blob)
+                self.blobs[v.name] = v.blob
+            self._setup_layer(layer, bottom, top, bvs)
+            self.layers.append(layer)
+            self._layer_params.append(lp)
+            self._bottom_vecs.append(bottom)
+            self._top_vecs.append(top)
+            self._loss_weights.append(lw)
+        self._entries = entries
+        self._share_params()
+        self._analyse_backward(entries)
+        self.inputs = [v.name for (lp, cls, bvs, tvs, lw) in entries if lp.type == "Input" for v in tvs]
+        consumed = {id(v) for e in entries for v in e[2]}
+        self.outputs = [v.name for e in entries for v in e[3]
+                        if id(v) not in consumed and not v.anonymous and self.blobs[v.name] is v.blob]
+        self._layer_index = {layer.name: i for i, layer in enumerate(self.layers)}
+        # BatchNorm + Scale (+ ReLU) in place run as one (layerforge.net.fusion): {member index: group}
+        self._fused = fusion.batch_norm_groups(self) if self.netdef.fuse_batch_norm else {}
+        # fn(i) after layer i's step of backward (run or skipped), e.g. to send gradients that are final
+        self.backward_hooks = []
+
+    def _setup_layer(self, layer, bottom, top, bottom_versions):
+        lp = layer.layer_param
+        try:
+            layer.setup(bottom, top)
+        except DataError as e:  # a data source or transform problem: say which file and layer asked for it
+            if lp.path is None or str(e).startswith(str(lp.path)):
+                raise
+            raise DataError(f"{lp.path}:{lp.line}: {e}") from None
+        except ShapeError as e:
+            inputs = ", ".join(
+                f"'{v.name}' {tuple(b.shape)} from layer '{v.producer_name}'" for v, b in zip(bottom_versions, bottom))
+            where = f" (bottoms: {inputs})" if inputs else ""
+            raise ConfigError(e.message + where + lp.origin, lp.path, lp.line_of(e.key.split(".")[0]) if e.key else lp.line,
+                              lp.name, lp.type, e.key) from None
+
+    def _share_params(self):
+        owners = {}  # param name -> (layer index, param index, spec)
+        self.learnable_params, self.params_lr, self.params_weight_decay = [], [], []
+        self.params = collections.OrderedDict()
+        for i, layer in enumerate(self.layers):
+            lp = self._layer_params[i]
+            if len(lp.param) > len(layer.blobs):
+                raise lp.error(f"has {len(lp.param)} 'param' entries but {lp.type} has {len(layer.blobs)} parameter blob(s)",
+                               "param")
+            for j, blob in enumerate(layer.blobs):
+                spec = lp.param[j] if j < len(lp.param) else Params({"name": None, "lr_mult": 1.0, "decay_mult": 1.0})
+                if not layer.learnable:
+                    spec = Params({"name": spec.name, "lr_mult": 0.0, "decay_mult": 0.0})
+                if spec.name and spec.name in owners:
+                    oi, oj, ospec = owners[spec.name]
+                    owner_blob = self.layers[oi].blobs[oj]
+                    if tuple(owner_blob.shape) != tuple(blob.shape):
+                        raise lp.error(f"shared parameter '{spec.name}' has shape {tuple(blob.shape)} here but "
+                                       f"{tuple(owner_blob.shape)} in layer '{self.layers[oi].name}'", "param")
+                    for key in ("lr_mult", "decay_mult"):
+                        if spec.given(key) and getattr(spec, key) != getattr(ospec, key):
+                            raise lp.error(f"shared parameter '{spec.name}' sets {key} {getattr(spec, key)} but its "
+                                           f"owner '{self.layers[oi].name}' has {getattr(ospec, key)}", "param")
+                    layer.blobs[j] = owner_blob
+                    continue
+                if spec.name:
+                    owners[spec.name] = (i, j, spec)
+                self.learnable_params.append(blob)
+                self.params_lr.append(spec.lr_mult)
+                self.params_weight_decay.append(spec.decay_mult)
+            if layer.blobs:
+                self.params[layer.name] = layer.blobs  # a repeated name shows its last layer, as in pycaffe
+        for name, blobs in self.param_keys():
+            for j, blob in enumerate(blobs):
+                blob.name = blob.name or f"layer '{name}' parameter {j}"
+        learnable_ids = {id(b) for layer in self.layers if layer.learnable for b in layer.blobs}
+        self.num_learnable = sum(b.count for b in self.learnable_params if id(b) in learnable_ids)
+
+    def _analyse_backward(self, entries):
+        """Caffe's Net::Init backward analysis, flag for flag (test_net.cpp's Bottom/Skip/ForcePropagateDown).
+
+        Forward: a parameter takes a gradient when its layer's own ``param`` entry has lr_mult != 0
+        (``layer.param_propagate_down``); a layer needs backward when some bottom's blob or some parameter does;
+        a bottom gets a diff when its blob needs one, or exactly as ``propagate_down`` says when given (true
+        forces it). Backward: layers and bottoms under no loss, and layers whose every top is skipped, are
+        dropped. ``force_backward`` then adds every bottom the layer allows and every parameter. Layers without
+        a backward (ArgMax, Threshold...) and loss labels are asked like any other, and stop backward with an
+        error, as in Caffe, unless the net sets ``skip_undifferentiable``.
+        """
+        skip_undiff = self.netdef.skip_undifferentiable
+        need = {}  # id(version) -> Caffe's blob_need_backward
+        n = len(self.layers)
+        self.layer_need_backward = [False] * n
+        self.bottom_need_backward = []
+        for i, (lp, cls, bvs, tvs, lw) in enumerate(entries):
+            layer = self.layers[i]
+            given = lp.propagate_down
+            row = [bool(given[j]) if given else need.get(id(v), False) for j, v in enumerate(bvs)]
+            if skip_undiff and not given:
+                row = [r and layer.has_backward and layer.allow_force_backward(j) for j, r in enumerate(row)]
+            layer.param_propagate_down = [
+                layer.learnable and (lp.param[j].lr_mult if j < len(lp.param) else 1.0) != 0
+                for j in range(len(layer.blobs))]
+            layer_need = any(need.get(id(v), False) for v in bvs) or any(layer.param_propagate_down)
+            if skip_undiff:
+                layer_need = layer_need and layer.has_backward
+            for v in tvs:
+                need[id(v)] = layer_need
+            self.layer_need_backward[i] = layer_need
+            self.bottom_need_backward.append(row)
+        under_loss, skip = set(), set()
+        for i in reversed(range(n)):
+            lp, cls, bvs, tvs, lw = entries[i]
+            contributes = any(lw[j] != 0 or id(v) in under_loss for j, v in enumerate(tvs))
+            skip_propagate = all(id(v) in skip for v in tvs)
+            if self.layer_need_backward[i] and skip_propagate:
+                self.layer_need_backward[i] = False
+                self.bottom_need_backward[i] = [False] * len(bvs)
+            if not contributes:
+                self.layer_need_backward[i] = False
+            for j, v in enumerate(bvs):
+                if contributes:
+                    under_loss.add(id(v))
+                else:
+                    self.bottom_need_backward[i][j] = False
+                if not self.bottom_need_backward[i][j]:
+                    skip.add(id(v))
+        if self.netdef.force_backward:
+            for i, (lp, cls, bvs, tvs, lw) in enumerate(entries):
+                layer = self.layers[i]
+                if not layer.has_backward:
+                    continue  # Caffe would ask them too, and stop (a net with an Accuracy layer could not run)
+                self.layer_need_backward[i] = True
+                self.bottom_need_backward[i] = [
+                    r or layer.allow_force_backward(j) for j, r in enumerate(self.bottom_need_backward[i])]
+                layer.param_propagate_down = [True] * len(layer.blobs)
+
+    # ------------------------------------------------------------------------------------------
+    # running
+
+    def _range(self, start, end):
+        lo = 0 if start is None else self._index_of(start)
+        hi = len(self.layers) - 1 if end is None else self._index_of(end)
+        return lo, hi
+
+    def _index_of(self, name):
+        if isinstance(name, int):
+            return name
+        if name not in self._layer_index:
+            raise LayerforgeError(f"no layer named '{name}'{suggest(name, self._layer_index)}")
+        return self._layer_index[name]
+
+    def set_inputs(self, **inputs):
+        """Copy arrays into input blobs by name, then reshape the net once if any shape changed."""
+        changed = False
+        for name, array in inputs.items():
+            if name not in self.inputs:
+                raise LayerforgeError(f"'{name}' is not an input of net '{self.name}' "
+                                      f"(inputs: {', '.join(self.inputs) or 'none'})")
+            blob = self.blobs[name]
+            array = self.xp.asarray(array, dtype=self.dtype)
+            if tuple(array.shape) != tuple(blob.shape):
+                blob.reshape(array.shape)
+                changed = True
+            blob.data[...] = array
+        if changed:
+            self.reshape()
+
+    def reshape(self):
+        """Propagate changed input shapes through every layer (Caffe's Net::Reshape)."""
+        for i, layer in enumerate(self.layers):
+            layer.reshape(self._bottom_vecs[i], self._top_vecs[i])
+        if self._memory_plan is not None:
+            self._memory_plan = memory.plan(self)
+
+    def optimize_memory(self, enable=True):
+        """Share storage between activations (data and diffs) whose lives in a training iteration do not overlap.
+
+        See :mod:`layerforge.net.memory`. Afterwards only inputs, outputs and what backward reads keep their
+        values between passes; intermediate blobs may hold other blobs' values. ``enable=False`` undoes it.
+        """
+        if enable and self._memory_plan is None:
+            self._memory_plan = memory.plan(self)
+        elif not enable and self._memory_plan is not None:
+            memory.unplan(self, self._memory_plan)
+            self._memory_plan = None
+
+    def memory_report(self):
+        """Bytes of activations (as planned, and unplanned), parameters and layer-held arrays; see layerforge.net.memory."""
+        return memory.memory_report(self)
+
+    def forward(self, start=None, end=None, **inputs):
+        """Run the layers from ``start`` to ``end`` (names; default all) after copying ``inputs`` into input blobs.
+
+        Returns:
+            ``{name: data array}`` for the net's output blobs. The weighted loss is in ``self.loss``.
+        """
+        if inputs:
+            self.set_inputs(**inputs)
+        lo, hi = self._range(start, end)
+        loss = 0.0
+        # a range that starts or ends inside a fused group runs that group's layers one by one, as written
+        cut = [g for g in (self._fused.get(lo), self._fused.get(hi)) if g and not lo <= g.first <= g.last <= hi]
+        for group in cut:
+            group.ran_fused = False
+        for i in range(lo, hi + 1):
+            loss += self.forward_layer(i, fuse=self._fused.get(i) not in cut)
+        self.loss = loss
+        return {name: self.blobs[name].data for name in self.outputs}
+
+    def forward_layer(self, i, fuse=True):
+        """Run layer ``i``'s forward; returns its weighted loss contribution.
+
+        A layer whose top shapes follow its data (Filter) may change them in forward: the layers after it
+        are then reshaped at once, as Caffe's per-forward Reshape would. The first layer of a fused group
+        (layerforge.net.fusion) runs the whole group unless ``fuse`` is False; the others then do nothing.
+        """
+        group = self._fused.get(i)
+        if group is not None:
+            if i == group.first:
+                group.ran_fused = fuse
+                if fuse:
+                    with trace.span("forward", self._group_name(group), type="fused"):
+                        group.forward()
+                    return 0.0
+            elif group.ran_fused:
+                return 0.0
+        top = self._top_vecs[i]
+        shapes = [t.shape for t in top]
+        try:
+            with trace.layer("forward", self.layers[i], self._bottom_vecs[i], top):
+                self.layers[i].forward(self._bottom_vecs[i], top)
+        except LabelError as e:
+            record = self._record_of(i, e.bottom, e.position)
+            raise DataError(f"{e}: it comes from {record}" if record else str(e)) from None
+        if any(t.shape != s for t, s in zip(top, shapes)):
+            for j in range(i + 1, len(self.layers)):
+                self.layers[j].reshape(self._bottom_vecs[j], self._top_vecs[j])
+            if self._memory_plan is not None:
+                self._memory_plan = memory.plan(self)
+        loss = 0.0
+        for j, w in enumerate(self._loss_weights[i]):
+            if w:
+                loss += w * float(top[j].data.sum())
+        return loss
+
+    def backward(self, start=None, end=None):
+        """Back-propagate from the loss: set loss-top diffs to their weights, run backward in reverse.
+
+        Parameter diffs accumulate (call :meth:`clear_param_diffs` between iterations).
+
+        Returns:
+            ``{name: diff array}`` for the input blobs.
+        """
+        lo, hi = self._range(start, end)
+        for group in (self._fused.get(lo), self._fused.get(hi)):
+            if group and not lo <= group.first <= group.last <= hi:
+                group.unfuse()  # a range that cuts a fused group runs its layers' own backward
+        for i in range(hi, lo - 1, -1):
+            self.backward_layer(i)
+            for hook in self.backward_hooks:
+                hook(i)
+        return {name: self.blobs[name].diff for name in self.inputs}
+
+    def _record_of(self, i, bottom, position):
+        """The data record behind element ``position`` of layer ``i``'s bottom ``bottom``, or None when no data
+        layer that names its records produced it (through Split layers only)."""
+        version, blob = self._entries[i][2][bottom], self._bottom_vecs[i][bottom]
+        while True:
+            k = next((k for k, e in enumerate(self._entries) if any(v is version for v in e[3])), None)
+            if k is None:
+                return None
+            if self.layers[k].type != "Split":
+                break
+            version = self._entries[k][2][0]
+        producer = self.layers[k]
+        if not hasattr(producer, "record_of") or not hasattr(producer, "batch_position"):
+            return None
+        per_item = max(1, blob.count // max(1, blob.shape[0] if blob.shape else 1))
+        return producer.record_of(position // per_item)
+
+    def backward_layer(self, i):
+        """Run layer ``i``'s backward if it takes part in backward.
+
+        A parameter whose ``param_propagate_down`` is False (lr_mult 0) keeps its diff: the layer writes
+        that gradient into a scratch array, which is dropped.
+        """
+        group = self._fused.get(i)
+        if group is not None and group.ran_fused:
+            if i == group.last:  # the whole group, at the first of its layers backward meets
+                with trace.span("backward", self._group_name(group), type="fused"):
+                    group.backward()
+            return
+        if not self.layer_need_backward[i]:
+            return
+        layer = self.layers[i]
+        if not layer.has_backward:
+            lp = self._layer_params[i]
+            raise lp.error(f"{lp.type} layers have no backward, but this one is asked for a gradient; set "
+                           "propagate_down: false where its top is read, or skip_undifferentiable: true", "type")
+        top = self._top_vecs[i]
+        for j, w in enumerate(self._loss_weights[i]):
+            if w:
+                top[j].diff[...] = w
+        frozen = [b for b, down in zip(layer.blobs, layer.param_propagate_down) if not down]
+        kept = [b.diff for b in frozen]
+        for b in frozen:
+            b.diff = self.xp.zeros_like(b.diff)
+        try:
+            with trace.layer("backward", layer, self._bottom_vecs[i], top):
+                layer.backward(top, self.bottom_need_backward[i], self._bottom_vecs[i])
+        finally:
+            for b, diff in zip(frozen, kept):
+                b.diff = diff
+
+    def _group_name(self, group):
+        return f"{self.layers[group.first].name}..{self.layers[group.last].name}"
+
+    def forward_backward(self):
+        """One forward and one backward pass; returns the loss."""
+        self.forward()
+        self.backward()
+        return self.loss
+
+    def clear_param_diffs(self):
+        for blob in self.learnable_params:
+            blob.clear_diff()
+
+    # ------------------------------------------------------------------------------------------
+    # introspection
+
+    @property
+    def layer_dict(self):
+        return collections.OrderedDict((layer.name, layer) for layer in self.layers)
+
+    def bottom_names(self, i):
+        return [v.name for v in self._entries[i][2]]
+
+    def top_names(self, i):
+        return [v.name for v in self._entries[i][3]]
+
+    def top_blobs(self, i):
+        return self._top_vecs[i]
+
+    def bottom_blobs(self, i):
+        return self._bottom_vecs[i]
+
+    def loss_weights(self, i):
+        return list(self._loss_weights[i])
+
+    # ------------------------------------------------------------------------------------------
+    # weights
+
+    def param_keys(self):
+        """``[(key, blobs)]`` for every layer with parameters, in order. The key is the layer's name; the k-th
+        layer (k >= 2) of a repeated name is ``name#k``, so weights files keep every layer, and a file written
+        by Caffe's names fills the first layer of each name, as Caffe's CopyTrainedLayersFrom does."""
+        seen, keys = collections.Counter(), []
+        for layer in self.layers:
+            if layer.blobs:
+                seen[layer.name] += 1
+                k = seen[layer.name]
+                keys.append((layer.name if k == 1 else f"{layer.name}#{k}", layer.blobs))
+        return keys
+
+    def state_arrays(self):
+        """``{"<layer key>/<index>": array}`` of every layer's parameter blobs (host arrays; keys: :meth:`param_keys`)."""
+        return {f"{name}/{j}": backend.to_numpy(b.data) for name, blobs in self.param_keys() for j, b in enumerate(blobs)}
+
+    def save(self, path):
+        """Write all parameter blobs to ``path`` (.npz, atomically)."""
+        save_npz_atomic(path, self.state_arrays())
+
+    def load(self, path):
+        """Load weights saved by :meth:`save`; every parameter of this net must be in the file."""
+        arrays = load_npz(path)
+        missing = [k for k in self.state_arrays() if k not in arrays]
+        if missing:
+            raise LayerforgeError(f"{path}: has no weights for {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        self._copy_arrays(arrays, path)
+
+    def copy_from(self, path_or_arrays):
+        """Copy weights by layer name (Caffe's CopyTrainedLayersFrom): layers absent from the file keep theirs.
+
+        A ``.caffemodel`` / ``.caffemodel.h5`` path is read by layerforge.caffe.caffemodel, with Caffe's rules."""
+        from ..caffe.caffemodel import copy_trained_layers, is_caffe_weights
+        if not isinstance(path_or_arrays, dict) and is_caffe_weights(path_or_arrays):
+            return copy_trained_layers(self, path_or_arrays)
+        arrays = load_npz(path_or_arrays) if not isinstance(path_or_arrays, dict) else path_or_arrays
+        self._copy_arrays(arrays, path_or_arrays if not isinstance(path_or_arrays, dict) else "<weights>")
+
+    def share_params_with(self, other):
+        """Read ``other``'s parameter data (the same arrays) in every layer that has a layer of the same name
+        there, as Caffe's ShareTrainedLayersWith does (data only: each net keeps its own diffs). The solver's
+        test nets share the train net's weights so, and see every update without a copy."""
+        theirs_by_key = dict(other.param_keys())
+        for name, blobs in self.param_keys():
+            source = theirs_by_key.get(name)
+            if source is None:
+                continue
+            shapes, theirs = [tuple(b.shape) for b in blobs], [tuple(b.shape) for b in source]
+            if shapes != theirs:
+                raise LayerforgeError(f"layer '{name}' has parameter shapes {shapes} in net '{self.name}' ({self.phase}) "
+                                      f"but {theirs} in net '{other.name}' ({other.phase})")
+            for b, s in zip(blobs, source):
+                b.share_data(s)
+
+    def _copy_arrays(self, arrays, source):
+        for name, blobs in self.param_keys():
+            for j, blob in enumerate(blobs):
+                key = f"{name}/{j}"
+                if key not in arrays:
+                    continue
+                a = arrays[key]
+                if tuple(a.shape) != tuple(blob.shape):
+                    raise LayerforgeError(f"{source}: layer '{name}' parameter {j} has shape {tuple(a.shape)} in the file "
+                                          f"but {tuple(blob.shape)} in the net")
+                blob.data[...] = self.xp.asarray(a, dtype=self.dtype)
+
+    def __repr__(self):
+        return f"<Net '{self.name}' phase={self.phase} layers={len(self.layers)}>"

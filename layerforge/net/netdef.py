@@ -1,0 +1,125 @@
+"""Net definitions: YAML (or a dict) -> validated NetParameter and LayerParameters, before any array exists.
+
+Caffe's NetParameter semantics: ``name``, ``input`` + ``input_shape`` (legacy inputs), ``force_backward``,
+``state`` (the default NetState), ``layers`` (each with ``name``, ``type``, ``bottom``, ``top``, ``param``,
+``loss_weight``, ``propagate_down``, ``include``/``exclude`` and the type's own parameter blocks), plus
+layerforge's ``NET_OPTIONS``. docs/net-format.md describes the format with a full example.
+"""
+import os
+
+from ..errors import ConfigError
+from ..layers.layer_param import parse_layer
+from ..schema import Context, Field, LineDict, LineList, suggest, validate_block, with_lines
+from .blocks import annotate, expand_blocks
+from .caffe_net import read_net_file
+
+NET_KEYS = ("name", "input", "input_shape", "input_dim", "force_backward", "state", "layers", "layer", "blocks",
+            "unique_layer_names", "skip_undifferentiable", "fuse_batch_norm")
+
+# layerforge's choices where Caffe's behaviour is a trap; each off by default, so a Caffe net runs as in Caffe
+NET_OPTIONS = ("unique_layer_names", "skip_undifferentiable")
+# optimisations that change no result beyond float rounding; each on by default (docs/net-format.md)
+NET_OPTIMISATIONS = ("fuse_batch_norm",)
+
+
+class NetParameter:
+    """A validated net: ``name``, ``force_backward``, ``layers`` (LayerParameters), ``path``, ``state`` (the
+    default phase / level / stage) and the options of ``NET_OPTIONS`` (docs/net-format.md)."""
+
+    def __init__(self, name, layers, force_backward, path, state, unique_layer_names=False,
+                 skip_undifferentiable=False, fuse_batch_norm=True):
+        self.name, self.layers, self.force_backward, self.path, self.state = name, layers, force_backward, path, state
+        self.unique_layer_names, self.skip_undifferentiable = unique_layer_names, skip_undifferentiable
+        self.fuse_batch_norm = fuse_batch_norm
+
+
+def load_net_def(source, path=None):
+    """A path to a YAML file, or a dict -> NetParameter. Raises ConfigError on the first problem.
+
+    ``path`` names the file a dict came from (a solver's inline ``net_param``), for error messages.
+    """
+    if isinstance(source, NetParameter):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        path = str(source)
+        mapping = read_net_file(path)  # YAML, or a Caffe prototxt net converted
+    elif isinstance(source, dict):
+        mapping = with_lines(source)
+    else:
+        raise TypeError(f"a net is a YAML path or a dict, not {type(source).__name__}")
+    if not isinstance(mapping, dict):
+        raise ConfigError("a net definition must be a mapping with a 'layers' list", path, getattr(mapping, "line", 1))
+    mapping = expand_blocks(mapping, path)  # reusable blocks (layerforge/net/blocks.py) -> flat layers
+    for key in mapping:
+        if key not in NET_KEYS:
+            raise ConfigError(f"unknown top-level key '{key}'{suggest(key, NET_KEYS)}", path, mapping.line_of(key), key=key)
+    if "layers" in mapping and "layer" in mapping:
+        raise ConfigError("give 'layers' or 'layer', not both", path, mapping.line_of("layer"), key="layer")
+    raw_layers = mapping.get("layers", mapping.get("layer", LineList()))
+    if not isinstance(raw_layers, list):
+        raise ConfigError("'layers' must be a list", path, mapping.line_of("layers"), key="layers")
+    name = mapping.get("name", "net")
+    flags = {}
+    for key in ("force_backward",) + NET_OPTIONS + NET_OPTIMISATIONS:
+        flags[key] = mapping.get(key, key in NET_OPTIMISATIONS)
+        if not isinstance(flags[key], bool):
+            raise ConfigError("expected true or false", path, mapping.line_of(key), key=key)
+    try:
+        layers = _legacy_inputs(mapping, path) + [parse_layer(m, path, i) for i, m in enumerate(raw_layers)]
+    except ConfigError as e:
+        raise annotate(e, raw_layers) from None  # names the block instance a bad layer came from
+    state = validate_block(mapping.get("state", LineDict()),
+                           {"phase": Field("enum", None, choices=("TRAIN", "TEST")), "level": Field("int", 0),
+                            "stage": Field("strs", [])}, Context(path, prefix="state."))
+    return NetParameter(name, layers, flags.pop("force_backward"), path, state, **flags)
+
+
+def _legacy_inputs(mapping, path):
+    # Caffe's net-level `input: [data]` + `input_shape: [{dim: [...]}]` (or input_dim) become one Input layer
+    if "input" not in mapping:
+        return []
+    names = mapping["input"] if isinstance(mapping["input"], list) else [mapping["input"]]
+    if "input_shape" in mapping:
+        shapes = mapping["input_shape"]
+        shape_key = "input_shape"
+    elif "input_dim" in mapping:
+        dims = mapping["input_dim"]
+        if not isinstance(dims, list) or len(dims) != 4 * len(names):
+            raise ConfigError("input_dim needs 4 numbers per input", path, mapping.line_of("input_dim"), key="input_dim")
+        shapes = [dims[4 * i:4 * i + 4] for i in range(len(names))]
+        shape_key = "input_dim"
+    else:
+        raise ConfigError("'input' needs 'input_shape'", path, mapping.line_of("input"), key="input")
+    layer = LineDict(name="input", type="Input", top=LineList(names), input=LineDict(shape=shapes))
+    layer.line = mapping.line_of(shape_key)
+    layer.key_lines = {"input": layer.line, "top": mapping.line_of("input")}
+    return [parse_layer(layer, path)]
+
+
+# parameter blocks of the data layers: their batch_size and (where they shard) rank / world_size
+DATA_BLOCKS = ("data", "image_data", "hdf5_data", "window_data", "memory_data", "token_data")
+
+
+def set_batch_size(netdef, batch):
+    """Change the batch size of every Input, DummyData and data layer of a NetParameter (in place)."""
+    for lp in netdef.layers:
+        if lp.type == "Input":
+            lp.input.shape = [(batch,) + tuple(s[1:]) for s in lp.input.shape]
+        elif lp.type == "DummyData":
+            lp.dummy_data.shape = [(batch,) + tuple(s[1:]) for s in lp.dummy_data.shape]
+        else:
+            for block in DATA_BLOCKS:
+                p = getattr(lp, block, None)
+                if p is not None and hasattr(p, "batch_size"):
+                    p.batch_size = batch
+    return netdef
+
+
+def set_shard(netdef, rank, world_size):
+    """Make every data layer of a NetParameter read shard ``rank`` of ``world_size`` (in place)."""
+    for lp in netdef.layers:
+        for block in DATA_BLOCKS:
+            p = getattr(lp, block, None)
+            if p is not None and hasattr(p, "world_size"):
+                p.rank, p.world_size = int(rank), int(world_size)
+    return netdef

@@ -1,0 +1,161 @@
+"""Snapshots of a training run and resuming from them (Caffe's Solver::Snapshot / Restore).
+
+A snapshot is two files, each written atomically: the weights (``PREFIX_iter_N.npz``) and the solver state
+(``PREFIX_iter_N.solverstate.npz``: iteration, update history, the random stream, every data layer's read
+position, the recent losses), so a resumed run computes exactly what an uninterrupted one would; or Caffe's
+.caffemodel / .solverstate (and .h5 flavours) as ``snapshot_format`` says (layerforge/caffe/solverstate.py).
+No pickles: JSON strings in 0-d arrays.
+"""
+import collections
+import json
+import logging
+import os
+
+import numpy
+
+from .. import backend, rng
+from ..caffe import solverstate
+from ..errors import LayerforgeError
+from ..npz import load_npz, save_npz_atomic
+
+log = logging.getLogger("layerforge")
+
+
+def snapshot(solver):
+    """Write PREFIX_iter_N.npz (weights) and PREFIX_iter_N.solverstate.npz, each atomically (or Caffe's
+    .caffemodel and .solverstate, with their .h5 flavours, as ``snapshot_format`` says).
+
+    Returns the solver-state path (None on non-root ranks). Non-finite weights are never written.
+    """
+    for hook in solver.snapshot_hooks:
+        hook(solver)
+    if not solver.root:
+        return None
+    for layer in solver.net.layers:
+        if not all(finite(b.data) for b in layer.blobs):
+            raise solver.non_finite_error(f"the parameters of layer '{layer.name}' ({layer.type}) became "
+                                         "non-finite in the update; no snapshot of them is written", scan=False)
+    base = f"{solver.snapshot_prefix}_iter_{solver.iter}"
+    if solver.param.snapshot_format != "NPZ":  # Caffe's .caffemodel + .solverstate (or their .h5)
+        solver.last_snapshot = solverstate.snapshot(solver, base, solver.param.snapshot_format)
+        return solver.last_snapshot
+    weights, state = base + ".npz", base + ".solverstate.npz"
+    log.info("Snapshotting to %s", weights)
+    solver.net.save(weights)
+    log.info("Snapshotting solver state to %s", state)
+    save_npz_atomic(state, state_arrays(solver, os.path.basename(weights)))
+    solver.last_snapshot = state
+    return state
+
+
+def state_arrays(solver, learned_net=""):
+    """The solver state as ``{name: array}`` (no pickles: JSON strings in 0-d arrays)."""
+    arrays = {
+        "iter": numpy.array(solver.iter, dtype=numpy.int64),
+        "type": numpy.array(solver.type or ""),
+        "learned_net": numpy.array(learned_net),
+        "rng": numpy.array(json.dumps(rng.get_state())),
+        "data_state": numpy.array(json.dumps(_data_states(solver), default=_jsonable)),
+        "losses": numpy.array(list(solver.losses), dtype=numpy.float64),
+    }
+    for i, h in enumerate(solver.history):
+        arrays[f"history/{i}"] = backend.to_numpy(h)
+    return arrays
+
+
+def _nets(solver):
+    return [("train", solver.net)] + [(f"test/{k}", tn) for k, tn in enumerate(solver.test_nets)]
+
+
+def _data_states(solver):
+    return {key: {layer.name: layer.get_state() for layer in net.layers if hasattr(layer, "get_state")}
+            for key, net in _nets(solver)}
+
+
+def restore(solver, path):
+    """Resume from a ``.solverstate.npz``: weights, iteration, history, random stream, data positions.
+
+    A Caffe ``.solverstate`` (or ``.solverstate.h5``) restores weights, iteration and history only."""
+    path = str(path)
+    log.info("Restoring previous solver status from %s", path)
+    from ..caffe import solverstate
+    if solverstate.is_caffe_state(path):
+        return solverstate.restore(solver, path)
+    arrays = load_npz(path)
+    if "iter" not in arrays or "learned_net" not in arrays:
+        hint = ""
+        if path.endswith(".npz") and os.path.exists(path[:-4] + ".solverstate.npz"):
+            hint = f"; did you mean '{path[:-4]}.solverstate.npz'?"
+        raise LayerforgeError(f"{path}: not a solver state (weights alone start training with 'weights'){hint}")
+    fields = _state_fields(solver, arrays, path)
+    n = len(solver.history)
+    kept = sum(1 for k in arrays if k.startswith("history/"))
+    if kept != n:
+        raise LayerforgeError(f"{path}: holds {kept} history arrays ({arrays['type'].item() or 'unknown'} solver) "
+                              f"but this {solver.type} solver has {n}")
+    for i, h in enumerate(solver.history):
+        a = arrays[f"history/{i}"]
+        if tuple(a.shape) != tuple(h.shape):
+            raise LayerforgeError(f"{path}: history/{i} has shape {tuple(a.shape)}, the net's parameter "
+                                  f"{tuple(h.shape)}; was it written for another net?")
+        h[...] = solver.xp.asarray(a, dtype=h.dtype)
+    weights = arrays["learned_net"].item()
+    if weights and not os.path.isabs(weights):
+        weights = os.path.join(os.path.dirname(path), weights)
+    solver.net.load(weights)
+    solver.iter, random_state, states, losses = fields
+    rng.set_state(random_state)
+    for key, net in _nets(solver):
+        for layer in net.layers:
+            saved = states.get(key, {}).get(layer.name) if isinstance(states.get(key), dict) else None
+            if saved is not None and hasattr(layer, "set_state"):
+                try:
+                    layer.set_state(saved)
+                except (KeyError, TypeError, ValueError, AttributeError) as e:
+                    raise LayerforgeError(f"{path}: the saved state of layer '{layer.name}' ({key} net) is "
+                                          f"malformed ({type(e).__name__}: {e})") from None
+    solver.losses = collections.deque(losses, maxlen=solver.param.average_loss)
+    solver.smoothed_loss = sum(solver.losses) / len(solver.losses) if solver.losses else 0.0
+
+
+def _state_fields(solver, arrays, path):
+    """``(iter, rng state, layer states, losses)`` of a solver-state file, each checked before any is used;
+    a field that is not what this solver writes is one LayerforgeError naming it."""
+    def field(name, parse):
+        try:
+            return parse(arrays[name])
+        except KeyError:
+            raise LayerforgeError(f"{path}: has no '{name}'; not a complete solver state") from None
+        except (TypeError, ValueError, AttributeError) as e:  # json's errors are ValueErrors
+            raise LayerforgeError(f"{path}: field '{name}' is malformed ({str(e).splitlines()[0][:120]})") \
+                from None
+
+    def random_state(a):
+        state = json.loads(a.item())
+        probe = type(rng.get_rng().bit_generator)()
+        probe.state = state  # a state of another generator, or a broken one, is refused here
+        return state
+
+    def layer_states(a):
+        states = json.loads(a.item())
+        if not isinstance(states, dict):
+            raise ValueError("expected a mapping of nets to layer states")
+        return states
+
+    saved_type = field("type", lambda a: str(a.item())) if "type" in arrays else ""
+    if saved_type and saved_type != solver.type:
+        log.warning("%s was written by a %s solver; continuing with %s", path, saved_type, solver.type)
+    return (field("iter", lambda a: int(a)), field("rng", random_state), field("data_state", layer_states),
+            field("losses", lambda a: [float(v) for v in a]))
+
+
+def finite(a):
+    return bool(backend.get_array_module(a).isfinite(a).all())
+
+
+def _jsonable(value):
+    if isinstance(value, numpy.generic):
+        return value.item()
+    if isinstance(value, numpy.ndarray):
+        return value.tolist()
+    raise TypeError(f"data layer state value {value!r} is not JSON-serialisable")

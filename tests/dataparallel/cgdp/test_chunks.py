@@ -1,0 +1,116 @@
+"""Units, chunk grouping, the chunk-size search and the host accumulator (in process)."""
+import numpy
+import pytest
+
+from layerforge.net import Net
+from layerforge.dataparallel.cgdp.chunks import ChunkSearch, Unit, make_chunks, param_units, parse_chunk_size
+from layerforge.dataparallel.cgdp.host import HostAccumulator, mean_into_slots
+
+
+def _ip(name, bottom, n, param=None):
+    d = {"name": name, "type": "InnerProduct", "bottom": bottom, "top": name,
+         "inner_product": {"num_output": n, "weight_filler": {"type": "gaussian"}}}
+    if param:
+        d["param"] = param
+    return d
+
+
+def test_units_in_backward_order_and_shared_parameters_final_at_first_user():
+    net = Net({"name": "n", "layers": [
+        {"name": "x", "type": "Input", "top": "x", "input": {"shape": [2, 3]}},
+        _ip("a", "x", 3, [{"name": "w"}, {"name": "b"}]),
+        {"name": "r", "type": "ReLU", "bottom": "a", "top": "a"},
+        _ip("c", "a", 3, [{"name": "w"}, {"name": "b"}]),  # shares a's weights: final only after a
+        _ip("d", "c", 2)]})
+    units = param_units(net)
+    assert [u.name for u in units] == ["d", "a"]
+    assert [u.size for u in units] == [3 * 2 + 2, 3 * 3 + 3]
+    assert [u.offset for u in units] == [0, 8]
+
+
+def units(n, size=1):
+    return [Unit(k, f"l{k}", [], k * size, size) for k in range(n)]
+
+
+@pytest.mark.parametrize("n,size,tail,groups", [
+    (6, 1, 2, [[0], [1], [2], [3], [4], [5]]),
+    (6, 3, 2, [[0, 1, 2], [3], [4], [5]]),
+    (7, 2, 2, [[0, 1], [2, 3], [4], [5], [6]]),
+    (3, 5, 1, [[0, 1], [2]]),
+    (2, 3, 2, [[0], [1]]),
+    (0, 3, 2, []),
+])
+def test_make_chunks_groups_consecutive_units_and_keeps_the_tail_alone(n, size, tail, groups):
+    chunks = make_chunks(units(n, 4), size, tail)
+    assert [[u.layer for u in c.units] for c in chunks] == groups
+    for c in chunks:
+        assert c.offset == 4 * c.units[0].layer and c.size == 4 * len(c.units)
+
+
+def test_parse_chunk_size():
+    assert parse_chunk_size("AUTO") == "auto" and parse_chunk_size(3) == 3 and parse_chunk_size("2") == 2
+    with pytest.raises(ValueError):
+        parse_chunk_size(0)
+
+
+def test_search_climbs_while_it_improves_then_stops_after_range_failures():
+    search = ChunkSearch(max_size=10, interval=3, step=2, range=2)
+    times = {1: 9.0, 3: 5.0, 5: 6.0, 7: 7.0}  # first iteration of each interval is ignored
+    sizes = []
+    for _ in range(20):
+        size = search.size
+        sizes.append(search.record(100.0 if len(search.times) == 0 else times[size]))
+    assert search.done and search.size == 3
+    assert [s for s, _ in search.tried] == [1, 3, 5, 7]
+    assert sizes[-1] == 3
+
+
+def test_search_stops_at_the_largest_size():
+    search = ChunkSearch(max_size=2, interval=2, step=1, range=5)
+    for t in (1, 1, 1, 0.5):
+        search.record(t)
+    assert search.done and search.size == 2
+
+
+def _accumulator(G, sizes, chunk_size="auto", search=(2, 1, 1)):
+    total = sum(sizes)
+    slots, acc = numpy.zeros((G, total)), numpy.zeros(total)
+    sent = []
+    accumulator = HostAccumulator(slots, acc, [(10 - k, f"l{k}", n) for k, n in enumerate(sizes)], chunk_size,
+                                  lambda g, msg: sent.append((g, msg)), search, threads=1)
+    return accumulator, slots, acc, sent
+
+
+def test_accumulator_writes_the_mean_into_every_slot_when_all_workers_posted_including_empty_chunks():
+    accumulator, slots, acc, sent = _accumulator(3, [2, 0, 3], chunk_size=1)
+    slots[:] = numpy.arange(15.0).reshape(3, 5)
+    mean = slots.mean(axis=0)
+    for c in range(3):
+        for g in range(3):
+            accumulator.on_post(g, c)
+    accumulator.pool.shutdown(wait=True)
+    numpy.testing.assert_allclose(slots, numpy.stack([mean] * 3))
+    assert sorted((g, m[1]) for g, m in sent) == [(g, c) for g in range(3) for c in range(3)]
+    assert sum(1 for _, m in sent if m[2] is not None) == 0  # a fixed size never changes
+
+
+@pytest.mark.parametrize("G,n", [(2, 5), (2, 100_003), (3, 70_001), (8, 20_000)])
+def test_mean_into_slots_across_block_boundaries(G, n):
+    slots = numpy.random.default_rng(G).standard_normal((G, n)).astype(numpy.float32)
+    mean = slots.astype(numpy.float64).mean(axis=0)
+    mean_into_slots(slots)
+    for row in slots:
+        numpy.testing.assert_allclose(row, mean, rtol=1e-5, atol=1e-6)
+
+
+def test_accumulator_tells_workers_the_next_size_with_the_last_chunk():
+    accumulator, slots, acc, sent = _accumulator(2, [1, 1, 1, 1, 1], search=(2, 2, 1))
+    for _ in range(3):  # iterations: the first has no duration, the next two fill one interval
+        for c in range(len(accumulator.chunks)):
+            for g in range(2):
+                accumulator.on_post(g, c)
+        accumulator.pool.submit(lambda: None).result()
+    accumulator.pool.shutdown(wait=True)
+    announced = [m[2] for _, m in sent if m[2] is not None]
+    assert announced == [3, 3]  # size 1 -> 3, told to both workers with the last ready
+    assert len(accumulator.chunks) == 3  # [u0 u1 u2] + the two tail units

@@ -1,0 +1,139 @@
+"""G workers x batch b == one worker x batch G*b, in host and tree modes; failures end the job cleanly."""
+import os
+import threading
+import time
+
+import numpy
+import pytest
+
+from layerforge.errors import LayerforgeError
+from layerforge.dataparallel.cgdp import WorkerOptions, WorkerPool, train_parallel
+from layerforge.solvers import get_solver
+
+from tests.conftest import BACKENDS
+
+from .helpers import die_on_worker_1, flat_params, solver, write_lmdb
+
+ITERS = 6
+AUTO = {"chunk_search_interval": 2, "chunk_search_step": 2, "chunk_search_range": 1}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    return write_lmdb(tmp_path_factory.mktemp("cgdp") / "db")
+
+
+def reference(source, batch, frozen=False):
+    s = get_solver(solver(source, batch, ITERS, frozen))
+    s.solve()
+    return flat_params(s)
+
+
+@pytest.mark.parametrize("sync,chunk_size", [("host", 1), ("host", 3), ("host", "auto"), ("tree", 1)])
+def test_two_workers_match_one_worker_with_the_whole_batch(source, sync, chunk_size):
+    expected = reference(source, 8)
+    result = train_parallel(solver(source, 4, ITERS, **AUTO), workers=2, sync=sync, chunk_size=chunk_size, log=False)
+    assert result.iter == ITERS
+    numpy.testing.assert_allclose(result.params[0], expected, rtol=1e-10, atol=1e-12)
+    numpy.testing.assert_array_equal(result.params[1], result.params[0])  # replicas stay identical
+    if chunk_size == "auto":  # interval 2, step 2: sizes 1, 3, 5 are tried while they keep improving
+        assert result.chunk_size in (1, 3, 5)
+        assert len(result.iteration_times) == ITERS - 1
+
+
+def test_three_workers_host_chunks_of_three(source):
+    expected = reference(source, 6)
+    result = train_parallel(solver(source, 2, ITERS), workers=3, sync="host", chunk_size=3, log=False)
+    numpy.testing.assert_allclose(result.params[2], expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("sync", ["host", "tree"])
+def test_frozen_layer_and_parameter_free_layers(source, sync):
+    expected = reference(source, 8, frozen=True)
+    result = train_parallel(solver(source, 4, ITERS, frozen=True), workers=2, sync=sync, chunk_size=1, log=False)
+    numpy.testing.assert_allclose(result.params[0], expected, rtol=1e-10, atol=1e-12)
+
+
+def test_net_without_parameters_has_no_chunks_and_no_deadlock():
+    net = {"name": "empty", "layers": [
+        {"name": "data", "type": "DummyData", "top": ["x", "label"],
+         "dummy_data": {"shape": [[2, 3], [2]], "data_filler": [{"type": "gaussian"}, {"type": "constant"}]}},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["x", "label"], "top": "loss"}]}
+    d = {"net_param": net, "max_iter": 3, "base_lr": 0.1, "snapshot_after_train": False}
+    result = train_parallel(d, workers=2, sync="host", chunk_size=2, log=False)
+    assert result.iter == 3 and result.params.shape == (2, 0)
+
+
+def test_worker_that_exits_ends_the_job_with_one_line(source):
+    options = WorkerOptions(solver(source, 4, 1000), sync="HOST", log=False, setup=die_on_worker_1)
+    t0 = time.perf_counter()
+    with pytest.raises(LayerforgeError) as e:
+        WorkerPool(2, options).run()
+    assert time.perf_counter() - t0 < 30
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith("worker 1 (pid ") and "exited with code 7" in message
+
+
+@pytest.mark.parametrize("sync", ["HOST", "TREE"])
+def test_killed_worker_ends_the_job(source, sync):
+    pool = WorkerPool(2, WorkerOptions(solver(source, 4, 10 ** 6), sync=sync, log=False))
+    outcome = {}
+
+    def run():
+        try:
+            pool.run()
+        except LayerforgeError as err:
+            outcome["error"] = str(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert pool.started.wait(30)
+    time.sleep(0.3)  # let it train a few iterations
+    os.kill(pool.procs[0].pid, 9)
+    thread.join(30)
+    assert not thread.is_alive()
+    assert "worker 0 (pid " in outcome["error"] and "killed by signal SIGKILL" in outcome["error"]
+
+
+NODE_SCRIPT = """
+import sys
+import numpy
+from layerforge.comm import Communicator, launch_guard
+from layerforge.dataparallel.cgdp import train_parallel
+from tests.dataparallel.cgdp.helpers import solver
+
+source, out = sys.argv[1], sys.argv[2]
+with launch_guard() as mpi_comm:
+    comm = Communicator(mpi_comm)
+    result = train_parallel(solver(source, 2, {iters}), workers=2, sync="host", chunk_size={chunk}, comm=comm,
+                            log=False)
+    numpy.save(f"{{out}}.{{comm.rank}}.npy", result.params)
+"""
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3])
+def test_two_nodes_of_two_workers_match_one_worker_with_the_whole_batch(source, tmp_path, chunk_size):
+    from tests.comm.mpirun import run_mpi
+
+    expected = reference(source, 8)
+    out = tmp_path / "params"
+    proc = run_mpi(2, ["-c", NODE_SCRIPT.format(iters=ITERS, chunk=chunk_size), source, str(out)], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for rank in range(2):  # worker g of node k reads records r, r + 4, ... (r = 2k + g): together, batch 8
+        params = numpy.load(f"{out}.{rank}.npy")
+        for row in params:
+            numpy.testing.assert_allclose(row, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.skipif("cupy" not in BACKENDS, reason="needs cupy and a CUDA device")
+@pytest.mark.parametrize("sync", ["host", "tree"])
+def test_two_workers_sharing_one_gpu_match_one_cpu_worker_with_the_whole_batch(source, sync):
+    """``--devices 0,0``: the cupy mover's copy stream, events and pinned buffers carry the exchange."""
+    expected = reference(source, 8)
+    result = train_parallel(solver(source, 4, ITERS), devices="0,0", sync=sync, chunk_size=1, log=False)
+    assert result.iter == ITERS
+    numpy.testing.assert_allclose(result.params[0], expected, rtol=1e-9, atol=1e-11)
+    numpy.testing.assert_array_equal(result.params[1], result.params[0])
+    phases = result.stats["phases_ms"]
+    assert phases["iteration"] > 0 and 0 <= phases["exchange"] < phases["iteration"]  # the exposed exchange

@@ -1,0 +1,168 @@
+"""AUTO's convolution engine choices persist: in snapshots (a resumed run is bit-identical even where this
+machine's timings would now pick other engines) and in the on-disk cache (a second start does no timing)."""
+import json
+import logging
+import os
+
+import numpy
+import pytest
+
+from layerforge import Net
+from layerforge.kernels import engine_cache
+from layerforge.layers import conv
+from layerforge.solvers import get_solver
+
+from ..solvers.test_snapshot import CONV_NET  # DummyData -> conv1 -> ReLU -> conv2 -> ip -> loss
+
+CONVS = ("conv1", "conv2")
+
+
+def prefer(monkeypatch, fast):
+    """Make AUTO's timer report engine ``fast`` as the quicker one, whatever this machine measures."""
+    record = conv.AutoChoice.record
+    monkeypatch.setattr(conv.AutoChoice, "record",
+                        lambda self, name, seconds: record(self, name, 1.0 if name == fast else 2.0))
+
+
+def choices(net):
+    return {name: net.layer_dict[name].engine_choice for name in CONVS}
+
+
+def params(solver):
+    return {name: [b.data.tobytes() for b in blobs] for name, blobs in solver.net.params.items()}
+
+
+def use_cache(monkeypatch, path):
+    monkeypatch.setenv(engine_cache.CACHE_DIR_ENV, str(path))
+
+
+def test_resume_is_bit_identical_when_the_timings_now_pick_other_engines(tmp_path, monkeypatch):
+    keys = dict(net_param=CONV_NET, base_lr=0.05, momentum=0.9, max_iter=12, snapshot=3, random_seed=5,
+                display=0, snapshot_prefix=str(tmp_path / "a"))
+    use_cache(monkeypatch, tmp_path / "cache_a")
+    prefer(monkeypatch, "IMPLICIT")
+    whole = get_solver(keys)
+    whole.solve()
+    assert set(choices(whole.net)["conv1"].values()) == {"IMPLICIT"}
+
+    monkeypatch.undo()
+    prefer(monkeypatch, "IM2COL")  # this "machine" now times IM2COL faster, and has no cache of the first run
+    use_cache(monkeypatch, tmp_path / "cache_b")
+    other = get_solver(dict(keys, snapshot_prefix=str(tmp_path / "o")))
+    other.solve()
+    assert set(choices(other.net)["conv1"].values()) == {"IM2COL"}
+    assert params(other) != params(whole), "the engines round differently: the test could not tell them apart"
+
+    use_cache(monkeypatch, tmp_path / "cache_c")
+    resumed = get_solver(dict(keys, snapshot_prefix=str(tmp_path / "b")))
+    resumed.solve(resume_file=str(tmp_path / "a_iter_6.solverstate.npz"))
+    assert choices(resumed.net) == choices(whole.net)
+    assert params(resumed) == params(whole)
+
+    # at iteration 3 AUTO was half-way through its 6 timing passes: the resumed run goes on with the saved
+    # round-robin and times (here the same timer), not with what this machine's cache says (IM2COL)
+    monkeypatch.undo()
+    prefer(monkeypatch, "IMPLICIT")
+    use_cache(monkeypatch, tmp_path / "cache_b")
+    early = get_solver(dict(keys, snapshot_prefix=str(tmp_path / "e")))
+    early.solve(resume_file=str(tmp_path / "a_iter_3.solverstate.npz"))
+    assert params(early) == params(whole)
+
+
+def build_and_run(passes=3):
+    net = Net(CONV_NET, phase="TRAIN")
+    for _ in range(passes):  # AUTO settles after warmup + trials rounds over both engines
+        net.forward()
+        net.backward()
+    return net
+
+
+def test_second_start_takes_the_choices_from_the_cache_without_timing(monkeypatch, caplog):
+    first = build_and_run(passes=6)
+    settled = choices(first)
+    assert all(None not in c.values() for c in settled.values())
+    with open(engine_cache.cache_path()) as f:
+        table = json.load(f)
+    (machine, layers), = table.items()
+    assert machine == engine_cache.machine_key(numpy) and len(layers) == 2
+
+    calls = []
+    monkeypatch.setattr(conv.Stopwatch, "start", lambda self: calls.append(1))
+    with caplog.at_level(logging.INFO, logger="layerforge"):
+        second = build_and_run(passes=2)
+    assert calls == []
+    assert choices(second) == settled
+    cached = [r.getMessage() for r in caplog.records if "from the engine cache" in r.getMessage()]
+    assert len(cached) == 2 and engine_cache.cache_path() in cached[0]
+
+
+def test_a_new_shape_misses_the_cache_and_is_timed(monkeypatch):
+    build_and_run(passes=6)
+    calls = []
+    monkeypatch.setattr(conv.Stopwatch, "start", lambda self: calls.append(1))
+    net = Net(CONV_NET, phase="TRAIN")
+    net.blobs["data"].reshape(4, 3, 12, 12)
+    net.blobs["label"].reshape(4)
+    net.reshape()
+    assert None in net.layer_dict["conv1"].engine_choice.values()
+    net.forward()
+    assert calls
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b'{"m": 3}', b"\xff\xfe\x00"])
+def test_a_corrupt_cache_is_one_warning_naming_it_and_is_replaced(content, caplog):
+    path = engine_cache.cache_path()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(content)
+    with caplog.at_level(logging.INFO, logger="layerforge"):
+        net = build_and_run(passes=6)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith(path) and "engine cache ignored" in warnings[0]
+    assert all(None not in c.values() for c in choices(net).values())
+    with open(path) as f:
+        assert len(json.load(f)[engine_cache.machine_key(numpy)]) == 2  # the next store wrote a good file
+
+
+def test_an_unwritable_cache_dir_costs_only_a_warning(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    use_cache(monkeypatch, blocker / "sub")
+    with caplog.at_level(logging.INFO, logger="layerforge"):
+        net = build_and_run(passes=6)
+    assert all(None not in c.values() for c in choices(net).values())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith(engine_cache.cache_path())
+
+
+def test_off_writes_nothing_and_the_default_follows_xdg(tmp_path, monkeypatch):
+    monkeypatch.setenv(engine_cache.CACHE_DIR_ENV, "off")
+    monkeypatch.chdir(tmp_path)
+    build_and_run(passes=6)
+    assert engine_cache.cache_path() is None and list(tmp_path.iterdir()) == []
+    monkeypatch.delenv(engine_cache.CACHE_DIR_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert engine_cache.cache_path() == str(tmp_path / "xdg" / "layerforge" / "conv_engines.json")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert engine_cache.cache_dir() == str(tmp_path / "home" / ".cache" / "layerforge")
+
+
+BASE = dict(layer_type="Convolution", x_shape=(8, 3, 12, 12), y_shape=(8, 6, 12, 12), w_shape=(6, 3, 3, 3),
+            geometry=(3, 3, 1, 1, 1, 1, 1, 1), group=1, dtype=numpy.dtype("float32"), engines=("IM2COL", "IMPLICIT"))
+
+
+@pytest.mark.parametrize("change", [
+    dict(layer_type="Deconvolution"), dict(x_shape=(4, 3, 12, 12)), dict(y_shape=(8, 6, 6, 6)),
+    dict(w_shape=(6, 1, 3, 3)), dict(geometry=(3, 3, 2, 2, 1, 1, 1, 1)), dict(geometry=(3, 3, 1, 1, 0, 0, 1, 1)),
+    dict(geometry=(3, 3, 1, 1, 1, 1, 2, 2)), dict(group=3), dict(dtype=numpy.dtype("float64")),
+    dict(engines=("IM2COL", "IMPLICIT", "WINOGRAD"))])
+def test_the_layer_key_tells_apart_everything_that_affects_the_choice(change):
+    assert engine_cache.layer_key(**dict(BASE, **change)) != engine_cache.layer_key(**BASE)
+
+
+def test_the_machine_key_follows_the_thread_setting(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    one = engine_cache.machine_key(numpy)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert engine_cache.machine_key(numpy) != one and one.startswith("cpu|")

@@ -1,0 +1,158 @@
+import numpy
+import pytest
+
+import layerforge
+from layerforge import rng
+from layerforge.blob import Blob
+from layerforge.layers import create_layer
+from layerforge.net.memory import memory_report
+
+GAUSS = {"type": "gaussian", "std": 0.3}
+
+
+def conv(name, bottom, top, n, k=3, **extra):
+    return {"name": name, "type": "Convolution", "bottom": bottom, "top": top,
+            "convolution": {"num_output": n, "kernel_size": k, "pad": k // 2, "weight_filler": GAUSS,
+                            "bias_filler": GAUSS, **extra}}
+
+
+def small_net(batch=4):
+    """Conv / BN / Scale / ReLU in place, a residual Eltwise (a Split), pooling, LRN, dropout, two IPs."""
+    layers = [
+        {"name": "input", "type": "Input", "top": ["data", "label"], "input": {"shape": [[batch, 3, 8, 8], [batch]]}},
+        conv("conv1", "data", "conv1", 6),
+        {"name": "bn1", "type": "BatchNorm", "bottom": "conv1", "top": "conv1"},
+        {"name": "sc1", "type": "Scale", "bottom": "conv1", "top": "conv1", "scale": {"bias_term": True}},
+        {"name": "relu1", "type": "ReLU", "bottom": "conv1", "top": "conv1"},
+        conv("conv2", "conv1", "conv2", 6),
+        {"name": "sum", "type": "Eltwise", "bottom": ["conv1", "conv2"], "top": "sum"},
+        {"name": "pool", "type": "Pooling", "bottom": "sum", "top": "pool", "pooling": {"kernel_size": 2, "stride": 2}},
+        {"name": "norm", "type": "LRN", "bottom": "pool", "top": "norm", "lrn": {"local_size": 3}},
+        {"name": "tanh", "type": "TanH", "bottom": "norm", "top": "tanh"},
+        {"name": "ip1", "type": "InnerProduct", "bottom": "tanh", "top": "ip1",
+         "inner_product": {"num_output": 10, "weight_filler": GAUSS}},
+        {"name": "drop", "type": "Dropout", "bottom": "ip1", "top": "ip1"},
+        {"name": "ip2", "type": "InnerProduct", "bottom": "ip1", "top": "ip2",
+         "inner_product": {"num_output": 5, "weight_filler": GAUSS}},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip2", "label"], "top": "loss"},
+    ]
+    return {"name": "small", "force_backward": True, "layers": layers}
+
+
+def iterate(net, feeds):
+    out = []
+    for seed, feed in enumerate(feeds):
+        rng.seed(seed)  # dropout masks
+        net.clear_param_diffs()
+        net.forward(**feed)
+        grads = net.backward()
+        out.append((net.loss, {k: v.copy() for k, v in grads.items()},
+                    [b.diff.copy() for b in net.learnable_params]))
+    return out
+
+
+def feeds(batch=4, count=2):
+    g = numpy.random.default_rng(0)
+    return [{"data": g.standard_normal((batch, 3, 8, 8)), "label": g.integers(0, 5, batch).astype(float)}
+            for _ in range(count)]
+
+
+def twin_nets(batch=4):
+    a = layerforge.Net(small_net(batch), dtype="float64")
+    b = layerforge.Net(small_net(batch), dtype="float64")
+    b.copy_from(a.state_arrays())
+    b.optimize_memory()
+    return a, b
+
+
+def assert_same(run_a, run_b):
+    for (la, ga, pa), (lb, gb, pb) in zip(run_a, run_b):
+        assert la == lb
+        for k in ga:
+            numpy.testing.assert_array_equal(ga[k], gb[k])
+        for x, y in zip(pa, pb):
+            numpy.testing.assert_array_equal(x, y)
+
+
+def test_planned_net_computes_exactly_what_the_plain_net_does():
+    a, b = twin_nets()
+    f = feeds()
+    assert_same(iterate(a, f), iterate(b, f))
+
+
+def test_planning_shares_storage_and_reports_bytes():
+    a, b = twin_nets()
+    plain, planned = memory_report(a), memory_report(b)
+    assert plain["activation_bytes"] == plain["unplanned_activation_bytes"]
+    assert planned["unplanned_activation_bytes"] == plain["unplanned_activation_bytes"]
+    assert planned["activation_bytes"] < 0.8 * plain["activation_bytes"]
+    assert planned["param_bytes"] == plain["param_bytes"] > 0
+    assert planned["peak_bytes"] == planned["activation_bytes"] + planned["param_bytes"] + planned["layer_bytes"]
+    assert planned["layer_bytes"] == planned["cache_bytes"] + planned["workspace_bytes"] > 0
+    # the convolution output read only by the in-place BN (which keeps its own copy) is given back
+    assert b.blobs["pool"].data.base is not None
+
+
+def test_inputs_and_outputs_stay_readable():
+    a, b = twin_nets()
+    f = feeds(count=1)[0]
+    out = b.forward(**f)
+    b.backward()
+    numpy.testing.assert_array_equal(b.blobs["data"].data, f["data"])
+    assert out["loss"] == b.loss == pytest.approx(float(b.blobs["loss"].data))
+
+
+def test_reshape_replans_and_optimize_memory_can_be_undone():
+    a, b = twin_nets()
+    f = feeds(batch=6)
+    assert_same(iterate(a, f), iterate(b, f))  # set_inputs reshapes both nets to batch 6
+    b.optimize_memory(False)
+    assert memory_report(b)["activation_bytes"] == memory_report(b)["unplanned_activation_bytes"]
+    assert_same(iterate(a, f), iterate(b, f))
+
+
+LAYERS = [  # (layer dict, bottom shapes); non in-place, so backward_reads can be checked one blob at a time
+    ({"type": "Convolution", "convolution": {"num_output": 3, "kernel_size": 3, "weight_filler": GAUSS}}, [(2, 2, 5, 5)]),
+    ({"type": "Pooling", "pooling": {"kernel_size": 2, "stride": 2}}, [(2, 2, 4, 4)]),
+    ({"type": "Pooling", "pooling": {"kernel_size": 3, "stride": 2, "pool": "AVE"}}, [(2, 2, 5, 5)]),
+    ({"type": "LRN", "lrn": {"local_size": 3}}, [(2, 4, 3, 3)]),
+    ({"type": "BatchNorm"}, [(4, 3, 2, 2)]),
+    ({"type": "ReLU"}, [(2, 5)]),
+    ({"type": "Sigmoid"}, [(2, 5)]),
+    ({"type": "TanH"}, [(2, 5)]),
+    ({"type": "ELU"}, [(2, 5)]),
+    ({"type": "PReLU"}, [(2, 3, 2)]),
+    ({"type": "Scale", "scale": {"bias_term": True}}, [(2, 3, 2)]),
+    ({"type": "Eltwise", "eltwise": {"operation": "SUM"}}, [(2, 3), (2, 3)]),
+    ({"type": "Eltwise", "eltwise": {"operation": "MAX"}}, [(2, 3), (2, 3)]),
+    ({"type": "Eltwise", "eltwise": {"operation": "PROD"}}, [(2, 3), (2, 3)]),
+    ({"type": "InnerProduct", "inner_product": {"num_output": 4, "weight_filler": GAUSS}}, [(3, 5)]),
+]
+
+
+def backward_after(layer_dict, shapes, spoil):
+    g = numpy.random.default_rng(1)
+    rng.seed(0)  # fillers
+    layer = create_layer(layer_dict, dtype=numpy.float64)
+    bottom = [Blob(s, numpy.float64) for s in shapes]
+    for b in bottom:
+        b.data[...] = g.standard_normal(b.shape)
+    top = [Blob((), numpy.float64)]
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    top[0].diff[...] = g.standard_normal(top[0].shape)
+    for blob in {"bottom": bottom, "top": top}.get(spoil, []):
+        blob.data[...] = numpy.nan  # what the planner may do to storage nobody declared
+    layer.backward(top, [True] * len(bottom), bottom)
+    return [b.diff.copy() for b in bottom] + [p.diff.copy() for p in layer.blobs], layer.backward_reads
+
+
+@pytest.mark.parametrize("layer_dict, shapes", LAYERS)
+def test_backward_reads_only_what_it_declares(layer_dict, shapes):
+    expected, reads = backward_after(layer_dict, shapes, None)
+    for side in ("bottom", "top"):
+        if side in reads:
+            continue
+        got, _ = backward_after(layer_dict, shapes, side)
+        for a, e in zip(got, expected):
+            numpy.testing.assert_array_equal(a, e, err_msg=f"backward reads its {side} but does not declare it")
