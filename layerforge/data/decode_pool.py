@@ -32,8 +32,9 @@ import weakref
 
 import numpy
 
+from .. import trace
 from ..errors import DataError, LayerforgeError, describe_exit
-from ..kernels.parallel import num_threads
+from ..kernels.threadpool import num_threads
 from .images import catch_stderr_for_good
 
 log = logging.getLogger("layerforge")
@@ -72,13 +73,15 @@ class DecodePool:
         slots: batches in flight (at least 1).
         workers: processes.
         name: what the pool serves, for messages (``layer 'data' (Data)``).
+        span: the name of its trace spans (the layer's name): the loop's waits (``data``, on the compute
+            row) and each chunk a worker filled (``decode``, on rows ``data``, ``data 1``, ... one per worker).
         describe: ``describe(item)`` names an item's record, for a worker that died on it.
         setup: called once in each worker before its first record (e.g. to open the database afresh).
         stats: an InputStats that receives the workers' seconds and the consumer's waits.
     """
 
-    def __init__(self, fill, layout, slots, workers, name, describe=str, setup=None, stats=None):
-        self.name, self.describe, self.stats, self.workers = name, describe, stats, workers
+    def __init__(self, fill, layout, slots, workers, name, describe=str, setup=None, stats=None, span="data"):
+        self.name, self.describe, self.stats, self.workers, self.span = name, describe, stats, workers, span
         layout = [(tuple(shape), numpy.dtype(dtype)) for shape, dtype in layout]
         sizes = [-(-int(numpy.prod(shape)) * dtype.itemsize // _ALIGN) * _ALIGN for shape, dtype in layout]
         self.memory = mmap.mmap(-1, max(1, slots * sum(sizes) + 8 * workers))  # shared with forked children
@@ -142,12 +145,15 @@ class DecodePool:
             conn = self.conns[j]
             if conn in ready or (self.procs[j].sentinel in ready and conn.poll()):
                 try:
-                    slot, seconds, warnings, error = conn.recv()
+                    slot, start, seconds, warnings, error = conn.recv()
                 except (EOFError, OSError):
                     self._died(j)
                     continue
                 _, chunk = self.owed[j].popleft()
                 self.pending[slot] -= 1
+                # perf_counter is CLOCK_MONOTONIC, one clock for the processes of a host: the worker's start fits
+                trace.complete("data", "decode", start, seconds, {"records": len(chunk), "layer": self.span},
+                               thread=f"data {j}" if j else "data")
                 if self.stats is not None:
                     self.stats.decode_s += seconds
                     self.stats.decoded += len(chunk)
@@ -184,7 +190,8 @@ class DecodePool:
                 queued.append((slot, extra, len(items)))
             while True:
                 slot, extra, count = queued.popleft()
-                self.wait(slot)
+                with trace.wait("data", self.span, records=count):
+                    self.wait(slot)
                 if self.stats is not None:
                     self.stats.batches += 1
                     self.stats.images += count
@@ -272,7 +279,7 @@ def _serve(j, fill, setup, ends, slots, progress, parent, mask):
                 break
         progress[j] = -1
         try:
-            conn.send((slot, time.perf_counter() - start, warnings.take(), error))
+            conn.send((slot, start, time.perf_counter() - start, warnings.take(), error))
         except OSError:
             return
 

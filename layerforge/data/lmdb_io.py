@@ -5,7 +5,7 @@ A database is an LMDB directory (``data.mdb`` + ``lock.mdb``). Keys are zero-pad
 and reads them in sorted order. Every value is one record, in one of two formats; the reader tells them
 apart per database by its first record:
 
-* Caffe's ``Datum`` (a serialized protobuf message, layerforge/caffe/datum.py), as Caffe's
+* Caffe's ``Datum`` (a serialized protobuf message, layerforge/data/datum.py), as Caffe's
   convert_imageset writes and as ours does by default;
 * layerforge's own "LFR1" format::
 

@@ -15,7 +15,7 @@ import os
 import numpy
 
 from ..errors import DataError
-from ..kernels.parallel import host_work, parallel_for
+from ..kernels.threadpool import host_work, parallel_for
 from ..schema import Field
 
 TRANSFORM = {

@@ -120,7 +120,7 @@ class BaseData(Layer):
         if not self._feeds:
             self.decode_pool = DecodePool(self.stream.fill, self.stream.layout(), max(1, self.prefetch), self.workers,
                                           f"layer '{self.name}' ({self.type})", self.stream.describe,
-                                          self.worker_setup, self.input_stats)
+                                          self.worker_setup, self.input_stats, self.name)
             positions = itertools.count(self.stream.position, self.batch_size)
             batches = self.decode_pool.batches(self.stream.plan, positions)
             self._feeds.append(DeviceFeed(self.xp, batches, self.stream.finish))

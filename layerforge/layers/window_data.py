@@ -8,7 +8,7 @@ from .. import rng
 from ..data.images import load_image
 from ..data.transform import TRANSFORM, load_mean, resolve_path
 from ..errors import DataError
-from ..kernels.parallel import host_work, parallel_for
+from ..kernels.threadpool import host_work, parallel_for
 from ..schema import REQUIRED
 from .base import Field, register_layer
 from .data import COMMON, BaseData

@@ -161,11 +161,11 @@ def test_workers_end_with_their_parent(how):
 
 
 def test_worker_count(monkeypatch):
-    from layerforge.kernels import parallel
+    from layerforge.kernels import threadpool
 
     monkeypatch.delenv(WORKERS_ENV, raising=False)
-    assert decode_workers(0) == parallel.num_threads() and decode_workers(3) == 3
-    monkeypatch.setattr(parallel, "_state", {"threads": 5, "pool": None})  # a rank given 5 of the node's cores
+    assert decode_workers(0) == threadpool.num_threads() and decode_workers(3) == 3
+    monkeypatch.setattr(threadpool, "_state", {"threads": 5, "pool": None})  # a rank given 5 of the node's cores
     assert decode_workers(0) == 5
     monkeypatch.setenv(WORKERS_ENV, "7")  # the command line's override wins over the layer's key
     assert decode_workers(3) == 7

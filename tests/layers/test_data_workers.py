@@ -11,7 +11,7 @@ import pytest
 from layerforge import rng
 from layerforge.backend import to_numpy
 from layerforge.blob import Blob
-from layerforge.caffe.datum import array_to_datum, encoded_datum
+from layerforge.data.datum import array_to_datum, encoded_datum
 from layerforge.data.lmdb_io import LMDBWriter, encode_image_record, encode_record
 from layerforge.errors import DataError
 from layerforge.layers import create_layer
@@ -208,3 +208,23 @@ def test_input_stats_of_a_net(tmp_path):
     assert input_stats(net).images == 0
     for layer in net.layers[:2]:
         layer.close()
+
+
+def test_the_trace_shows_the_loops_waits_and_each_workers_decodes(tmp_path):
+    from layerforge import trace
+    from layerforge.trace.events import load_trace
+
+    layer, top = make(tmp_path, "encoded datum", 2)
+    trace.start(str(tmp_path / "t.json"), iterations=None)
+    for k in range(3):
+        trace.iteration(k)
+        layer.forward([], top)
+    trace.finish()
+    layer.close()
+    doc = load_trace(str(tmp_path / "t.json"))
+    rows = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    spans = [(e["name"], rows[e["tid"]], e["args"]) for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "data"]
+    waits = [s for s in spans if s[0] == "d"]
+    assert [(row, args["records"]) for _, row, args in waits] == [("compute", 4)] * 3
+    decodes = [(row, args["records"], args["layer"]) for name, row, args in spans if name == "decode"]
+    assert {row for row, _, _ in decodes} == {"data", "data 1"} and {(n, la) for _, n, la in decodes} == {(2, "d")}
