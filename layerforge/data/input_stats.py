@@ -70,3 +70,16 @@ class InputStats:
     def input_bound(self):
         """True when forwards waited for input more than :data:`INPUT_BOUND_SHARE` of the time since the reset."""
         return self.batches > 0 and self.wait_share > INPUT_BOUND_SHARE
+
+    def warning(self):
+        """The line to warn with when :meth:`input_bound`, else None."""
+        if not self.input_bound():
+            return None
+        return (f"training is input-bound: it waited for its batches {100 * self.wait_share:.0f}% of the time; "
+                f"{self.workers} decode workers deliver at most {self.capacity:,.0f} img/s. More decode_workers "
+                "(--decode-workers) if cores are idle, or cheaper records (smaller images, raw pixels) help")
+
+    def as_dict(self):
+        """The counts and rates, JSON-able (``layerforge time --json``)."""
+        return {"batches": self.batches, "images": self.images, "wait_s": self.wait_s, "elapsed_s": self.elapsed_s,
+                "rate": self.rate, "wait_share": self.wait_share, "capacity": self.capacity, "workers": self.workers}

@@ -8,6 +8,7 @@ on the layer's device. ``get_state()`` / ``set_state()`` save and restore the re
 seed so a resumed run reads exactly the batches an uninterrupted run would, whatever the number of workers.
 """
 import itertools
+import logging
 import weakref
 
 from .. import rng
@@ -23,6 +24,7 @@ from ..errors import DataError
 from ..schema import REQUIRED
 from .base import Field, Layer, register_layer
 
+log = logging.getLogger("layerforge")
 COMMON = {
     "rand_skip": Field("int", 0, min=0, doc="start at a random record in [0, rand_skip) (decorrelates workers)"),
     "prefetch": Field("int", 4, min=0, doc="batches the decode workers prepare ahead; 0: made during forward"),
@@ -53,6 +55,22 @@ def reset_input_stats(net):
     for layer in net.layers:
         if getattr(layer, "input_stats", None) is not None:
             layer.input_stats.reset()
+
+
+def input_display(net):
+    """A solver display hook (``solver.display_hooks.append(input_display(net))``): each display, the input
+    statistics of ``net`` since the previous one as one line, and a warning when the loop was input-bound;
+    None for a net without image data layers."""
+    if not any(getattr(layer, "input_stats", None) is not None for layer in net.layers):
+        return None
+
+    def line(seconds_per_iteration, iterations):
+        stats = input_stats(net)
+        reset_input_stats(net)
+        if stats.warning():
+            log.warning("%s", stats.warning())
+        return stats.summary()
+    return line
 
 
 class BaseData(Layer):

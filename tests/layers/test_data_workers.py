@@ -2,6 +2,7 @@
 workers; resume is exact across worker counts; bad records and dead workers are named in one line."""
 import logging
 import os
+import re
 import signal
 
 import cv2
@@ -15,7 +16,7 @@ from layerforge.data.datum import array_to_datum, encoded_datum
 from layerforge.data.lmdb_io import LMDBWriter, encode_image_record, encode_record
 from layerforge.errors import DataError
 from layerforge.layers import create_layer
-from layerforge.layers.data import input_stats, reset_input_stats
+from layerforge.layers.data import input_display, input_stats, reset_input_stats
 
 IMAGES = numpy.random.default_rng(5).integers(0, 256, size=(11, 3, 20, 24), dtype=numpy.uint8)  # C, H, W (BGR)
 TRANSFORM = {"crop_size": 16, "mirror": True, "mean_value": [104, 117, 123], "scale": 0.5}
@@ -206,6 +207,13 @@ def test_input_stats_of_a_net(tmp_path):
     assert stats.wait_s > 0 and stats.decode_s > 0 and stats.rate > 0
     reset_input_stats(net)
     assert input_stats(net).images == 0
+    net.forward()
+    line = input_display(net)(0.1, 1)
+    assert re.fullmatch(r"input [\d,]+ img/s, waited [\d.]+ ms per batch \([\d.]+% of the time\); 3 decode workers "
+                        r"could deliver [\d,]+ img/s", line), line
+    assert input_stats(net).images == 0  # each display starts a new window
+    assert input_display(Net({"name": "n", "layers": [{"name": "x", "type": "Input", "top": ["x"],
+                                                        "input": {"shape": [[1]]}}]})) is None
     for layer in net.layers[:2]:
         layer.close()
 
