@@ -121,8 +121,15 @@ class DataTransformer:
         """Copy the window of ``image`` (C, H, W) at (h0, w0) the size of ``out`` (C, h, w) into ``out``, flipped
         left-right when ``flip`` (a decode worker writes its crops straight into the batch this way)."""
         _, oh, ow = out.shape
-        window = image[:, h0:h0 + oh, w0:w0 + ow]
-        out[...] = window[:, :, ::-1] if flip else window
+        pixels = image.transpose(1, 2, 0)[h0:h0 + oh, w0:w0 + ow]
+        if pixels.strides[1:] == (pixels.shape[2] * pixels.itemsize, pixels.itemsize):
+            # an image OpenCV decoded is stored H, W, C: OpenCV splits it into out's channel planes in a fifth
+            # of the time numpy's strided copy takes (9 against 43 us for 224 x 224 x 3)
+            import cv2
+            cv2.split(cv2.flip(pixels, 1) if flip else pixels, list(out))
+        else:
+            window = image[:, h0:h0 + oh, w0:w0 + ow]
+            out[...] = window[:, :, ::-1] if flip else window
 
     def finish(self, xp, crops, plan, out):
         """``out = (crops - mean) * scale`` for crops (N, C, h, w) made by :meth:`crop_into` with ``plan``.
@@ -137,15 +144,16 @@ class DataTransformer:
         mean = self._mean_on(xp)
         scale = self.dtype.type(self.p.scale)
 
-        def body(lo, hi):
+        def body(lo, hi):  # each subtraction casts the crops as it reads them: one pass, in the output dtype
             y = out[lo:hi]
-            y[...] = crops[lo:hi]
             if self.mean is not None:
                 for i in range(lo, hi):
                     window = mean[:, h0[i]:h0[i] + oh, w0[i]:w0[i] + ow]
-                    y[i - lo] -= window[:, :, ::-1] if flip[i] else window
+                    xp.subtract(crops[i], window[:, :, ::-1] if flip[i] else window, out=y[i - lo], dtype=y.dtype)
             elif mean.size:
-                y -= mean
+                xp.subtract(crops[lo:hi], mean, out=y, dtype=y.dtype)
+            else:
+                y[...] = crops[lo:hi]
             if scale != 1:
                 y *= scale
 

@@ -116,3 +116,17 @@ def test_finish_on_the_device_is_caffes_transform(tmp_path, xp):
         y = (batch[i][:, rows, cols].astype(numpy.float32) - mean[:, rows, cols]) * numpy.float32(0.25)
         numpy.testing.assert_array_equal(to_numpy(out[i]), y[:, :, ::-1] if flip[i] else y)
     assert 0 < flip.sum() < 16 and len(set(zip(h0, w0))) > 1
+
+
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("channels", [1, 3, 4])
+@pytest.mark.parametrize("layout", ["HWC", "CHW", "grey"])
+def test_crop_into_copies_the_window_whatever_the_images_memory_order(flip, channels, layout):
+    hwc = numpy.random.default_rng(channels).integers(0, 256, (9, 11, channels), dtype=numpy.uint8)
+    image = {"HWC": hwc.transpose(2, 0, 1),  # decode_image's view of what OpenCV decoded (OpenCV copies it)
+             "CHW": numpy.ascontiguousarray(hwc.transpose(2, 0, 1)),  # a raw Datum record (numpy copies it)
+             "grey": hwc[:, :, 0][None]}[layout]
+    out = numpy.empty((image.shape[0], 5, 6), numpy.uint8)
+    DataTransformer.crop_into(out, image, 2, 3, flip)
+    window = image[:, 2:7, 3:9]
+    numpy.testing.assert_array_equal(out, window[:, :, ::-1] if flip else window)

@@ -179,7 +179,8 @@ def test_a_jpeg_that_decodes_with_errors_is_one_warning_naming_its_key(tmp_path,
             w.put(encoded_datum(bytes(data) if i == 2 else jpeg(IMAGES[i]), 0).SerializeToString())
     rng.seed(0)
     layer = create_layer({"name": "d", "type": "Data", "top": ["data"],
-                          "data": {"source": str(tmp_path / "db"), "batch_size": 4, "decode_workers": 2}},
+                          "data": {"source": str(tmp_path / "db"), "batch_size": 4, "decode_workers": 2,
+                                   "prefetch": 0}},  # no batch ahead: record 2 is decoded once
                          phase="TEST")
     top = [Blob()]
     layer.setup([], top)
