@@ -8,10 +8,12 @@ A worker process points its own fd 2 at a private file once and reads each recor
 its decodes need no lock. Processes also keep each record's Python work (the LMDB read, the Datum parse,
 the crop's bookkeeping) off the training loop's GIL, which counts at 16 workers and more.
 
-Forked, not spawned: a worker starts in milliseconds and inherits what it reads from (the list of records, an
-image cache) without pickling or importing anything again, and a user's script that builds a net at import time
-is not run again in each worker (spawn and forkserver run it). The workers use only numpy, OpenCV on one
-thread and an LMDB environment of their own, never the parent's CUDA context, BLAS threads or locks.
+Forked (``os.fork``), not spawned: a worker starts in milliseconds and inherits what it reads from (the list of
+records, an image cache) without pickling or importing anything again, and a user's script that builds a net at
+import time is not run again in each worker (spawn and forkserver run it). multiprocessing's Process is not
+used: it refuses children to a daemonic process, which a CGDP worker is. The workers use only numpy, OpenCV on
+one thread and an LMDB environment of their own, never the parent's CUDA context, BLAS threads or locks, and
+leave by ``os._exit`` (the parent's exit handlers are not theirs to run).
 
 The batches live in a ring of ``slots`` in one shared anonymous mapping. A batch's records are split into one
 contiguous chunk per worker; each worker receives its chunks in order through its pipe, fills them and answers
@@ -23,11 +25,12 @@ import atexit
 import collections
 import logging
 import mmap
-import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
 import time
+import traceback
 import weakref
 
 import numpy
@@ -44,7 +47,7 @@ WORKERS_ENV = "LAYERFORGE_DECODE_WORKERS"
 PARENT_DECIDES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _ALIGN = 64
 _open_pools = weakref.WeakSet()
-_exit_hook = []
+_exit_hook = []  # atexit's registration, once
 
 
 def decode_workers(configured=0):
@@ -91,28 +94,28 @@ class DecodePool:
         self.progress = numpy.ndarray(workers, numpy.int64, self.memory, int(offsets[-1]))  # item each worker is on
         self.owed = [collections.deque() for _ in range(workers)]  # per worker: (slot, chunk) sent, not answered
         self.pending, self.errors = [0] * slots, {}
-        self.conns, self.procs = [], []
+        self.conns, self.pids, self.exit_codes = [], [], {}
         self._start(fill, setup)
 
     def _start(self, fill, setup):
-        context = multiprocessing.get_context("fork")
         _open_pools.add(self)  # before the forks: each worker closes the parent's ends of the pipes made before it
+        if not _exit_hook:
+            _exit_hook.append(atexit.register(_close_open_pools))
+        parent = os.getpid()
         # a signal arriving between the fork and the worker's own handlers would kill it with a traceback
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, PARENT_DECIDES)
         try:
             for j in range(self.workers):
-                ours, theirs = context.Pipe()
-                process = context.Process(target=_serve, args=(j, fill, setup, (theirs, ours), self.slots,
-                                                               self.progress, os.getpid(), blocked),
-                                          name=f"layerforge-decode-{j}", daemon=True)
-                process.start()
+                ours, theirs = multiprocessing.connection.Pipe()
+                sys.stdout.flush(), sys.stderr.flush()  # what is buffered is the parent's to print, once
+                pid = os.fork()
+                if pid == 0:
+                    _worker_main(j, fill, setup, (theirs, ours), self.slots, self.progress, parent, blocked)
                 theirs.close()
                 self.conns.append(ours)
-                self.procs.append(process)
+                self.pids.append(pid)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        if not _exit_hook:  # registered after multiprocessing's exit hook, which joins the workers: runs before it
-            _exit_hook.append(atexit.register(_close_open_pools))
 
     def submit(self, slot, items):
         """Have the workers fill ``slot`` with ``items`` (one per record, as ``fill`` takes them)."""
@@ -140,10 +143,10 @@ class DecodePool:
 
     def _receive(self):
         busy = [j for j in range(self.workers) if self.owed[j]]
-        ready = multiprocessing.connection.wait([self.conns[j] for j in busy] + [self.procs[j].sentinel for j in busy])
+        ready = multiprocessing.connection.wait([self.conns[j] for j in busy])  # a worker's death closes its end
         for j in busy:
             conn = self.conns[j]
-            if conn in ready or (self.procs[j].sentinel in ready and conn.poll()):
+            if conn in ready:
                 try:
                     slot, start, seconds, warnings, error = conn.recv()
                 except (EOFError, OSError):
@@ -162,16 +165,13 @@ class DecodePool:
                 if error is not None:
                     k, named, text = error
                     self.errors[slot] = text if named else f"{self.name}: {self.describe(chunk[k])}: {text}"
-            elif self.procs[j].sentinel in ready:
-                self._died(j)
 
     def _died(self, j):
-        process = self.procs[j]
-        process.join(1.0)
+        pid = self.pids[j]
+        code = self._reap(pid, 2.0)
         _, chunk = self.owed[j][0]  # the first chunk it owes is the one it was filling
         record = self.describe(chunk[min(max(int(self.progress[j]), 0), len(chunk) - 1)])
-        message = (f"{self.name}: decode worker {j} (pid {process.pid}) {describe_exit(process.exitcode)} "
-                   f"while reading {record}")
+        message = f"{self.name}: decode worker {j} (pid {pid}) {describe_exit(code)} while reading {record}"
         for slot, _ in self.owed[j]:
             self.errors[slot] = message
             self.pending[slot] -= 1
@@ -207,13 +207,30 @@ class DecodePool:
         _open_pools.discard(self)
         for conn in self.conns:
             conn.close()
-        for process in self.procs:
-            process.join(2.0)
-            if process.exitcode is None:
-                process.kill()
-                process.join()
-        self.conns, self.procs = [], []
+        for pid in self.pids:
+            if self._reap(pid, 2.0) is None:
+                os.kill(pid, signal.SIGKILL)
+                self._reap(pid, None)
+        self.conns, self.pids = [], []
         self.owed = [collections.deque() for _ in range(self.workers)]
+
+    def _reap(self, pid, timeout):
+        """Worker ``pid``'s exit code (negative: the signal that killed it), waiting up to ``timeout`` seconds
+        (None: for good); None if it still runs. Kept in ``exit_codes``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pid not in self.exit_codes:
+            try:
+                done, status = os.waitpid(pid, 0 if deadline is None else os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler): its code is lost
+                self.exit_codes[pid] = None
+                break
+            if done:
+                self.exit_codes[pid] = os.waitstatus_to_exitcode(status)
+            elif time.monotonic() > deadline:
+                return None
+            else:
+                time.sleep(0.01)
+        return self.exit_codes[pid]
 
 
 def _close_open_pools():
@@ -234,6 +251,19 @@ class _Warnings(logging.Handler):
     def take(self):
         taken, self.messages = self.messages, []
         return taken
+
+
+def _worker_main(*args):
+    """The forked child's whole life: serve, then leave without running the parent's exit handlers."""
+    code = 0
+    try:
+        _serve(*args)
+    except BaseException:  # noqa: BLE001 - the parent names this worker when its pipe closes
+        traceback.print_exc()  # into the worker's caught fd 2 at worst; its exit code is what the parent reports
+        sys.stderr.flush()
+        code = 1
+    finally:
+        os._exit(code)
 
 
 def _serve(j, fill, setup, ends, slots, progress, parent, mask):

@@ -69,7 +69,7 @@ def test_a_failing_record_is_raised_at_its_batch_naming_it():
     next(stream)  # records 0..6: fine, though the workers have already failed on batch 7..13
     with pytest.raises(DataError, match=r"^db: key '00000013': corrupted record$"):
         next(stream)
-    assert pool.procs == []  # the generator's end stopped the workers
+    assert pool.pids == [] and set(pool.exit_codes.values()) == {0}  # the generator's end stopped the workers
     stream = pool = DecodePool(fill, LAYOUT, 1, 3, "layer 'd' (Data)", lambda item: f"record {item[1]}")
     with pytest.raises(DataError, match=r"^layer 'd' \(Data\): record 23: ValueError: an unexpected failure$"):
         next(pool.batches(plan, itertools.count(21, BATCH)))
@@ -107,14 +107,14 @@ def test_workers_ignore_the_terminals_signals_and_end_when_closed():
     pool = DecodePool(fill, LAYOUT, 1, 2, "layer 'd' (Data)")
     stream = pool.batches(plan, itertools.count(35, BATCH))
     next(stream)
-    for p in pool.procs:
-        os.kill(p.pid, signal.SIGINT)
-        os.kill(p.pid, signal.SIGTERM)
+    for pid in pool.pids:
+        os.kill(pid, signal.SIGINT)
+        os.kill(pid, signal.SIGTERM)
     values, _ = next(stream)[0]  # still serving
     numpy.testing.assert_array_equal(values[:, 0], numpy.arange(35 + BATCH, 35 + 2 * BATCH))
-    procs = list(pool.procs)
+    pids = list(pool.pids)
     stream.close()
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert [pool.exit_codes[pid] for pid in pids] == [0, 0]
 
 
 CHILD = textwrap.dedent("""
@@ -125,7 +125,7 @@ CHILD = textwrap.dedent("""
     pool = DecodePool(fill, LAYOUT, 2, 2, "layer 'd' (Data)")
     stream = pool.batches(plan, itertools.count(35, BATCH))
     next(stream)
-    print(" ".join(str(p.pid) for p in pool.procs), flush=True)
+    print(" ".join(map(str, pool.pids)), flush=True)
     while True:
         next(stream)
         time.sleep(0.01)

@@ -102,7 +102,7 @@ def test_batches_are_bit_identical_for_1_2_and_3_workers(tmp_path, kind):
     for workers in (1, 2, 3):
         layer, top = make(tmp_path, kind, workers)
         runs.append(take(layer, top, 6))  # 24 records of 11: past two epochs' reshuffles
-        assert len(layer.decode_pool.procs) == workers
+        assert len(layer.decode_pool.pids) == workers
         layer.close()
     assert_same(runs[0], runs[1])
     assert_same(runs[0], runs[2])

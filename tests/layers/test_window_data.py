@@ -132,10 +132,10 @@ def test_prefetched_batches_equal_direct_ones(tmp_path, monkeypatch):
         got = forward(layer, top)
         numpy.testing.assert_array_equal(got[0], data)
         numpy.testing.assert_array_equal(got[1], label)
-    workers = list(layer.decode_pool.procs)
+    pool, workers = layer.decode_pool, list(layer.decode_pool.pids)
     del layer, top
     gc.collect()
-    assert workers and all(w.exitcode == 0 for w in workers)  # the pool holds no reference to the layer
+    assert workers and [pool.exit_codes[pid] for pid in workers] == [0] * len(workers)  # no reference to the layer
 
 
 @pytest.mark.parametrize("text,message", [
