@@ -15,9 +15,11 @@ convert_imageset --encoded`` into a Datum LMDB. Then, for each worker count W, s
 
 Images per second over ``--batches`` batches, after 6 warm-up batches (the workers' start and the batches they
 prepare before the clock starts). Each framework runs in its own subprocess per W (an LMDB environment is
-opened once per process). A second table shows why the workers are processes: decode rates of k threads with
-the per-image capture of OpenCV's messages (one fd 2 per process: a lock), of k threads without it, and of k
-forked processes that catch their own fd 2 once. ``--quick`` (CI): 48 images, batch 16, 3 batches, W = 1, 2.
+opened once per process). A second table runs the Data layer with a device step after each forward (a sleep of
+1.5 times the batch's decode time: the CPU stays free, as when a GPU computes) and prints the time the loop
+waited for its batches (InputStats). A third shows why the workers are processes: decode rates of k threads
+with the per-image capture of OpenCV's messages (one fd 2 per process: a lock), of k threads without it, and
+of k forked processes that catch their own fd 2 once. ``--quick`` (CI): 48 images, batch 16, 3 batches, W = 1, 2.
 """
 import argparse
 import json
@@ -132,6 +134,9 @@ def primitives(jpegs, workers, seconds):
 # the two pipelines (each in a subprocess of its own)
 
 def run_layerforge(db, workers, batch, batches):
+    """``{"rate": images/s of the Data layer's forwards, "step_ms", "wait": InputStats}``: the second figure runs
+    the forwards again, each followed by a device step of 1.5 times a batch's decode time (a sleep: the CPU is
+    free, as when a GPU computes) and keeps the layer's input statistics over those iterations."""
     from layerforge import rng
     from layerforge.blob import Blob
     from layerforge.layers import create_layer
@@ -148,8 +153,16 @@ def run_layerforge(db, workers, batch, batches):
     for _ in range(batches):
         layer.forward([], top)
     rate = batches * batch / (time.perf_counter() - start)
+    step = 1.5 * batch / rate
+    for _ in range(WARMUP):  # the workers fill the ring again
+        layer.forward([], top)
+        time.sleep(step)
+    layer.input_stats.reset()
+    for _ in range(batches):
+        layer.forward([], top)
+        time.sleep(step)
     layer.close()
-    return rate
+    return {"rate": rate, "step_ms": 1e3 * step, "wait": layer.input_stats.as_dict()}
 
 
 def run_torch(db, workers, batch, batches):
@@ -196,7 +209,7 @@ def run_torch(db, workers, batch, batches):
     start = time.perf_counter()
     for _ in range(batches):
         next(loader)
-    return batches * batch / (time.perf_counter() - start)
+    return {"rate": batches * batch / (time.perf_counter() - start)}
 
 
 def measure(framework, db, workers, batch, batches):
@@ -205,7 +218,7 @@ def measure(framework, db, workers, batch, batches):
                          capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     if out.returncode != 0:
         sys.exit(f"{framework} with {workers} workers failed:\n{out.stderr}")
-    return json.loads(out.stdout.splitlines()[-1])["rate"]
+    return json.loads(out.stdout.splitlines()[-1])
 
 
 def main():
@@ -221,7 +234,7 @@ def main():
     args = parser.parse_args()
     if args.run:
         run = run_layerforge if args.run == "layerforge" else run_torch
-        print(json.dumps({"rate": run(args.db, int(args.workers), args.batch, args.batches)}))
+        print(json.dumps(run(args.db, int(args.workers), args.batch, args.batches)))
         return
     if args.quick:
         args.images, args.batch, args.batches, args.workers = 48, 16, 3, args.workers or "1,2"
@@ -234,12 +247,21 @@ def main():
           f"{args.batch}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at the start")
     print(f"{'workers':>7} | {'layerforge img/s':>16} | {'PyTorch img/s':>13} | {'limit img/s':>11} | "
           f"{'layerforge/limit':>16} | {'layerforge/PyTorch':>18}")
+    ours = {}
     for w in workers:
         limit = w * decode_rate(jpegs, seconds)
-        ours = measure("layerforge", db, w, args.batch, args.batches)
-        theirs = measure("torch", db, w, args.batch, args.batches)
-        print(f"{w:>7} | {ours:>16,.0f} | {theirs:>13,.0f} | {limit:>11,.0f} | {ours / limit:>16.0%} | "
-              f"{ours / theirs:>17.2f}x")
+        ours[w] = measure("layerforge", db, w, args.batch, args.batches)
+        theirs = measure("torch", db, w, args.batch, args.batches)["rate"]
+        rate = ours[w]["rate"]
+        print(f"{w:>7} | {rate:>16,.0f} | {theirs:>13,.0f} | {limit:>11,.0f} | {rate / limit:>16.0%} | "
+              f"{rate / theirs:>17.2f}x")
+    print("\ndata wait when the device computes each batch in 1.5x the time its decoding takes (the CPU free)")
+    print(f"{'workers':>7} | {'decode ms/batch':>15} | {'device ms/batch':>15} | {'wait ms/batch':>13} | "
+          f"{'wait, % of time':>15}")
+    for w in workers:
+        step, wait = ours[w]["step_ms"], ours[w]["wait"]
+        print(f"{w:>7} | {step / 1.5:>15.1f} | {step:>15.1f} | {1e3 * wait['wait_s'] / wait['batches']:>13.2f} | "
+              f"{wait['wait_share']:>15.1%}")
     print(f"\ndecode rates, img/s (threads vs processes; load average {os.getloadavg()[0]:.2f})")
     print(f"{'k':>3} | {'k threads, fd 2 caught per image':>32} | {'k threads, nothing caught':>25} | "
           f"{'k processes, fd 2 caught once':>29}")
