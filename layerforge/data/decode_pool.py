@@ -76,11 +76,11 @@ class DecodePool:
         slots: batches in flight (at least 1).
         workers: processes.
         name: what the pool serves, for messages (``layer 'data' (Data)``).
-        span: the name of its trace spans (the layer's name): the loop's waits (``data``, on the compute
-            row) and each chunk a worker filled (``decode``, on rows ``data``, ``data 1``, ... one per worker).
         describe: ``describe(item)`` names an item's record, for a worker that died on it.
         setup: called once in each worker before its first record (e.g. to open the database afresh).
         stats: an InputStats that receives the workers' seconds and the consumer's waits.
+        span: the name of its trace spans (the layer's name): the loop's waits (``data``, on the compute
+            row) and each chunk a worker filled (``decode``, on rows ``data``, ``data 1``, ... one per worker).
     """
 
     def __init__(self, fill, layout, slots, workers, name, describe=str, setup=None, stats=None, span="data"):
