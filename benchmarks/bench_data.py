@@ -13,6 +13,9 @@ convert_imageset --encoded`` into a Datum LMDB. Then, for each worker count W, s
   records the same way (Datum parse, cv2.imdecode, random crop 224, mirror, mean) into float32 tensors;
 * the limit: W times one core's cv2.imdecode rate over the same JPEGs, measured just before.
 
+Also the CPU milliseconds each pipeline spends per image, all its processes together (/proc), beside one
+cv2.imdecode's: what the pipelines cost whatever share of the cores other work leaves them.
+
 Images per second over ``--batches`` batches, after 6 warm-up batches (the workers' start and the batches they
 prepare before the clock starts); each figure is the best of ``--repeats`` measurements taken in turns (the
 limit, layerforge, PyTorch, again), as other work on a shared machine comes and goes. Each framework runs in its own subprocess per W (an LMDB environment is
@@ -87,6 +90,18 @@ def jpeg_bytes(db, count=64):
 # --------------------------------------------------------------------------------------------------
 # the decode limit, and threads against processes
 
+def decode_cpu_ms(jpegs, seconds):
+    """CPU milliseconds one cv2.imdecode takes on this thread (the limit's cost, whatever the load)."""
+    import cv2
+
+    count, start, cpu = 0, time.perf_counter(), time.thread_time()
+    while time.perf_counter() - start < seconds:
+        for b in jpegs:
+            cv2.imdecode(b, cv2.IMREAD_COLOR)
+        count += len(jpegs)
+    return 1e3 * (time.thread_time() - cpu) / count
+
+
 def decode_rate(jpegs, seconds, decode=None, workers=1, processes=False):
     """Images per second decoded by ``workers`` threads (or forked processes) calling ``decode``."""
     import multiprocessing
@@ -136,6 +151,18 @@ def primitives(jpegs, workers, seconds, repeats):
 # --------------------------------------------------------------------------------------------------
 # the two pipelines (each in a subprocess of its own)
 
+def cpu_seconds(pids):
+    """CPU seconds (user + system) this process and the processes ``pids`` have used so far (Linux /proc): what a
+    pipeline costs, whatever share of the cores other work on the machine leaves it."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = time.process_time()
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total
+
+
 def run_layerforge(db, workers, batch, batches):
     """``{"rate": images/s of the Data layer's forwards, "step_ms", "wait": InputStats}``: the second figure runs
     the forwards again, each followed by a device step of 1.5 times a batch's decode time (a sleep: the CPU is
@@ -152,10 +179,11 @@ def run_layerforge(db, workers, batch, batches):
     layer.setup([], top)
     for _ in range(WARMUP):
         layer.forward([], top)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds(layer.decode_pool.pids)
     for _ in range(batches):
         layer.forward([], top)
     rate = batches * batch / (time.perf_counter() - start)
+    cpu_ms = 1e3 * (cpu_seconds(layer.decode_pool.pids) - cpu) / (batches * batch)
     step = 1.5 * batch / rate
     for _ in range(WARMUP):  # the workers fill the ring again
         layer.forward([], top)
@@ -165,7 +193,7 @@ def run_layerforge(db, workers, batch, batches):
         layer.forward([], top)
         time.sleep(step)
     layer.close()
-    return {"rate": rate, "step_ms": 1e3 * step, "wait": layer.input_stats.as_dict()}
+    return {"rate": rate, "cpu_ms": cpu_ms, "step_ms": 1e3 * step, "wait": layer.input_stats.as_dict()}
 
 
 def run_torch(db, workers, batch, batches):
@@ -205,14 +233,17 @@ def run_torch(db, workers, batch, batches):
         while True:
             yield from loader
 
-    loader = epochs(torch.utils.data.DataLoader(Images(), batch_size=batch, shuffle=True, num_workers=workers,
-                                                drop_last=True, persistent_workers=True))
+    data_loader = torch.utils.data.DataLoader(Images(), batch_size=batch, shuffle=True, num_workers=workers,
+                                              drop_last=True, persistent_workers=True)
+    loader = epochs(data_loader)
     for _ in range(WARMUP):
         next(loader)
-    start = time.perf_counter()
+    pids = [w.pid for w in data_loader._iterator._workers]  # the persistent workers (a private attribute)
+    start, cpu = time.perf_counter(), cpu_seconds(pids)
     for _ in range(batches):
         next(loader)
-    return {"rate": batches * batch / (time.perf_counter() - start)}
+    return {"rate": batches * batch / (time.perf_counter() - start),
+            "cpu_ms": 1e3 * (cpu_seconds(pids) - cpu) / (batches * batch)}
 
 
 def measure(framework, db, workers, batch, batches):
@@ -250,16 +281,19 @@ def main():
     print(f"{args.images} JPEGs of 500x375, {size / 1024:.0f} KB on average; crop {CROP}, mirror, mean; batch "
           f"{args.batch}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at the start")
     print(f"{'workers':>7} | {'layerforge img/s':>16} | {'PyTorch img/s':>13} | {'limit img/s':>11} | "
-          f"{'layerforge/limit':>16} | {'layerforge/PyTorch':>18}")
+          f"{'layerforge/limit':>16} | {'layerforge/PyTorch':>18} | {'CPU ms/img: layerforge':>22} | "
+          f"{'PyTorch':>7} | {'imdecode':>8}")
     ours = {}
     for w in workers:  # best of --repeats, taken in turns: on a shared machine the others' load comes and goes
         runs = [(w * decode_rate(jpegs, seconds), measure("layerforge", db, w, args.batch, args.batches),
-                 measure("torch", db, w, args.batch, args.batches)["rate"]) for _ in range(args.repeats)]
-        limit, theirs = max(r[0] for r in runs), max(r[2] for r in runs)
+                 measure("torch", db, w, args.batch, args.batches), decode_cpu_ms(jpegs, seconds / 2))
+                for _ in range(args.repeats)]
+        limit = max(r[0] for r in runs)
         ours[w] = max((r[1] for r in runs), key=lambda r: r["rate"])
-        rate = ours[w]["rate"]
-        print(f"{w:>7} | {rate:>16,.0f} | {theirs:>13,.0f} | {limit:>11,.0f} | {rate / limit:>16.0%} | "
-              f"{rate / theirs:>17.2f}x")
+        theirs = max((r[2] for r in runs), key=lambda r: r["rate"])
+        rate, cpu = ours[w]["rate"], [min(r[k]["cpu_ms"] for r in runs) for k in (1, 2)] + [min(r[3] for r in runs)]
+        print(f"{w:>7} | {rate:>16,.0f} | {theirs['rate']:>13,.0f} | {limit:>11,.0f} | {rate / limit:>16.0%} | "
+              f"{rate / theirs['rate']:>17.2f}x | {cpu[0]:>22.2f} | {cpu[1]:>7.2f} | {cpu[2]:>8.2f}")
     print("\ndata wait when the device computes each batch in 1.5x the time its decoding takes (the CPU free)")
     print(f"{'workers':>7} | {'decode ms/batch':>15} | {'device ms/batch':>15} | {'wait ms/batch':>13} | "
           f"{'wait, % of time':>15}")
