@@ -94,12 +94,12 @@ def torch_runner(net, torch):
         elif ltype == "SoftmaxWithLoss":
             weight = net.loss_weights(i)[0]
             ops.append((bottoms, tops, lambda x, y, w=weight: w * F.cross_entropy(x, y.long())))
-        elif ltype in ("DummyData", "Input", "Data", "ImageData", "Accuracy"):
+        elif ltype in ("DummyData", "SyntheticData", "Input", "Data", "ImageData", "Accuracy"):
             ops.append((bottoms, tops, None))
         else:
             raise NotImplementedError(f"no torch equivalent for {ltype} in this benchmark")
     inputs = {name: torch.from_numpy(net.blobs[name].data.copy())
-              for i, layer in enumerate(net.layers) if layer.type in ("DummyData", "Input", "Data", "ImageData")
+              for i, layer in enumerate(net.layers) if layer.type in ("DummyData", "SyntheticData", "Input", "Data", "ImageData")
               for name in net.top_names(i)}
 
     def step():

@@ -31,9 +31,14 @@ class LineDict(dict):
 
 
 class LineList(list):
-    """A list from YAML that knows its line (``.line``)."""
+    """A list from YAML that knows its line (``.line``) and its items' (``.line_of(index)``)."""
 
     line = None
+    item_lines = ()
+
+    def line_of(self, index):
+        """The line of item ``index`` (the list's own line when unknown)."""
+        return self.item_lines[index] if 0 <= index < len(self.item_lines) else self.line
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -41,6 +46,7 @@ class _LineLoader(yaml.SafeLoader):
 
 
 def _construct_mapping(loader, node):
+    loader.deepest_line = node.start_mark.line + 1  # where a RecursionError of a deep document is reported
     loader.flatten_mapping(node)
     d = LineDict()
     d.line = node.start_mark.line + 1
@@ -58,8 +64,10 @@ def _construct_mapping(loader, node):
 
 
 def _construct_sequence(loader, node):
+    loader.deepest_line = node.start_mark.line + 1
     lst = LineList(loader.construct_object(child, deep=True) for child in node.value)
     lst.line = node.start_mark.line + 1
+    lst.item_lines = [child.start_mark.line + 1 for child in node.value]
     return lst
 
 
@@ -134,8 +142,9 @@ def load_yaml_text(text, path="<string>"):
         raise ConfigError(f"invalid YAML: character #x{code:04x} is not allowed in a YAML file", path, line) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"invalid YAML: {str(e).splitlines()[0]}", path) from None
-    except RecursionError:
-        raise ConfigError("invalid YAML: lists or mappings nested too deeply to read", path) from None
+    except RecursionError:  # the line being read (composing) or the deepest node built (constructing)
+        line = getattr(loader, "deepest_line", None) or (loader.line + 1 if loader is not None else None)
+        raise ConfigError("invalid YAML: lists or mappings nested too deeply to read", path, line) from None
     finally:
         if loader is not None:
             loader.dispose()

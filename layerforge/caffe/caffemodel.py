@@ -140,11 +140,15 @@ def is_caffe_weights(path):
 
 
 def copy_trained_layers(net, path):
-    """Copy a .caffemodel's (or .caffemodel.h5's) weights into ``net`` with Caffe's copy semantics."""
+    """Copy a .caffemodel's (or .caffemodel.h5's) weights into ``net`` with Caffe's copy semantics.
+
+    Returns the names of the net's layers that took weights from the file (Caffe skips the file's others;
+    layers without parameters take none).
+    """
     path = os.fspath(path)
     if path.endswith((".h5", ".hdf5")):
         return copy_from_hdf5(net, path)
-    targets = net.layer_dict
+    targets, copied = net.layer_dict, []
     for name, blobs in read_caffemodel(path).items():
         layer = targets.get(name)
         if layer is None:
@@ -159,6 +163,9 @@ def copy_trained_layers(net, path):
                                       f"but {tuple(blob.shape)} in the net")
             values = blob_to_array(proto, f"{path}: layer '{name}' blob {j}").reshape(blob.shape)
             blob.data[...] = net.xp.asarray(values, dtype=net.dtype)
+        if blobs:
+            copied.append(name)
+    return copied
 
 
 def net_to_proto(net):
@@ -203,7 +210,10 @@ def save_hdf5(net, path):
 
 
 def copy_from_hdf5(net, path):
-    """Copy the weights of a Caffe HDF5 weights file (``/data/<layer>/<i>``) into ``net`` by layer name."""
+    """Copy the weights of a Caffe HDF5 weights file (``/data/<layer>/<i>``) into ``net`` by layer name.
+
+    Returns the names of the net's layers that took weights from the file (layers without parameters take none).
+    """
     import h5py
     try:
         h5 = h5py.File(path, "r")
@@ -212,7 +222,7 @@ def copy_from_hdf5(net, path):
     with h5:
         if "data" not in h5:
             raise LayerforgeError(f"{path}: not a Caffe HDF5 weights file: no group /data")
-        data = h5["data"]
+        data, copied = h5["data"], []
         for layer, owned in zip(net.layers, _owned_blobs(net)):
             if layer.name not in data:
                 log.info("Ignoring source layer %s", layer.name)
@@ -229,3 +239,6 @@ def copy_from_hdf5(net, path):
                     raise LayerforgeError(f"{path}: layer '{layer.name}' blob {j} has shape {tuple(values.shape)} "
                                           f"in the file but {tuple(blob.shape)} in the net")
                 blob.data[...] = net.xp.asarray(values, dtype=net.dtype)
+            if owned:
+                copied.append(layer.name)
+    return copied

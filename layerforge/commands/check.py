@@ -21,6 +21,7 @@ def layer_problems(path):
     """A ConfigError for every layer whose own definition is wrong (the graph is not built)."""
     from ..net.blocks import expand_blocks
     from ..layers.layer_param import parse_layer
+    from ..net.netdef import item_line
     from ..solvers.caffe_solver import read_config_file
 
     mapping = expand_blocks(read_config_file(path), path)
@@ -28,7 +29,7 @@ def layer_problems(path):
     problems = []
     for i, definition in enumerate(layers if isinstance(layers, list) else ()):
         try:
-            parse_layer(definition, path, i)
+            parse_layer(definition, path, i, line=item_line(layers, i))
         except ConfigError as e:
             problems.append(e)
     return problems

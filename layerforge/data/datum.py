@@ -49,12 +49,14 @@ def datum_to_array(datum, where="Datum"):
         return image, datum.label
     shape = (datum.channels, datum.height, datum.width)
     count = shape[0] * shape[1] * shape[2]
+    if count == 0:
+        raise DataError(f"{where}: the Datum's shape {shape[0]}x{shape[1]}x{shape[2]} holds no values")
     if datum.data:
         if len(datum.data) != count:
             raise DataError(f"{where}: {len(datum.data)} bytes of data do not fill the Datum's shape "
                             f"{shape[0]}x{shape[1]}x{shape[2]}")
         return numpy.frombuffer(datum.data, numpy.uint8).reshape(shape), datum.label
-    if len(datum.float_data) != count or count == 0:
+    if len(datum.float_data) != count:
         raise DataError(f"{where}: {len(datum.float_data)} float_data values do not fill the Datum's shape "
                         f"{shape[0]}x{shape[1]}x{shape[2]}")
     return numpy.array(datum.float_data, numpy.float32).reshape(shape), datum.label

@@ -82,6 +82,8 @@ def decode_record(value, source="<record>", key=b"?"):
     if magic != MAGIC:
         raise fail(f"bad magic {magic!r} (expected {MAGIC!r})")
     payload = memoryview(value)[HEADER.size:]
+    if 0 in (c, h, w):
+        raise fail(f"its shape {c}x{h}x{w} holds no values")
     if kind in _RAW_DTYPES:
         dtype = _RAW_DTYPES[kind]
         if len(payload) != c * h * w * dtype.itemsize:

@@ -133,6 +133,9 @@ def _conv_geometry(layer):
     if layer.nd:
         if layer.axis != 1:
             raise _error(layer, f"ONNX export needs the channel axis 1, not {layer.axis}", "convolution.axis")
+        if not layer.geometry[0]:
+            raise _error(layer, "ONNX export needs a spatial axis after the channel axis; this layer has none",
+                         "convolution.axis")
         kernel, stride, pad, dilation = (list(v) for v in layer.geometry)
         return kernel, stride, pad + pad, dilation
     kh, kw, sy, sx, ph, pw, dy, dx = layer.geometry

@@ -38,6 +38,7 @@ from . import (  # noqa: F401,E402
     silence,
     softmax,
     spp,
+    synthetic_data,
     tile,
     token_data,
     window_data,

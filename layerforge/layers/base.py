@@ -9,7 +9,7 @@ diffs and *adds* to parameter diffs (parameter diffs accumulate because a shared
 import numpy
 
 from ..blob import Blob
-from ..errors import ConfigError
+from ..errors import ConfigError, ShapeError
 from ..fillers import fill
 from ..registry import registrar
 from ..schema import FILLER, Field, LOSS  # noqa: F401  (re-exported for layer files)
@@ -94,7 +94,14 @@ class Layer:
 
     # -- helpers for subclasses ---------------------------------------------------------------
     def make_param(self, shape, filler):
-        """A new parameter Blob of ``shape`` filled as ``filler`` (a FILLER block) says."""
+        """A new parameter Blob of ``shape`` filled as ``filler`` (a FILLER block) says.
+
+        Raises ShapeError for a shape with a zero extent (an empty bottom, such as a 0x0x0 input, gives one):
+        such a parameter holds nothing to learn, and fillers scaled by its fan-in would divide by zero.
+        """
+        if 0 in tuple(shape):
+            raise ShapeError(f"its parameter would have shape {tuple(shape)}, with no values: an input of this "
+                             f"layer is empty")
         blob = Blob(shape, self.dtype, self.xp)
         fill(blob.data, filler)
         return blob

@@ -109,9 +109,12 @@ class Convolution(Layer):
     (``layerforge.kernels.engine_cache``) keep AUTO's choices, so a resumed run or a second start does not time again.
 
     N-d (Caffe's N-d path): with ``axis`` the channel axis, the axes before it are batch axes and the D
-    axes after it spatial; kernel_size / stride / pad / dilation take one value or D. Anything but a 4-D
-    bottom with axis 1, or ``force_nd_im2col``, runs the N-d column engine (IM2COL_ND):
-    bottom (*B, Cin, *S) -> top (*B, Cout, *Sout), W (Cout, Cin / G, *kernel).
+    axes after it spatial; kernel_size / stride / pad / dilation take one value or D (and the 2-D forms
+    kernel_h/kernel_w... where D is 2). Anything but a 4-D bottom with axis 1, or ``force_nd_im2col``, runs
+    the N-d column engine (IM2COL_ND): bottom (*B, Cin, *S) -> top (*B, Cout, *Sout), W (Cout, Cin / G, *kernel).
+    D may be 0 (the channel axis last, as Caffe allows): then ``y[..., o] = b[o] + sum_c W[o, c] x[..., c]``
+    within each group, a product mixing the channels at every position; W is (Cout, Cin / G) and any
+    kernel_size given is ignored, as in Caffe.
     """
 
     param_blocks = {"convolution": {
@@ -145,7 +148,9 @@ class Convolution(Layer):
             raise lp.error(f"needs one top per bottom, got {len(lp.bottom)} bottoms and {len(lp.top)} tops", "top")
         if p.num_output and p.num_output % p.group:
             raise lp.error(f"num_output {p.num_output} is not divisible by group {p.group}", "convolution.group")
-        if not cls.wants_nd(lp):
+        # with no kernel at all, only a bottom without spatial axes is valid (Caffe's 0-D case): setup decides
+        kernel_given = p.kernel_size or p.given("kernel_h") or p.given("kernel_w")
+        if not cls.wants_nd(lp) and kernel_given:
             geometry = cls.read_geometry(lp)
             if p.engine in WINOGRAD_ENGINES and not winograd.eligible(geometry):
                 raise lp.error(f"engine {p.engine} runs 3x3 convolutions with stride 1 and dilation 1 only; this "
@@ -163,21 +168,24 @@ class Convolution(Layer):
         return p.force_nd_im2col or p.axis != 1 or any(len(getattr(p, k)) > 2 for k in
                                                        ("kernel_size", "stride", "pad", "dilation"))
 
-    @staticmethod
-    def read_geometry_nd(lp, axes):
-        """``(kernel, stride, pad, dilation)``, each a tuple of ``axes`` values (one value repeats, Caffe's rule)."""
+    @classmethod
+    def read_geometry_nd(cls, lp, axes):
+        """``(kernel, stride, pad, dilation)``, each a tuple of ``axes`` values (one value repeats, Caffe's rule).
+
+        With 2 spatial axes the 2-D forms (``kernel_h``/``kernel_w``, ``stride_h``/``stride_w``,
+        ``pad_h``/``pad_w``) apply as on the 2-D path; with 0 (the channel axis last) every tuple is empty.
+        """
         p = lp.convolution
-        for key in ("kernel_h", "kernel_w", "stride_h", "stride_w"):
-            if p.given(key):
-                raise lp.error(f"{key} is for 2-D convolutions; give kernel_size/stride with one value per axis",
-                               f"convolution.{key}")
-        if (p.pad_h or p.pad_w) and axes != 2:
-            raise lp.error("pad_h/pad_w are for 2-D convolutions", "convolution.pad_h")
+        split = [k for k in ("kernel_h", "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w") if p.given(k)]
+        if axes == 2 and split:
+            kh, kw, sy, sx, ph, pw, dy, dx = cls.read_geometry(lp)
+            return (kh, kw), (sy, sx), (ph, pw), (dy, dx)
+        if split:
+            raise lp.error(f"{split[0]} is for 2-D convolutions (this bottom has {axes} spatial axes); give "
+                           f"kernel_size/stride/pad with one value per axis", f"convolution.{split[0]}")
         out = []
         for key, default in (("kernel_size", None), ("stride", 1), ("pad", 0), ("dilation", 1)):
             values = list(getattr(p, key)) or ([] if default is None else [default])
-            if key == "pad" and not p.pad and (p.pad_h or p.pad_w):
-                values = [p.pad_h, p.pad_w]
             if len(values) == 1:
                 values = values * axes
             if len(values) != axes:
@@ -201,10 +209,7 @@ class Convolution(Layer):
         shape = bottom[0].shape
         self.axis = canonical_axis(p.axis, len(shape), "convolution.axis")
         self.nd = self.wants_nd(self.layer_param) or len(shape) - self.axis - 1 != 2
-        if self.nd:  # Caffe's N-d path: any number of spatial axes after the channel axis
-            if len(shape) - self.axis - 1 < 1:
-                raise ShapeError(f"{self.type} needs spatial axes after the channel axis (axis {self.axis}), got "
-                                 f"bottom shape {shape}", key="bottom")
+        if self.nd:  # Caffe's N-d path: any number of spatial axes after the channel axis, 0 included
             self.geometry = self.read_geometry_nd(self.layer_param, len(shape) - self.axis - 1)
             channels, kernel = self._check_channels(shape), self.geometry[0]
         else:
@@ -232,7 +237,7 @@ class Convolution(Layer):
                 raise ShapeError(f"all bottoms need one shape, got {first} and {b.shape}", key="bottom")
             self._check_weight_channels(b.shape, b.shape[self.axis])
             out = out_shape(b.shape[self.axis + 1:])
-            if min(out) < 1:
+            if any(size < 1 for size in out):
                 raise ShapeError(f"the kernel does not fit bottom shape {b.shape}", key="convolution.kernel_size")
             t.reshape(tuple(b.shape[:self.axis]) + (self.num_output,) + tuple(out))
         if not self.engines:

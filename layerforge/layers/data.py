@@ -104,7 +104,10 @@ class BaseData(Layer):
         p = getattr(self.layer_param, self.block)
         self.records = self.open_source(p)
         self.batch_size = p.batch_size
-        first, _ = self.records.read(0)
+        try:  # the first record gives the shape and kind of values of every batch
+            first, _ = self.records.read(0)
+        except DataError as e:
+            raise DataError(f"layer '{self.name}' ({self.type}): {e}") from None
         self.transformer = DataTransformer(self.layer_param.transform, self.phase, self.dtype,
                                            source=f"layer '{self.name}' ({self.type})")
         self.top_shape = (p.batch_size,) + self.transformer.output_shape(first.shape)

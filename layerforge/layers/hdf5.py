@@ -43,6 +43,9 @@ def load_hdf5_rows(filename, datasets, dtype):
                     raise DataError(f"{filename}: no dataset '{name}' (datasets: {found})")
                 if ds.ndim < 1:
                     raise DataError(f"{filename}: dataset '{name}' is a scalar; it needs at least one axis (rows)")
+                if 0 in ds.shape[1:]:
+                    raise DataError(f"{filename}: dataset '{name}' has rows of shape {ds.shape[1:]}, which hold "
+                                    f"no values")
                 try:
                     arrays.append(numpy.asarray(ds[...], dtype=dtype))
                 except (TypeError, ValueError) as e:

@@ -1,6 +1,7 @@
 """Im2col (Caffe's Im2colLayer): the convolution's column matrix as a blob."""
 import math
 
+from ..errors import ShapeError
 from ..kernels.im2col import col2im, col2im_nd, conv_output_shape, im2col, im2col_nd
 from ..kernels.output_size import conv_output_size
 from .base import Field, register_layer
@@ -39,6 +40,9 @@ class Im2col(Convolution):
         self.axis = canonical_axis(self.layer_param.convolution.axis, len(shape), "convolution.axis")
         self.nd = self.wants_nd(self.layer_param) or len(shape) - self.axis - 1 != 2
         if self.nd:
+            if len(shape) - self.axis - 1 < 1:  # unlike Convolution, Caffe's Im2col needs a spatial axis
+                raise ShapeError(f"Im2col needs spatial axes after the channel axis (axis {self.axis}), got bottom "
+                                 f"shape {shape}", key="convolution.axis")
             self.geometry = self.read_geometry_nd(self.layer_param, len(shape) - self.axis - 1)
         else:
             self.geometry = self.read_geometry(self.layer_param)

@@ -67,14 +67,16 @@ class LayerParameter:
                            self.type, key)
 
 
-def parse_layer(mapping, path=None, index=0, registry=None):
+def parse_layer(mapping, path=None, index=0, registry=None, line=None):
     """Validate one layer mapping against the layer types of ``registry`` (default: every registered type) and
-    return a LayerParameter (no arrays are created)."""
+    return a LayerParameter (no arrays are created). ``line``: where the list has the item, for an item that
+    is no mapping (and so knows no line of its own)."""
     registry = LAYER_REGISTRY if registry is None else registry
     mapping = with_lines(mapping)
-    line = getattr(mapping, "line", None)
+    line = getattr(mapping, "line", None) or line
     if not isinstance(mapping, dict):
-        raise ConfigError(f"layer #{index} must be a mapping", path, line)
+        what = "nothing (null)" if mapping is None else f"a {type(mapping).__name__}"
+        raise ConfigError(f"layer #{index} must be a mapping, got {what}", path, line)
     name = mapping.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"layer #{index} has no 'name'", path, mapping.line_of("name") or line, key="name")

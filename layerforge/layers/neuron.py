@@ -140,13 +140,17 @@ class PReLU(NeuronLayer):
         p = self.layer_param.prelu
         self.channel_shared = p.channel_shared
         filler = p.filler if p.given("filler") else Params({**p.filler.as_dict(), "type": "CONSTANT", "value": 0.25})
-        channels = bottom[0].shape[1] if len(bottom[0].shape) >= 2 else 0  # reshape rejects < 2 axes
-        self.blobs = [self.make_param(() if self.channel_shared else (channels,), filler)]
+        self._check_axes(bottom[0].shape)
+        self.blobs = [self.make_param(() if self.channel_shared else (bottom[0].shape[1],), filler)]
+
+    @staticmethod
+    def _check_axes(shape):
+        if len(shape) < 2:
+            raise ShapeError(f"PReLU needs a bottom of at least 2 axes (N, C, ...), got shape {shape}", key="bottom")
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
-        if len(shape) < 2:
-            raise ShapeError(f"PReLU needs a bottom of at least 2 axes (N, C, ...), got shape {shape}", key="bottom")
+        self._check_axes(shape)
         if not self.channel_shared and shape[1] != self.blobs[0].count:
             raise ShapeError(f"PReLU has {self.blobs[0].count} channel slopes but the bottom has shape {shape}",
                              key="bottom")

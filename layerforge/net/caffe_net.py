@@ -3,8 +3,8 @@ in either format. layerforge/caffe/message_reader.py says how a message maps ont
 """
 import os
 
-from ..caffe.message_reader import IGNORED, MessageReader, line_dict, line_list, put
-from ..caffe.prototxt import Message, read_yaml_or_prototxt
+from ..caffe.message_reader import IGNORED, MessageReader, line_dict, line_list, put, shown
+from ..caffe.prototxt import Entry, Enum, Message, read_yaml_or_prototxt
 from ..data.transform import TRANSFORM
 from ..errors import ConfigError
 from ..layers import LAYER_REGISTRY
@@ -37,6 +37,10 @@ V1_TYPES = {
 }
 
 V1_NUMBERS = {num: name for num, name in V1_TYPES.values()}
+
+# Fields of widely used Caffe forks (and of the converters that write for them) whose meaning is unambiguous:
+# block -> {fork field: (layerforge key, {field value: key value})}. OpenCV's Caffe importer reads them too.
+FORK_FIELDS = {"pooling": {"ceil_mode": ("round_mode", {True: "CEIL", False: "FLOOR"})}}
 
 NET_FIELDS = ("layer", "layers", "input", "input_shape", "input_dim", "force_backward", "state")
 DATA_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData")
@@ -125,7 +129,7 @@ class NetConverter(MessageReader):
                 if not isinstance(sub, Message):
                     raise self.error(f"'{fname}' must be a message {{ ... }}", line, *where, fname)
                 if block in cls.param_blocks:
-                    sub = self.split_moved(sub, block, moved, where)
+                    sub = self.fork_fields(self.split_moved(sub, block, moved, where), block, where, fname + ".")
                     blocks[block] = (self.block(sub, cls.param_blocks[block], block, where, fname + "."), line)
                 elif block == "transform" and ltype in TRANSFORM_IGNORED:
                     self.notes.append(f"line {line}: layer '{where[0]}' ({ltype}): transform_param dropped "
@@ -144,6 +148,8 @@ class NetConverter(MessageReader):
                     raise self.error(f"'{key}' is given in both {extra.block}_param and transform_param",
                                      extra.line_of(key), *where, f"{extra.block}_param.{key}")
                 put(transform, key, extra[key], extra.line_of(key))
+        if ltype == "Data" and "data" in blocks and "shuffle" not in blocks["data"][0]:
+            put(blocks["data"][0], "shuffle", False, None)  # Caffe's Data layer reads its database in key order
         if v1_params:
             put(common, "param", self.v1_params(v1_params, where), min(e[0].line for e in v1_params.values()))
         out = line_dict(msg.line)
@@ -155,6 +161,25 @@ class NetConverter(MessageReader):
         for block in sorted(blocks, key=lambda b: (b != "transform", blocks[b][1])):
             put(out, block, blocks[block][0], blocks[block][1])
         return out
+
+    def fork_fields(self, sub, block, where, prefix):
+        """A fork's field (``FORK_FIELDS``) becomes the layerforge key of the same meaning, at the same line."""
+        for name, (key, values) in FORK_FIELDS.get(block, {}).items():
+            entries = sub.all(name)
+            if not entries:
+                continue
+            self.singular(entries, where, prefix + name)
+            if key in sub:
+                raise self.error(f"give '{name}' (a Caffe fork's field) or '{key}', not both", sub.line_of(key),
+                                 *where, prefix + key)
+            value = self.scalar(entries[0].value, "bool")
+            if not isinstance(value, bool):
+                raise self.error(f"Caffe field '{name}' takes true or false, got {shown(entries[0].value)}",
+                                 entries[0].line, *where, prefix + name)
+            kept = Message(sub.line, sub.path)
+            kept.entries = [Entry(key, Enum(values[value]), e.line) if e.name == name else e for e in sub.entries]
+            sub = kept
+        return sub
 
     def split_moved(self, sub, block, moved, where):
         """Caffe's old data_param {scale, mean_file, crop_size, mirror} go to transform, as Caffe upgrades them."""
@@ -201,9 +226,6 @@ class NetConverter(MessageReader):
         if means:
             self.notes.append("mean files must be .npy/.npz images (layerforge compute_image_mean): "
                               + ", ".join(means))
-        if any(layer["type"] == "Data" for layer in data):
-            self.notes.append("layerforge's Data layer reshuffles every epoch in TRAIN (Caffe reads the database in "
-                              "order); add 'shuffle: false' to its data block for Caffe's order")
 
 
 def read_net_file(path):

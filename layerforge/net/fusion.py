@@ -16,8 +16,9 @@ snapshots, weights files, caffemodel and ONNX export, pycaffe's ``net.params`` s
 runs forward at its BatchNorm's index (``Net.forward_layer``) and backward at its last layer's
 (``Net.backward_layer``); the other layers then do nothing in that pass, so ``layerforge time`` shows the
 group's forward on the BatchNorm row and its backward on the ReLU's (or Scale's). A ``Net.forward`` range
-or ``Net.backward`` range that starts or ends inside a group runs its layers one by one. ``fuse_batch_norm: false`` (a net key) turns
-fusion off.
+or ``Net.backward`` range that starts or ends inside a group runs its layers one by one. A chain in which a
+member stops backward (``propagate_down: false``) while others need it is not fused, so each layer keeps
+Caffe's backward flags. ``fuse_batch_norm: false`` (a net key) turns fusion off.
 """
 from ..kernels.fused_batch_norm import bn_scale_relu_backward, scale_shift_relu
 
@@ -83,6 +84,10 @@ def batch_norm_groups(net):
             last = i + 2
         if any(w for k in range(i, last + 1) for w in net.loss_weights(k)):
             continue
+        members = range(i, last + 1)
+        if any(net.layer_need_backward[k] for k in members) and not all(
+                net.layer_need_backward[k] and all(net.bottom_need_backward[k]) for k in members):
+            continue  # a member stops backward (propagate_down: false): Caffe's flags hold only layer by layer
         group = BatchNormScaleReLU(net, i, last)
         groups.update((k, group) for k in group.members)
     return groups

@@ -489,12 +489,25 @@ class Net:
     def copy_from(self, path_or_arrays):
         """Copy weights by layer name (Caffe's CopyTrainedLayersFrom): layers absent from the file keep theirs.
 
-        A ``.caffemodel`` / ``.caffemodel.h5`` path is read by layerforge.caffe.caffemodel, with Caffe's rules."""
+        A ``.caffemodel`` / ``.caffemodel.h5`` path is read by layerforge.caffe.caffemodel, with Caffe's rules.
+        Returns the names of the layers that took weights.
+
+        A file none of whose weights belongs to a layer of this net is an error: Caffe copies nothing then,
+        without a word, which is never what was meant.
+        """
         from ..caffe.caffemodel import copy_trained_layers, is_caffe_weights
+        source = path_or_arrays if not isinstance(path_or_arrays, dict) else "<weights>"
         if not isinstance(path_or_arrays, dict) and is_caffe_weights(path_or_arrays):
-            return copy_trained_layers(self, path_or_arrays)
-        arrays = load_npz(path_or_arrays) if not isinstance(path_or_arrays, dict) else path_or_arrays
-        self._copy_arrays(arrays, path_or_arrays if not isinstance(path_or_arrays, dict) else "<weights>")
+            filled = copy_trained_layers(self, path_or_arrays)
+        else:
+            arrays = load_npz(path_or_arrays) if not isinstance(path_or_arrays, dict) else path_or_arrays
+            filled = self._copy_arrays(arrays, source)
+        holders = [name for name, _ in self.param_keys()]
+        if holders and not filled:
+            shown = ", ".join(f"'{n}'" for n in holders[:4]) + (", ..." if len(holders) > 4 else "")
+            raise LayerforgeError(f"{source}: no layer of net '{self.name}' has weights in this file (the layers "
+                                  f"with weights are {shown}); were they written for another net?")
+        return filled
 
     def share_params_with(self, other):
         """Read ``other``'s parameter data (the same arrays) in every layer that has a layer of the same name
@@ -513,16 +526,20 @@ class Net:
                 b.share_data(s)
 
     def _copy_arrays(self, arrays, source):
+        filled = []
         for name, blobs in self.param_keys():
             for j, blob in enumerate(blobs):
                 key = f"{name}/{j}"
                 if key not in arrays:
                     continue
+                if not filled or filled[-1] != name:
+                    filled.append(name)
                 a = arrays[key]
                 if tuple(a.shape) != tuple(blob.shape):
                     raise LayerforgeError(f"{source}: layer '{name}' parameter {j} has shape {tuple(a.shape)} in the file "
                                           f"but {tuple(blob.shape)} in the net")
                 blob.data[...] = self.xp.asarray(a, dtype=self.dtype)
+        return filled
 
     def __repr__(self):
         return f"<Net '{self.name}' phase={self.phase} layers={len(self.layers)}>"

@@ -59,13 +59,16 @@ def load_net_def(source, path=None):
     if not isinstance(raw_layers, list):
         raise ConfigError("'layers' must be a list", path, mapping.line_of("layers"), key="layers")
     name = mapping.get("name", "net")
+    if not isinstance(name, str):
+        raise ConfigError(f"expected a string, got {type(name).__name__}", path, mapping.line_of("name"), key="name")
     flags = {}
     for key in ("force_backward",) + NET_OPTIONS + NET_OPTIMISATIONS:
         flags[key] = mapping.get(key, key in NET_OPTIMISATIONS)
         if not isinstance(flags[key], bool):
             raise ConfigError("expected true or false", path, mapping.line_of(key), key=key)
     try:
-        layers = _legacy_inputs(mapping, path) + [parse_layer(m, path, i) for i, m in enumerate(raw_layers)]
+        layers = _legacy_inputs(mapping, path) + [parse_layer(m, path, i, line=item_line(raw_layers, i))
+                                                        for i, m in enumerate(raw_layers)]
     except ConfigError as e:
         raise annotate(e, raw_layers) from None  # names the block instance a bad layer came from
     state = validate_block(mapping.get("state", LineDict()),
@@ -123,3 +126,8 @@ def set_shard(netdef, rank, world_size):
             if p is not None and hasattr(p, "world_size"):
                 p.rank, p.world_size = int(rank), int(world_size)
     return netdef
+
+
+def item_line(items, index):
+    """The line of item ``index`` of a list read from YAML (the list's line, or None, when unknown)."""
+    return items.line_of(index) if isinstance(items, LineList) else getattr(items, "line", None)

@@ -30,7 +30,8 @@ from layerforge.schema import Params, load_yaml_text
 from layerforge.solvers import SOLVER_REGISTRY, learning_rate, load_solver_param
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-MODELS = ROOT.parent / "shared" / "caffe-models"
+# the BVLC files beside the repository; LAYERFORGE_CAFFE_MODELS names another folder (a worktree's checkout)
+MODELS = pathlib.Path(os.environ.get("LAYERFORGE_CAFFE_MODELS", ROOT.parent / "shared" / "caffe-models"))
 FILES = sorted(p.name for p in MODELS.glob("*.prototxt")) if MODELS.is_dir() else []
 needs_models = pytest.mark.skipif(not FILES, reason=f"the Caffe model files are not here ({MODELS})")
 
@@ -87,6 +88,8 @@ def layer_view(lp):
     if lp.type in DATA_TYPES:  # where the data lives is the user's business, not the definition's
         block = view["data" if lp.type == "Data" else "image_data"]
         block.pop("source")
+        # and so is the read order: converted Data layers read in Caffe's key order, the zoo's reshuffle in TRAIN
+        block.pop("shuffle")
         view["transform"]["mean_file"] = view["transform"]["mean_file"] is not None
     return view
 
@@ -353,7 +356,7 @@ def test_old_data_param_fields_move_to_transform():
                        ' data_param { source: "db" batch_size: 4 scale: 0.5 mirror: true crop_size: 3 } }')[1]
     layer = net["layers"][0]
     assert layer["transform"] == {"scale": 0.5, "mirror": True, "crop_size": 3}
-    assert layer["data"] == {"source": "db", "batch_size": 4}
+    assert layer["data"] == {"source": "db", "batch_size": 4, "shuffle": False}  # Caffe reads in key order
     assert list(layer)[-2:] == ["transform", "data"]
     for order in ('transform_param { scale: 2 }\n data_param { source: "db" batch_size: 4 scale: 0.5 }',
                   'data_param { source: "db" batch_size: 4 scale: 0.5 }\n transform_param { scale: 2 }'):
@@ -596,3 +599,53 @@ def test_float_dtype_of_converted_values_survives_validation():
                        ' filler { type: "constant" value: 2 } } }')[1]
     built_net = Net(net, phase="test", dtype="float64")
     assert numpy.all(built_net.params["s"][0].data == 2.0)
+
+
+# -- Caffe forks' fields and Caffe's data order (issue 25; the converter changes land with the convert split) --
+
+AFTER_SPLIT = "issue 25: caffe/convert.py's change is applied by the lead after the convert split"
+
+
+@pytest.mark.parametrize("ceil, round_mode", [("false", "FLOOR"), ("true", "CEIL"), ("0", "FLOOR")])
+def test_ceil_mode_of_caffe_forks_becomes_round_mode(ceil, round_mode):
+    layer = layer_of(f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "p"\n'
+                     f' pooling_param {{ pool: MAX kernel_size: 3 stride: 2 ceil_mode: {ceil} }} }}')
+    assert layer["pooling"]["round_mode"] == round_mode and "ceil_mode" not in layer["pooling"]
+
+
+@pytest.mark.parametrize("param, line, fragment", [
+    ("kernel_size: 3\n  ceil_mode: false\n  round_mode: CEIL", 7,
+     "key 'pooling_param.round_mode': give 'ceil_mode' (a Caffe fork's field) or 'round_mode', not both"),
+    ("kernel_size: 3\n  ceil_mode: 7", 6, "key 'pooling_param.ceil_mode': Caffe field 'ceil_mode' takes true or "
+                                          "false, got 7"),
+    ("kernel_size: 3\n  ceil_mode: false\n  ceil_mode: true", 7, "non-repeated field given 2 times"),
+])
+def test_ceil_mode_errors_name_the_field_and_its_line(param, line, fragment):
+    with pytest.raises(ConfigError) as info:  # the pooling_param's lines start at 4, after the Input layer of layer_of
+        layer_of(f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "p"\n pooling_param {{ pool: MAX\n  {param} }} }}')
+    assert str(info.value).startswith(f"net.prototxt:{line}: layer 'p' (Pooling): ") and fragment in str(info.value)
+
+
+DATA_LAYER = ('layer {{ name: "d" type: "Data" top: "data" top: "label" include {{ phase: TRAIN }}\n'
+              ' data_param {{ source: "{source}" batch_size: 3 {extra}}} }}\n')
+
+
+@pytest.mark.parametrize("extra, shuffle", [("", False), ("shuffle: true ", True), ("shuffle: false ", False)])
+def test_data_layers_read_in_caffes_order_unless_asked(extra, shuffle):
+    kind, net, notes = convert_text(DATA_LAYER.format(source="db", extra=extra))
+    assert net["layers"][0]["data"]["shuffle"] is shuffle
+    assert not any("shuffle" in note for note in notes)
+
+
+def test_a_caffe_prototxt_net_reads_its_database_in_key_order_in_train(tmp_path):
+    """Caffe's Data layer reads the LMDB in key order in TRAIN too: a solver of Caffe's then sees Caffe's batches."""
+    from layerforge.data.lmdb_io import encode_record, write_lmdb_atomic
+
+    write_lmdb_atomic(tmp_path / "db", (encode_record(numpy.full((1, 2, 2), i, numpy.uint8), i) for i in range(9)))
+    (tmp_path / "net.prototxt").write_text('name: "n"\n' + DATA_LAYER.format(source=tmp_path / "db", extra=""))
+    net = Net(str(tmp_path / "net.prototxt"), phase="train")
+    batches = []
+    for _ in range(4):
+        net.forward()
+        batches.append(net.blobs["label"].data.tolist())
+    assert batches == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 1, 2]]

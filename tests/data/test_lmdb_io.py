@@ -75,6 +75,8 @@ def test_missing_database(tmp_path):
     (HEADER.pack(b"LFR1", 0, 1, 2, 2, 0) + b"abc", "payload of 3 bytes does not hold 1x2x2 uint8 values"),
     (HEADER.pack(b"LFR1", 2, 1, 2, 2, 0) + b"notapng", "the encoded image cannot be decoded"),
     (HEADER.pack(b"LFR1", 9, 1, 2, 2, 0), "unknown record kind 9"),
+    (HEADER.pack(b"LFR1", 0, 0, 0, 0, 0), "its shape 0x0x0 holds no values"),
+    (HEADER.pack(b"LFR1", 1, 3, 0, 2, 0), "its shape 3x0x2 holds no values"),
 ])
 def test_corrupted_record(tmp_path, garbage, why):
     write_lmdb_atomic(tmp_path / "db", [encode_record(numpy.zeros((1, 2, 2), numpy.uint8), 0)] * 3)

@@ -166,3 +166,12 @@ def test_export_command_with_weights(tmp_path):
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     numpy.testing.assert_array_equal(weights["conv1_W"], 0.25)
     assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == [3, 3, 32, 32]
+
+
+def test_convolution_without_a_spatial_axis_is_refused(tmp_path):
+    net = Net({"name": "n", "layers": [
+        {"name": "input", "type": "Input", "top": "x", "input": {"shape": [[2, 4]]}},
+        {"name": "mix", "type": "Convolution", "bottom": "x", "top": "y", "convolution": {"num_output": 3}}]},
+        phase="test")
+    with pytest.raises(ConfigError, match=r"layer 'mix' \(Convolution\).*needs a spatial axis"):
+        export_onnx(net, str(tmp_path / "n.onnx"))

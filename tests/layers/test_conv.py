@@ -167,7 +167,6 @@ def test_several_bottoms_share_the_filters():
 
 @pytest.mark.parametrize("param, message", [
     ({"kernel_size": 3}, "num_output"),
-    ({"num_output": 4}, "kernel_size"),
     ({"num_output": 4, "kernel_size": 3, "kernel_h": 3, "kernel_w": 3}, "not both"),
     ({"num_output": 4, "kernel_h": 3}, "kernel_w"),
     ({"num_output": 5, "kernel_size": 3, "group": 2}, "not divisible by group"),
@@ -181,7 +180,6 @@ def test_config_errors(param, message):
 @pytest.mark.parametrize("param, shape, message", [
     ({"num_output": 4, "kernel_size": 3, "group": 2}, (1, 3, 5, 5), "not divisible by group 2"),
     ({"num_output": 4, "kernel_size": 7}, (1, 3, 5, 5), r"does not fit bottom shape \(1, 3, 5, 5\)"),
-    ({"num_output": 4, "kernel_size": 3}, (3, 5), "needs spatial axes after the channel axis"),
 ])
 def test_shape_errors(param, shape, message):
     with pytest.raises(ShapeError, match=message):
@@ -190,8 +188,12 @@ def test_shape_errors(param, shape, message):
 
 @pytest.mark.parametrize("param, shape, error, message", [
     ({"num_output": 4, "kernel_size": [3, 3]}, (1, 3, 4, 5, 5), ConfigError, "kernel_size has 2 values for 3 spatial"),
-    ({"num_output": 4, "kernel_h": 3, "kernel_w": 3, "axis": 2}, (1, 2, 3, 5, 5), ConfigError, "kernel_h is for 2-D"),
-    ({"num_output": 4, "kernel_size": 1, "pad_h": 1, "pad_w": 1}, (1, 3, 4, 5, 5), ConfigError, "pad_h/pad_w"),
+    ({"num_output": 4}, (1, 3, 5, 5), ConfigError, "required: kernel_size, or kernel_h and kernel_w"),
+    ({"num_output": 4}, (1, 3, 4, 5, 5), ConfigError, "kernel_size has 0 values for 3 spatial"),
+    ({"num_output": 4, "kernel_h": 3, "kernel_w": 3}, (1, 2, 3, 5, 5), ConfigError, "kernel_h is for 2-D.*3 spatial"),
+    ({"num_output": 4, "kernel_size": 1, "stride_h": 1, "stride_w": 1, "axis": 2}, (1, 2, 3, 5), ConfigError,
+     "stride_h is for 2-D.*1 spatial"),
+    ({"num_output": 4, "kernel_size": 1, "pad_h": 1, "pad_w": 1}, (1, 3, 4, 5, 5), ConfigError, "pad_h is for 2-D"),
     ({"num_output": 4, "kernel_size": 3, "axis": 4}, (1, 3, 5, 5), ShapeError, "axis 4 is out of range"),
     ({"num_output": 4, "kernel_size": 5}, (1, 3, 4, 5, 5), ShapeError, r"does not fit bottom shape \(1, 3, 4, 5, 5\)"),
 ])
@@ -305,3 +307,92 @@ def test_auto_skips_im2col_beyond_the_workspace_limit(monkeypatch):
     layer.setup(bottom, top)
     layer.forward(bottom, top)
     assert layer.engine_choice == {"forward": "IMPLICIT", "backward": "IMPLICIT"}
+
+
+# -- Caffe's test_convolution_layer.cpp: Test0DConvolution and TestNDAgainst2D -------------------------------
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_0d_convolution_mixes_channels_at_each_position(xp, group):
+    """Test0DConvolution: axis 3 of a (2, 3, 6, 4) bottom leaves no spatial axis; each position's 4... channels
+    are mixed by W (3, 4 / G) plus b, y[n, d] = b[d] + sum_c W[d, c] x[n, c] (Caffe's reference loop, over
+    every position here where Caffe's stops at count(3))."""
+    layer = create_layer({"type": "Convolution", "convolution": {
+        "num_output": 3 * group, "axis": 3, "group": group, "weight_filler": {"type": "gaussian"},
+        "bias_filler": {"type": "gaussian"}}}, dtype=numpy.float64, xp=xp)
+    shape = (2, 3, 6, 3 * group)
+    x = numpy.random.default_rng(5).standard_normal(shape)
+    bottom, top = [make_blob(x, xp=xp)], [Blob((), numpy.float64, xp)]
+    layer.setup(bottom, top)
+    assert top[0].shape == (2, 3, 6, 3 * group) and layer.blobs[0].shape == (3 * group, 3)
+    layer.forward(bottom, top)
+    W, b = to_numpy(layer.blobs[0].data), to_numpy(layer.blobs[1].data)
+    expected = numpy.empty(shape[:3] + (3 * group,))
+    for n in numpy.ndindex(*shape[:3]):
+        for d in range(3 * group):
+            g = d // 3
+            expected[n + (d,)] = b[d] + sum(W[d, c] * x[n + (g * 3 + c,)] for c in range(3))
+    numpy.testing.assert_allclose(to_numpy(top[0].data), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer_type", ["Convolution", "Deconvolution"])
+@pytest.mark.parametrize("axis, shape", [(3, (2, 3, 6, 4)), (1, (5, 4)), (-1, (2, 3, 4))])
+def test_0d_convolution_gradient_check(layer_type, axis, shape):
+    """kernel_size given once is ignored with no spatial axis (Caffe's rule: once, or once per axis)."""
+    layer = create_layer({"type": layer_type, "convolution": {
+        "num_output": 6, "axis": axis, "group": 2, "kernel_size": 3, "weight_filler": GAUSS, "bias_filler": GAUSS}},
+        dtype=numpy.float64)
+    bottom = [make_blob(numpy.random.default_rng(6).standard_normal(shape))]
+    top = [Blob((), numpy.float64)]
+    assert check_gradient(layer, bottom, top) > 0
+    assert top[0].shape == shape[:-1] + (6,)
+
+
+def test_0d_deconvolution_is_the_transposed_product():
+    layer = create_layer({"type": "Deconvolution", "convolution": {
+        "num_output": 3, "axis": -1, "weight_filler": GAUSS, "bias_filler": GAUSS}}, dtype=numpy.float64)
+    x = numpy.random.default_rng(7).standard_normal((2, 5, 4))
+    bottom, top = [make_blob(x)], [Blob((), numpy.float64)]
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    W, b = layer.blobs[0].data, layer.blobs[1].data
+    assert W.shape == (4, 3)
+    numpy.testing.assert_allclose(top[0].data, x @ W + b, rtol=1e-12)
+
+
+def test_nd_against_2d_with_kernel_h_and_kernel_w():
+    """TestNDAgainst2D: kernel_h 11 / kernel_w 13, group 6, on (15, 18, 22, 26): force_nd_im2col (Caffe accepts
+    kernel_h/kernel_w there: the bottom has 2 spatial axes) gives the 2-D path's forward and backward."""
+    param = {"num_output": 12, "bias_term": False, "group": 6, "kernel_h": 11, "kernel_w": 13,
+             "weight_filler": {"type": "gaussian"}}
+    rng = numpy.random.default_rng(8)
+    x = rng.standard_normal((15, 18, 22, 26))
+    results = []
+    for force_nd in (False, True):
+        layer = conv_layer(force_nd_im2col=force_nd, engine="IM2COL", **param)
+        bottom, top = [make_blob(x)], [Blob((), numpy.float64)]
+        layer.setup(bottom, top)
+        assert layer.nd == force_nd and layer.blobs[0].shape == (12, 3, 11, 13)
+        if not results:
+            W, gy = layer.blobs[0].data.copy(), rng.standard_normal(top[0].shape)
+        layer.blobs[0].data[...] = W
+        layer.forward(bottom, top)
+        top[0].diff[...] = gy
+        layer.backward(top, [True], bottom)
+        results.append((top[0].data.copy(), bottom[0].diff.copy(), layer.blobs[0].diff.copy()))
+    for two_d, nd in zip(*results):
+        numpy.testing.assert_allclose(nd, two_d, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("param", [
+    {"kernel_h": 3, "kernel_w": 2, "stride_h": 2, "stride_w": 1, "pad_h": 1, "pad_w": 0},
+    {"kernel_size": [3, 2], "stride": [2, 1], "pad_h": 1, "pad_w": 0},
+])
+def test_force_nd_takes_the_2d_forms(param):
+    layer = conv_layer(num_output=2, force_nd_im2col=True, **param)
+    x = numpy.random.default_rng(9).standard_normal((2, 2, 7, 6))
+    bottom, top = [make_blob(x)], [Blob((), numpy.float64)]
+    layer.setup(bottom, top)
+    assert layer.geometry == ((3, 2), (2, 1), (1, 0), (1, 1))
+    layer.forward(bottom, top)
+    expected = caffe_conv(x, layer.blobs[0].data, layer.blobs[1].data, 3, 2, 2, 1, 1, 0, 1, 1, 1)
+    numpy.testing.assert_allclose(top[0].data, expected, rtol=1e-10, atol=1e-12)

@@ -102,10 +102,13 @@ def test_bad_files_are_one_line_errors_naming_file_and_dataset(tmp_path):
     write_h5(tmp_path / "nolabel.h5", data=numpy.ones((4, 2)))
     write_h5(tmp_path / "wide.h5", data=numpy.ones((4, 3)), label=numpy.ones(4))
     write_h5(tmp_path / "text.h5", data=numpy.ones((4, 2)), label=numpy.array([b"a", b"b", b"c", b"d"]))
+    write_h5(tmp_path / "empty_rows.h5", data=numpy.ones((4, 0, 0, 0)), label=numpy.ones(4))
     (tmp_path / "junk.h5").write_text("not hdf5")
     cases = {"short.h5": "dataset 'label' has 3 rows but 'data' has 4", "nolabel.h5": "no dataset 'label'",
              "junk.h5": "cannot read the HDF5 file", "missing.h5": "cannot read the HDF5 file",
-             "wide.h5": "dataset 'data' has rows of shape (3,)", "text.h5": "dataset 'label' cannot be read as numbers"}
+             "wide.h5": "dataset 'data' has rows of shape (3,)",
+             "empty_rows.h5": "dataset 'data' has rows of shape (0, 0, 0), which hold no values",
+             "text.h5": "dataset 'label' cannot be read as numbers"}
     for name, message in cases.items():
         (tmp_path / "list.txt").write_text(f"ok.h5\n{name}\n")
         with pytest.raises(DataError) as e:

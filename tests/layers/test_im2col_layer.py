@@ -4,7 +4,7 @@ import pytest
 
 from layerforge.backend import to_numpy
 from layerforge.blob import Blob
-from layerforge.errors import ConfigError
+from layerforge.errors import ConfigError, ShapeError
 from layerforge.layers import create_layer
 from layerforge.testing import check_gradient, make_blob
 
@@ -84,3 +84,9 @@ def test_axis_2_treats_the_leading_axes_as_batch(xp):
 def test_bad_geometry_is_one_config_error():
     with pytest.raises(ConfigError, match="kernel_size has 2 values for 3 spatial axes"):
         forward(im2col_layer(kernel_size=[2, 2]), RS.randn(1, 1, 3, 3, 3))
+
+
+def test_no_spatial_axis_is_a_shape_error():
+    """Unlike Convolution (a channel-mixing product there), Caffe's Im2col needs at least one spatial axis."""
+    with pytest.raises(ShapeError, match=r"Im2col needs spatial axes after the channel axis \(axis 1\)"):
+        forward(im2col_layer(kernel_size=2), RS.randn(3, 4))

@@ -332,6 +332,42 @@ def test_propagate_down_false_still_lets_parameters_learn():
     assert not net.params["ip1"][0].diff.any() and net.params["ip2"][0].diff.any()
 
 
+def _in_place_chain(fuse, stop_at):
+    # conv -> BatchNorm -> Scale -> ReLU, all in place on 'c' (a fused group unless fuse_batch_norm is false);
+    # the layer named ``stop_at`` sets propagate_down: false
+    layers = [_input(((4, 2, 5, 5), (4,))),
+              {"name": "conv", "type": "Convolution", "bottom": "data", "top": "c",
+               "convolution": {"num_output": 3, "kernel_size": 3, "weight_filler": {"type": "gaussian", "std": 0.5}}},
+              {"name": "bn", "type": "BatchNorm", "bottom": "c", "top": "c"},
+              {"name": "scale", "type": "Scale", "bottom": "c", "top": "c", "scale": {"bias_term": True}},
+              {"name": "relu", "type": "ReLU", "bottom": "c", "top": "c"},
+              _ip("ip", "c", "ip"),
+              {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"]}]
+    for layer in layers:
+        if layer["name"] == stop_at:
+            layer["propagate_down"] = [False]
+    return {"name": "chain", "fuse_batch_norm": fuse, "layers": layers}
+
+
+@pytest.mark.parametrize("fuse, stop_at, needs, learning", [
+    (False, "relu", {"relu"}, {"ip"}),
+    (True, "relu", {"relu"}, {"ip"}),
+    (True, "scale", {"scale", "relu"}, {"scale", "ip"}),
+    (True, "ip", set(), {"ip"}),
+])
+def test_propagate_down_false_in_an_in_place_chain_as_caffe(fuse, stop_at, needs, learning):
+    # Caffe's bottom_need_backward: a blob nobody sends a gradient into stops backward for every layer above it
+    # in the chain, whose parameters get no gradient (the layer that stops still learns its own)
+    net = layerforge.Net(_in_place_chain(fuse, stop_at), dtype="float64")
+    need = dict(zip(_names(net), net.layer_need_backward))
+    assert {name for name in ("conv", "bn", "scale", "relu") if need[name]} == needs
+    g = numpy.random.default_rng(0)
+    net.forward(data=g.standard_normal((4, 2, 5, 5)), label=numpy.array([0, 2, 1, 2.0]))
+    net.backward()
+    got = {name for name, blobs in net.params.items() if name != "bn" and any(b.diff.any() for b in blobs)}
+    assert got == learning
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. repeated layer names
 

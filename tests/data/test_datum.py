@@ -1,4 +1,4 @@
-"""Caffe's Datum records (layerforge/caffe/datum.py) and LMDB databases of them read by the Data layer."""
+"""Caffe's Datum records (layerforge/data/datum.py) and LMDB databases of them read by the Data layer."""
 import copy
 
 import cv2
@@ -63,6 +63,8 @@ def test_encoded_datums_decode_with_their_own_channels(ext, channels, exact):
     (Datum(channels=1, height=2, width=2, data=b"abc"), "3 bytes of data do not fill the Datum's shape 1x2x2"),
     (Datum(channels=1, height=2, width=2, float_data=[1.0]), "1 float_data values do not fill the Datum's shape 1x2x2"),
     (Datum(data=b"not an image", encoded=True), "the encoded image (12 bytes) cannot be decoded"),
+    (Datum(channels=0, height=0, width=0), "the Datum's shape 0x0x0 holds no values"),
+    (Datum(channels=3, height=0, width=2, float_data=[]), "the Datum's shape 3x0x2 holds no values"),
 ])
 def test_bad_records_name_the_key(tmp_path, datum, message):
     good = array_to_datum(numpy.zeros((1, 2, 2), numpy.uint8), 0)
