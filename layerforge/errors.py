@@ -51,3 +51,18 @@ class LabelError(DataError):
     def __init__(self, message, bottom, position):
         self.bottom, self.position = bottom, position
         super().__init__(message)
+
+
+def describe_exit(code):
+    """How a child process ended, from its exit code (a negative code is the signal that killed it), in words
+    for a message naming it: ``"was killed by signal SIGKILL"``, ``"exited with code 1"``."""
+    import signal
+
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

@@ -1,4 +1,5 @@
 """Image files listed in a text file of ``path label`` lines (Caffe's ImageData / convert_imageset input)."""
+import contextlib
 import logging
 import os
 import sys
@@ -11,6 +12,46 @@ from ..errors import DataError
 
 log = logging.getLogger("layerforge")
 _stderr_lock = threading.Lock()
+_stderr_for_good = []  # in a decode worker process: the private file its fd 2 points at for the process's life
+
+
+def catch_stderr_for_good():
+    """Point this process's fd 2 at a private file for the rest of its life (a decode worker process, where
+    nothing else writes there): :func:`decode_image` then reads each image's messages from it, without the
+    per-image redirection and the lock that keep decodes of one process apart."""
+    caught = tempfile.TemporaryFile()
+    os.dup2(caught.fileno(), 2)
+    _stderr_for_good.append(caught)
+
+
+@contextlib.contextmanager
+def _stderr_caught():
+    """Yields a list that receives, on exit, what was written to fd 2 meanwhile, as one line."""
+    messages = []
+    if _stderr_for_good:
+        caught = _stderr_for_good[0]
+        try:
+            yield messages
+        finally:
+            if os.lseek(2, 0, os.SEEK_CUR):  # fd 2 and ``caught`` share one offset: anything written moved it
+                caught.seek(0)
+                messages.append(" ".join(caught.read().decode(errors="replace").split()))
+                caught.seek(0)
+                caught.truncate()
+        return
+    with _stderr_lock, tempfile.TemporaryFile() as caught:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield messages
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            text = " ".join(caught.read().decode(errors="replace").split())
+            if text:
+                messages.append(text)
 
 
 def decode_image(data, is_color=True, name=None):
@@ -28,23 +69,13 @@ def decode_image(data, is_color=True, name=None):
     data = numpy.frombuffer(data, numpy.uint8) if not isinstance(data, numpy.ndarray) else data
     if not data.size:
         return None
-    with _stderr_lock, tempfile.TemporaryFile() as caught:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(caught.fileno(), 2)
-        try:
-            flag = cv2.IMREAD_UNCHANGED if is_color is None else (cv2.IMREAD_COLOR if is_color else
-                                                                    cv2.IMREAD_GRAYSCALE)
-            image = cv2.imdecode(data, flag)
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        caught.seek(0)
-        messages = " ".join(caught.read().decode(errors="replace").split())
+    flag = cv2.IMREAD_UNCHANGED if is_color is None else (cv2.IMREAD_COLOR if is_color else cv2.IMREAD_GRAYSCALE)
+    with _stderr_caught() as messages:
+        image = cv2.imdecode(data, flag)
     if image is None:
         return None
     if messages:
-        log.warning("%s: the image decodes with errors: %s", name or "image", messages[:300])
+        log.warning("%s: the image decodes with errors: %s", name or "image", messages[0][:300])
     return image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
 
 
@@ -105,7 +136,7 @@ def folder_entries(root):
 
 
 class ImageList:
-    """Random access to the images of a list file: ``len()``, ``read_many(indices)``, ``name_of(index)``."""
+    """Random access to the images of a list file: ``len()``, ``read(index)``, ``name_of(index)``."""
 
     def __init__(self, list_file, root_folder="", height=0, width=0, is_color=True):
         self.list_file, self.root_folder = str(list_file), root_folder or ""
@@ -119,12 +150,10 @@ class ImageList:
         path, _, number = self.entries[index]
         return f"{self.list_file}:{number}: image '{os.path.join(self.root_folder, path)}'"
 
-    def read_many(self, indices):
-        out = []
-        for i in indices:
-            path, label, _ = self.entries[i]
-            image = load_image(os.path.join(self.root_folder, path), self.height, self.width, self.is_color)
-            if image is None:
-                raise DataError(f"{self.name_of(i)}: cannot read the image (missing, or not an image)")
-            out.append((numpy.ascontiguousarray(image), label))
-        return out
+    def read(self, index):
+        """``(image (C, H, W) uint8, label)``; DataError naming the list file and line when it cannot be read."""
+        path, label, _ = self.entries[index]
+        image = load_image(os.path.join(self.root_folder, path), self.height, self.width, self.is_color)
+        if image is None:
+            raise DataError(f"{self.name_of(index)}: cannot read the image (missing, or not an image)")
+        return image, label

@@ -164,6 +164,13 @@ class LMDBReader:
     def read(self, index):
         return self.read_many([index])[0]
 
+    def reopen(self):
+        """Open the database afresh in a process forked from the one that opened it: an LMDB environment serves
+        only the process that opened it (and py-lmdb refuses a second one while the inherited one is open), so
+        this process's inherited copy is closed first; the parent's stays open."""
+        self.env.close()
+        self.env = lmdb.open(self.path, readonly=True, lock=False, readahead=False)
+
     def read_many(self, indices):
         out = []
         with self.env.begin(buffers=True) as txn:
@@ -174,6 +181,7 @@ class LMDBReader:
                     raise DataError(f"{self.path}: key '{key.decode('utf-8', 'replace')}': record is missing")
                 out.append(self._decode(value, self.path, key))
         return out
+
 
 class LMDBWriter:
     """Appends records under keys ``record_key(0)``, ``record_key(1)``, ...; the map grows as needed.

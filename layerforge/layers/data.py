@@ -1,54 +1,86 @@
 """Data layers: ``Data`` (an LMDB database) and ``ImageData`` (a list file of images), with Caffe's transform.
 
-Both produce, each forward, a batch ``data`` (N, C, h, w) and optionally ``label`` (N,), read by a
-background thread (``prefetch`` batches ahead) and transformed as the ``transform`` block says. Which
-records make up each batch is decided by layerforge.data.batches.BatchStream; ``get_state()`` /
-``set_state()`` save and restore the read position and shuffle seed so a resumed run reads exactly the
-batches an uninterrupted run would.
+Both produce, each forward, a batch ``data`` (N, C, h, w) and optionally ``label`` (N,). Which records,
+crops and mirrors make up each batch is decided by layerforge.data.batches.BatchStream from the seed and the
+read position; decode worker processes (layerforge.data.decode_pool) read, decode and crop the records of
+``prefetch`` batches ahead, straight into shared memory; the DeviceFeed finishes each batch (mean, scale)
+on the layer's device. ``get_state()`` / ``set_state()`` save and restore the read position and shuffle
+seed so a resumed run reads exactly the batches an uninterrupted run would, whatever the number of workers.
 """
 import itertools
+import logging
 import weakref
 
 from .. import rng
 from ..data import mnist
 from ..data.batches import BatchStream
+from ..data.decode_pool import DecodePool, decode_workers
 from ..data.device_feed import DeviceFeed
 from ..data.images import ImageList
+from ..data.input_stats import InputStats
 from ..data.lmdb_io import LMDBReader, lmdb_exists
-from ..data.prefetch import Prefetcher
 from ..data.transform import TRANSFORM, DataTransformer, resolve_path
 from ..errors import DataError
 from ..schema import REQUIRED
 from .base import Field, Layer, register_layer
 
+log = logging.getLogger("layerforge")
 COMMON = {
     "rand_skip": Field("int", 0, min=0, doc="start at a random record in [0, rand_skip) (decorrelates workers)"),
-    "prefetch": Field("int", 4, min=0, doc="batches a background thread prepares ahead; 0 reads in forward"),
+    "prefetch": Field("int", 4, min=0, doc="batches the decode workers prepare ahead; 0: made during forward"),
+    "decode_workers": Field("int", 0, min=0, doc="processes that read, decode and crop records (0: one per core, "
+                                                 "the cores divided among a node's processes; "
+                                                 "$LAYERFORGE_DECODE_WORKERS overrides)"),
     "rank": Field("int", 0, min=0, doc="read shard `rank` of `world_size` (records rank, rank + world_size, ...)"),
     "world_size": Field("int", 1, min=1, doc="number of disjoint shards the source is split into"),
 }
 
 
-def _close_all(prefetchers):
-    while prefetchers:
-        prefetchers.pop().close()
+def _close_all(feeds):
+    while feeds:
+        feeds.pop().close()
 
 
-def _host_batches(stream, batch_size, prefetch, prefetchers, name):
-    """The host batches ``(data, labels)`` from ``stream``'s read position on, read by a Prefetcher thread
-    (kept in ``prefetchers``) ``prefetch`` batches ahead, or here when ``prefetch`` is 0."""
-    positions = itertools.count(stream.position, batch_size)
-    if prefetch == 0:
-        yield from map(stream.batch, positions)
-    else:
-        if not prefetchers:
-            prefetchers.append(Prefetcher(stream.batch, positions, prefetch, name=name))
-        while True:
-            yield prefetchers[0].get()
+def input_stats(net):
+    """The :class:`~layerforge.data.input_stats.InputStats` of ``net``'s data layers, summed."""
+    total = InputStats()
+    for layer in net.layers:
+        if getattr(layer, "input_stats", None) is not None:
+            total = total + layer.input_stats
+    return total
+
+
+def reset_input_stats(net):
+    """Start a new window of input statistics in every data layer of ``net``."""
+    for layer in net.layers:
+        if getattr(layer, "input_stats", None) is not None:
+            layer.input_stats.reset()
+
+
+def input_display(net):
+    """A solver display hook (``solver.display_hooks.append(input_display(net))``): each display, the input
+    statistics of ``net`` since the previous one as one line, and a warning when the loop was input-bound;
+    None for a net without image data layers."""
+    if not any(getattr(layer, "input_stats", None) is not None for layer in net.layers):
+        return None
+
+    def line(seconds_per_iteration, iterations):
+        stats = input_stats(net)
+        reset_input_stats(net)
+        if stats.warning():
+            log.warning("%s", stats.warning())
+        return stats.summary()
+    return line
 
 
 class BaseData(Layer):
-    """Shared machinery: a record source, a BatchStream over it and an optional Prefetcher."""
+    """Shared machinery: a record source, a stream that plans each batch, decode workers that fill it, and a
+    DeviceFeed that finishes it on the layer's device.
+
+    ``self.stream`` provides ``plan(position)``, ``fill(arrays, item)``, ``finish(xp, arrays, extra, outs)``,
+    ``layout()`` and ``describe(item)`` (BatchStream, WindowSampler). ``self.input_stats`` counts the batches
+    handed out, the time forwards waited for them and the workers' time (layerforge.data.input_stats).
+    """
 
     num_bottom = (0, 0)
     num_top = (1, 2)
@@ -64,29 +96,36 @@ class BaseData(Layer):
             raise lp.error(f"rank {p.rank} must be less than world_size {p.world_size}", f"{cls.block}.rank")
 
     def open_source(self, p):
-        """The record source: ``len()``, ``read_many(indices)``, ``name_of(index)``."""
+        """The record source: ``len()``, ``read(index)``, ``name_of(index)``; ``reopen()`` if a forked decode
+        worker must open it afresh."""
         raise NotImplementedError
 
     def layer_setup(self, bottom, top):
         p = getattr(self.layer_param, self.block)
         self.records = self.open_source(p)
-        self.batch_size, self.prefetch = p.batch_size, p.prefetch
-        try:  # the first record gives the shape of every batch
-            shape = self.records.read_many([0])[0][0].shape
+        self.batch_size = p.batch_size
+        try:  # the first record gives the shape and kind of values of every batch
+            first, _ = self.records.read(0)
         except DataError as e:
             raise DataError(f"layer '{self.name}' ({self.type}): {e}") from None
         self.transformer = DataTransformer(self.layer_param.transform, self.phase, self.dtype,
                                            source=f"layer '{self.name}' ({self.type})")
-        self.top_shape = (p.batch_size,) + self.transformer.output_shape(shape)
+        self.top_shape = (p.batch_size,) + self.transformer.output_shape(first.shape)
         shuffle = self.default_shuffle if p.shuffle is None else p.shuffle
-        self.stream = BatchStream(self.records.read_many, len(self.records), p.batch_size, self.transformer,
+        self.stream = BatchStream(self.records.read, len(self.records), p.batch_size, self.transformer,
                                   shuffle, rng.get_rng().integers(2 ** 63), p.rank, p.world_size,
-                                  shape, self.records.name_of)
+                                  first.shape, self.records.name_of, first.dtype)
         if p.rand_skip:
             self.stream.position = int(rng.get_rng().integers(p.rand_skip))
-        self._prefetchers = []  # at most one; a list so the finalizer can stop it without holding self
-        self._feeds = []  # at most one DeviceFeed, made at the first forward from the read position
-        weakref.finalize(self, _close_all, self._prefetchers)
+        self.setup_feed(p, getattr(self.records, "reopen", None))
+
+    def setup_feed(self, p, worker_setup=None):
+        """Keep the decode settings of block ``p``; the workers start at the first forward."""
+        self.prefetch, self.workers = p.prefetch, decode_workers(p.decode_workers)
+        self.worker_setup = worker_setup
+        self.input_stats = InputStats(self.workers)
+        self._feeds = []  # at most one DeviceFeed, over the workers' batches from the read position
+        weakref.finalize(self, _close_all, self._feeds)  # holds the list, not self: a dropped layer stops its workers
 
     def reshape(self, bottom, top):
         top[0].reshape(self.top_shape)
@@ -100,10 +139,18 @@ class BaseData(Layer):
 
     def forward(self, bottom, top):
         if not self._feeds:
-            batches = _host_batches(self.stream, self.batch_size, self.prefetch, self._prefetchers, self.name)
-            self._feeds.append(DeviceFeed(self.xp, batches))
+            self.decode_pool = DecodePool(self.stream.fill, self.stream.layout(), max(1, self.prefetch), self.workers,
+                                          f"layer '{self.name}' ({self.type})", self.stream.describe,
+                                          self.worker_setup, self.input_stats, self.name)
+            positions = itertools.count(self.stream.position, self.batch_size)
+            batches = self.decode_pool.batches(self.stream.plan, positions)
+            self._feeds.append(DeviceFeed(self.xp, batches, self.stream.finish))
         self.batch_position = self.stream.position
-        self._feeds[0].next_into([t.data for t in top])
+        try:
+            self._feeds[0].next_into([t.data for t in top])
+        except BaseException:
+            self.close()  # the next forward starts again at this batch
+            raise
         self.stream.position += self.batch_size
 
     def backward(self, top, propagate_down, bottom):
@@ -114,14 +161,13 @@ class BaseData(Layer):
         return dict(self.stream.get_state(), type=self.type)
 
     def set_state(self, state):
-        """Resume reading where ``get_state()`` was taken (batches already prefetched are dropped)."""
+        """Resume reading where ``get_state()`` was taken (batches already prepared are dropped)."""
         self.close()
         self.stream.set_state(state)
 
     def close(self):
-        """Stop the prefetch thread and drop a batch staged on the device (both restart on the next forward)."""
+        """Stop the decode workers and drop a batch staged on the device (both restart on the next forward)."""
         _close_all(self._feeds)
-        _close_all(self._prefetchers)
 
 
 @register_layer("Data")

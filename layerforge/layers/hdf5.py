@@ -147,7 +147,7 @@ class HDF5Data(Layer):
     def forward(self, bottom, top):
         if self.feed is None:
             positions = itertools.count(self.stream.position, self.batch_size)
-            self.feed = DeviceFeed(self.xp, map(self.stream.batch, positions))
+            self.feed = DeviceFeed(self.xp, ((self.stream.batch(p), None) for p in positions))
         self.feed.next_into([t.data for t in top])
         self.stream.position += self.batch_size
 

@@ -1,7 +1,6 @@
 """WindowData: object / background windows cut from images and warped to a square (Caffe's R-CNN data layer)."""
 import math
 import os
-import weakref
 
 import numpy
 
@@ -9,9 +8,10 @@ from .. import rng
 from ..data.images import load_image
 from ..data.transform import TRANSFORM, load_mean, resolve_path
 from ..errors import DataError
+from ..kernels.threadpool import host_work, parallel_for
 from ..schema import REQUIRED
 from .base import Field, register_layer
-from .data import COMMON, BaseData, _close_all
+from .data import COMMON, BaseData
 
 
 def _round(v):
@@ -66,11 +66,13 @@ def read_window_file(source, root_folder=""):
 
 
 class WindowSampler:
-    """Batches of warped windows: ``batch(position)`` is a pure function of the seed and the position.
+    """Batches of warped windows, planned from the seed and the position alone (see BaseData for the steps).
 
     Each batch holds ``N - int(N fg_fraction)`` background windows, then ``int(N fg_fraction)`` foreground
-    ones, each drawn uniformly from its set (as Caffe orders them). It holds no reference to the layer, so
-    a prefetch thread running it does not keep a dropped layer alive.
+    ones, each drawn uniformly from its set (as Caffe orders them). A decode worker warps a window's pixels
+    (uint8) into the batch and records the rectangle they cover; :meth:`finish` subtracts the mean, scales, and
+    leaves the rest 0, on the layer's device. It holds no reference to the layer, so workers running it do not
+    keep a dropped layer alive.
     """
 
     def __init__(self, p, t, fg, bg, images, mean, dtype, train, where, seed):
@@ -78,6 +80,7 @@ class WindowSampler:
         self.dtype, self.mirror, self.where = numpy.dtype(dtype), t.mirror and train, where
         self.seed, self.position = int(seed), 0
         self.cache = [self.load(i) for i in range(len(images))] if p.cache_images else None
+        self._means = {}  # the mean as an array of each array module finish() ran with
 
     def load(self, i):
         path, channels = self.images[i]
@@ -86,7 +89,14 @@ class WindowSampler:
             raise DataError(f"{self.where}: image '{path}': cannot read it (missing, or not an image)")
         return image
 
-    def batch(self, position):
+    def layout(self):
+        """A batch's host arrays: warped windows (N, C, S, S) uint8, labels (N,), and per window the rectangle
+        ``(top, left, height, width)`` its pixels cover."""
+        n, crop = self.p.batch_size, self.t.crop_size
+        return [((n, self.images[0][1], crop, crop), numpy.uint8), ((n,), numpy.float64), ((n, 4), numpy.int64)]
+
+    def plan(self, position):
+        """``(items, None)``: per window i of the batch at ``position``, ``(i, window row, mirror)``."""
         r = numpy.random.default_rng([self.seed, position])
         n = self.p.batch_size
         num_fg = int(n * self.p.fg_fraction)
@@ -94,12 +104,22 @@ class WindowSampler:
                  self.fg[r.integers(len(self.fg), size=num_fg)] if num_fg else self.fg[:0]]
         windows = numpy.concatenate(picks)
         mirror = r.integers(0, 2, size=n).astype(bool) & self.mirror
-        data = numpy.stack([self.crop(self.cache[int(w[0])] if self.cache else self.load(int(w[0])), w, m)
-                            for w, m in zip(windows, mirror)])
-        return data, windows[:, 1]
+        return list(zip(range(n), map(tuple, windows.tolist()), mirror.tolist())), None
 
-    def crop(self, image, window, mirror):
-        """The (C, S, S) warped window ``window`` (image, class, overlap, x1, y1, x2, y2) of ``image`` (C, H, W)."""
+    def describe(self, item):
+        window = item[1]
+        return f"{self.where}: image '{self.images[int(window[0])][0]}', window {tuple(int(v) for v in window[3:])}"
+
+    def fill(self, arrays, item):
+        """Warp window ``item`` of :meth:`plan` into the batch ``arrays`` (:meth:`layout`)."""
+        i, window, mirror = item
+        image = self.cache[int(window[0])] if self.cache else self.load(int(window[0]))
+        arrays[2][i] = self.warp_into(arrays[0][i], image, window, mirror)
+        arrays[1][i] = window[1]
+
+    def warp_into(self, out, image, window, mirror):
+        """Warp ``window`` (image, class, overlap, x1, y1, x2, y2) of ``image`` (C, H, W) into ``out`` (C, S, S),
+        zero outside the part inside the image; returns that part's rectangle (top, left, height, width)."""
         import cv2
         crop = self.t.crop_size
         _, height, width = image.shape
@@ -130,14 +150,36 @@ class WindowSampler:
                             f"'{self.images[int(window[0])][0]}'")
         region = cv2.resize(numpy.ascontiguousarray(image[:, y1:y2 + 1, x1:x2 + 1].transpose(1, 2, 0)),
                             (out_w, out_h), interpolation=cv2.INTER_LINEAR).reshape(out_h, out_w, -1)
-        region = region.transpose(2, 0, 1)[:, :, ::-1] if mirror else region.transpose(2, 0, 1)
-        out = numpy.zeros((image.shape[0], crop, crop), self.dtype)
-        rows, cols = slice(pad_h, pad_h + out_h), slice(pad_w, pad_w + out_w)
-        out[:, rows, cols] = region
-        if self.mean is not None:
-            out[:, rows, cols] -= self.mean[:, rows, cols]
-        out[:, rows, cols] *= self.dtype.type(self.t.scale)
-        return out
+        region = region.transpose(2, 0, 1)
+        out[...] = 0
+        out[:, pad_h:pad_h + out_h, pad_w:pad_w + out_w] = region[:, :, ::-1] if mirror else region
+        return pad_h, pad_w, out_h, out_w
+
+    def finish(self, xp, arrays, extra, outs):
+        """The tops from a filled batch, on ``xp``: ``(pixel - mean) * scale`` inside each window's rectangle,
+        0 outside."""
+        windows, labels, rects = arrays
+        out, crop = outs[0], self.t.crop_size
+        mean, scale = self._mean_on(xp), self.dtype.type(self.t.scale)
+        side = xp.arange(crop)
+
+        def body(lo, hi):
+            y, top, left, h, w = out[lo:hi], *(rects[lo:hi, k:k + 1] for k in range(4))
+            y[...] = windows[lo:hi]
+            if mean is not None:
+                y -= mean
+            y *= scale
+            rows, cols = (side >= top) & (side < top + h), (side >= left) & (side < left + w)
+            xp.copyto(y, 0, where=~(rows[:, None, :, None] & cols[:, None, None, :]))
+
+        parallel_for(len(out), body, host_work(out))
+        if len(outs) > 1:
+            outs[1][...] = labels
+
+    def _mean_on(self, xp):
+        if self.mean is not None and xp not in self._means:
+            self._means[xp] = xp.asarray(numpy.ascontiguousarray(self.mean))  # a mean_value is a broadcast view
+        return self._means.get(xp)
 
     def get_state(self):
         return {"seed": self.seed, "position": int(self.position)}
@@ -176,6 +218,7 @@ class WindowData(BaseData):
             "cache_images": Field("bool", False, doc="decode every image once, at setup, and keep them"),
             "root_folder": Field("str", "", doc="prefix of every image path"),
             "prefetch": COMMON["prefetch"],
+            "decode_workers": COMMON["decode_workers"],
         },
         "transform": TRANSFORM,
     }
@@ -216,9 +259,7 @@ class WindowData(BaseData):
                                     self.phase == "TRAIN", where, rng.get_rng().integers(2 ** 63))
         crop = self.p_transform.crop_size
         self.top_shape = (self.batch_size, channels, crop, crop)
-        self.prefetch = self.p.prefetch
-        self._prefetchers, self._feeds = [], []
-        weakref.finalize(self, _close_all, self._prefetchers)
+        self.setup_feed(self.p)
 
     def window_mean(self, channels):
         """The (C, S, S) mean of a warped window, or None."""

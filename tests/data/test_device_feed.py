@@ -14,7 +14,7 @@ def source(read, bad=None):
         read.append(i)
         if i == bad:
             raise DataError(f"batch {i}: a bad record")
-        yield numpy.full((4, 3), i, numpy.float32), numpy.array([i, i + 1])
+        yield (numpy.full((4, 3), i, numpy.float32), numpy.array([i, i + 1])), None
 
 
 def test_batches_arrive_in_order_and_are_read_one_ahead_on_a_device(xp):

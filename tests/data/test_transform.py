@@ -95,3 +95,38 @@ def test_errors(tmp_path):
         transformer(mean_file=str(tmp_path / "m.npy")).output_shape((1, 4, 4))
     with pytest.raises(DataError, match="cannot read the mean file"):
         transformer(mean_file=str(tmp_path / "absent.npy"))
+
+
+def test_finish_on_the_device_is_caffes_transform(tmp_path, xp):
+    """Crops (uint8, mirrored while cropping) cross to the device; mean and scale are applied there."""
+    from layerforge.backend import to_numpy
+
+    mean = numpy.random.default_rng(2).random((3, 6, 7), dtype=numpy.float32) * 100
+    numpy.save(tmp_path / "m.npy", mean)
+    t = transformer("TRAIN", numpy.float32, mean_file=str(tmp_path / "m.npy"), crop_size=4, mirror=True, scale=0.25)
+    batch = numpy.random.default_rng(3).integers(0, 256, (16, 3, 6, 7), dtype=numpy.uint8)
+    h0, w0, flip = plan = t.plan(16, (3, 6, 7), numpy.random.default_rng(4))
+    crops = numpy.empty((16, 3, 4, 4), numpy.uint8)
+    for i in range(16):
+        t.crop_into(crops[i], batch[i], h0[i], w0[i], flip[i])
+    out = xp.empty((16, 3, 4, 4), xp.float32)
+    t.finish(xp, xp.asarray(crops), plan, out)
+    for i in range(16):  # Caffe: crop, subtract the mean cropped alike, scale, then mirror
+        rows, cols = slice(h0[i], h0[i] + 4), slice(w0[i], w0[i] + 4)
+        y = (batch[i][:, rows, cols].astype(numpy.float32) - mean[:, rows, cols]) * numpy.float32(0.25)
+        numpy.testing.assert_array_equal(to_numpy(out[i]), y[:, :, ::-1] if flip[i] else y)
+    assert 0 < flip.sum() < 16 and len(set(zip(h0, w0))) > 1
+
+
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("channels", [1, 3, 4])
+@pytest.mark.parametrize("layout", ["HWC", "CHW", "grey"])
+def test_crop_into_copies_the_window_whatever_the_images_memory_order(flip, channels, layout):
+    hwc = numpy.random.default_rng(channels).integers(0, 256, (9, 11, channels), dtype=numpy.uint8)
+    image = {"HWC": hwc.transpose(2, 0, 1),  # decode_image's view of what OpenCV decoded (OpenCV copies it)
+             "CHW": numpy.ascontiguousarray(hwc.transpose(2, 0, 1)),  # a raw Datum record (numpy copies it)
+             "grey": hwc[:, :, 0][None]}[layout]
+    out = numpy.empty((image.shape[0], 5, 6), numpy.uint8)
+    DataTransformer.crop_into(out, image, 2, 3, flip)
+    window = image[:, 2:7, 3:9]
+    numpy.testing.assert_array_equal(out, window[:, :, ::-1] if flip else window)

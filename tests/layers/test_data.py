@@ -246,10 +246,11 @@ def test_image_data_sizes_must_agree_without_resize(tmp_path):
         take(layer, top, 1)
 
 
-def test_unreadable_image(tmp_path):
+@pytest.mark.parametrize("workers", [1, 3])
+def test_unreadable_image(tmp_path, workers):
     write_images(tmp_path, [(4, 4)] * 3)
     (tmp_path / "img 1.png").write_bytes(b"not a png")
-    layer, top = image_layer(tmp_path, prefetch=2)
+    layer, top = image_layer(tmp_path, prefetch=2, decode_workers=workers)
     with pytest.raises(DataError) as e:
         take(layer, top, 1)
     assert str(e.value) == (f"{tmp_path / 'list.txt'}:2: image '{tmp_path / 'img 1.png'}': "
