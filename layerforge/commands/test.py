@@ -1,6 +1,7 @@
 """``layerforge test --model NET --weights W``: score a trained net on its TEST data (Caffe's ``caffe test``)."""
 import logging
 
+from . import add_decode_workers, apply_decode_workers
 from .. import backend
 from ..logs import setup_logging
 from ..net.net import Net
@@ -11,6 +12,7 @@ log = logging.getLogger("layerforge")
 
 
 def add_arguments(parser):
+    add_decode_workers(parser)
     parser.add_argument("--model", required=True, help="net YAML file")
     parser.add_argument("--weights", required=True,
                         help="weights .npz (from training or a snapshot), or Caffe's .caffemodel / .caffemodel.h5")
@@ -32,6 +34,7 @@ def score(net, iterations):
 
 
 def run(args):
+    apply_decode_workers(args)
     setup_logging()
     net = Net(args.model, phase=args.phase, weights=args.weights)
     means = score(net, args.iterations)

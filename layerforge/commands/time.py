@@ -22,10 +22,12 @@ import time
 
 import numpy
 
+from . import add_decode_workers, apply_decode_workers
 from ..cores import local_rank
 from .. import trace
 from ..backend import Stopwatch, gpu_array_module, gpu_name, rank_device
 from ..layers.conv import engines_settled
+from ..layers.data import input_stats, reset_input_stats
 from ..errors import LayerforgeError
 from ..net.memory import layer_bytes
 from ..net.net import Net
@@ -36,6 +38,7 @@ HELP = "time each layer's forward and backward passes and print a table with tot
 
 
 def add_arguments(parser):
+    add_decode_workers(parser)
     parser.add_argument("--model", required=True, help="net YAML file")
     parser.add_argument("--iterations", type=int, default=20, help="timed iterations, after warm-up passes (at least 1, up to 20 until AUTO convolution engines settle)")
     parser.add_argument("--batch", type=int, default=None, help="override the batch size of input/data layers")
@@ -77,6 +80,7 @@ def time_net(net, iterations):
             net.backward_layer(i)
             bwd[i] += watch.stop()
     total_fwd = total_bwd = 0.0
+    reset_input_stats(net)
     for k in range(iterations):
         trace.iteration(warmups + iterations + k)
         watch.start()
@@ -85,6 +89,7 @@ def time_net(net, iterations):
         watch.start()
         net.backward()
         total_bwd += watch.stop()
+    stats = input_stats(net)
     ms = 1000.0 / iterations
     layer_sum = sum(fwd) + sum(bwd)
     rows = []
@@ -106,7 +111,7 @@ def time_net(net, iterations):
     return {"net": net.name, "iterations": iterations, "warmup_iterations": warmups, "layers": rows,
             "forward_ms": total_fwd * ms, "backward_ms": total_bwd * ms,
             "forward_backward_ms": (total_fwd + total_bwd) * ms, "memory": memory,
-            "max_rss_bytes": max_rss_bytes(), **device_memory(net.xp)}
+            "max_rss_bytes": max_rss_bytes(), "input": stats.as_dict(), **device_memory(net.xp)}
 
 
 def device_memory(xp):
@@ -185,6 +190,7 @@ def mib(n):
 
 
 def run(args):
+    apply_decode_workers(args)
     from .data_parallel import time_command, wants_parallel
 
     if wants_parallel(args):
@@ -242,6 +248,11 @@ def run(args):
           f"{mib(m['unplanned_activation_bytes'])}) + parameters {mib(m['param_bytes'])} + layer caches "
           f"{mib(m['cache_bytes'])} + shared convolution workspace {mib(m['workspace_bytes'])}.")
     print(f"Process max RSS: {mib(result['max_rss_bytes'])}.")
+    if result["input"]["batches"]:
+        stats = input_stats(net)
+        print(f"Input: {stats.summary()}; {1e3 * stats.wait_s / args.iterations:.3f} ms waited per iteration.")
+        if stats.warning():
+            print(f"Warning: {stats.warning()}")
     if "device_pool_bytes" in result:
         print(f"Device memory held by cupy's pool: {mib(result['device_pool_bytes'])}.")
     dp = result.get("data_parallel")

@@ -1,10 +1,12 @@
 """``layerforge train --solver S``: train a net as its solver file describes (Caffe's ``caffe train``)."""
+from . import add_decode_workers, apply_decode_workers
 from ..logs import Progress, setup_logging
 
 HELP = "train a net from a solver YAML (resume with --snapshot, fine-tune with --weights)"
 
 
 def add_arguments(parser):
+    add_decode_workers(parser)
     parser.add_argument("--solver", required=True, help="solver YAML file")
     start = parser.add_mutually_exclusive_group()
     start.add_argument("--snapshot", metavar="FILE",
@@ -50,6 +52,7 @@ def solver_overrides(args):
 
 
 def run(args):
+    apply_decode_workers(args)
     from ..dataparallel.mpi import mpi_world_size
     from .data_parallel import train_command, wants_parallel
 

@@ -33,6 +33,7 @@ from ..errors import LayerforgeError
 from ..net.net import Net
 from ..kernels import blas
 from ..layers.conv import engines_settled
+from ..layers.data import input_display
 from . import cuda_graph
 from ..kernels.threadpool import num_threads, parallel_for
 from ..net.netdef import load_net_def
@@ -147,6 +148,9 @@ class Solver:
         self.feed, self.gradient_hooks, self.callbacks = None, [], []
         self.pass_hooks = []  # fn(solver, k) before forward-backward pass k of the iter_size passes
         self.display_hooks = []  # fn(seconds per iteration, iterations) -> a line logged with the train display
+        input_line = input_display(self.net)  # input rate and waits of the image data layers, when it has some
+        if input_line is not None:
+            self.display_hooks.append(input_line)
         self.test_hooks = []  # fn(iteration, test net index, {output: mean value}) after each test pass
         self.skip_update = False  # set by a gradient hook: this iteration makes no update (double buffering)
         self.root = True

@@ -43,7 +43,7 @@ def test_one_process_trace_names_every_layer_and_step(tmp_path):
         assert {"ph", "ts", "dur", "pid", "tid", "cat", "name"} <= set(e) and e["dur"] >= 0
     forward = {e["name"] for e in events if e["cat"] == "forward"}
     assert {"mnist", "conv1", "pool1", "conv2", "ip1", "ip2", "loss"} <= forward
-    conv1 = next(e for e in events if e["cat"] == "forward" and e["name"] == "conv1")
+    conv1 = next(e for e in events if e["cat"] == "forward" and e["name"] == "conv1" and "trial" not in e["args"])
     assert conv1["args"]["type"] == "Convolution"
     assert [e["name"] for e in events if e["cat"] == "update"] == ["SGD"] * 3
     assert doc["traceEvents"][0]["ph"] == "M"

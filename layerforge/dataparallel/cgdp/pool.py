@@ -2,13 +2,12 @@
 import multiprocessing
 import multiprocessing.connection
 import os
-import signal
 import threading
 import time
 
 import numpy
 
-from ...errors import LayerforgeError
+from ...errors import LayerforgeError, describe_exit
 from . import shm
 from .host import HostAccumulator
 from .workers import WORKER_THREADS_ENV, worker_main
@@ -32,17 +31,6 @@ class Result:
     def __init__(self, params, stats, iteration_times, chunk_size, iter_):
         self.params, self.stats, self.iteration_times = params, stats, iteration_times
         self.chunk_size, self.iter = chunk_size, iter_
-
-
-def _describe_exit(code):
-    if code is None:
-        return "stopped responding"
-    if code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 class WorkerPool:
@@ -132,7 +120,7 @@ class WorkerPool:
     def _died(self, g):
         p = self.procs[g]
         p.join(1.0)
-        self._fail(f"worker {g} (pid {p.pid}) {_describe_exit(p.exitcode)}; the job was stopped")
+        self._fail(f"worker {g} (pid {p.pid}) {describe_exit(p.exitcode)}; the job was stopped")
 
     def _fail(self, message):
         raise LayerforgeError(message)
