@@ -28,6 +28,10 @@ NETS = {"lenet": 8, "cifar10_quick_net": 8, "cifar10_full_net": 8, "alexnet_net"
         "vgg16_net": 4, "resnet50_net": 8, "resnet101_net": 8, "resnet152_net": 8}
 
 
+# layers whose tops the torch side takes as they are (the data of the layerforge run)
+SOURCES = ("DummyData", "SyntheticData", "Input", "Data", "ImageData")
+
+
 def torch_runner(net, torch):
     """A function running forward + backward of ``net``'s graph in torch; parameters shaped as net's."""
     import torch.nn.functional as F
@@ -94,12 +98,12 @@ def torch_runner(net, torch):
         elif ltype == "SoftmaxWithLoss":
             weight = net.loss_weights(i)[0]
             ops.append((bottoms, tops, lambda x, y, w=weight: w * F.cross_entropy(x, y.long())))
-        elif ltype in ("DummyData", "SyntheticData", "Input", "Data", "ImageData", "Accuracy"):
+        elif ltype in SOURCES + ("Accuracy",):
             ops.append((bottoms, tops, None))
         else:
             raise NotImplementedError(f"no torch equivalent for {ltype} in this benchmark")
     inputs = {name: torch.from_numpy(net.blobs[name].data.copy())
-              for i, layer in enumerate(net.layers) if layer.type in ("DummyData", "SyntheticData", "Input", "Data", "ImageData")
+              for i, layer in enumerate(net.layers) if layer.type in SOURCES
               for name in net.top_names(i)}
 
     def step():

@@ -24,8 +24,8 @@ RENDERED = ("svg", "png", "pdf")
 _HIDDEN = {"weight_filler", "bias_filler", "filler", "data_filler", "engine", "prefetch", "decode_workers", "rank",
            "world_size"}
 _COLOURS = {"Convolution": "#f4a582", "InnerProduct": "#92c5de", "Pooling": "#b8e186", "Data": "#fee08b",
-            "ImageData": "#fee08b", "DummyData": "#fee08b", "SyntheticData": "#fee08b", "Input": "#fee08b", "Concat": "#d9d9d9",
-            "Eltwise": "#d9d9d9", "BatchNorm": "#e0e0f8", "Scale": "#e0e0f8", "LRN": "#e0e0f8"}
+            "ImageData": "#fee08b", "DummyData": "#fee08b", "SyntheticData": "#fee08b", "Input": "#fee08b",
+            "Concat": "#d9d9d9", "Eltwise": "#d9d9d9", "BatchNorm": "#e0e0f8", "Scale": "#e0e0f8", "LRN": "#e0e0f8"}
 
 
 def add_arguments(parser):

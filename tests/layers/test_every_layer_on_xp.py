@@ -1,8 +1,8 @@
 """Every registered layer type, forward and backward, on each backend of the ``xp`` fixture.
 
 One representative configuration per type (the data-source layers, which read files or the caller's
-arrays, have their own backend tests in test_data.py, test_hdf5.py, test_input.py, test_memory_data.py and
-test_window_data.py). Each case runs on numpy and on the fixture's backend from the same seed and the same
+arrays, have their own backend tests in test_data.py, test_hdf5.py, test_input.py, test_memory_data.py,
+test_synthetic_data.py and test_window_data.py). Each case runs on numpy and on the fixture's backend from the same seed and the same
 parameters; tops, bottom gradients and parameter gradients must agree to 1e-10 (float64). On numpy alone
 this runs every layer's forward and backward once and checks that the table covers every type; where a
 device is present (the GPU suite) it is the layers' numpy / cupy agreement.

@@ -75,19 +75,20 @@ def test_config_errors_name_the_key(param, key, message):
     assert e.value.key == key
 
 
-def classifier(data_layer):
-    """A small ImageNet-like classifier (conv, BatchNorm, global pooling, 1,000 outputs) on ``data_layer``."""
+def classifier(data_layer, classes=1000, channels=16):
+    """A small ImageNet-like classifier (a convolution of ``channels``, BatchNorm, global pooling, ``classes``
+    outputs) on ``data_layer`` (a layer definition with tops ``data`` and the labels)."""
     return {"name": "small", "layers": [
         data_layer,
         {"name": "conv", "type": "Convolution", "bottom": "data", "top": "conv",
-         "convolution": {"num_output": 16, "kernel_size": 3, "stride": 2, "weight_filler": {"type": "msra"}}},
+         "convolution": {"num_output": channels, "kernel_size": 3, "stride": 2, "weight_filler": {"type": "msra"}}},
         {"name": "bn", "type": "BatchNorm", "bottom": "conv", "top": "conv"},
         {"name": "relu", "type": "ReLU", "bottom": "conv", "top": "conv"},
         {"name": "pool", "type": "Pooling", "bottom": "conv", "top": "pool",
          "pooling": {"pool": "AVE", "global_pooling": True}},
         {"name": "fc", "type": "InnerProduct", "bottom": "pool", "top": "fc",
-         "inner_product": {"num_output": 1000, "weight_filler": {"type": "msra"}}},
-        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["fc", "label"], "top": "loss"}]}
+         "inner_product": {"num_output": classes, "weight_filler": {"type": "msra"}}},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["fc", data_layer["top"][1]], "top": "loss"}]}
 
 
 def losses(data_layer, iterations=40):
