@@ -2,7 +2,7 @@
 
     python benchmarks/bench_cgdp.py [--nets alexnet,vgg16] [--workers 2] [--iterations 3] [--batch b] [--json out.json]
 
-For each net both modes run in the same invocation with the same per-worker batch (synthetic DummyData
+For each net both modes run in the same invocation with the same per-worker batch (synthetic SyntheticData
 from configs/<net>_net.yaml), alternating ``--repeats`` times; each mode's fastest run is kept. Reported per mode: the phases of worker 0 (forward, backward, exposed
 exchange, update, iteration; ms), the exposed exchange as % of backward, and the ratio of iteration times
 tree / host. The cost model (layerforge/dataparallel/cgdp/cost_model.py) takes the host run's per-layer backward

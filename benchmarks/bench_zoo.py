@@ -4,7 +4,7 @@
     python benchmarks/bench_zoo.py --nets alexnet_net,resnet50_net --iterations 3 --threads 2 --json out.json
 
 The PyTorch model is not written by hand: the script walks the built layerforge Net (TRAIN phase, the
-synthetic DummyData variant) and runs each layer as the equivalent torch op on tensors of the same shapes
+synthetic SyntheticData variant) and runs each layer as the equivalent torch op on tensors of the same shapes
 (Conv2d with the same stride/pad/group, ceil-mode pooling, LRN, batch-statistics BatchNorm, Scale,
 Eltwise, Concat, Dropout, SoftmaxWithLoss), so both sides compute the same net; autograd does torch's
 backward. Both use the same number of threads (BLAS threads for numpy, torch.set_num_threads for torch).
