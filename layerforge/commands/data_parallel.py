@@ -44,6 +44,18 @@ def train_command(args, overrides):
     return _with_comm(go)
 
 
+def train_replicas(args, overrides, choice):
+    """``layerforge train`` on ``choice.replicas`` single-threaded replicas of a split batch (cpu_parallel
+    REPLICAS): to the user one process, with train's signals, progress bar and snapshots; returns the exit code."""
+    from ..dataparallel.cgdp import train_parallel
+
+    progress = None if args.no_progress else args.status_interval
+    result = train_parallel(args.solver, workers=choice.replicas, sync="host", split=True, resume=args.snapshot,
+                            progress=progress, signal_effects=(args.sigint_effect, args.sighup_effect), **overrides)
+    print_report(result.stats)
+    return 0
+
+
 def time_command(args):
     """``layerforge time --model NET --workers G``: Table 3 phases and Table 4 per-chunk times."""
     from ..dataparallel.cgdp import train_parallel

@@ -51,16 +51,18 @@ register_solver = registrar(SOLVER_REGISTRY, "solver type")
 register_solver.__doc__ = "Class decorator: make a Solver subclass available as solver ``type: <type_name>``."
 
 
-def get_solver(source, shard=None, **overrides):
+def get_solver(source, shard=None, split=None, **overrides):
     """Build the solver a YAML file (or dict) describes; ``overrides`` replace keys of the file (``max_iter=10``).
 
-    ``shard=(rank, world_size)`` makes every data layer read only its shard (data-parallel training).
+    ``shard=(rank, world_size)`` makes every data layer read only its shard (data-parallel training);
+    ``split=(index, count)`` makes the train net replica ``index`` of ``count`` that compute one batch together
+    (``Net(split=...)``; its test nets keep the whole batch and the whole test set).
 
     Returns:
         An instance of the class registered for the solver's ``type`` (SGD when absent).
     """
     sp = load_solver_param(source, SOLVER_REGISTRY, **overrides)
-    return SOLVER_REGISTRY[sp.type](sp, shard=shard)
+    return SOLVER_REGISTRY[sp.type](sp, shard=shard, split=split)
 
 
 class NonFiniteError(LayerforgeError):
@@ -99,6 +101,8 @@ class Solver:
             the summed diffs in ``net.learnable_params[i].diff`` (data-parallel allreduce plugs in here).
         callbacks: ``fn(iteration, loss)`` run after each update (``iteration`` is the index of the
             iteration that just finished, ``loss`` its mean loss over the iter_size passes).
+        update_share: indices of the learnable parameters this solver updates (None: all); replicas whose
+            parameters and history live in one shared memory each update their share.
         root: False on non-root ranks: no display or snapshots there (and no testing unless test_reduce is set).
         test_reduce: ``fn(sums, loss, n) -> (sums, loss, n)`` combining the summed test outputs of all ranks
             (each rank tests its shard); when set, every rank tests.
@@ -110,7 +114,7 @@ class Solver:
     type = None
     history_per_param = 1
 
-    def __init__(self, param, shard=None, **overrides):
+    def __init__(self, param, shard=None, split=None, **overrides):
         sp = param if isinstance(param, SolverParameter) and not overrides else \
             load_solver_param(param, SOLVER_REGISTRY, **overrides)
         validate = getattr(type(self), "validate_params", None)
@@ -129,13 +133,15 @@ class Solver:
             return load_net_def(d, sp.path) if isinstance(d, dict) else d
 
         source = sp.resolve(sp.net) or inline(sp.net_param) or sp.resolve(sp.train_net) or inline(sp.train_net_param)
-        self.net = Net(source, phase="train", dtype=dtype, xp=self.xp, shard=shard, **_net_state(sp.train_state))
+        self.net = Net(source, phase="train", dtype=dtype, xp=self.xp, shard=shard, split=split,
+                       **_net_state(sp.train_state))
+        test_shard = None if split is not None else shard  # replicas of one batch: tests as one process would
         sources = [inline(d) for d in sp.test_net_param] + [sp.resolve(p) for p in sp.test_net]
         sources += [sp.resolve(sp.net) or inline(sp.net_param)] * (sp.num_test_nets - len(sources))
         self.test_nets = []
         for k, src in enumerate(sources):
             st = sp.test_state[k] if sp.test_state else None
-            tn = Net(src, phase="test", dtype=dtype, xp=self.xp, shard=shard, **_net_state(st))
+            tn = Net(src, phase="test", dtype=dtype, xp=self.xp, shard=test_shard, **_net_state(st))
             tn.share_params_with(self.net)  # same layer name -> same data arrays: updates need no copying
             self.test_nets.append(tn)
         n = len(self.net.learnable_params)
@@ -148,6 +154,7 @@ class Solver:
         self.pass_hooks = []  # fn(solver, k) before forward-backward pass k of the iter_size passes
         self.display_hooks = []  # fn(seconds per iteration, iterations) -> a line logged with the train display
         self.skip_update = False  # set by a gradient hook: this iteration makes no update (double buffering)
+        self.update_share = None
         self.root = True
         self.test_reduce, self.agree_action, self.snapshot_hooks = None, None, []
         self.requested_early_exit = False
@@ -293,8 +300,10 @@ class Solver:
         sp, net = self.param, self.net
         lapse = time.perf_counter() - self._timer
         per_s = (self.iter - self._iter_last) / (lapse or 1.0)
-        log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, _g(per_s), _g(lapse), sp.display,
-                 _g(self.smoothed_loss))
+        images = self.images_per_iteration()
+        rate = f", {per_s * images:.1f} img/s" if images else ""  # inside Caffe's brackets: its parsers read on
+        log.info("Iteration %d (%s iter/s, %ss/%d iters%s), loss = %s", self.iter, _g(per_s), _g(lapse), sp.display,
+                 rate, _g(self.smoothed_loss))
         iters = self.iter - self._iter_last
         for hook in self.display_hooks:
             if iters:
@@ -308,6 +317,12 @@ class Solver:
                 extra = f" (* {_g(w)} = {_g(w * v)} loss)" if w else ""
                 log.info("    Train net output #%d: %s = %s%s%s", k, name, _g(v), extra, self._perplexity(w, v))
                 k += 1
+
+    def images_per_iteration(self):
+        """Samples one iteration trains on: the train net's batch (all replicas' together) x iter_size; None when
+        the net has no Input, DummyData or data layer."""
+        batch = self.net.batch_size
+        return None if batch is None else batch * (self.net.split or (0, 1))[1] * self.param.iter_size
 
     def _perplexity(self, weight, value):
         """`` (perplexity P)`` for a loss output when ``report_perplexity`` is on, else ''."""
@@ -340,11 +355,13 @@ class Solver:
             self.clip_gradients()
             self.normalize()
         params = self.net.learnable_params
+        share = range(len(params)) if self.update_share is None else sorted(self.update_share)
         for i in self._lazy:  # swaps parameter and history slots for the call: on this thread only
-            self.update_rows(i, rate, self._lazy[i])
+            if i in share:
+                self.update_rows(i, rate, self._lazy[i])
         # every other parameter's update is independent of the rest: whole parameters go to the kernel threads
         # in groups of about equal size (the same operations per parameter, so the same bits for any count)
-        groups = _balanced_groups([i for i in range(len(params)) if i not in self._lazy], params, num_threads())
+        groups = balanced_groups([i for i in share if i not in self._lazy], params, num_threads())
 
         def update(lo, hi):
             for group in groups[lo:hi]:
@@ -526,7 +543,7 @@ class Solver:
         return NonFiniteError(f"iteration {self.iter}: {what}{culprit}; training stopped ({kept})")
 
 
-def _balanced_groups(indices, params, count):
+def balanced_groups(indices, params, count):
     """``indices`` dealt into at most ``count`` groups of about equal total size, largest parameters first."""
     groups, sizes = [[] for _ in range(max(1, count))], [0] * max(1, count)
     for i in sorted(indices, key=lambda i: -params[i].count):

@@ -33,10 +33,10 @@ def test_update_is_bit_identical_for_any_thread_count(solver_type, keys, tmp_pat
 def test_groups_balance_sizes():
     from types import SimpleNamespace
 
-    from layerforge.solvers.solver import _balanced_groups
+    from layerforge.solvers.solver import balanced_groups
     params = [SimpleNamespace(count=c) for c in (100, 1, 60, 50, 2, 3)]
-    groups = _balanced_groups(range(6), params, 2)
+    groups = balanced_groups(range(6), params, 2)
     assert sorted(i for g in groups for i in g) == list(range(6))
     totals = sorted(sum(params[i].count for i in g) for g in groups)
     assert totals == [106, 110]  # greedy, largest first: 100+3+2+1 and 60+50
-    assert _balanced_groups([0, 1], params, 5) == [[0], [1]]
+    assert balanced_groups([0, 1], params, 5) == [[0], [1]]

@@ -7,7 +7,8 @@ a CPU replica's diffs *are* its slot (:meth:`~layerforge.dataparallel.cgdp.trans
 is nothing to copy. When the parent publishes the chunk, the slot holds the mean gradient: a GPU worker
 copies it back into its diffs, a CPU worker already has it. The solver's gradient hook (end of backward)
 waits only for the chunks still in flight; then every worker runs the same update on the same mean
-gradient (no parameter server).
+gradient (no parameter server). CPU replicas go further (:func:`share_state`): their parameters and update
+history are one copy in shared memory, and each replica updates only its share of the parameters.
 
 Parent side (:class:`HostAccumulator`): when all G workers have posted chunk c, a host thread writes the
 mean of the G slots into every slot, block by block so that each value is read and written once
@@ -37,6 +38,36 @@ def _param_offsets(net, units):
             offsets[k] = (off, n)
             off += n
     return offsets
+
+
+def share_state(solver, mover, params, history, g, G, barrier, timer):
+    """Make CPU replica ``g`` of ``G`` train on one shared copy of the parameters and of the update history.
+
+    The parameters' data become views of ``params`` and the history arrays views of the rows of ``history``
+    (both already holding worker 0's values); the test nets read the shared data too. The replica updates
+    only its share of the parameters (whole parameters, shares of about equal size: the update's time and
+    memory traffic split over the replicas instead of repeated by each), with the mean gradient every slot
+    holds, so every parameter gets exactly one process's update. After its update each replica waits at
+    ``barrier`` for the others: no replica reads a parameter of the next iteration (or snapshots) while
+    another still writes it. Before the update nobody writes: every chunk has been combined, so every
+    replica has finished the backward passes that read the parameters.
+    """
+    from ...solvers.solver import balanced_groups
+
+    net = solver.net
+    mover.attach_params(params)
+    mover.attach_history(solver.history, history)
+    for test_net in solver.test_nets:
+        test_net.share_params_with(net)
+    shares = balanced_groups(range(len(net.learnable_params)), net.learnable_params, G)
+    solver.update_share = shares[g] if g < len(shares) else []
+
+    def wait_for_the_others(iteration, loss):
+        t0 = time.perf_counter()
+        barrier.wait()
+        timer.add("exchange", time.perf_counter() - t0)
+
+    solver.callbacks.insert(0, wait_for_the_others)
 
 
 class ChunkedBackward:

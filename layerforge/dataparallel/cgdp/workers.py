@@ -35,13 +35,19 @@ class WorkerOptions:
         iterations: run ``solver.step(iterations)`` instead of ``solve()`` (timing); resume: a solver state.
         log: whether worker 0 logs (glog format, to stdout).
         setup: an importable ``fn(g, solver)`` each worker runs once its solver is built (instrumentation).
+        split: the net's batch is the whole host's: each of the G workers trains on 1/G of it (``Net(split=...)``,
+            mathematically one process with the whole batch) instead of the net's batch per worker; ``batch``
+            is then the whole batch too.
+        progress: worker 0 shows training progress (layerforge.logs.Progress, a status line every ``progress``
+            seconds when stderr is not a terminal); None: not.
     """
 
     def __init__(self, solver, overrides=None, sync="HOST", chunk_size=1, devices=None, batch=None,
-                 node=0, nodes=1, iterations=None, resume=None, log=True, setup=None):
+                 node=0, nodes=1, iterations=None, resume=None, log=True, setup=None, split=False, progress=None):
         self.solver, self.overrides, self.sync, self.chunk_size = solver, dict(overrides or {}), sync, chunk_size
         self.devices, self.batch, self.node, self.nodes = devices, batch, node, nodes
         self.iterations, self.resume, self.log, self.setup = iterations, resume, log, setup
+        self.split, self.progress = split, progress
 
 
 class Link:
@@ -84,12 +90,15 @@ class Link:
         return msg
 
 
-def worker_main(g, G, options, conn):
-    """Entry point of worker ``g`` of ``G`` (runs in a spawned process)."""
+def worker_main(g, G, options, conn, barrier, control):
+    """Entry point of worker ``g`` of ``G`` (runs in a spawned process); ``barrier``: a Barrier of the G workers;
+    ``control``: the shared signal requests and progress (:class:`~layerforge.dataparallel.cgdp.pool.WorkerPool`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the workers
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # and a hang-up (a worker whose parent is gone exits)
     link = Link(conn)
     try:
-        _run_worker(g, G, options, link)
+        _run_worker(g, G, options, link, barrier, control)
     except LayerforgeError as e:
         link.send(("error", str(e)))
         os._exit(1)
@@ -100,7 +109,7 @@ def worker_main(g, G, options, conn):
     os._exit(0)
 
 
-def _run_worker(g, G, options, link):
+def _run_worker(g, G, options, link, barrier, control):
     import logging
 
     from ...logs import setup_logging
@@ -108,7 +117,7 @@ def _run_worker(g, G, options, link):
     from ...solvers import SOLVER_REGISTRY, get_solver
     from ...solvers.param import load_solver_param
     from .chunks import param_units, unit_sizes
-    from .host import HostSync, _param_offsets
+    from .host import HostSync, _param_offsets, share_state
     from .shm import attach
     from .stats import PhaseTimer
     from .transfer import make_mover
@@ -122,46 +131,57 @@ def _run_worker(g, G, options, link):
     if options.devices is not None:
         overrides.update(solver_mode="GPU", device_id=int(options.devices[g]))
     rank, world = options.node * G + g, options.nodes * G
+    split = (g, G) if options.split else None
     if options.batch is None:
-        solver = get_solver(options.solver, shard=(rank, world), **overrides)
-    else:  # `layerforge time --batch`: the same solver over the net with another per-worker batch size
+        solver = get_solver(options.solver, shard=(rank, world), split=split, **overrides)
+    else:  # `layerforge time --batch`: the same solver over the net with another batch size
         sp = load_solver_param(options.solver, SOLVER_REGISTRY, **overrides)
         source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
         sp.net_param = set_batch_size(load_net_def(source), options.batch)
         sp.net = sp.train_net = sp.train_net_param = None
-        solver = SOLVER_REGISTRY[sp.type](sp, shard=(rank, world))
+        solver = SOLVER_REGISTRY[sp.type](sp, shard=(rank, world), split=split)
     solver.root = rank == 0
     if options.setup is not None:
         options.setup(g, solver)
     net = solver.net
     units = param_units(net)
-    link.send(("hello", unit_sizes(units), net.dtype.str, os.getpid()))
+    link.send(("hello", unit_sizes(units), net.dtype.str, os.getpid(), solver.history_per_param))
     _, names, total = link.expect("layout")
-    buffers = attach(names, G, total, net.dtype)
+    buffers = attach(names, G, total, net.dtype, solver.history_per_param)
     slots, acc, params = buffers["slots"], buffers["acc"], buffers["params"]
     offsets = _param_offsets(net, units)
     mover = make_mover(net, offsets, (slots[g], acc, params))
+    # CPU replicas of host mode share one copy of the parameters and of the update history, each updating its share
+    shared = options.sync == "HOST" and mover.host_memory
     if options.resume:  # every replica: each host-mode worker updates with its own (identical) history
         solver.restore(options.resume)
     if g == 0:
         mover.params_to_host(params)
+        if shared:
+            mover.history_to_host(solver.history, buffers["history"])
         link.send(("initial", solver.iter))
     _, start_iter = link.expect("start")
     if g != 0:
-        mover.params_from_host(params)
+        if not shared:
+            mover.params_from_host(params)
         solver.iter = start_iter
     timer = PhaseTimer()
+    if shared:
+        share_state(solver, mover, params, buffers["history"], g, G, barrier, timer)
     if options.sync == "HOST":
         HostSync(solver, link, slots[g], options.chunk_size, mover, timer)
     else:
         TreeSync(solver, link, g, slots, params, mover, timer)
     timer.install(solver)
+    follow_requests(solver, g, control)
+    if options.progress is not None and g == 0:
+        show_progress(solver, options.progress)
     if options.iterations is not None:
         solver.step(options.iterations)
     else:
         solver.solve(sigint_effect="none", sighup_effect="none")
     mover.params_to_host(slots[g])  # the parent compares the replicas
-    link.send(("done", timer.summary(), solver.iter))
+    link.send(("done", dict(timer.summary(), images_per_iteration=solver.images_per_iteration()), solver.iter))
     if g == 0:  # once the others are gone, time the exchange's operations for the cost model
         link.expect("calibrate")
         from .cost_model import measure_latency, measure_rates
@@ -171,3 +191,36 @@ def _run_worker(g, G, options, link):
     mover.close()
     buffers.close()
 
+
+
+EFFECTS = ("none", "snapshot", "stop")  # codes of control[1]
+
+
+def follow_requests(solver, g, control):
+    """Make the replica publish its iteration in ``control[2 + g]`` and carry out the request the parent writes
+    into ``control[:2]`` (the iteration to act after, the effect's code) at exactly that iteration, as every
+    other replica does (:meth:`~layerforge.dataparallel.cgdp.pool.WorkerPool.request`)."""
+    def publish(iteration, loss):
+        control[2 + g] = solver.iter
+
+    def agree(action):
+        return EFFECTS[control[1]] if control[0] == solver.iter else "none"
+
+    solver.callbacks.append(publish)
+    solver.agree_action = agree
+
+
+def show_progress(solver, interval):
+    """A progress bar (or status lines every ``interval`` s) of ``solver``'s iterations, as ``layerforge train``'s."""
+    from ...logs import Progress
+
+    bar = []
+
+    def report(iteration, loss):
+        if not bar:
+            bar.append(Progress(solver.param.max_iter, start=iteration, interval=interval))
+        bar[0].update(iteration + 1, loss)
+        if iteration + 1 >= solver.param.max_iter:
+            bar[0].close()
+
+    solver.callbacks.append(report)
