@@ -81,13 +81,16 @@ def cores():
     return max(1, min(num_threads(), len(os.sched_getaffinity(0))))
 
 
-def train_layers(sp):
-    """The LayerParameters of the TRAIN net of the SolverParameter ``sp``, as its Net includes them."""
+def train_layers(sp, batch=None):
+    """The LayerParameters of the TRAIN net of the SolverParameter ``sp``, as its Net includes them (with batch
+    ``batch`` when not None)."""
     from ..layers.layer_param import layer_included
-    from ..net.netdef import load_net_def
+    from ..net.netdef import load_net_def, set_batch_size
 
     source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
     netdef = load_net_def(source, sp.path)
+    if batch is not None:
+        set_batch_size(netdef, batch)
     state = sp.train_state
     level = state.level if state is not None and state.given("level") else netdef.state.level
     stages = tuple(netdef.state.stage) + tuple(state.stage if state is not None else ())
@@ -185,13 +188,14 @@ def choose(sp, layers, requested, measure, replicas=None):
     return Choice(mode, replicas if mode == "REPLICAS" else 1, f"trial: {trial}")
 
 
-def resolve(solver, overrides=None, requested=None, measure=None):
+def resolve(solver, overrides=None, requested=None, measure=None, batch=None):
     """The configuration ``layerforge train --solver`` uses on a CPU (see the module docstring).
 
     Args:
         solver: a solver YAML path or dict; overrides: solver key overrides (``max_iter=...``).
         requested: the command line's ``--cpu-parallel``, overriding the solver's ``cpu_parallel``.
         measure: replaces the timed trial (tests: ``measure(mode, replicas) -> images/s``).
+        batch: the batch size instead of the net's (``layerforge time --batch``).
 
     Returns a :class:`Choice`, or None when the solver runs on a GPU.
     """
@@ -212,8 +216,8 @@ def resolve(solver, overrides=None, requested=None, measure=None):
     if measure is None:
         def measure(mode, replicas):
             log.info("CPU parallelism: timing %s for the choice (once per net, batch and machine)", mode)
-            return trial(solver, overrides, mode, replicas)
-    return choose(sp, train_layers(sp), requested, measure)
+            return trial(solver, overrides, mode, replicas, batch=batch)
+    return choose(sp, train_layers(sp, batch), requested, measure)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -249,37 +253,45 @@ def warm_up_replica(g, solver, limit=20):
     solver.net.clear_param_diffs()
 
 
-def trial(solver, overrides, mode, replicas, iterations=TRIAL_ITERATIONS):
+def plan_and_warm_up_replica(g, solver):
+    """:func:`warm_up_replica` after planning the net's activation memory (``Net.optimize_memory``)."""
+    solver.net.optimize_memory()
+    warm_up_replica(g, solver)
+
+
+def trial(solver, overrides, mode, replicas, iterations=TRIAL_ITERATIONS, batch=None):
     """Images per second of full training iterations (forward, backward, exchange, update) of a throwaway
     copy of ``solver`` in ``mode`` (after the warm-up; the median of ``iterations``)."""
     if mode == "REPLICAS":
-        return replicas_rate(solver, _quiet(overrides), replicas, iterations)
-    return threads_rate(solver, _quiet(overrides), iterations)
+        return replicas_rate(solver, _quiet(overrides), replicas, iterations, batch=batch)
+    from .cgdp.workers import build_solver
 
-
-def threads_rate(solver, overrides, iterations):
-    """Images per second of ``solver`` (a path or dict) trained in this process (see :func:`trial`)."""
-    from ..solvers.solver import get_solver
-
-    s = get_solver(solver, **overrides)
+    s = build_solver(solver, _quiet(overrides), batch)
     try:
-        warm_up(s)
-        times = []
-        for _ in range(iterations):
-            t0 = time.perf_counter()
-            s.step(1)
-            times.append(time.perf_counter() - t0)
-        return s.images_per_iteration() / sorted(times)[len(times) // 2]
+        return threads_rate(s, iterations)
     finally:
         close_data_layers(s)
 
 
-def replicas_rate(solver, overrides, replicas, iterations, setup=warm_up_replica):
-    """Images per second of ``solver`` trained by ``replicas`` replicas on a split batch (see :func:`trial`)."""
+def threads_rate(solver, iterations):
+    """Images per second of full iterations of the Solver ``solver`` in this process: the median of
+    ``iterations`` after the warm-up (:func:`warm_up`)."""
+    warm_up(solver)
+    times = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        solver.step(1)
+        times.append(time.perf_counter() - t0)
+    return solver.images_per_iteration() / sorted(times)[len(times) // 2]
+
+
+def replicas_rate(solver, overrides, replicas, iterations, batch=None, setup=warm_up_replica):
+    """Images per second of ``solver`` (a path or dict) trained by ``replicas`` replicas on a split batch (whole
+    batch ``batch`` when not None): worker 0's mean iteration after the first of ``iterations + 1``."""
     from .cgdp import train_parallel
 
     result = train_parallel(solver, workers=replicas, sync="host", chunk_size=1, split=True, setup=setup,
-                            iterations=iterations + 1, log=False, **overrides)
+                            iterations=iterations + 1, batch=batch, log=False, **overrides)
     seconds = result.stats["phases_ms"]["iteration"] / 1000.0  # worker 0's mean after the first iteration
     if not seconds > 0:
         raise LayerforgeError("the replicas' trial measured no iteration time")

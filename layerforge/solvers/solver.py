@@ -103,6 +103,8 @@ class Solver:
             iteration that just finished, ``loss`` its mean loss over the iter_size passes).
         update_share: indices of the learnable parameters this solver updates (None: all); replicas whose
             parameters and history live in one shared memory each update their share.
+        loss_reduce: ``fn(loss) -> loss`` run after the iter_size passes, before the loss is smoothed and
+            displayed: replicas of one batch make it (and the train outputs) the whole batch's.
         root: False on non-root ranks: no display or snapshots there (and no testing unless test_reduce is set).
         test_reduce: ``fn(sums, loss, n) -> (sums, loss, n)`` combining the summed test outputs of all ranks
             (each rank tests its shard); when set, every rank tests.
@@ -155,6 +157,7 @@ class Solver:
         self.display_hooks = []  # fn(seconds per iteration, iterations) -> a line logged with the train display
         self.skip_update = False  # set by a gradient hook: this iteration makes no update (double buffering)
         self.update_share = None
+        self.loss_reduce = None
         self.root = True
         self.test_reduce, self.agree_action, self.snapshot_hooks = None, None, []
         self.requested_early_exit = False
@@ -213,6 +216,8 @@ class Solver:
                     break
             display = self.root and sp.display and self.iter % sp.display == 0
             loss = sum(self._forward_backward(k) for k in range(sp.iter_size)) / sp.iter_size
+            if self.loss_reduce is not None:
+                loss = self.loss_reduce(loss)
             self._update_smoothed_loss(loss)
             if display:
                 self._log_train()

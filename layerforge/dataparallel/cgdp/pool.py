@@ -11,7 +11,7 @@ import numpy
 from ...errors import LayerforgeError
 from . import shm
 from .host import HostAccumulator
-from .workers import WORKER_THREADS_ENV, worker_main
+from .workers import OUTPUT_VALUES, WORKER_THREADS_ENV, worker_main
 
 MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "MPI_LOCAL")
 
@@ -71,6 +71,8 @@ class WorkerPool:
         # [iteration to act after, effect code, each worker's iteration]: signal requests all workers follow
         self.control = self.ctx.Array("q", 2 + G, lock=False)
         self.control[0] = -1
+        # replicas of one batch (split): each one's train outputs, so worker 0 displays the whole batch's
+        self.outputs = self.ctx.Array("d", G * (2 + OUTPUT_VALUES), lock=False)
         self.finished = set()
         self.started = threading.Event()  # set once the workers train
 
@@ -86,7 +88,7 @@ class WorkerPool:
         try:
             for g in range(self.G):
                 parent, child = self.ctx.Pipe()
-                p = self.ctx.Process(target=worker_main, args=(g, self.G, self.options, child, self.barrier, self.control),
+                p = self.ctx.Process(target=worker_main, args=(g, self.G, self.options, child, self.barrier, self.control, self.outputs),
                                      name=f"layerforge-worker-{g}", daemon=True)
                 p.start()
                 child.close()

@@ -16,6 +16,7 @@ import os
 import queue
 import signal
 import threading
+import time
 import traceback
 
 from ...cores import THREAD_VARS
@@ -90,15 +91,16 @@ class Link:
         return msg
 
 
-def worker_main(g, G, options, conn, barrier, control):
+def worker_main(g, G, options, conn, barrier, control, outputs):
     """Entry point of worker ``g`` of ``G`` (runs in a spawned process); ``barrier``: a Barrier of the G workers;
-    ``control``: the shared signal requests and progress (:class:`~layerforge.dataparallel.cgdp.pool.WorkerPool`)."""
+    ``control``: the shared signal requests and progress; ``outputs``: the replicas' train outputs
+    (:class:`~layerforge.dataparallel.cgdp.pool.WorkerPool`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the workers
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # and a hang-up (a worker whose parent is gone exits)
     link = Link(conn)
     try:
-        _run_worker(g, G, options, link, barrier, control)
+        _run_worker(g, G, options, link, barrier, control, outputs)
     except LayerforgeError as e:
         link.send(("error", str(e)))
         os._exit(1)
@@ -109,13 +111,10 @@ def worker_main(g, G, options, conn, barrier, control):
     os._exit(0)
 
 
-def _run_worker(g, G, options, link, barrier, control):
+def _run_worker(g, G, options, link, barrier, control, outputs):
     import logging
 
     from ...logs import setup_logging
-    from ...net.netdef import load_net_def, set_batch_size
-    from ...solvers import SOLVER_REGISTRY, get_solver
-    from ...solvers.param import load_solver_param
     from .chunks import param_units, unit_sizes
     from .host import HostSync, _param_offsets, share_state
     from .shm import attach
@@ -132,14 +131,7 @@ def _run_worker(g, G, options, link, barrier, control):
         overrides.update(solver_mode="GPU", device_id=int(options.devices[g]))
     rank, world = options.node * G + g, options.nodes * G
     split = (g, G) if options.split else None
-    if options.batch is None:
-        solver = get_solver(options.solver, shard=(rank, world), split=split, **overrides)
-    else:  # `layerforge time --batch`: the same solver over the net with another batch size
-        sp = load_solver_param(options.solver, SOLVER_REGISTRY, **overrides)
-        source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
-        sp.net_param = set_batch_size(load_net_def(source), options.batch)
-        sp.net = sp.train_net = sp.train_net_param = None
-        solver = SOLVER_REGISTRY[sp.type](sp, shard=(rank, world), split=split)
+    solver = build_solver(options.solver, overrides, options.batch, shard=(rank, world), split=split)
     solver.root = rank == 0
     if options.setup is not None:
         options.setup(g, solver)
@@ -174,6 +166,8 @@ def _run_worker(g, G, options, link, barrier, control):
         TreeSync(solver, link, g, slots, params, mover, timer)
     timer.install(solver)
     follow_requests(solver, g, control)
+    if options.split:
+        mean_outputs(solver, g, G, outputs, link)
     if options.progress is not None and g == 0:
         show_progress(solver, options.progress)
     if options.iterations is not None:
@@ -193,7 +187,65 @@ def _run_worker(g, G, options, link, barrier, control):
 
 
 
-EFFECTS = ("none", "snapshot", "stop")  # codes of control[1]
+def build_solver(solver, overrides, batch=None, shard=None, split=None):
+    """``get_solver(solver, shard, split, **overrides)``, its net given batch ``batch`` when not None (``layerforge
+    time --batch``: the same solver over the net with another batch size)."""
+    from ...net.netdef import load_net_def, set_batch_size
+    from ...solvers import SOLVER_REGISTRY, get_solver
+    from ...solvers.param import load_solver_param
+
+    if batch is None:
+        return get_solver(solver, shard=shard, split=split, **overrides)
+    sp = load_solver_param(solver, SOLVER_REGISTRY, **overrides)
+    source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
+    sp.net_param = set_batch_size(load_net_def(source, sp.path), batch)
+    sp.net = sp.train_net = sp.train_net_param = None
+    return SOLVER_REGISTRY[sp.type](sp, shard=shard, split=split)
+
+
+EFFECTS = ("none", "snapshot", "stop")
+OUTPUT_VALUES = 256  # train output values (losses, accuracies) replicas of one batch average for the display
+
+
+def mean_outputs(solver, g, G, outputs, link):
+    """Make replica ``g`` of one batch publish its loss and train outputs in its row of ``outputs`` (G rows of
+    ``[iteration + 1, loss, values...]``) every iteration, and worker 0 display, smooth and snapshot the mean of
+    the G rows: the whole batch's, since every replica's loss is normalised by its equal share of the batch.
+    Worker 0 waits for the others' forward passes only; nobody overwrites a row before worker 0 has read it
+    (the next forward comes after the update, which waits for worker 0's chunks)."""
+    import logging
+
+    import numpy
+
+    net = solver.net
+    blobs = [net.blobs[name] for name in net.outputs]
+    count = sum(int(b.count) for b in blobs)
+    if count > OUTPUT_VALUES:
+        logging.getLogger("layerforge").warning("the train outputs hold %d values, more than the %d replicas "
+                                                "average: worker 0 shows its own", count, OUTPUT_VALUES)
+        return
+    width = 2 + OUTPUT_VALUES
+    table = numpy.frombuffer(outputs, dtype=numpy.float64).reshape(G, width)
+
+    def reduce(loss):
+        row = table[g]
+        row[1] = loss
+        if count:
+            row[2:2 + count] = numpy.concatenate([numpy.asarray(b.data, numpy.float64).reshape(-1) for b in blobs])
+        row[0] = solver.iter + 1  # written last: the row is complete
+        if g != 0:
+            return loss
+        while (table[:, 0] < solver.iter + 1).any():
+            link.check()
+            time.sleep(0.0002)
+        mean = table[:, 1:2 + count].mean(axis=0)
+        offset = 1
+        for b in blobs:
+            b.data[...] = mean[offset:offset + b.count].reshape(b.shape)
+            offset += b.count
+        return float(mean[0])
+
+    solver.loss_reduce = reduce  # codes of control[1]
 
 
 def follow_requests(solver, g, control):
