@@ -18,7 +18,9 @@ forces either. The choice is logged in one line.
 The replicas are mathematically one process with the whole batch: replica g of R trains on samples
 g, g + R, ... of what the data layers read (their shard), Dropout draws its mask for the whole batch and
 keeps its slice, the losses are normalised by the batch so the mean of the R gradients is the whole batch's,
-and every parameter gets one update from that mean. What that needs of a net is checked, not assumed.
+and every parameter gets one update from that mean; BatchNorm normalises with the whole batch's statistics,
+exchanged per layer (layerforge/dataparallel/cgdp/replica_sum.py). What that needs of a net is checked, not
+assumed.
 """
 import hashlib
 import json
@@ -121,8 +123,6 @@ def replica_refusal(layers, replicas):
                 axis = getattr(block, legacy)
         if axis is not None and axis < 1:
             return f"{where} works along axis {axis}, which is or may be the batch axis"
-        if lp.type == "BatchNorm" and lp.batch_norm.use_global_stats is not True:
-            return f"{where} normalises with statistics over the batch, which would be over batch / {replicas}"
         if lp.type == "Pooling" and lp.pooling.pool == "STOCHASTIC":
             return f"{where} draws its stochastic pooling per replica"
         if lp.type == "DummyData" and any(f.type != "CONSTANT" for f in lp.dummy_data.data_filler):

@@ -262,12 +262,15 @@ class Solver:
             if self.requested_early_exit:
                 log.info("Optimization stopped early.")
                 return
-            if self.root and sp.display and self.iter % sp.display == 0:
-                # Caffe's extra forward so the log shows the loss of the final weights
+            if (self.root or self.loss_reduce is not None) and sp.display and self.iter % sp.display == 0:
+                # Caffe's extra forward so the log shows the loss of the final weights (replicas of one batch:
+                # every replica, whose losses make the whole batch's)
                 self._feed(0)
                 self.net.forward()
-                self._update_smoothed_loss(self.net.loss)
-                log.info("Iteration %d, loss = %s", self.iter, _g(self.smoothed_loss))
+                loss = self.net.loss
+                self._update_smoothed_loss(loss if self.loss_reduce is None else self.loss_reduce(loss))
+                if self.root:
+                    log.info("Iteration %d, loss = %s", self.iter, _g(self.smoothed_loss))
             if (self.root or self.test_reduce is not None) and sp.test_interval and self.iter % sp.test_interval == 0:
                 self.test_all()
         log.info("Optimization Done.")

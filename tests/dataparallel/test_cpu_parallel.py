@@ -45,9 +45,20 @@ def source(tmp_path_factory):
 # replicas of one batch == one process with the whole batch
 
 
-@pytest.mark.parametrize("replicas,iter_size,rule", [(2, 1, "SGD"), (3, 2, "Adam")])
-def test_replicas_train_as_one_process_with_the_whole_batch(source, replicas, iter_size, rule):
-    d = solver(source, 12, iter_size=iter_size, type=rule)
+BN_CHAIN = ({"name": "bn", "type": "BatchNorm", "bottom": "pool", "top": "pool"},
+            {"name": "bn_scale", "type": "Scale", "bottom": "pool", "top": "pool", "scale": {"bias_term": True}},
+            {"name": "bn_relu", "type": "ReLU", "bottom": "pool", "top": "pool"})
+
+
+@pytest.mark.parametrize("replicas,iter_size,rule,extra,fuse", [
+    (2, 1, "SGD", (), True),
+    (3, 2, "Adam", (), True),
+    (2, 1, "SGD", BN_CHAIN, True),  # BatchNorm + Scale + ReLU fused: the whole batch's statistics
+    (3, 1, "SGD", BN_CHAIN, False),  # one by one
+])
+def test_replicas_train_as_one_process_with_the_whole_batch(source, replicas, iter_size, rule, extra, fuse):
+    d = solver(source, 12, iter_size=iter_size, type=rule, extra=extra)
+    d["net_param"]["fuse_batch_norm"] = fuse
     one = get_solver(d)
     one.solve()
     result = train_parallel(d, workers=replicas, sync="host", split=True, log=False)
@@ -82,17 +93,18 @@ def layers_of(d):
 
 
 BN = {"name": "bn", "type": "BatchNorm", "bottom": "pool", "top": "pool"}
+SUM = {"name": "sum", "type": "Reduction", "bottom": "pool", "top": "pool_sum"}
 
 
 @pytest.mark.parametrize("extra,batch,loss,reason", [
     ((), 12, {}, None),
     ((dict(BN, batch_norm={"use_global_stats": True}),), 12, {}, None),
-    ((BN,), 12, {}, "layer 'bn' (BatchNorm) normalises with statistics over the batch"),
+    ((BN,), 12, {}, None),  # with the whole batch's statistics, exchanged
     ((), 10, {}, "batch 10 (layer 'data') does not split into 3 equal replica batches"),
     ((), 12, {"normalization": "NONE"}, "layer 'loss' (SoftmaxWithLoss) sums the loss"),
     ((), 12, {"ignore_label": 1}, "layer 'loss' (SoftmaxWithLoss) divides by the count of labels not ignored"),
     ((), 12, {"ignore_label": 1, "normalization": "BATCH_SIZE"}, None),
-    (({"name": "sum", "type": "Reduction", "bottom": "pool", "top": "pool_sum"},), 12, {},
+    ((SUM,), 12, {},
      "layer 'sum' (Reduction) is not known to treat the samples of a batch independently"),
     (({"name": "cat", "type": "Concat", "bottom": ["pool", "pool"], "top": "pool2", "concat": {"axis": 0}},), 12, {},
      "layer 'cat' (Concat) works along axis 0"),
@@ -182,13 +194,13 @@ def test_forced_modes_and_refused_nets_are_not_timed(source, cache):
     untimed = Timer(threads=1.0, replicas=2.0)
     assert choose(d, "THREADS", untimed).mode == "THREADS"
     assert choose(d, "REPLICAS", untimed).mode == "REPLICAS"
-    refused = solver(source, 12, extra=(BN,))
+    refused = solver(source, 12, extra=(SUM,))
     choice = choose(refused, "AUTO", untimed)
-    assert choice.mode == "THREADS" and choice.why.startswith("replicas would not be one process: layer 'bn'")
+    assert choice.mode == "THREADS" and choice.why.startswith("replicas would not be one process: layer 'sum'")
     assert untimed.calls == [] and not cache.exists()
     with pytest.raises(ConfigError) as e:
         choose(refused, "REPLICAS", untimed)
-    assert "cpu_parallel REPLICAS would not train as one process does: layer 'bn' (BatchNorm)" in str(e.value)
+    assert "cpu_parallel REPLICAS would not train as one process does: layer 'sum' (Reduction)" in str(e.value)
     assert "\n" not in str(e.value)
 
 
@@ -202,7 +214,7 @@ def test_solver_key_and_override_reach_the_choice(source, cache, tmp_path):
     assert cpu_parallel.resolve(str(path), measure=untimed).mode == "THREADS"
     expected = "REPLICAS" if cpu_parallel.cores() > 1 else "THREADS"  # the timer rates replicas 2x
     assert cpu_parallel.resolve(str(path), requested="AUTO", measure=untimed).mode == expected
-    bad = solver(source, 12, extra=(BN,), cpu_parallel="REPLICAS")
+    bad = solver(source, 12, extra=(SUM,), cpu_parallel="REPLICAS")
     path.write_text(yaml.safe_dump(bad))
     with pytest.raises(ConfigError) as e:
         cpu_parallel.resolve(str(path), measure=untimed)

@@ -43,8 +43,10 @@ def _param_offsets(net, units):
 def share_state(solver, mover, params, history, g, G, barrier, timer):
     """Make CPU replica ``g`` of ``G`` train on one shared copy of the parameters and of the update history.
 
-    The parameters' data become views of ``params`` and the history arrays views of the rows of ``history``
-    (both already holding worker 0's values); the test nets read the shared data too. The replica updates
+    The parameters' data become views of ``params``, into which worker 0 first copies its own (the replicas'
+    starting point), and the history arrays views of the rows of ``history`` (zeros, as a fresh history is; a
+    resumed run restores into them); the test nets read the shared data too. Blobs that forward writes
+    (BatchNorm's running statistics, which every replica updates alike) stay each replica's. The replica updates
     only its share of the parameters (whole parameters, shares of about equal size: the update's time and
     memory traffic split over the replicas instead of repeated by each), with the mean gradient every slot
     holds, so every parameter gets exactly one process's update. After its update each replica waits at
@@ -55,7 +57,11 @@ def share_state(solver, mover, params, history, g, G, barrier, timer):
     from ...solvers.solver import balanced_groups
 
     net = solver.net
-    mover.attach_params(params)
+    if g == 0:
+        mover.params_to_host(params)
+    # what a layer's forward writes, not the update (BatchNorm's running statistics), stays each replica's own
+    written = {id(b) for layer in net.layers if not layer.learnable for b in layer.blobs}
+    mover.attach_params(params, keep={k for k, b in enumerate(net.learnable_params) if id(b) in written})
     mover.attach_history(solver.history, history)
     for test_net in solver.test_nets:
         test_net.share_params_with(net)

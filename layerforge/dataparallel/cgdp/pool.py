@@ -11,7 +11,7 @@ import numpy
 from ...errors import LayerforgeError
 from . import shm
 from .host import HostAccumulator
-from .workers import OUTPUT_VALUES, WORKER_THREADS_ENV, worker_main
+from .workers import WORKER_THREADS_ENV, Shared, worker_main
 
 MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "MPI_LOCAL")
 
@@ -67,12 +67,7 @@ class WorkerPool:
         self.signal_effects = signal_effects
         self.host_threads, self.ctx = host_threads, multiprocessing.get_context(start_method)
         self.procs, self.conns, self.buffers, self.accumulator = [], [], None, None
-        self.barrier = self.ctx.Barrier(G)  # host mode's CPU replicas: nobody reads parameters still being updated
-        # [iteration to act after, effect code, each worker's iteration]: signal requests all workers follow
-        self.control = self.ctx.Array("q", 2 + G, lock=False)
-        self.control[0] = -1
-        # replicas of one batch (split): each one's train outputs, so worker 0 displays the whole batch's
-        self.outputs = self.ctx.Array("d", G * (2 + OUTPUT_VALUES), lock=False)
+        self.shared = Shared(self.ctx, G)
         self.finished = set()
         self.started = threading.Event()  # set once the workers train
 
@@ -88,7 +83,7 @@ class WorkerPool:
         try:
             for g in range(self.G):
                 parent, child = self.ctx.Pipe()
-                p = self.ctx.Process(target=worker_main, args=(g, self.G, self.options, child, self.barrier, self.control, self.outputs),
+                p = self.ctx.Process(target=worker_main, args=(g, self.G, self.options, child, self.shared),
                                      name=f"layerforge-worker-{g}", daemon=True)
                 p.start()
                 child.close()
@@ -107,10 +102,11 @@ class WorkerPool:
         replica is at most one iteration ahead of the slowest, and an iteration outlasts these writes)."""
         from .workers import EFFECTS
 
-        target = max(self.control[2:2 + self.G]) + 2
-        self.control[0] = -1  # no worker may see the new target with the old effect
-        self.control[1] = EFFECTS.index(effect)
-        self.control[0] = target
+        control = self.shared.control
+        target = max(control[2:2 + self.G]) + 2
+        control[0] = -1  # no worker may see the new target with the old effect
+        control[1] = EFFECTS.index(effect)
+        control[0] = target
 
     def send(self, g, msg):
         try:

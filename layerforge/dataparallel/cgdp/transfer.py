@@ -33,16 +33,12 @@ class Mover:
         self.attached = flat.__array_interface__["data"][0]
         return True
 
-    def attach_params(self, flat):
-        """Make every parameter's data a view of its segment of ``flat``, whose values it takes (no copy)."""
-        for p, (off, n) in zip(self.params, self.offsets):
-            p.data = flat[off:off + n].reshape(p.data.shape)
-
-    def history_to_host(self, history, rows):
-        """Copy an update rule's history (``history[k * n + i]`` for parameter i) into its segments of ``rows``."""
-        for j, h in enumerate(history):
-            off, n = self.offsets[j % len(self.params)]
-            numpy.copyto(rows[j // len(self.params), off:off + n], h.reshape(-1))
+    def attach_params(self, flat, keep=()):
+        """Make every parameter's data a view of its segment of ``flat``, whose values it takes (no copy), except
+        the parameters whose indices are in ``keep``."""
+        for k, (p, (off, n)) in enumerate(zip(self.params, self.offsets)):
+            if k not in keep:
+                p.data = flat[off:off + n].reshape(p.data.shape)
 
     def attach_history(self, history, rows):
         """Make every history array a view of its segment of ``rows``, whose values it takes (no copy)."""

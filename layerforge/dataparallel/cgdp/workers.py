@@ -91,16 +91,31 @@ class Link:
         return msg
 
 
-def worker_main(g, G, options, conn, barrier, control, outputs):
-    """Entry point of worker ``g`` of ``G`` (runs in a spawned process); ``barrier``: a Barrier of the G workers;
-    ``control``: the shared signal requests and progress; ``outputs``: the replicas' train outputs
-    (:class:`~layerforge.dataparallel.cgdp.pool.WorkerPool`)."""
+class Shared:
+    """What the G workers share besides the gradient buffers, made by the parent before they start (picklable
+    only then): ``barrier`` (host mode's CPU replicas wait there after their share of the update), ``control``
+    (``[iteration to act after, effect code, each worker's iteration]``: signal requests, :func:`follow_requests`),
+    ``outputs`` (replicas of one batch: their train outputs, :func:`mean_outputs`) and ``statistics`` (their
+    BatchNorm sums, layerforge/dataparallel/cgdp/replica_sum.py)."""
+
+    def __init__(self, ctx, G):
+        from .replica_sum import table_size
+
+        self.barrier = ctx.Barrier(G)
+        self.control = ctx.Array("q", 2 + G, lock=False)
+        self.control[0] = -1
+        self.outputs = ctx.Array("d", G * (2 + OUTPUT_VALUES), lock=False)
+        self.statistics = ctx.Array("d", table_size(G), lock=False)
+
+
+def worker_main(g, G, options, conn, shared):
+    """Entry point of worker ``g`` of ``G`` (runs in a spawned process); ``shared``: a :class:`Shared`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the workers
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # and a hang-up (a worker whose parent is gone exits)
     link = Link(conn)
     try:
-        _run_worker(g, G, options, link, barrier, control, outputs)
+        _run_worker(g, G, options, link, shared)
     except LayerforgeError as e:
         link.send(("error", str(e)))
         os._exit(1)
@@ -111,12 +126,13 @@ def worker_main(g, G, options, conn, barrier, control, outputs):
     os._exit(0)
 
 
-def _run_worker(g, G, options, link, barrier, control, outputs):
+def _run_worker(g, G, options, link, shared):
     import logging
 
     from ...logs import setup_logging
     from .chunks import param_units, unit_sizes
     from .host import HostSync, _param_offsets, share_state
+    from .replica_sum import ReplicaSum, share_batch_statistics
     from .shm import attach
     from .stats import PhaseTimer
     from .transfer import make_mover
@@ -135,6 +151,8 @@ def _run_worker(g, G, options, link, barrier, control, outputs):
     solver.root = rank == 0
     if options.setup is not None:
         options.setup(g, solver)
+    if options.split:  # after the setup, whose passes (a warm-up) the replicas need not make alike
+        share_batch_statistics(solver.net, ReplicaSum(shared.statistics, g, G, link.check))
     net = solver.net
     units = param_units(net)
     link.send(("hello", unit_sizes(units), net.dtype.str, os.getpid(), solver.history_per_param))
@@ -143,31 +161,31 @@ def _run_worker(g, G, options, link, barrier, control, outputs):
     slots, acc, params = buffers["slots"], buffers["acc"], buffers["params"]
     offsets = _param_offsets(net, units)
     mover = make_mover(net, offsets, (slots[g], acc, params))
-    # CPU replicas of host mode share one copy of the parameters and of the update history, each updating its share
-    shared = options.sync == "HOST" and mover.host_memory
-    if options.resume:  # every replica: each host-mode worker updates with its own (identical) history
+    # CPU replicas of host mode share one copy of the parameters and of the update history, each updating its
+    # share; they attach at once, so that their own copies (and diffs) are let go before the others are made
+    one_copy = options.sync == "HOST" and mover.host_memory
+    timer = PhaseTimer()
+    if one_copy:
+        share_state(solver, mover, params, buffers["history"], g, G, shared.barrier, timer)
+    if options.sync == "HOST":
+        HostSync(solver, link, slots[g], options.chunk_size, mover, timer)
+    if options.resume:  # every replica (one copy: each writes the same values into the one copy)
         solver.restore(options.resume)
     if g == 0:
-        mover.params_to_host(params)
-        if shared:
-            mover.history_to_host(solver.history, buffers["history"])
+        if not one_copy:
+            mover.params_to_host(params)
         link.send(("initial", solver.iter))
     _, start_iter = link.expect("start")
     if g != 0:
-        if not shared:
+        if not one_copy:
             mover.params_from_host(params)
         solver.iter = start_iter
-    timer = PhaseTimer()
-    if shared:
-        share_state(solver, mover, params, buffers["history"], g, G, barrier, timer)
-    if options.sync == "HOST":
-        HostSync(solver, link, slots[g], options.chunk_size, mover, timer)
-    else:
+    if options.sync != "HOST":
         TreeSync(solver, link, g, slots, params, mover, timer)
     timer.install(solver)
-    follow_requests(solver, g, control)
+    follow_requests(solver, g, shared.control)
     if options.split:
-        mean_outputs(solver, g, G, outputs, link)
+        mean_outputs(solver, g, G, shared.outputs, link)
     if options.progress is not None and g == 0:
         show_progress(solver, options.progress)
     if options.iterations is not None:
