@@ -208,18 +208,18 @@ SOLVER = {"type": "SGD", "base_lr": 1e-3, "lr_policy": "fixed", "momentum": 0.9,
           "max_iter": 10 ** 6, "dtype": "float32", "snapshot_after_train": False}
 
 
-def layerforge_solver_dict(net_name, fuse_batch_norm=True):
+def layerforge_solver_dict(net_name, fuse_batch_norm=True, batch=None):
     """The SGD solver (momentum, weight decay) of the benchmark, over the layerforge net (Input layers)."""
     shape, nodes = NETS[net_name]()
-    return dict(SOLVER, net_param=layerforge_def(nodes, BATCH[net_name], shape, fuse_batch_norm))
+    return dict(SOLVER, net_param=layerforge_def(nodes, batch or BATCH[net_name], shape, fuse_batch_norm))
 
 
-def layerforge_solver(net_name, fuse_batch_norm=True):
+def layerforge_solver(net_name, fuse_batch_norm=True, batch=None):
     """The benchmark's solver in this process, with planned memory and the random data (bench_breakdown.py)."""
     sys.path.insert(0, ROOT)
     from layerforge.solvers import get_solver
 
-    solver = get_solver(layerforge_solver_dict(net_name, fuse_batch_norm))
+    solver = get_solver(layerforge_solver_dict(net_name, fuse_batch_norm, batch))
     solver.net.optimize_memory()
     fill_inputs(solver.net)
     return solver
