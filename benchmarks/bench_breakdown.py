@@ -49,11 +49,11 @@ def run_layerforge(name, iterations, replicas=1):
     sys.path.insert(0, HERE)
     import bench_train
     from layerforge.commands.time import time_net
-    from layerforge.solvers.solver import balanced_groups
+    from layerforge.dataparallel.cgdp.host import update_shares
 
     solver = bench_train.layerforge_solver(name, batch=bench_train.BATCH[name] // replicas)
     params = solver.net.learnable_params
-    solver.update_share = balanced_groups(range(len(params)), params, replicas)[0]
+    solver.update_share = update_shares(params, replicas)[0]
     net = solver.net
     timing = time_net(net, iterations)
     out = collections.defaultdict(lambda: [0.0, 0.0])

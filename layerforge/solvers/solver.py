@@ -21,6 +21,7 @@ iter_size and ``iter_size: k`` with batch b stays equivalent to batch k*b even w
 parameter whose gradient came as rows (Embed), see :meth:`Solver.update_rows`.
 """
 import collections
+import contextlib
 import logging
 import math
 import os
@@ -101,8 +102,9 @@ class Solver:
             the summed diffs in ``net.learnable_params[i].diff`` (data-parallel allreduce plugs in here).
         callbacks: ``fn(iteration, loss)`` run after each update (``iteration`` is the index of the
             iteration that just finished, ``loss`` its mean loss over the iter_size passes).
-        update_share: indices of the learnable parameters this solver updates (None: all); replicas whose
-            parameters and history live in one shared memory each update their share.
+        update_share: what of the learnable parameters this solver updates: None (all), or ``{index: rows}``,
+            rows a slice of the parameter's first axis or None (all of it); replicas whose parameters and
+            history live in one shared memory each update their share (the update is element-wise).
         loss_reduce: ``fn(loss) -> loss`` run after the iter_size passes, before the loss is smoothed and
             displayed: replicas of one batch make it (and the train outputs) the whole batch's.
         root: False on non-root ranks: no display or snapshots there (and no testing unless test_reduce is set).
@@ -363,7 +365,7 @@ class Solver:
             self.clip_gradients()
             self.normalize()
         params = self.net.learnable_params
-        share = range(len(params)) if self.update_share is None else sorted(self.update_share)
+        share = dict.fromkeys(range(len(params))) if self.update_share is None else self.update_share
         for i in self._lazy:  # swaps parameter and history slots for the call: on this thread only
             if i in share:
                 self.update_rows(i, rate, self._lazy[i])
@@ -374,11 +376,31 @@ class Solver:
         def update(lo, hi):
             for group in groups[lo:hi]:
                 for i in group:
-                    self.regularize(i)
-                    self.compute_update(i, rate)
-                    params[i].data -= params[i].diff
+                    with self._share_of(i, share[i]):
+                        self.regularize(i)
+                        self.compute_update(i, rate)
+                        params[i].data -= params[i].diff
         largest = max((params[i].count for group in groups for i in group), default=0)
         parallel_for(len(groups), update, work=largest if self.xp is numpy else 0)
+
+    @contextlib.contextmanager
+    def _share_of(self, i, rows):
+        """Parameter ``i`` and its history slots seen as their ``rows`` (views; None: all) within the block."""
+        if rows is None:
+            yield
+            return
+        params, n = self.net.learnable_params, len(self.net.learnable_params)
+        p, slots = params[i], [k * n + i for k in range(self.history_per_param)]
+        full = [self.history[s] for s in slots]
+        params[i] = _Rows(p, p.diff[rows], p.data[rows])
+        for s, h in zip(slots, full):
+            self.history[s] = h[rows]
+        try:
+            yield
+        finally:
+            params[i] = p
+            for s, h in zip(slots, full):
+                self.history[s] = h
 
     def _lazy_rows(self):
         if self.param.sparse_update != "LAZY":

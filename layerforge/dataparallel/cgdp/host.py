@@ -47,15 +47,13 @@ def share_state(solver, mover, params, history, g, G, barrier, timer):
     starting point), and the history arrays views of the rows of ``history`` (zeros, as a fresh history is; a
     resumed run restores into them); the test nets read the shared data too. Blobs that forward writes
     (BatchNorm's running statistics, which every replica updates alike) stay each replica's. The replica updates
-    only its share of the parameters (whole parameters, shares of about equal size: the update's time and
-    memory traffic split over the replicas instead of repeated by each), with the mean gradient every slot
+    only its share of the parameters (:func:`update_shares`: the update's time and memory traffic split over the
+    replicas instead of repeated by each), with the mean gradient every slot
     holds, so every parameter gets exactly one process's update. After its update each replica waits at
     ``barrier`` for the others: no replica reads a parameter of the next iteration (or snapshots) while
     another still writes it. Before the update nobody writes: every chunk has been combined, so every
     replica has finished the backward passes that read the parameters.
     """
-    from ...solvers.solver import balanced_groups
-
     net = solver.net
     if g == 0:
         mover.params_to_host(params)
@@ -65,8 +63,7 @@ def share_state(solver, mover, params, history, g, G, barrier, timer):
     mover.attach_history(solver.history, history)
     for test_net in solver.test_nets:
         test_net.share_params_with(net)
-    shares = balanced_groups(range(len(net.learnable_params)), net.learnable_params, G)
-    solver.update_share = shares[g] if g < len(shares) else []
+    solver.update_share = update_shares(net.learnable_params, G)[g]
 
     def wait_for_the_others(iteration, loss):
         t0 = time.perf_counter()
@@ -74,6 +71,23 @@ def share_state(solver, mover, params, history, g, G, barrier, timer):
         timer.add("exchange", time.perf_counter() - t0)
 
     solver.callbacks.insert(0, wait_for_the_others)
+
+
+def update_shares(params, G):
+    """``[{parameter index: rows}]`` for G replicas: the parameters' rows (first axis) in order, cut into G runs of
+    about equal size (``rows`` a slice, or None for the whole parameter), so that one large parameter does not make
+    one replica's share large. Every row is in exactly one share; a share may be empty."""
+    total = sum(int(p.count) for p in params)
+    shares, start = [{} for _ in range(G)], 0
+    for k, p in enumerate(params):
+        rows = int(p.shape[0]) if len(p.shape) else 1
+        per_row = int(p.count) // rows if rows else 0
+        owner = numpy.minimum(G - 1, (start + per_row * numpy.arange(rows)) * G // max(1, total))
+        for r in numpy.unique(owner):
+            hit = numpy.flatnonzero(owner == r)
+            shares[int(r)][k] = None if len(hit) == rows else slice(int(hit[0]), int(hit[-1]) + 1)
+        start += int(p.count)
+    return shares
 
 
 class ChunkedBackward:
