@@ -186,8 +186,8 @@ def time_training(args, solver):
 
     def measure(mode, replicas):
         if mode not in rates:
-            rates[mode] = (cpu_parallel.threads_rate(solver, iterations) if mode == "THREADS" else
-                           cpu_parallel.replicas_rate(source, {}, replicas, iterations, args.batch, setup))
+            rates[mode] = (cpu_parallel.threads_rate(solver, iterations, best=False) if mode == "THREADS" else
+                           cpu_parallel.replicas_rate(source, {}, replicas, iterations, args.batch, setup, best=False))
         return rates[mode]
 
     choice = cpu_parallel.Choice("THREADS", 1, "on a GPU") if solver.xp is not numpy else \

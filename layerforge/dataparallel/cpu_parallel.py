@@ -17,7 +17,7 @@ forces either. The choice is logged in one line.
 
 The replicas are mathematically one process with the whole batch: replica g of R trains on samples
 g, g + R, ... of what the data layers read (their shard), Dropout draws its mask for the whole batch and
-keeps its slice, the losses are normalised by the batch so the mean of the R gradients is the whole batch's,
+keeps its samples' rows, the losses are normalised by the batch so the mean of the R gradients is the whole batch's,
 and every parameter gets one update from that mean; BatchNorm normalises with the whole batch's statistics,
 exchanged per layer (layerforge/dataparallel/cgdp/replica_sum.py). What that needs of a net is checked, not
 assumed.
@@ -35,22 +35,21 @@ from ..kernels.engine_cache import ChoiceCache, machine_key
 
 log = logging.getLogger("layerforge")
 
-MODES = ("AUTO", "THREADS", "REPLICAS")
 CACHE = ChoiceCache("cpu_parallel.json", "CPU parallelism cache")
 TRIAL_ITERATIONS = 3  # timed iterations per configuration, after the warm-up
 MARGIN = 1.03  # replicas hold more memory and processes: they must win by more than the trial's noise
 
 # Layer types whose output for a sample depends only on that sample (and the parameters), so R replicas on
 # batch / R compute what one process computes on the batch; the dict value names the block whose ``axis``
-# must not be the batch axis. Types not listed (BatchNorm with batch statistics, Reduction, recurrent layers,
-# Python layers, ...) are refused by name.
+# must not be the batch axis. BatchNorm is here because the replicas exchange its statistics. Types not listed
+# (Reduction, recurrent layers, Embed, Python layers, MemoryData, ...) are refused by name.
 PER_SAMPLE = {
     "Convolution": "convolution", "Deconvolution": "convolution", "Pooling": None, "SPP": None, "Im2col": None,
     "InnerProduct": "inner_product", "Scale": "scale", "Bias": "bias", "PReLU": None, "LRN": None, "MVN": None,
     "ReLU": None, "Sigmoid": None, "TanH": None, "ELU": None, "AbsVal": None, "BNLL": None, "Clip": None,
     "Exp": None, "Log": None, "Power": None, "Swish": None, "Threshold": None, "Dropout": None,
     "Eltwise": None, "Split": None, "Concat": "concat", "Slice": "slice", "Flatten": "flatten", "Crop": "crop",
-    "Tile": "tile", "Softmax": "softmax", "ArgMax": None, "Silence": None, "Accuracy": "accuracy",
+    "Tile": "tile", "Softmax": "softmax", "ArgMax": "argmax", "Silence": None, "Accuracy": "accuracy",
     "SoftmaxWithLoss": "softmax", "InfogainLoss": "infogain_loss", "MultinomialLogisticLoss": None,
     "SigmoidCrossEntropyLoss": None, "EuclideanLoss": None, "ContrastiveLoss": None, "HingeLoss": None,
     "Input": None, "Data": None, "ImageData": None, "HDF5Data": None, "DummyData": None, "BatchNorm": None,
@@ -261,7 +260,8 @@ def plan_and_warm_up_replica(g, solver):
 
 def trial(solver, overrides, mode, replicas, iterations=TRIAL_ITERATIONS, batch=None):
     """Images per second of full training iterations (forward, backward, exchange, update) of a throwaway
-    copy of ``solver`` in ``mode`` (after the warm-up; the median of ``iterations``)."""
+    copy of ``solver`` in ``mode``: the fastest of ``iterations`` after the warm-up (as timeit does: other
+    work on the machine only ever slows an iteration down)."""
     if mode == "REPLICAS":
         return replicas_rate(solver, _quiet(overrides), replicas, iterations, batch=batch)
     from .cgdp.workers import build_solver
@@ -273,26 +273,28 @@ def trial(solver, overrides, mode, replicas, iterations=TRIAL_ITERATIONS, batch=
         close_data_layers(s)
 
 
-def threads_rate(solver, iterations):
-    """Images per second of full iterations of the Solver ``solver`` in this process: the median of
-    ``iterations`` after the warm-up (:func:`warm_up`)."""
+def threads_rate(solver, iterations, best=True):
+    """Images per second of full iterations of the Solver ``solver`` in this process, after the warm-up
+    (:func:`warm_up`): the fastest of ``iterations`` (``best``) or their mean."""
     warm_up(solver)
     times = []
     for _ in range(iterations):
         t0 = time.perf_counter()
         solver.step(1)
         times.append(time.perf_counter() - t0)
-    return solver.images_per_iteration() / sorted(times)[len(times) // 2]
+    return solver.images_per_iteration() / (min(times) if best else sum(times) / len(times))
 
 
-def replicas_rate(solver, overrides, replicas, iterations, batch=None, setup=warm_up_replica):
+def replicas_rate(solver, overrides, replicas, iterations, batch=None, setup=warm_up_replica, best=True):
     """Images per second of ``solver`` (a path or dict) trained by ``replicas`` replicas on a split batch (whole
-    batch ``batch`` when not None): worker 0's mean iteration after the first of ``iterations + 1``."""
+    batch ``batch`` when not None): the fastest (``best``) or the mean of ``iterations`` whole iterations, timed
+    between the ends of two iterations' exchanges, after a first one."""
     from .cgdp import train_parallel
 
     result = train_parallel(solver, workers=replicas, sync="host", chunk_size=1, split=True, setup=setup,
                             iterations=iterations + 1, batch=batch, log=False, **overrides)
-    seconds = result.stats["phases_ms"]["iteration"] / 1000.0  # worker 0's mean after the first iteration
+    times = result.iteration_times[-iterations:] or [result.stats["phases_ms"]["iteration"] / 1000.0]  # no chunks
+    seconds = min(times) if best else sum(times) / len(times)
     if not seconds > 0:
         raise LayerforgeError("the replicas' trial measured no iteration time")
     return result.stats["images_per_iteration"] / seconds
