@@ -124,8 +124,6 @@ def replica_refusal(layers, replicas):
             return f"{where} works along axis {axis}, which is or may be the batch axis"
         if lp.type == "Pooling" and lp.pooling.pool == "STOCHASTIC":
             return f"{where} draws its stochastic pooling per replica"
-        if lp.type == "DummyData" and any(f.type != "CONSTANT" for f in lp.dummy_data.data_filler):
-            return f"{where} draws random data per replica"
         if any(getattr(getattr(lp, block, None), "rand_skip", 0) for block in DATA_BLOCKS):
             return f"{where} skips a random number of records in each replica's shard"
         if lp.type in NORMALISED:

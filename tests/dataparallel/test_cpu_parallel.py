@@ -123,17 +123,23 @@ def test_replica_refusals_name_the_layer(source, extra, batch, loss, reason):
         assert refusal.startswith(reason), refusal
 
 
-def test_random_dummy_data_is_refused_and_constant_dummy_data_is_not():
-    def with_filler(filler):
-        return {"net_param": {"name": "dummy", "layers": [
-            {"name": "data", "type": "DummyData", "top": ["x", "label"],
-             "dummy_data": {"shape": [[4, 3], [4]], "data_filler": [filler, {"type": "constant"}]}},
-            {"name": "ip", "type": "InnerProduct", "bottom": "x", "top": "ip", "inner_product": {"num_output": 2}},
-            {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]}}
-
-    assert cpu_parallel.replica_refusal(layers_of(with_filler({"type": "constant", "value": 1})), 2) is None
-    refusal = cpu_parallel.replica_refusal(layers_of(with_filler({"type": "gaussian"})), 2)
-    assert refusal == "layer 'data' (DummyData) draws random data per replica"
+def test_random_dummy_data_trains_as_one_process(tmp_path):
+    """DummyData refilled from the random stream (the zoo's synthetic data) draws the whole batch in each replica."""
+    d = {"net_param": {"name": "dummy", "layers": [
+        {"name": "data", "type": "DummyData", "top": ["x", "label"],
+         "dummy_data": {"shape": [[6, 3], [6]], "integer": [False, True],
+                        "data_filler": [{"type": "gaussian"}, {"type": "uniform", "min": 0, "max": 2}]}},
+        {"name": "ip", "type": "InnerProduct", "bottom": "x", "top": "ip",
+         "inner_product": {"num_output": 2, "weight_filler": {"type": "xavier"}}},
+        {"name": "drop", "type": "Dropout", "bottom": "ip", "top": "ip"},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]},
+        "base_lr": 0.1, "momentum": 0.9, "max_iter": 5, "dtype": "float64", "random_seed": 7,
+        "snapshot_after_train": False}
+    assert cpu_parallel.replica_refusal(layers_of(d), 3) is None
+    one = get_solver(d)
+    one.solve()
+    result = train_parallel(d, workers=3, sync="host", split=True, log=False)
+    numpy.testing.assert_allclose(result.params[0], flat_params(one), rtol=1e-10, atol=1e-12)
 
 
 # --------------------------------------------------------------------------------------------------
