@@ -178,7 +178,11 @@ def choose(sp, layers, requested, measure, replicas=None):
         return Choice(mode, replicas if mode == "REPLICAS" else 1,
                       f"remembered from a trial: {cached.get('trial', '?')}")
     threads_rate = measure("THREADS", 1)
-    replicas_rate = measure("REPLICAS", replicas)
+    try:
+        replicas_rate = measure("REPLICAS", replicas)
+    except LayerforgeError as e:  # the net ran in one process: train it so, and time the replicas next time
+        log.warning("CPU parallelism: the replicas' trial failed (%s)", e)
+        return Choice("THREADS", 1, "the replicas' trial failed")
     mode = "REPLICAS" if replicas_rate > MARGIN * threads_rate else "THREADS"
     trial = f"{replicas_rate:.2f} img/s with {replicas} replicas, {threads_rate:.2f} img/s with threads"
     CACHE.store(machine, key, {"mode": mode, "trial": trial})

@@ -7,7 +7,7 @@ import pytest
 
 from layerforge.dataparallel import cpu_parallel
 from layerforge.dataparallel.cgdp import train_parallel
-from layerforge.errors import ConfigError
+from layerforge.errors import ConfigError, LayerforgeError
 from layerforge.kernels import engine_cache
 from layerforge.solvers import get_solver
 from layerforge.solvers.param import load_solver_param
@@ -188,6 +188,18 @@ def test_auto_times_both_once_and_remembers_the_faster(source, cache):
 
     other = Timer(threads=99.0, replicas=1.0)  # another batch is another key: timed again
     assert choose(solver(source, 8), timer=other).mode == "THREADS" and len(other.calls) == 2
+
+
+def test_a_failing_replicas_trial_leaves_one_process_and_no_choice(source, cache, caplog):
+    def measure(mode, replicas):
+        if mode == "REPLICAS":
+            raise LayerforgeError("worker 1 (pid 42) was killed by signal SIGKILL; the job was stopped")
+        return 1.0
+
+    choice = choose(solver(source, 12), timer=measure)
+    assert (choice.mode, choice.why) == ("THREADS", "the replicas' trial failed")
+    assert "the replicas' trial failed (worker 1 (pid 42) was killed" in caplog.text
+    assert not cache.exists()
 
 
 def test_replicas_must_win_by_the_margin(source, cache):
