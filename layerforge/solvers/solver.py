@@ -370,31 +370,37 @@ class Solver:
             if i in share:
                 self.update_rows(i, rate, self._lazy[i])
         # every other parameter's update is independent of the rest: whole parameters go to the kernel threads
-        # in groups of about equal size (the same operations per parameter, so the same bits for any count)
+        # in groups of about equal size (the same operations per parameter, so the same bits for any count);
+        # on the host each one in blocks, whose regularisation, rule and step run while the block is in the
+        # cache (and whose temporaries are reused, not faulted in): element-wise, so the same bits
         groups = balanced_groups([i for i in share if i not in self._lazy], params, num_threads())
+        block = UPDATE_BLOCK if self.xp is numpy else None
 
         def update(lo, hi):
             for group in groups[lo:hi]:
                 for i in group:
-                    with self._share_of(i, share[i]):
-                        self.regularize(i)
-                        self.compute_update(i, rate)
-                        params[i].data -= params[i].diff
+                    for part in _parts(params[i], share[i], block):
+                        with self._part_of(i, part):
+                            self.regularize(i)
+                            self.compute_update(i, rate)
+                            params[i].data -= params[i].diff
         largest = max((params[i].count for group in groups for i in group), default=0)
         parallel_for(len(groups), update, work=largest if self.xp is numpy else 0)
 
     @contextlib.contextmanager
-    def _share_of(self, i, rows):
-        """Parameter ``i`` and its history slots seen as their ``rows`` (views; None: all) within the block."""
-        if rows is None:
+    def _part_of(self, i, part):
+        """Parameter ``i`` and its history slots seen as their elements ``part = (start, stop)`` (flat views; None:
+        all of them) within the block."""
+        if part is None:
             yield
             return
         params, n = self.net.learnable_params, len(self.net.learnable_params)
         p, slots = params[i], [k * n + i for k in range(self.history_per_param)]
         full = [self.history[s] for s in slots]
-        params[i] = _Rows(p, p.diff[rows], p.data[rows])
+        cut = slice(*part)
+        params[i] = _Rows(p, p.diff.reshape(-1)[cut], p.data.reshape(-1)[cut])
         for s, h in zip(slots, full):
-            self.history[s] = h[rows]
+            self.history[s] = h.reshape(-1)[cut]
         try:
             yield
         finally:
@@ -571,6 +577,21 @@ class Solver:
                 break
         kept = f"the last good snapshot is {self.last_snapshot}" if self.last_snapshot else "no snapshot was written"
         return NonFiniteError(f"iteration {self.iter}: {what}{culprit}; training stopped ({kept})")
+
+
+UPDATE_BLOCK = 1 << 18  # elements of a parameter the update takes at a time on the host (1 MiB of float32)
+
+
+def _parts(param, rows, block):
+    """The element ranges of ``param`` (its ``rows``: a slice of the first axis, or None for all) to update one at
+    a time: blocks of ``block`` elements (None: the whole range); None for the whole parameter in one piece."""
+    count = int(param.count)
+    per_row = count // int(param.shape[0]) if len(param.shape) and param.shape[0] else count
+    start, stop = (0, count) if rows is None else (rows.start * per_row, rows.stop * per_row)
+    if (start, stop) == (0, count) and (block is None or count <= block):
+        return [None]
+    step = block or stop - start
+    return [(a, min(stop, a + step)) for a in range(start, stop, step)]
 
 
 def balanced_groups(indices, params, count):
