@@ -588,7 +588,8 @@ def _parts(param, rows, block):
     count = int(param.count)
     per_row = count // int(param.shape[0]) if len(param.shape) and param.shape[0] else count
     start, stop = (0, count) if rows is None else (rows.start * per_row, rows.stop * per_row)
-    if (start, stop) == (0, count) and (block is None or count <= block):
+    flat = param.data.flags.c_contiguous and param.diff.flags.c_contiguous  # flat views, not copies
+    if (start, stop) == (0, count) and (block is None or count <= block or not flat):
         return [None]
     step = block or stop - start
     return [(a, min(stop, a + step)) for a in range(start, stop, step)]
