@@ -1,6 +1,6 @@
 """Where a training iteration's time goes, layerforge beside PyTorch CPU, by kind of operation.
 
-    python benchmarks/bench_breakdown.py [--nets resnet50,alexnet] [--threads 2] [--iterations 3]
+    python benchmarks/bench_breakdown.py [--nets resnet50,alexnet] [--threads 2] [--iterations 3] [--replicas 2]
 
 The nets are bench_train.py's (one definition builds both frameworks' nets). layerforge: `layerforge time`'s
 per-layer forward and backward times (``commands.time.time_net``), summed by layer type, plus the SGD
@@ -8,6 +8,12 @@ solver's update timed on its own. PyTorch: the profiler's self CPU time per aten
 iterations, mapped to the same kinds; what maps to no kind (autograd's bookkeeping, LRN's pieces, the
 adds of Split's gradients, fills) is "other". Each framework runs in its own subprocess with ``--threads``
 BLAS / intra-op threads. Milliseconds per iteration.
+
+``--replicas R``: layerforge as one of R single-threaded replicas of the batch (cpu_parallel REPLICAS): R
+subprocesses at once, each with one thread and batch / R (so that they contend for the memory and caches as
+the replicas do), the update of one replica's share of the parameters; replica 0's times. The exchange of
+the gradients, which a replica waits for only at the end of backward, is not in the table (``layerforge time``
+and the trainer's phases give it).
 """
 import argparse
 import collections
@@ -38,13 +44,16 @@ TORCH_KIND = {
 }
 
 
-def run_layerforge(name, iterations):
+def run_layerforge(name, iterations, replicas=1):
     sys.path.insert(0, ROOT)
     sys.path.insert(0, HERE)
     import bench_train
     from layerforge.commands.time import time_net
+    from layerforge.dataparallel.cgdp.host import update_shares
 
-    solver = bench_train.layerforge_solver(name)
+    solver = bench_train.layerforge_solver(name, batch=bench_train.BATCH[name] // replicas)
+    params = solver.net.learnable_params
+    solver.update_share = update_shares(params, replicas)[0]
     net = solver.net
     timing = time_net(net, iterations)
     out = collections.defaultdict(lambda: [0.0, 0.0])
@@ -100,20 +109,25 @@ def run_torch(name, iterations, threads):
 
 
 def child(args):
-    result = run_layerforge(args.net, args.iterations) if args.child == "layerforge" else \
+    result = run_layerforge(args.net, args.iterations, args.replicas) if args.child == "layerforge" else \
         run_torch(args.net, args.iterations, args.threads)
     print(json.dumps(result))
 
 
-def measure(framework, net, iterations, threads):
+def measure(framework, net, iterations, threads, replicas=1):
+    """One child's figures; with ``replicas`` > 1 that many single-threaded children at once, replica 0's."""
+    threads = 1 if replicas > 1 else threads
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads))
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", framework, "--net", net,
-                           "--iterations", str(iterations), "--threads", str(threads)],
-                          capture_output=True, text=True, env=env)
-    if proc.returncode:
-        sys.exit(f"{framework} {net} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", framework, "--net", net,
+                               "--iterations", str(iterations), "--threads", str(threads), "--replicas",
+                               str(replicas)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(replicas)]
+    outputs = [proc.communicate() for proc in procs]
+    for proc, (out, err) in zip(procs, outputs):
+        if proc.returncode:
+            sys.exit(f"{framework} {net} failed:\n{err[-3000:]}")
+    return json.loads(outputs[0][0].strip().splitlines()[-1])
 
 
 def main():
@@ -121,15 +135,19 @@ def main():
     parser.add_argument("--nets", default="resnet50,alexnet")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="layerforge as one of this many single-threaded replicas on batch / replicas")
     parser.add_argument("--child", choices=("layerforge", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--net", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args)
     for net in args.nets.split(","):
-        lf = measure("layerforge", net, args.iterations, args.threads)
+        lf = measure("layerforge", net, args.iterations, args.threads, args.replicas)
         pt = measure("torch", net, args.iterations, args.threads)
-        print(f"\n{net}, {args.threads} threads, ms per iteration (load {os.getloadavg()[0]:.2f})\n")
+        how = f"one of {args.replicas} single-threaded replicas" if args.replicas > 1 else f"{args.threads} threads"
+        print(f"\n{net}, layerforge {how}, torch {args.threads} threads, ms per iteration "
+              f"(load {os.getloadavg()[0]:.2f})\n")
         print("| kind | layerforge fwd | layerforge bwd | torch fwd | torch bwd | layerforge - torch |")
         print("|---|---:|---:|---:|---:|---:|")
         sums = [0.0] * 4

@@ -1,6 +1,7 @@
-"""Full training iterations (forward + backward + SGD update) in layerforge and in PyTorch CPU, side by side.
+"""Training images/s (forward + backward + SGD update) in layerforge and in PyTorch CPU, side by side.
 
     python benchmarks/bench_train.py [--nets lenet,alexnet,resnet50,vgg16] [--iterations 3] [--threads 2]
+                                     [--cpu-parallel AUTO|THREADS|REPLICAS]
 
 Each net is described once below as a list of nodes; the same list builds a layerforge net (a dict
 with Input, Convolution, BatchNorm + Scale, ...) and a PyTorch module, so both run the same
@@ -10,15 +11,24 @@ architecture: LeNet (Caffe's MNIST example), AlexNet (Caffe's bvlc_alexnet: LRN,
 rounding in both. The update is momentum SGD with weight decay on every parameter: layerforge's SGD solver
 (apply_update, on the kernel threads) and torch.optim.SGD for torch.
 
-Every (framework, net) runs in its own subprocess so that its peak RSS (ru_maxrss) is its own; both
-use ``--threads`` BLAS / intra-op threads. Warm-up iterations run first (layerforge: until every AUTO
-convolution has settled its engines), then the median of ``--iterations`` timed ones is reported.
+layerforge runs in its default configuration, the one ``layerforge train`` uses on this machine
+(layerforge/dataparallel/cpu_parallel.py: one process on ``--threads`` cores, or one single-threaded replica per
+core on batch / cores; AUTO's choice is made, or taken from its cache, in a subprocess of its own before the timed
+rounds, so its trial is never timed or counted); ``--cpu-parallel`` forces one. PyTorch runs with ``--threads``
+intra-op threads on the same batch.
+
+Every (framework, net) round runs in its own subprocess; ``--rounds`` alternate the two so that contention hits both
+alike. Warm-up iterations run first (layerforge: until every AUTO convolution has settled its engines), then
+``--iterations`` timed ones. Memory is the peak resident memory of the subprocess and all its descendants together,
+sampled every 50 ms from outside (``PeakMemory``): the replicas' shared memory is counted once, as one process's
+memory would be.
 """
 import argparse
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -194,55 +204,85 @@ def torch_module(nodes, shape):
 # --------------------------------------------------------------------------------------------------
 # one framework, one net (run in a subprocess)
 
-def max_rss():
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+SOLVER = {"type": "SGD", "base_lr": 1e-3, "lr_policy": "fixed", "momentum": 0.9, "weight_decay": 5e-4,
+          "max_iter": 10 ** 6, "dtype": "float32", "snapshot_after_train": False}
 
 
-def layerforge_solver(net_name, fuse_batch_norm=True):
-    """The SGD solver (momentum, weight decay) over the layerforge net, with planned memory and random data."""
-    import numpy
+def layerforge_solver_dict(net_name, fuse_batch_norm=True, batch=None):
+    """The SGD solver (momentum, weight decay) of the benchmark, over the layerforge net (Input layers)."""
+    shape, nodes = NETS[net_name]()
+    return dict(SOLVER, net_param=layerforge_def(nodes, batch or BATCH[net_name], shape, fuse_batch_norm))
+
+
+def layerforge_solver(net_name, fuse_batch_norm=True, batch=None):
+    """The benchmark's solver in this process, with planned memory and the random data (bench_breakdown.py)."""
     sys.path.insert(0, ROOT)
     from layerforge.solvers import get_solver
 
-    shape, nodes = NETS[net_name]()
-    batch = BATCH[net_name]
-    # the update is the SGD solver's own (on the kernel threads), as in training
-    solver = get_solver({"net_param": layerforge_def(nodes, batch, shape, fuse_batch_norm), "type": "SGD",
-                         "base_lr": 1e-3, "lr_policy": "fixed", "momentum": 0.9, "weight_decay": 5e-4,
-                         "max_iter": 1, "dtype": "float32"})
-    net = solver.net
-    net.optimize_memory()
-    g = numpy.random.default_rng(0)
-    net.blobs["data"].data[...] = g.standard_normal(net.blobs["data"].shape)
-    net.blobs["label"].data[...] = g.integers(0, shape[2], batch)
+    solver = get_solver(layerforge_solver_dict(net_name, fuse_batch_norm, batch))
+    solver.net.optimize_memory()
+    fill_inputs(solver.net)
     return solver
 
 
-def run_layerforge(net_name, iterations, threads, fuse_batch_norm=True):
+def fill_inputs(net, split=None):
+    """Random data and labels of the whole batch (seed 0); a replica of a split batch takes its samples."""
+    import numpy
+
+    index, count = split or (0, 1)
+    g = numpy.random.default_rng(0)
+    data, label = net.blobs["data"], net.blobs["label"]
+    x = g.standard_normal((data.shape[0] * count,) + tuple(data.shape[1:]))
+    classes = net.bottom_blobs(len(net.layers) - 1)[0].shape[1]  # the scores the loss reads
+    y = g.integers(0, classes, label.shape[0] * count)
+    data.data[...] = x[index::count]
+    label.data[...] = y[index::count]
+
+
+def replica_setup(g, solver):
+    """WorkerOptions.setup of the benchmark's replicas: planned memory, the data, AUTO's engines settled."""
+    sys.path.insert(0, ROOT)
+    from layerforge.dataparallel.cpu_parallel import warm_up_replica
+
+    solver.net.optimize_memory()
+    fill_inputs(solver.net, solver.net.split)
+    warm_up_replica(g, solver)
+
+
+def choose_layerforge(net_name, requested, fuse_batch_norm=True):
+    """The configuration layerforge train would use (AUTO: from the cache, or a trial stored there)."""
+    sys.path.insert(0, ROOT)
+    from layerforge.dataparallel.cpu_parallel import resolve
+
+    choice = resolve(layerforge_solver_dict(net_name, fuse_batch_norm), requested=requested)
+    return {"mode": choice.mode, "replicas": choice.replicas, "why": choice.why}
+
+
+def run_layerforge(net_name, iterations, mode, replicas, fuse_batch_norm=True):
+    sys.path.insert(0, ROOT)
+    if mode == "REPLICAS":
+        from layerforge.dataparallel.cgdp import train_parallel
+
+        result = train_parallel(layerforge_solver_dict(net_name, fuse_batch_norm), workers=replicas, sync="host",
+                                chunk_size=1, split=True, setup=replica_setup, iterations=iterations + 1,
+                                log=False)
+        times = result.iteration_times[-iterations:]  # between the ends of two iterations' exchanges
+        return {"times": times, "mode": mode, "replicas": replicas}
     solver = layerforge_solver(net_name, fuse_batch_norm)
     net = solver.net
-
-    def step():
-        net.clear_param_diffs()
-        net.forward()
-        net.backward()
-        solver.apply_update()
-
     convs = [layer for layer in net.layers if hasattr(layer, "engine_choice")]
     warm = 0
     while warm < 1 or (warm < 10 and any(None in layer.engine_choice.values() for layer in convs)):
-        step()
+        solver.step(1)
         warm += 1
     times = []
     for _ in range(iterations):
         t0 = time.perf_counter()
-        step()
+        solver.step(1)
         times.append(time.perf_counter() - t0)
-    report = net.memory_report()
     engines = {layer.name: "/".join(layer.engine_choice.values()) for layer in convs}
-    return {"times": times, "warmup": warm, "max_rss": max_rss(), "counted_peak_bytes": report["peak_bytes"],
-            "engines": engines}
+    return {"times": times, "mode": mode, "replicas": 1, "warmup": warm,
+            "counted_peak_bytes": net.memory_report()["peak_bytes"], "engines": engines}
 
 
 def run_torch(net_name, iterations, threads):
@@ -269,26 +309,101 @@ def run_torch(net_name, iterations, threads):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    return {"times": times, "warmup": 1, "max_rss": max_rss()}
+    return {"times": times, "warmup": 1}
 
 
 def child(args):
-    if args.child == "layerforge":
-        result = run_layerforge(args.net, args.iterations, args.threads, not args.no_fuse)
+    if args.child == "choose":
+        result = choose_layerforge(args.net, args.cpu_parallel, not args.no_fuse)
+    elif args.child == "layerforge":
+        result = run_layerforge(args.net, args.iterations, args.mode, args.replicas, not args.no_fuse)
     else:
         result = run_torch(args.net, args.iterations, args.threads)
     print(json.dumps(result))
 
 
-def measure(framework, net, iterations, threads, no_fuse=False):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads))
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", framework, "--net", net,
-                           "--iterations", str(iterations), "--threads", str(threads)] + ["--no-fuse"] * no_fuse,
-                          capture_output=True, text=True, env=env)
+# --------------------------------------------------------------------------------------------------
+# the parent: subprocesses, their memory, the table
+
+def _tree(root):
+    """``root`` and its descendants (pids), from /proc."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    pids, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        todo += children.get(pid, [])
+    return pids
+
+
+def _resident(pid):
+    """``(RssAnon + RssFile, RssShmem)`` of a process in bytes, from /proc/PID/status (counters: cheap to read)."""
+    fields = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
+                    key, value = line.split(":", 1)
+                    fields[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return fields.get("RssAnon", 0) + fields.get("RssFile", 0), fields.get("RssShmem", 0)
+
+
+class PeakMemory:
+    """The peak, sampled every ``interval`` s, of the memory of a process and its descendants together: their
+    private and file-backed resident pages summed, plus the largest shared-memory residency of any of them (the
+    replicas and their parent map the same segments). Libraries each process maps count once per process, so
+    this errs high for several processes. (Their PSS, from smaps_rollup, would split those too, but reading it
+    walks the page tables: 0.6 s for a process of 13 GB here, and it holds up the process's own allocations.)"""
+
+    def __init__(self, pid, interval=0.05):
+        self.pid, self.interval, self.peak = pid, interval, 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        samples, pids = 0, []
+        while not self.done.is_set():
+            if samples % 20 == 0:  # the process tree, once a second
+                pids = _tree(self.pid)
+            own, shared = zip(*[_resident(p) for p in pids]) if pids else ((0,), (0,))
+            self.peak = max(self.peak, sum(own) + max(shared))
+            samples += 1
+            self.done.wait(self.interval)
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        return self.peak
+
+
+def measure(framework, net, args, mode=None, replicas=1):
+    threads = 1 if mode == "REPLICAS" else args.threads  # the replicas' workers set their own (one each)
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
+               MKL_NUM_THREADS=str(args.threads))
+    command = [sys.executable, os.path.abspath(__file__), "--child", framework, "--net", net,
+               "--iterations", str(args.iterations), "--threads", str(threads)] + ["--no-fuse"] * args.no_fuse
+    if framework == "layerforge":
+        command += ["--mode", mode, "--replicas", str(replicas)]
+    if framework == "choose":
+        command += ["--cpu-parallel", args.cpu_parallel]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    memory = PeakMemory(proc.pid)
+    out, err = proc.communicate()
+    peak = memory.stop()
     if proc.returncode:
-        raise RuntimeError(f"{framework} {net} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{framework} {net} failed:\n{err[-3000:]}")
+    return dict(json.loads(out.strip().splitlines()[-1]), peak_bytes=peak)
 
 
 def median(xs):
@@ -302,43 +417,50 @@ def main():
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2,
                         help="alternate layerforge / torch subprocesses this many times (contention hits both alike)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="PyTorch's threads, and the cores layerforge uses")
+    parser.add_argument("--cpu-parallel", type=str.upper, default="AUTO", choices=("AUTO", "THREADS", "REPLICAS"),
+                        help="layerforge's configuration (default: AUTO, what `layerforge train` uses)")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--no-fuse", action="store_true",
                         help="layerforge nets with fuse_batch_norm: false (BatchNorm, Scale, ReLU one by one)")
-    parser.add_argument("--child", choices=("layerforge", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("layerforge", "torch", "choose"), help=argparse.SUPPRESS)
     parser.add_argument("--net", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
+    parser.add_argument("--replicas", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args)
     rows = []
     print(f"load average before: {os.getloadavg()}")
-    print("| net | batch | layerforge ms median (min) | torch ms median (min) | ratio lf/torch median (min) "
-          "| lf img/s | torch img/s | lf peak RSS MiB | torch peak RSS MiB | lf counted peak MiB | load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| net | batch | layerforge configuration | lf img/s median (best) | torch img/s median (best) "
+          "| lf / torch img/s median (best) | lf peak MiB | torch peak MiB | lf / torch peak | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for net in args.nets.split(","):
+        choice = measure("choose", net, args)
         runs = {"layerforge": [], "torch": []}
         for _ in range(args.rounds):
-            for framework in runs:
-                runs[framework].append(measure(framework, net, args.iterations, args.threads, args.no_fuse))
-        lf = runs["layerforge"][-1]
+            runs["layerforge"].append(measure("layerforge", net, args, choice["mode"], choice["replicas"]))
+            runs["torch"].append(measure("torch", net, args))
+        b = BATCH[net]
         lf_times = [t for r in runs["layerforge"] for t in r["times"]]
         tc_times = [t for r in runs["torch"] for t in r["times"]]
-        b = BATCH[net]
-        a, t = median(lf_times), median(tc_times)
-        lf_rss = max(r["max_rss"] for r in runs["layerforge"])
-        tc_rss = max(r["max_rss"] for r in runs["torch"])
+        lf, tc = b / median(lf_times), b / median(tc_times)
+        lf_best, tc_best = b / min(lf_times), b / min(tc_times)
+        lf_peak = max(r["peak_bytes"] for r in runs["layerforge"])
+        tc_peak = max(r["peak_bytes"] for r in runs["torch"])
         load = os.getloadavg()
-        row = {"net": net, "batch": b, "layerforge_runs": runs["layerforge"], "torch_runs": runs["torch"],
-               "layerforge_ms": 1e3 * a, "torch_ms": 1e3 * t, "ratio": a / t,
-               "ratio_min": min(lf_times) / min(tc_times), "load": load}
+        config = "THREADS" if choice["mode"] == "THREADS" else f"REPLICAS x{choice['replicas']}"
+        row = {"net": net, "batch": b, "choice": choice, "layerforge_runs": runs["layerforge"],
+               "torch_runs": runs["torch"], "layerforge_images_per_second": lf, "torch_images_per_second": tc,
+               "ratio": lf / tc, "ratio_best": lf_best / tc_best, "layerforge_peak_bytes": lf_peak,
+               "torch_peak_bytes": tc_peak, "load": load}
         rows.append(row)
-        print(f"| {net} | {b} | {1e3 * a:.1f} ({1e3 * min(lf_times):.1f}) | {1e3 * t:.1f} ({1e3 * min(tc_times):.1f}) "
-              f"| {a / t:.2f} ({row['ratio_min']:.2f}) | {b / a:.1f} | {b / t:.1f} | {lf_rss / 2**20:.0f} "
-              f"| {tc_rss / 2**20:.0f} | {lf['counted_peak_bytes'] / 2**20:.0f} | {load[0]:.2f} |", flush=True)
+        print(f"| {net} | {b} | {config} | {lf:.2f} ({lf_best:.2f}) | {tc:.2f} ({tc_best:.2f}) "
+              f"| {lf / tc:.2f} ({lf_best / tc_best:.2f}) | {lf_peak / 2**20:.0f} | {tc_peak / 2**20:.0f} "
+              f"| {lf_peak / tc_peak:.2f} | {load[0]:.2f} |", flush=True)
     print(f"load average after: {os.getloadavg()}")
     for row in rows:
-        print(f"{row['net']} engines (fwd/bwd): {row['layerforge_runs'][-1]['engines']}")
+        print(f"{row['net']}: layerforge {row['choice']['mode']} ({row['choice']['why']})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

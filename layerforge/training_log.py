@@ -2,7 +2,8 @@
 
 The parser reads the lines Caffe's ``tools/extra/parse_log.py`` reads: the glog prefix gives wall time,
 ``Iteration N ...`` the iteration, ``lr = R`` the learning rate, and ``Train net output #k: name = v`` /
-``Test net output #k: name = v`` the scores.
+``Test net output #k: name = v`` the scores; layerforge's ``Iteration N (... iter/s, ..., R img/s)`` adds the
+training rate (``images_per_second``) inside Caffe's brackets, where Caffe's parsers do not look.
 """
 import datetime
 import re
@@ -12,6 +13,7 @@ from .errors import LayerforgeError
 _PREFIX = re.compile(r"^[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d+)")
 _ITER = re.compile(r"Iteration (\d+)")
 _LR = re.compile(r"Iteration (\d+), lr = ([-+\d.eEinfa]+)")
+_RATE = re.compile(r"Iteration (\d+) \([^)]*, ([-+\d.eEinfa]+) img/s\)")
 _OUTPUT = re.compile(r"(Train|Test) net output #\d+: (\S+) = ([-+\d.eEinfa]+)")
 
 
@@ -20,7 +22,7 @@ def parse_log(path):
 
     Returns:
         ``(train, test)``: lists of dicts with ``iteration``, ``seconds`` (since the first line) and one
-        key per output (plus ``lr`` for train rows).
+        key per output (plus ``lr`` and, from layerforge's logs, ``images_per_second`` for train rows).
     """
     try:
         lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
@@ -42,6 +44,9 @@ def parse_log(path):
         if m:
             _row(train, int(m.group(1)), seconds)["lr"] = float(m.group(2))
             continue
+        m = _RATE.search(line)
+        if m:
+            _row(train, int(m.group(1)), seconds)["images_per_second"] = float(m.group(2))
         m = _ITER.search(line)
         if m:
             iteration = int(m.group(1))
@@ -70,7 +75,7 @@ def plot_log(path, out, x="iteration"):
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4)  # one cycle over both y axes
     for rows, kind, style in ((train, "train", "-"), (test, "test", "o-")):
-        names = sorted({k for r in rows for k in r} - {"iteration", "seconds", "lr"})
+        names = sorted({k for r in rows for k in r} - {"iteration", "seconds", "lr", "images_per_second"})
         for name in names:
             pts = [(r[x], r[name]) for r in rows if name in r]
             if pts:

@@ -64,6 +64,21 @@ def test_time_json_and_batch_override(tiny):
     assert sum(r["share"] for r in result["layers"]) == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("mode", ["THREADS", "REPLICAS"])
+def test_time_json_images_per_second_of_whole_training_iterations(tiny, mode):
+    proc = layerforge("time", "--model", tiny, "--iterations", "2", "--json", "--cpu-parallel", mode)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    training = result["training"]
+    assert (training["cpu_parallel"], training["replicas"]) == (mode, 2 if mode == "REPLICAS" else 1)
+    assert training["why"] == f"cpu_parallel: {mode}"
+    assert result["images_per_second"] == training["images_per_second"] > 0
+    assert training["images_per_second"] * training["iteration_ms"] / 1000 == pytest.approx(4)  # the batch
+    text = layerforge("time", "--model", tiny, "--iterations", "1", "--cpu-parallel", mode)
+    assert f"Training iteration (forward, backward, exchange, update) as train runs it, {mode}" in text.stdout
+    assert "images/s." in text.stdout
+
+
 def test_layers_reference_is_current():
     assert (ROOT / "docs" / "layers.md").read_text() == markdown(), \
         "docs/layers.md is stale: run `layerforge layers --markdown > docs/layers.md`"

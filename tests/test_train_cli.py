@@ -6,6 +6,7 @@ import sys
 import time
 
 import numpy
+import pytest
 
 from tests.test_cli import ROOT
 
@@ -70,21 +71,31 @@ def test_weights_then_test_command(tmp_path):
     assert losses(fresh.stderr)[0] == losses(trained.stderr)[0]
 
 
-def test_ctrl_c_snapshots_and_exits_cleanly(tmp_path):
+@pytest.mark.parametrize("mode", ["THREADS", "REPLICAS"])
+def test_ctrl_c_snapshots_and_exits_cleanly(tmp_path, mode):
+    """Either way a CPU run goes (layerforge/dataparallel/cpu_parallel.py), the user sees one process: the choice
+    and img/s in the log, Ctrl-C writes the snapshot and stops after one iteration, exit 0."""
     proc = subprocess.Popen([sys.executable, "-m", "layerforge", "train", "--solver",
-                             str(write_solver(tmp_path, 100000))], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                             str(write_solver(tmp_path, 100000)), "--cpu-parallel", mode], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     seen = ""
     while "Iteration 3 " not in seen and time.monotonic() < deadline:
         seen += proc.stderr.readline()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
+    err = seen + err
     assert proc.returncode == 0, err
     assert "Optimization stopped early." in err
     snaps = list((tmp_path / "snap").glob("lenet_iter_*.solverstate.npz"))
     assert len(snaps) == 1
     assert "Traceback" not in err
+    how = "2 single-threaded replicas, each on 1/2 of the batch" if mode == "REPLICAS" else "one process on"
+    assert f"CPU parallelism: {mode}, {how}" in err and f"(cpu_parallel: {mode})" in err
+    rates = [float(r) for r in re.findall(r"Iteration \d+ \([\d.e+]+ iter/s, [\d.e+]+s/1 iters, ([\d.]+) img/s\)", err)]
+    assert len(rates) >= 3 and all(r > 0 for r in rates[1:])
+    stopped = int(re.search(r"lenet_iter_(\d+)", snaps[0].name).group(1))
+    assert stopped >= 3 and f"Iteration {stopped + 1} (" not in err  # (every replica) stopped after that one
 
 
 def test_missing_weights_file_is_one_line(tmp_path):

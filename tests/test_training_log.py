@@ -34,6 +34,16 @@ def test_parse_caffe_log(tmp_path):
                     {"iteration": 200, "seconds": 21.0, "accuracy": 0.95, "loss": 0.16}]
 
 
+def test_layerforge_rate_inside_caffes_brackets(tmp_path):
+    path = tmp_path / "layerforge.log"
+    path.write_text(CAFFE_LOG.replace("(9.75 iter/s, 10.25s/100 iters)", "(9.75 iter/s, 10.25s/100 iters, 624.0 img/s)")
+                    .replace("(0 iter/s, 2s/100 iters)", "(0 iter/s, 2s/100 iters, 0.0 img/s)"))
+    train, test = parse_log(path)
+    assert train == [{"iteration": 0, "seconds": 2.0, "images_per_second": 0.0, "loss": 2.31, "lr": 0.01},
+                     {"iteration": 100, "seconds": 12.25, "images_per_second": 624.0, "loss": 0.25, "lr": 0.0099}]
+    assert len(test) == 2
+
+
 def test_not_a_log(tmp_path):
     path = tmp_path / "x.log"
     path.write_text("hello\n")
@@ -64,5 +74,6 @@ def test_layerforge_log_parses(tmp_path):
     log.write_text(proc.stderr)
     train, test = parse_log(log)
     assert [r["iteration"] for r in train if "loss" in r] == [0, 2]
+    assert [r["iteration"] for r in train if r.get("images_per_second", 0) > 0] == [2]  # 0 at iteration 0, as iter/s
     assert [r["iteration"] for r in test] == [0, 4]
     assert all(0 <= r["accuracy"] <= 1 for r in test)

@@ -4,6 +4,7 @@ Under ``mpiexec -n NODES`` every rank is one host: it starts its own workers, ac
 on the host, and reduces the node's sum with the other ranks through the communicator (host mode only).
 """
 import json
+import logging
 import os
 
 
@@ -44,6 +45,19 @@ def train_command(args, overrides):
     return _with_comm(go)
 
 
+def train_replicas(args, overrides, choice):
+    """``layerforge train`` on ``choice.replicas`` single-threaded replicas of a split batch (cpu_parallel
+    REPLICAS): to the user one process, with train's signals, progress bar and snapshots; returns the exit code."""
+    from ..dataparallel.cgdp import train_parallel
+
+    progress = None if args.no_progress else args.status_interval
+    result = train_parallel(args.solver, workers=choice.replicas, sync="host", split=True, resume=args.snapshot,
+                            progress=progress, signal_effects=(args.sigint_effect, args.sighup_effect), **overrides)
+    log = logging.getLogger("layerforge")
+    print_report(result.stats, out=lambda line: log.info("%s", line.strip()), chunks=False)  # to stderr, as train's
+    return 0
+
+
 def time_command(args):
     """``layerforge time --model NET --workers G``: Table 3 phases and Table 4 per-chunk times."""
     from ..dataparallel.cgdp import train_parallel
@@ -65,8 +79,9 @@ def time_command(args):
     return _with_comm(go)
 
 
-def print_report(stats, out=print):
-    """The phases (Table 3), the per-chunk transfer times (Table 4) and, for host mode, the cost model."""
+def print_report(stats, out=print, chunks=True):
+    """The phases (Table 3) and, with ``chunks``, the per-chunk transfer times (Table 4) and, for host mode, the
+    cost model."""
     ph = stats["phases_ms"]
     if not ph:
         return
@@ -75,6 +90,8 @@ def print_report(stats, out=print):
     exposed = 100.0 * ph["exchange"] / ph["backward"] if ph["backward"] else 0.0
     out(f"  forward {ph['forward']:.3f}  backward {ph['backward']:.3f}  exposed exchange {ph['exchange']:.3f} "
         f"({exposed:.1f}% of backward)  update {ph['update']:.3f}  iteration {ph['iteration']:.3f}")
+    if not chunks:
+        return
     ms = stats["chunks_ms"]
     names = [name for _, name, _ in stats["units"]]
     chunk_names = sorted({k.split(":", 1)[1] for k in ms}, key=lambda n: names.index(n.split("..")[0]))

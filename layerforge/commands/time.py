@@ -10,12 +10,18 @@ too) + parameter data and diffs + what layers hold (convolution workspaces and e
 see ``layerforge.net.memory``). The process's RSS high-water mark (``ru_maxrss``) is printed beside it: it
 includes the interpreter, numpy, BLAS buffers and temporaries that the count does not see.
 
+Training iterations: in the train phase (and not under ``mpiexec``) whole iterations (forward, backward, the
+exchange of replicas, the momentum-SGD update) are timed too, in the configuration ``layerforge train`` uses
+on this machine (``cpu_parallel``: the remembered choice, or its trial; ``--cpu-parallel`` forces one):
+``images_per_second`` in the JSON, and a line of the table.
+
 Under ``mpiexec -n P`` every rank times its replica and then runs whole data-parallel iterations (forward,
 backward, gradient exchange; no update), once with the exchange after backward and once overlapped with it:
 rank 0 prints the iteration time, the communication time and the part of it the iteration waited for
 (exposed), both ways.
 """
 import json
+import os
 import resource
 import sys
 import time
@@ -54,6 +60,9 @@ def add_arguments(parser):
     add_run_arguments(parser)  # --trace FILE of the passes --trace-iterations names (warm-up passes count)
     add_parallel_arguments(parser)  # with --workers/--devices: phases and per-chunk exchange times (docs/cgdp.md)
     parser.add_argument("--no-reuse", action="store_true", help="give every activation its own storage")
+    from .train import add_cpu_parallel_argument
+
+    add_cpu_parallel_argument(parser)
     parser.add_argument("--allreduce", default="auto", help="under mpiexec: the allreduce of the exchange")
     parser.add_argument("--bucket-mb", type=float, default=4.0,
                         help="under mpiexec: bucket size of the exchange in MiB (0: one buffer)")
@@ -159,6 +168,46 @@ def time_exchange(net, comm, iterations, algorithm="auto", bucket_mb=4.0):
     return out
 
 
+TRAINING_SOLVER = {"type": "SGD", "base_lr": 0.001, "momentum": 0.9}  # the update of the timed iterations
+
+
+def training_solver(args, netdef, device):
+    """The solver whose iterations are timed: momentum SGD over ``netdef`` (its net is the one timed by layer)."""
+    from ..solvers import SOLVER_REGISTRY
+    from ..solvers.param import load_solver_param
+
+    on_device = {} if device is None else {"solver_mode": "GPU", "device_id": device}
+    sp = load_solver_param(dict(TRAINING_SOLVER, net=os.path.abspath(args.model), **on_device), SOLVER_REGISTRY)
+    sp.net_param, sp.net = netdef, None
+    solver = SOLVER_REGISTRY[sp.type](sp)
+    if args.weights:
+        solver.load_weights(args.weights)
+    return solver
+
+
+def time_training(args, solver):
+    """``{"training": {...}, "images_per_second": ...}``: whole iterations of ``solver`` as ``layerforge train``
+    runs them here (one process, or replicas: layerforge/dataparallel/cpu_parallel.py)."""
+    from ..dataparallel import cpu_parallel
+
+    iterations, rates = args.iterations, {}
+    source = dict(TRAINING_SOLVER, net=os.path.abspath(args.model))
+    setup = cpu_parallel.warm_up_replica if args.no_reuse else cpu_parallel.plan_and_warm_up_replica
+
+    def measure(mode, replicas):
+        if mode not in rates:
+            rates[mode] = (cpu_parallel.threads_rate(solver, iterations, best=False) if mode == "THREADS" else
+                           cpu_parallel.replicas_rate(source, {}, replicas, iterations, args.batch, setup, best=False))
+        return rates[mode]
+
+    choice = cpu_parallel.Choice("THREADS", 1, "on a GPU") if solver.xp is not numpy else \
+        cpu_parallel.resolve(source, requested=args.cpu_parallel, measure=measure, batch=args.batch)
+    rate = measure(choice.mode, choice.replicas)
+    training = {"cpu_parallel": choice.mode, "replicas": choice.replicas, "why": choice.why,
+                "iteration_ms": 1000.0 * solver.images_per_iteration() / rate, "images_per_second": rate}
+    return {"training": training, "images_per_second": rate}
+
+
 def warm_up(net, limit=20):
     """Forward-backward passes until every AUTO convolution has chosen its engines (at least one pass).
 
@@ -204,7 +253,12 @@ def run(args):
     from ..dataparallel.mpi import mpi_world_size
     device = None if args.gpu is None else rank_device(args.gpu, local_rank() if mpi_world_size() > 1 else 0)
     xp = numpy if device is None else gpu_array_module(device, "--gpu")
-    net = Net(netdef, phase=args.phase, weights=args.weights, xp=xp)
+    training = args.phase == "train" and mpi_world_size() <= 1
+    if training:
+        solver = training_solver(args, netdef, device)
+        net = solver.net
+    else:
+        net = Net(netdef, phase=args.phase, weights=args.weights, xp=xp)
     if not args.no_reuse:
         net.optimize_memory()
     mpi_comm = None
@@ -217,6 +271,8 @@ def run(args):
     result = time_net(net, args.iterations)
     if args.trace:
         trace.finish(comm=mpi_comm)
+    if training:
+        result.update(time_training(args, solver))
     if mpi_world_size() > 1:
         from ..comm import Communicator
         comm = Communicator()
@@ -253,6 +309,11 @@ def run(args):
         print(f"Input: {stats.summary()}; {1e3 * stats.wait_s / args.iterations:.3f} ms waited per iteration.")
         if stats.warning():
             print(f"Warning: {stats.warning()}")
+    t = result.get("training")
+    if t:
+        how = "one process" if t["cpu_parallel"] == "THREADS" else f"{t['replicas']} replicas"
+        print(f"Training iteration (forward, backward, exchange, update) as train runs it, {t['cpu_parallel']} "
+              f"({how}; {t['why']}): {t['iteration_ms']:.3f} ms, {t['images_per_second']:.2f} images/s.")
     if "device_pool_bytes" in result:
         print(f"Device memory held by cupy's pool: {mib(result['device_pool_bytes'])}.")
     dp = result.get("data_parallel")

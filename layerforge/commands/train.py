@@ -1,4 +1,6 @@
 """``layerforge train --solver S``: train a net as its solver file describes (Caffe's ``caffe train``)."""
+import logging
+
 from . import add_decode_workers, apply_decode_workers
 from ..logs import Progress, setup_logging
 
@@ -34,6 +36,14 @@ def add_arguments(parser):
 
     add_run_arguments(parser)  # --trace FILE, --trace-iterations A:B, --tensorboard DIR (docs/trace.md)
     add_parallel_arguments(parser)  # --workers/--devices/--sync/--chunk-size: layerforge/dataparallel/cgdp (docs/cgdp.md)
+    add_cpu_parallel_argument(parser)
+
+
+def add_cpu_parallel_argument(parser):
+    parser.add_argument("--cpu-parallel", type=str.upper, choices=("AUTO", "THREADS", "REPLICAS"),
+                        help="how a CPU run uses the cores (overrides the solver's cpu_parallel): one process on "
+                             "all of them, one single-threaded replica per core, or the faster for this net "
+                             "(AUTO: a short trial, remembered; docs/performance.md)")
 
 
 def solver_overrides(args):
@@ -65,13 +75,27 @@ def run(args):
 
         with launch_guard() as mpi_comm:
             return train(args, mpi_comm)
+    choice = cpu_choice(args)
+    if choice is not None and choice.mode == "REPLICAS":
+        from .data_parallel import train_replicas
+
+        return train_replicas(args, solver_overrides(args), choice)
     return train(args)
+
+
+def cpu_choice(args):
+    """The CPU configuration (layerforge/dataparallel/cpu_parallel.py), logged in one line; None on a GPU."""
+    from ..dataparallel.cpu_parallel import resolve
+
+    setup_logging()
+    choice = resolve(args.solver, solver_overrides(args), getattr(args, "cpu_parallel", None))
+    if choice is not None:
+        logging.getLogger("layerforge").info("%s", choice.describe())
+    return choice
 
 
 def train(args, mpi_comm=None):
     """Build the solver (data parallel over ``mpi_comm`` when given) and solve; returns the exit code."""
-    import logging
-
     from ..solvers import get_solver
 
     setup_logging()

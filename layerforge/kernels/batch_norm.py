@@ -6,10 +6,15 @@ every thread count. cupy arrays run batch_norm.cu (one block per channel for the
 
 The backward passes are shared with the fused BatchNorm + Scale (+ ReLU) of kernels.fused_batch_norm:
 both need S1 = sum(gz) and S2 = sum(gz x_norm) per channel and then ``gx = a gz - b x_norm - c``.
+
+Replicas that each hold a share of one batch (``Net(split=...)``) pass a ``group``: any object with ``count``
+(the replicas) and ``sum(values)`` (a float64 vector summed over the replicas, the same result for each, every
+replica calling it equally often). The statistics and the backward's two sums are then the whole batch's; the
+parameter gradients stay each replica's own, which the replicas' gradient exchange averages.
 """
 import numpy
 
-from ..backend import get_array_module
+from ..backend import get_array_module, to_numpy
 from .threadpool import cpu_kernel, parallel_for
 
 
@@ -29,6 +34,20 @@ def _channel_mean_var(x, lo, hi, mean, var):
                 squares += d * d
         mean[c] = mu
         var[c] = squares / (n * s)
+
+
+@cpu_kernel
+def _channel_sums(x, lo, hi, mean, squared, out):
+    # out[c] = sum of x (squared: of (x - mean[c])^2) over N and S, in float64
+    n, _, s = x.shape
+    for c in range(lo, hi):
+        total = 0.0
+        mu = mean[c] if squared else 0.0
+        for i in range(n):
+            for k in range(s):
+                d = x[i, c, k] - mu
+                total += d * d if squared else d
+        out[c] = total
 
 
 @cpu_kernel
@@ -83,12 +102,15 @@ def _sweep_arguments(gy, y, negative_slope, x_norm):
     return gy, y, negative_slope is not None, float(negative_slope or 0.0), x_norm
 
 
-def batch_stats(x, centred=None):
+def batch_stats(x, centred=None, group=None):
     """Per-channel mean and biased variance ``mean((x - mean)^2)`` of an (N, C, S) array.
 
     ``centred``: a contiguous buffer of x's shape that receives ``x - mean`` as a by-product.
+    ``group``: replicas whose ``x`` together are the batch (module docstring): the whole batch's statistics.
     """
     xp = get_array_module(x)
+    if group is not None:
+        return _group_stats(x, centred, group)
     if xp is not numpy:
         from .cuda.batch_norm import batch_stats_gpu
         return batch_stats_gpu(x, centred)
@@ -100,6 +122,39 @@ def batch_stats(x, centred=None):
     if centred is not None:
         normalize(x, mean, numpy.ones(c, x.dtype), centred)
     return mean, var
+
+
+def _channel_sum(x, mean=None):
+    """float64 (C,) on the host: per-channel sum of x over N and S, or of (x - mean)^2 with ``mean``."""
+    xp = get_array_module(x)
+    if xp is not numpy:
+        d = x if mean is None else (x - xp.asarray(mean, dtype=x.dtype)[None, :, None]) ** 2
+        return to_numpy(d.sum(axis=(0, 2), dtype=xp.float64))
+    x = _contiguous(x)
+    c = x.shape[1]
+    out = numpy.empty(c)
+    shift = numpy.zeros(c) if mean is None else numpy.asarray(mean, dtype=numpy.float64)
+    parallel_for(c, lambda lo, hi: _channel_sums(x, lo, hi, shift, mean is not None, out), work=x.size)
+    return out
+
+
+def _group_stats(x, centred, group):
+    # two passes as batch_stats's, each summed over the replicas: the mean first, then the squared deviations
+    xp = get_array_module(x)
+    m = x.shape[0] * x.shape[2] * group.count
+    mean = group.sum(_channel_sum(x)) / m
+    var = group.sum(_channel_sum(x, mean)) / m
+    mean, var = (xp.asarray(v, dtype=x.dtype) for v in (mean, var))
+    if centred is not None:
+        normalize(x, mean, xp.ones(x.shape[1], x.dtype), centred)
+    return mean, var
+
+
+def across(group, *sums):
+    """Per-channel sums (arrays of one dtype and module) added over the replicas of ``group``: one exchange."""
+    xp = get_array_module(sums[0])
+    flat = group.sum(numpy.concatenate([to_numpy(v).astype(numpy.float64) for v in sums]))
+    return tuple(xp.asarray(part, dtype=v.dtype) for part, v in zip(numpy.split(flat, len(sums)), sums))
 
 
 def normalize(x, mean, inv_std, out):
@@ -141,12 +196,15 @@ def input_grad(gy, y, negative_slope, x_norm, coef_gz, coef_xn, shift, gx):
     return gx
 
 
-def batch_norm_backward(gy, y, inv_std, out):
-    """``out = (gy - mean(gy) - mean(gy y) y) inv_std`` per channel (``out`` may be ``gy``)."""
+def batch_norm_backward(gy, y, inv_std, out, group=None):
+    """``out = (gy - mean(gy) - mean(gy y) y) inv_std`` per channel (``out`` may be ``gy``); the means over the
+    whole batch of a ``group`` of replicas (module docstring)."""
     xp = get_array_module(gy)
-    if xp is not numpy:
+    if xp is not numpy and group is None:
         from .cuda.batch_norm import batch_norm_backward_gpu
         return batch_norm_backward_gpu(gy, y, inv_std, out)
-    m = y.shape[0] * y.shape[2]
+    m = y.shape[0] * y.shape[2] * (1 if group is None else group.count)
     s1, s2 = grad_sums(gy, None, None, y)
+    if group is not None:
+        s1, s2 = across(group, s1, s2)
     return input_grad(gy, None, None, y, inv_std, inv_std * s2 / m, inv_std * s1 / m, out)

@@ -13,6 +13,9 @@ The cache is one JSON file, ``$LAYERFORGE_CACHE_DIR/conv_engines.json`` (default
 A cache that cannot be read (corrupt JSON, wrong layout, no permission) is ignored with one warning line naming
 the file, and is replaced by the next store; an unwritable cache directory costs only the timing next time.
 ``$LAYERFORGE_CACHE_DIR`` set to ``off`` turns the cache off.
+
+Other choices timed once per machine keep their own file beside it through :class:`ChoiceCache` (the training
+configuration of a CPU, layerforge/dataparallel/cpu_parallel.py).
 """
 import functools
 import json
@@ -42,10 +45,71 @@ def cache_dir():
     return os.path.join(base, "layerforge")
 
 
+class ChoiceCache:
+    """One JSON file of the cache directory: ``{machine key: {key: {name: string}}}``, read and merged on every
+    store, written atomically; an unreadable file is ignored with one warning naming it and ``what`` it holds."""
+
+    def __init__(self, file_name, what):
+        self.file_name, self.what = file_name, what
+
+    def path(self):
+        """The cache file, or None when the cache is off."""
+        d = cache_dir()
+        return None if d is None else os.path.join(d, self.file_name)
+
+    def _read(self, path):
+        """The whole table, ``{}`` when the file is missing or unreadable (warned once)."""
+        try:
+            with open(path) as f:
+                table = json.load(f)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, UnicodeDecodeError) as e:  # json's errors are ValueErrors
+            self._warn_once(path, f"unreadable: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+            return {}
+        if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+            self._warn_once(path, "not a mapping of machines to choices")
+            return {}
+        return table
+
+    def _warn_once(self, path, reason):
+        if path not in _warned:
+            _warned.add(path)
+            logger.warning("%s: %s ignored (%s)", path, self.what, reason)
+
+    def lookup(self, machine, key):
+        """``{name: string}`` stored for this machine and key, or None."""
+        path = self.path()
+        if path is None:
+            return None
+        choice = self._read(path).get(machine, {}).get(key)
+        if not isinstance(choice, dict) or not all(isinstance(v, str) for v in choice.values()):
+            return None
+        return choice
+
+    def store(self, machine, key, choice):
+        """Add one settled choice (read, merge, atomic rename: concurrent processes lose nothing but each other's
+        newest entry)."""
+        path = self.path()
+        if path is None:
+            return
+        table = self._read(path)
+        if table.get(machine, {}).get(key) == choice:
+            return
+        table.setdefault(machine, {})[key] = dict(choice)
+        text = json.dumps(table, indent=1, sort_keys=True).encode()
+        try:
+            write_atomic(path, lambda f: f.write(text))
+        except LayerforgeError as e:  # a cache that cannot be written costs only the timing next time
+            self._warn_once(path, f"not writable: {str(e)[len(path) + 2:][:100]}")
+
+
+ENGINES = ChoiceCache(FILE_NAME, "engine cache")
+
+
 def cache_path():
     """The engine-choice cache file, or None when the cache is off."""
-    d = cache_dir()
-    return None if d is None else os.path.join(d, FILE_NAME)
+    return ENGINES.path()
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,51 +151,11 @@ def layer_key(layer_type, x_shape, y_shape, w_shape, geometry, group, dtype, eng
             f"|{dtype}|engines={','.join(engines)}")
 
 
-def _warn_once(path, reason):
-    if path not in _warned:
-        _warned.add(path)
-        logger.warning("%s: engine cache ignored (%s)", path, reason)
-
-
-def _read(path):
-    """The whole table, ``{}`` when the file is missing or unreadable (warned once)."""
-    try:
-        with open(path) as f:
-            table = json.load(f)
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, UnicodeDecodeError) as e:  # json's errors are ValueErrors
-        _warn_once(path, f"unreadable: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
-        return {}
-    if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
-        _warn_once(path, "not a mapping of machines to layer choices")
-        return {}
-    return table
-
-
 def lookup(machine, layer):
     """``{"forward": engine, "backward": engine}`` stored for this machine and layer, or None."""
-    path = cache_path()
-    if path is None:
-        return None
-    choice = _read(path).get(machine, {}).get(layer)
-    if not isinstance(choice, dict) or not all(isinstance(v, str) for v in choice.values()):
-        return None
-    return choice
+    return ENGINES.lookup(machine, layer)
 
 
 def store(machine, layer, choice):
-    """Add one layer's settled choice to the cache (read, merge, atomic rename: concurrent ranks lose nothing
-    but each other's newest entry)."""
-    path = cache_path()
-    if path is None:
-        return
-    table = _read(path)
-    if table.get(machine, {}).get(layer) == choice:
-        return
-    table.setdefault(machine, {})[layer] = dict(choice)
-    text = json.dumps(table, indent=1, sort_keys=True).encode()
-    try:
-        write_atomic(path, lambda f: f.write(text))
-    except LayerforgeError as e:  # a cache that cannot be written costs only the timing next time
-        _warn_once(path, f"not writable: {str(e)[len(path) + 2:][:100]}")
+    """Add one layer's settled choice to the engine cache."""
+    ENGINES.store(machine, layer, choice)

@@ -20,7 +20,7 @@ over the kernel threads (the sweeps are kernels.batch_norm's, which the unfused 
 import numpy
 
 from ..backend import get_array_module
-from .batch_norm import grad_sums, input_grad
+from .batch_norm import across, grad_sums, input_grad
 from .threadpool import cpu_kernel, parallel_for
 
 
@@ -52,7 +52,7 @@ def scale_shift_relu(x_norm, gamma, beta, negative_slope, out):
 
 
 def bn_scale_relu_backward(gy, y, x_norm, inv_std, gamma, negative_slope, batch_stats, g_gamma=None, g_beta=None,
-                           gx=None):
+                           gx=None, group=None):
     """The gradients of the fused forward (module docstring) from ``gy`` (N, C, S).
 
     Args:
@@ -61,6 +61,8 @@ def bn_scale_relu_backward(gy, y, x_norm, inv_std, gamma, negative_slope, batch_
         batch_stats: whether forward normalised with the batch's statistics (else the running ones).
         g_gamma, g_beta: (C,) diffs to add into, or None (not wanted).
         gx: (N, C, S) to write the input gradient into (may be ``gy``: in place), or None.
+        group: replicas whose ``gy`` together are the batch's (kernels.batch_norm): gx's means are the whole
+            batch's; g_gamma and g_beta get this replica's own sums, which the replicas' exchange averages.
     """
     xp = get_array_module(gy)
     m = gy.shape[0] * gy.shape[2]
@@ -74,6 +76,9 @@ def bn_scale_relu_backward(gy, y, x_norm, inv_std, gamma, negative_slope, batch_
             zero = xp.zeros_like(s1)
             input_grad(gy, y, negative_slope, x_norm, xp.ones_like(s1), zero, zero, gy)
         return None
+    if group is not None and batch_stats:
+        m *= group.count
+        s1, s2 = across(group, s1, s2)
     coef_gz = gamma * inv_std
     coef_xn, shift = (coef_gz * s2 / m, coef_gz * s1 / m) if batch_stats else (xp.zeros_like(s1), xp.zeros_like(s1))
     return input_grad(gy, y, negative_slope, x_norm, coef_gz, coef_xn, shift, gx)

@@ -34,6 +34,11 @@ class Layer:
             the net gives them lr_mult 0 and does not count them as learnable parameters.
         capturable: False when replaying a recorded forward/backward (a CUDA graph, ``cuda_graph``) would not
             redo what the layer does: draws from the host random stream, host-side decisions, Python code.
+
+    Set by the Net:
+        batch_split: ``(index, count)`` when the net is one of ``count`` replicas, each computing one equal slice
+            of the batch (``Net(split=...)``); layers that draw per-sample randomness draw through
+            :func:`layerforge.rng.batch_draw` with it. None otherwise.
     """
 
     type = None
@@ -45,6 +50,7 @@ class Layer:
     has_backward = True
     learnable = True
     capturable = True
+    batch_split = None
 
     def __init__(self, layer_param, phase="TRAIN", dtype=numpy.float32, xp=numpy):
         self.layer_param = layer_param

@@ -25,7 +25,9 @@ class BatchNorm(Layer):
 
     Backward, with s = sqrt(var + eps) and means over N and spatial axes: batch statistics
     gx = (gy - mean(gy) - mean(gy * y) * y) / s; global statistics gx = gy / s. The batch-statistics
-    passes run through :mod:`layerforge.kernels.batch_norm` (batch_norm.cu on cupy arrays).
+    passes run through :mod:`layerforge.kernels.batch_norm` (batch_norm.cu on cupy arrays). Replicas that
+    each hold a share of one batch (``batch_group``, set by layerforge/dataparallel) use the whole batch's
+    statistics and means, exchanged per layer: together they normalise exactly as one process does.
     """
 
     param_blocks = {"batch_norm": {
@@ -36,6 +38,7 @@ class BatchNorm(Layer):
     }}
     backward_reads = ()  # it keeps its own copy of y and s: in place, top data may be overwritten downstream
     learnable = False
+    batch_group = None  # replicas of a split batch: their statistics are the whole batch's (kernels.batch_norm)
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.batch_norm
@@ -64,7 +67,7 @@ class BatchNorm(Layer):
         xp = self.xp
         p = self.layer_param.batch_norm
         x = self._view(x)
-        m = x.shape[0] * x.shape[2]
+        m = x.shape[0] * x.shape[2] * (1 if self.batch_group is None else self.batch_group.count)
         x_norm = getattr(self, "x_norm", None)
         if x_norm is None or x_norm.shape != x.shape:
             x_norm = xp.empty(x.shape, dtype=self.dtype)
@@ -73,7 +76,7 @@ class BatchNorm(Layer):
             sf = 0.0 if sf == 0 else 1.0 / sf
             mean, var = sf * self.blobs[0].data, sf * self.blobs[1].data
         else:  # batch_norm.cu on cupy
-            mean, var = batch_stats(x)
+            mean, var = batch_stats(x, group=self.batch_group)
             f = p.moving_average_fraction
             self.blobs[2].data *= f
             self.blobs[2].data += 1
@@ -94,4 +97,4 @@ class BatchNorm(Layer):
         if self.use_global_stats:
             xp.multiply(gy, inv_std, out=gx)
             return
-        batch_norm_backward(gy, self.x_norm, 1 / self.std, out=gx)
+        batch_norm_backward(gy, self.x_norm, 1 / self.std, out=gx, group=self.batch_group)

@@ -10,7 +10,8 @@ class Dropout(NeuronLayer):
     """TRAIN: y = x * m / (1 - p) with m ~ Bernoulli(1 - p) per element; TEST: y = x.
 
     Scaling at train time keeps E[y] = x, so the TEST net needs no rescaling. The mask is drawn from
-    the process stream (``layerforge.rng``), so a seed reproduces it. Shapes: y has x's shape; in place allowed.
+    the process stream (``layerforge.rng``), so a seed reproduces it; a replica of a split batch draws the
+    whole batch's mask and keeps its samples' rows (``rng.batch_draw``): replicas drop what one process would. Shapes: y has x's shape; in place allowed.
     Backward: dx = dy * m / (1 - p) in TRAIN, dx = dy in TEST.
     """
 
@@ -38,7 +39,7 @@ class Dropout(NeuronLayer):
             if top[0].data is not x:
                 top[0].data[...] = x
             return
-        keep = rng.get_rng().random(x.shape) >= self.ratio
+        keep = rng.batch_draw(rng.get_rng().random, x.shape, self.batch_split) >= self.ratio
         self.mask = get_array_module(x).asarray(keep * self.scale, dtype=x.dtype)
         top[0].data[...] = x * self.mask
 

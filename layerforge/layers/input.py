@@ -1,6 +1,7 @@
 """Layers whose tops come from outside the graph: Input (the caller writes them) and DummyData (fillers)."""
 import math
 
+from .. import rng
 from ..backend import get_array_module
 from ..fillers import fill
 from ..schema import REQUIRED
@@ -57,7 +58,8 @@ class DummyData(Layer):
 
     ``shape`` and ``data_filler`` each give one entry for all tops or one per top (no filler means
     constant 0). Constant tops are filled once at setup; the others are refilled on every forward
-    from the process random stream (``layerforge.rng``). Caffe's legacy ``num``/``channels``/
+    from the process random stream (``layerforge.rng``; a replica of a split batch fills the whole batch and
+    keeps its samples' rows, as Dropout does). Caffe's legacy ``num``/``channels``/
     ``height``/``width`` lists (one value, or one per top) may replace ``shape``.
     """
 
@@ -117,12 +119,21 @@ class DummyData(Layer):
         pass
 
     def _fill(self, i, t, f):
-        fill(t.data, f)
-        if self.integer[i]:
+        if self.batch_split is None:
+            self._filled(t.data, i, f)
+        else:  # a replica of a split batch: the whole batch's values, this replica's samples (rng.batch_draw)
             xp = get_array_module(t.data)
-            xp.floor(t.data, out=t.data)
+            t.data[...] = rng.batch_draw(lambda shape: self._filled(xp.empty(shape, t.data.dtype), i, f),
+                                         t.data.shape, self.batch_split)
+
+    def _filled(self, data, i, f):
+        fill(data, f)
+        if self.integer[i]:
+            xp = get_array_module(data)
+            xp.floor(data, out=data)
             if f.type == "UNIFORM":  # a draw that rounds up to max itself stays inside [min, max)
-                xp.minimum(t.data, math.ceil(f.max) - 1, out=t.data)
+                xp.minimum(data, math.ceil(f.max) - 1, out=data)
+        return data
 
     def forward(self, bottom, top):
         for i, (t, f, refill) in enumerate(zip(top, self.fillers, self.refill)):

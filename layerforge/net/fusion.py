@@ -65,7 +65,7 @@ class BatchNormScaleReLU:
         gy = _channels(blob.diff, bn.channels)
         bn_scale_relu_backward(gy, _channels(blob.data, bn.channels), bn.x_norm, 1 / bn.std, scale.blobs[0].data,
                                self.negative_slope, not bn.use_global_stats, g_gamma, g_beta,
-                               gx=gy if net.bottom_need_backward[self.first][0] else None)
+                               gx=gy if net.bottom_need_backward[self.first][0] else None, group=bn.batch_group)
 
 
 def batch_norm_groups(net):

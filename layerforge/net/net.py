@@ -7,6 +7,7 @@ Then layers are created and set up in that order, parameters are shared by name,
 analysis decides which layers and bottoms take part in backward.
 """
 import collections
+import copy
 
 import numpy
 
@@ -16,7 +17,7 @@ from ..blob import Blob
 from ..errors import ConfigError, DataError, LabelError, LayerforgeError, ShapeError
 from ..layers import LAYER_REGISTRY
 from ..layers.layer_param import layer_included
-from .netdef import load_net_def, set_shard
+from .netdef import batch_sizes, load_net_def, set_shard, split_batch
 from ..npz import load_npz, save_npz_atomic
 from ..schema import Params, suggest
 
@@ -33,6 +34,11 @@ class Net:
         dtype: ``"float32"`` (default) or ``"float64"`` for every blob and parameter.
         weights: optional ``.npz`` of weights to copy in (as :meth:`copy_from`).
         shard: ``(rank, world_size)``: data layers read only that shard of their source.
+        split: ``(index, count)``: this net is replica ``index`` of ``count`` that together compute one batch,
+            this one its samples ``index, index + count, ...`` (as the data layers' shards deal the records,
+            ``shard=(index, count)``): the batch of every Input, DummyData and data layer is divided by ``count``,
+            and layers drawing per-sample randomness draw for the whole batch and keep these samples' values
+            (``Layer.batch_split``, ``rng.batch_draw``).
 
     Attributes:
         blobs: ordered ``{name: Blob}`` of every blob (``.data`` / ``.diff``, shape N x C x H x W ...).
@@ -45,8 +51,11 @@ class Net:
     """
 
     def __init__(self, source, phase=None, level=None, stages=None, dtype="float32", weights=None, xp=numpy,
-                 shard=None):
+                 shard=None, split=None):
         self.netdef = load_net_def(source)
+        self.split = None if split is None or split[1] == 1 else (int(split[0]), int(split[1]))
+        if self.split is not None:  # split on a copy: the caller's NetParameter may build the test nets too
+            self.netdef = copy.deepcopy(self.netdef)
         if shard is not None:
             set_shard(self.netdef, *shard)
         self.path = self.netdef.path
@@ -63,6 +72,8 @@ class Net:
         self.loss = 0.0
         included = [lp for lp in self.netdef.layers if layer_included(lp, self.phase, self.level, self.stages)]
         excluded = [lp for lp in self.netdef.layers if lp not in included]
+        if self.split is not None:
+            split_batch(included, self.split[1])
         # Caffe allows a name on several layers of one net (its MNIST autoencoder has two "loss" layers):
         # looking a layer up by name finds the last one, as Caffe's layer_names_index_ does
         if self.netdef.unique_layer_names:
@@ -101,6 +112,7 @@ class Net:
         self._layer_params = []
         for lp, cls, bvs, tvs, lw in entries:
             layer = cls(lp, phase=self.phase, dtype=self.dtype, xp=self.xp)
+            layer.batch_split = self.split
             bottom = [v.blob for v in bvs]
             top = []
             for j, v in enumerate(tvs):
@@ -279,6 +291,12 @@ class Net:
             layer.reshape(self._bottom_vecs[i], self._top_vecs[i])
         if self._memory_plan is not None:
             self._memory_plan = memory.plan(self)
+
+    @property
+    def batch_size(self):
+        """Samples per forward pass: the batch of the first Input, DummyData or data layer (None without one)."""
+        sizes = batch_sizes(self._layer_params)
+        return sizes[0][2] if sizes else None
 
     def optimize_memory(self, enable=True):
         """Share storage between activations (data and diffs) whose lives in a training iteration do not overlap.

@@ -118,6 +118,39 @@ def set_batch_size(netdef, batch):
     return netdef
 
 
+def batch_sizes(layers):
+    """``[(LayerParameter, key, batch size), ...]`` of the Input, DummyData and data layers among ``layers``."""
+    sizes = []
+    for lp in layers:
+        if lp.type in ("Input", "DummyData"):
+            block = "input" if lp.type == "Input" else "dummy_data"
+            sizes += [(lp, f"{block}.shape", int(s[0])) for s in getattr(lp, block).shape if len(s)]
+        else:
+            for block in DATA_BLOCKS:
+                p = getattr(lp, block, None)
+                if p is not None and hasattr(p, "batch_size"):
+                    sizes.append((lp, f"{block}.batch_size", int(p.batch_size)))
+    return sizes
+
+
+def split_batch(layers, count):
+    """Divide the batch size of the Input, DummyData and data layers among ``layers`` by ``count`` (in place):
+    the batch of one of ``count`` replicas that together compute the whole. ConfigError (file, line, layer,
+    key) where a batch does not divide."""
+    for lp, key, size in batch_sizes(layers):
+        if size % count:
+            raise lp.error(f"batch size {size} does not split into {count} equal replica batches", key)
+    for lp in layers:
+        if lp.type in ("Input", "DummyData"):
+            block = getattr(lp, "input" if lp.type == "Input" else "dummy_data")
+            block.shape = [(int(s[0]) // count,) + tuple(s[1:]) if len(s) else s for s in block.shape]
+        else:
+            for block in DATA_BLOCKS:
+                p = getattr(lp, block, None)
+                if p is not None and hasattr(p, "batch_size"):
+                    p.batch_size //= count
+
+
 def set_shard(netdef, rank, world_size):
     """Make every data layer of a NetParameter read shard ``rank`` of ``world_size`` (in place)."""
     for lp in netdef.layers:

@@ -68,8 +68,26 @@ def _nets(solver):
 
 
 def _data_states(solver):
-    return {key: {layer.name: layer.get_state() for layer in net.layers if hasattr(layer, "get_state")}
-            for key, net in _nets(solver)}
+    return {key: {layer.name: _whole_batch_state(net, layer.get_state()) for layer in net.layers
+                  if hasattr(layer, "get_state")} for key, net in _nets(solver)}
+
+
+def _whole_batch_state(net, state):
+    # a replica of a split batch (Net(split=...)) has read 1/count of the records one process has: its snapshot
+    # gives the one process's position, so that either kind of run resumes it
+    if net.split is None or "position" not in state:
+        return state
+    return dict(state, position=int(state["position"]) * net.split[1])
+
+
+def _replica_state(net, state, path, name):
+    if net.split is None or not isinstance(state, dict) or "position" not in state:
+        return state
+    position, count = int(state["position"]), net.split[1]
+    if position % count:
+        raise LayerforgeError(f"{path}: layer '{name}' read {position} records, which do not split into {count} "
+                              f"equal replica shares; resume it with cpu_parallel THREADS")
+    return dict(state, position=position // count)
 
 
 def restore(solver, path):
@@ -110,7 +128,7 @@ def restore(solver, path):
             saved = states.get(key, {}).get(layer.name) if isinstance(states.get(key), dict) else None
             if saved is not None and hasattr(layer, "set_state"):
                 try:
-                    layer.set_state(saved)
+                    layer.set_state(_replica_state(net, saved, path, layer.name))
                 except (KeyError, TypeError, ValueError, AttributeError) as e:
                     raise LayerforgeError(f"{path}: the saved state of layer '{layer.name}' ({key} net) is "
                                           f"malformed ({type(e).__name__}: {e})") from None

@@ -21,6 +21,7 @@ iter_size and ``iter_size: k`` with batch b stays equivalent to batch k*b even w
 parameter whose gradient came as rows (Embed), see :meth:`Solver.update_rows`.
 """
 import collections
+import contextlib
 import logging
 import math
 import os
@@ -52,16 +53,18 @@ register_solver = registrar(SOLVER_REGISTRY, "solver type")
 register_solver.__doc__ = "Class decorator: make a Solver subclass available as solver ``type: <type_name>``."
 
 
-def get_solver(source, shard=None, **overrides):
+def get_solver(source, shard=None, split=None, **overrides):
     """Build the solver a YAML file (or dict) describes; ``overrides`` replace keys of the file (``max_iter=10``).
 
-    ``shard=(rank, world_size)`` makes every data layer read only its shard (data-parallel training).
+    ``shard=(rank, world_size)`` makes every data layer read only its shard (data-parallel training);
+    ``split=(index, count)`` makes the train net replica ``index`` of ``count`` that compute one batch together
+    (``Net(split=...)``; its test nets keep the whole batch and the whole test set).
 
     Returns:
         An instance of the class registered for the solver's ``type`` (SGD when absent).
     """
     sp = load_solver_param(source, SOLVER_REGISTRY, **overrides)
-    return SOLVER_REGISTRY[sp.type](sp, shard=shard)
+    return SOLVER_REGISTRY[sp.type](sp, shard=shard, split=split)
 
 
 class NonFiniteError(LayerforgeError):
@@ -100,6 +103,11 @@ class Solver:
             the summed diffs in ``net.learnable_params[i].diff`` (data-parallel allreduce plugs in here).
         callbacks: ``fn(iteration, loss)`` run after each update (``iteration`` is the index of the
             iteration that just finished, ``loss`` its mean loss over the iter_size passes).
+        update_share: what of the learnable parameters this solver updates: None (all), or ``{index: rows}``,
+            rows a slice of the parameter's first axis or None (all of it); replicas whose parameters and
+            history live in one shared memory each update their share (the update is element-wise).
+        loss_reduce: ``fn(loss) -> loss`` run after the iter_size passes, before the loss is smoothed and
+            displayed: replicas of one batch make it (and the train outputs) the whole batch's.
         root: False on non-root ranks: no display or snapshots there (and no testing unless test_reduce is set).
         test_reduce: ``fn(sums, loss, n) -> (sums, loss, n)`` combining the summed test outputs of all ranks
             (each rank tests its shard); when set, every rank tests.
@@ -111,7 +119,7 @@ class Solver:
     type = None
     history_per_param = 1
 
-    def __init__(self, param, shard=None, **overrides):
+    def __init__(self, param, shard=None, split=None, **overrides):
         sp = param if isinstance(param, SolverParameter) and not overrides else \
             load_solver_param(param, SOLVER_REGISTRY, **overrides)
         validate = getattr(type(self), "validate_params", None)
@@ -130,13 +138,15 @@ class Solver:
             return load_net_def(d, sp.path) if isinstance(d, dict) else d
 
         source = sp.resolve(sp.net) or inline(sp.net_param) or sp.resolve(sp.train_net) or inline(sp.train_net_param)
-        self.net = Net(source, phase="train", dtype=dtype, xp=self.xp, shard=shard, **_net_state(sp.train_state))
+        self.net = Net(source, phase="train", dtype=dtype, xp=self.xp, shard=shard, split=split,
+                       **_net_state(sp.train_state))
+        test_shard = None if split is not None else shard  # replicas of one batch: tests as one process would
         sources = [inline(d) for d in sp.test_net_param] + [sp.resolve(p) for p in sp.test_net]
         sources += [sp.resolve(sp.net) or inline(sp.net_param)] * (sp.num_test_nets - len(sources))
         self.test_nets = []
         for k, src in enumerate(sources):
             st = sp.test_state[k] if sp.test_state else None
-            tn = Net(src, phase="test", dtype=dtype, xp=self.xp, shard=shard, **_net_state(st))
+            tn = Net(src, phase="test", dtype=dtype, xp=self.xp, shard=test_shard, **_net_state(st))
             tn.share_params_with(self.net)  # same layer name -> same data arrays: updates need no copying
             self.test_nets.append(tn)
         n = len(self.net.learnable_params)
@@ -153,6 +163,8 @@ class Solver:
             self.display_hooks.append(input_line)
         self.test_hooks = []  # fn(iteration, test net index, {output: mean value}) after each test pass
         self.skip_update = False  # set by a gradient hook: this iteration makes no update (double buffering)
+        self.update_share = None
+        self.loss_reduce = None
         self.root = True
         self.test_reduce, self.agree_action, self.snapshot_hooks = None, None, []
         self.requested_early_exit = False
@@ -212,6 +224,8 @@ class Solver:
                     break
             display = self.root and sp.display and self.iter % sp.display == 0
             loss = sum(self._forward_backward(k) for k in range(sp.iter_size)) / sp.iter_size
+            if self.loss_reduce is not None:
+                loss = self.loss_reduce(loss)
             self._update_smoothed_loss(loss)
             if display:
                 self._log_train()
@@ -257,12 +271,15 @@ class Solver:
             if self.requested_early_exit:
                 log.info("Optimization stopped early.")
                 return
-            if self.root and sp.display and self.iter % sp.display == 0:
-                # Caffe's extra forward so the log shows the loss of the final weights
+            if (self.root or self.loss_reduce is not None) and sp.display and self.iter % sp.display == 0:
+                # Caffe's extra forward so the log shows the loss of the final weights (replicas of one batch:
+                # every replica, whose losses make the whole batch's)
                 self._feed(0)
                 self.net.forward()
-                self._update_smoothed_loss(self.net.loss)
-                log.info("Iteration %d, loss = %s", self.iter, _g(self.smoothed_loss))
+                loss = self.net.loss
+                self._update_smoothed_loss(loss if self.loss_reduce is None else self.loss_reduce(loss))
+                if self.root:
+                    log.info("Iteration %d, loss = %s", self.iter, _g(self.smoothed_loss))
             if (self.root or self.test_reduce is not None) and sp.test_interval and self.iter % sp.test_interval == 0:
                 self.test_all()
         log.info("Optimization Done.")
@@ -300,8 +317,10 @@ class Solver:
         sp, net = self.param, self.net
         lapse = time.perf_counter() - self._timer
         per_s = (self.iter - self._iter_last) / (lapse or 1.0)
-        log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, _g(per_s), _g(lapse), sp.display,
-                 _g(self.smoothed_loss))
+        images = self.images_per_iteration()
+        rate = f", {per_s * images:.1f} img/s" if images else ""  # inside Caffe's brackets: its parsers read on
+        log.info("Iteration %d (%s iter/s, %ss/%d iters%s), loss = %s", self.iter, _g(per_s), _g(lapse), sp.display,
+                 rate, _g(self.smoothed_loss))
         iters = self.iter - self._iter_last
         for hook in self.display_hooks:
             if iters:
@@ -315,6 +334,12 @@ class Solver:
                 extra = f" (* {_g(w)} = {_g(w * v)} loss)" if w else ""
                 log.info("    Train net output #%d: %s = %s%s%s", k, name, _g(v), extra, self._perplexity(w, v))
                 k += 1
+
+    def images_per_iteration(self):
+        """Samples one iteration trains on: the train net's batch (all replicas' together) x iter_size; None when
+        the net has no Input, DummyData or data layer."""
+        batch = self.net.batch_size
+        return None if batch is None else batch * (self.net.split or (0, 1))[1] * self.param.iter_size
 
     def _perplexity(self, weight, value):
         """`` (perplexity P)`` for a loss output when ``report_perplexity`` is on, else ''."""
@@ -347,20 +372,48 @@ class Solver:
             self.clip_gradients()
             self.normalize()
         params = self.net.learnable_params
+        share = dict.fromkeys(range(len(params))) if self.update_share is None else self.update_share
         for i in self._lazy:  # swaps parameter and history slots for the call: on this thread only
-            self.update_rows(i, rate, self._lazy[i])
+            if i in share:
+                self.update_rows(i, rate, self._lazy[i])
         # every other parameter's update is independent of the rest: whole parameters go to the kernel threads
-        # in groups of about equal size (the same operations per parameter, so the same bits for any count)
-        groups = _balanced_groups([i for i in range(len(params)) if i not in self._lazy], params, num_threads())
+        # in groups of about equal size (the same operations per parameter, so the same bits for any count);
+        # on the host each one in blocks, whose regularisation, rule and step run while the block is in the
+        # cache (and whose temporaries are reused, not faulted in): element-wise, so the same bits
+        groups = balanced_groups([i for i in share if i not in self._lazy], params, num_threads())
+        block = UPDATE_BLOCK if self.xp is numpy else None
 
         def update(lo, hi):
             for group in groups[lo:hi]:
                 for i in group:
-                    self.regularize(i)
-                    self.compute_update(i, rate)
-                    params[i].data -= params[i].diff
+                    for part in _parts(params[i], share[i], block):
+                        with self._part_of(i, part):
+                            self.regularize(i)
+                            self.compute_update(i, rate)
+                            params[i].data -= params[i].diff
         largest = max((params[i].count for group in groups for i in group), default=0)
         parallel_for(len(groups), update, work=largest if self.xp is numpy else 0)
+
+    @contextlib.contextmanager
+    def _part_of(self, i, part):
+        """Parameter ``i`` and its history slots seen as their elements ``part = (start, stop)`` (flat views; None:
+        all of them) within the block."""
+        if part is None:
+            yield
+            return
+        params, n = self.net.learnable_params, len(self.net.learnable_params)
+        p, slots = params[i], [k * n + i for k in range(self.history_per_param)]
+        full = [self.history[s] for s in slots]
+        cut = slice(*part)
+        params[i] = _Rows(p, p.diff.reshape(-1)[cut], p.data.reshape(-1)[cut])
+        for s, h in zip(slots, full):
+            self.history[s] = h.reshape(-1)[cut]
+        try:
+            yield
+        finally:
+            params[i] = p
+            for s, h in zip(slots, full):
+                self.history[s] = h
 
     def _lazy_rows(self):
         if self.param.sparse_update != "LAZY":
@@ -537,7 +590,23 @@ class Solver:
         return NonFiniteError(f"iteration {self.iter}: {what}{culprit}; training stopped ({kept})")
 
 
-def _balanced_groups(indices, params, count):
+UPDATE_BLOCK = 1 << 18  # elements of a parameter the update takes at a time on the host (1 MiB of float32)
+
+
+def _parts(param, rows, block):
+    """The element ranges of ``param`` (its ``rows``: a slice of the first axis, or None for all) to update one at
+    a time: blocks of ``block`` elements (None: the whole range); None for the whole parameter in one piece."""
+    count = int(param.count)
+    per_row = count // int(param.shape[0]) if len(param.shape) and param.shape[0] else count
+    start, stop = (0, count) if rows is None else (rows.start * per_row, rows.stop * per_row)
+    flat = param.data.flags.c_contiguous and param.diff.flags.c_contiguous  # flat views, not copies
+    if (start, stop) == (0, count) and (block is None or count <= block or not flat):
+        return [None]
+    step = block or stop - start
+    return [(a, min(stop, a + step)) for a in range(start, stop, step)]
+
+
+def balanced_groups(indices, params, count):
     """``indices`` dealt into at most ``count`` groups of about equal total size, largest parameters first."""
     groups, sizes = [[] for _ in range(max(1, count))], [0] * max(1, count)
     for i in sorted(indices, key=lambda i: -params[i].count):

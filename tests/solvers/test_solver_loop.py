@@ -119,10 +119,10 @@ def test_caffe_log_lines(tmp_path, caplog):
     patterns = [
         r"Iteration 0, Testing net \(#0\)",
         rf"    Test net output #0: loss = {num} \(\* 1 = {num} loss\)",
-        rf"Iteration 0 \({num} iter/s, {num}s/2 iters\), loss = {num}",
+        rf"Iteration 0 \({num} iter/s, {num}s/2 iters, 0.0 img/s\), loss = {num}",  # 0 at the start, as iter/s
         rf"    Train net output #0: loss = {num} \(\* 1 = {num} loss\)",
         r"Iteration 0, lr = 0.1",
-        rf"Iteration 2 \({num} iter/s, {num}s/2 iters\), loss = {num}",
+        rf"Iteration 2 \({num} iter/s, {num}s/2 iters, {num} img/s\), loss = {num}",
         f"Snapshotting to {re.escape(str(tmp_path / 'lin'))}_iter_4.npz",
         rf"Iteration 4, loss = {num}",
         r"Iteration 4, Testing net \(#0\)",
@@ -130,6 +130,10 @@ def test_caffe_log_lines(tmp_path, caplog):
     ]
     for pattern in patterns:
         assert any(re.fullmatch(pattern, line) for line in lines), (pattern, lines)
+    # img/s = iter/s x the batch (4 images a pass here)
+    rate = next(re.search(rf"\((?P<iters>{num}) iter/s, {num}s/2 iters, (?P<images>{num}) img/s\)", line)
+                for line in lines if line.startswith("Iteration 2 ("))
+    assert float(rate["images"]) == pytest.approx(4 * float(rate["iters"]), rel=1e-3, abs=0.06)
 
 
 def test_display_loss_is_mean_over_average_loss(caplog):

@@ -1,4 +1,5 @@
-"""The solver's update runs whole parameters on the kernel threads: the same bits for any thread count."""
+"""The solver's update runs whole parameters on the kernel threads, each in blocks on the host: the same bits
+for any thread count and block size."""
 import pytest
 
 from layerforge.kernels import threadpool as parallel
@@ -23,20 +24,25 @@ def trained(solver_type, threads, tmp_path, **keys):
                                              ("AdaGrad", {}), ("RMSProp", {"rms_decay": 0.9}),
                                              ("AdaDelta", {"momentum": 0.95, "delta": 1e-6}),
                                              ("Adam", {"momentum": 0.9, "momentum2": 0.999})])
-def test_update_is_bit_identical_for_any_thread_count(solver_type, keys, tmp_path, monkeypatch):
+def test_update_is_bit_identical_for_any_thread_count_and_block(solver_type, keys, tmp_path, monkeypatch):
+    from layerforge.solvers import solver
+
     monkeypatch.setattr(parallel, "MIN_PARALLEL_ELEMENTS", 0)
     one = trained(solver_type, 1, tmp_path, **keys)
     for threads in (2, 3):
         assert trained(solver_type, threads, tmp_path, **keys) == one
+    for block in (1, 7, 64):  # the update of a parameter in blocks of this many elements: the same bits
+        monkeypatch.setattr(solver, "UPDATE_BLOCK", block)
+        assert trained(solver_type, 2, tmp_path, **keys) == one
 
 
 def test_groups_balance_sizes():
     from types import SimpleNamespace
 
-    from layerforge.solvers.solver import _balanced_groups
+    from layerforge.solvers.solver import balanced_groups
     params = [SimpleNamespace(count=c) for c in (100, 1, 60, 50, 2, 3)]
-    groups = _balanced_groups(range(6), params, 2)
+    groups = balanced_groups(range(6), params, 2)
     assert sorted(i for g in groups for i in g) == list(range(6))
     totals = sorted(sum(params[i].count for i in g) for g in groups)
     assert totals == [106, 110]  # greedy, largest first: 100+3+2+1 and 60+50
-    assert _balanced_groups([0, 1], params, 5) == [[0], [1]]
+    assert balanced_groups([0, 1], params, 5) == [[0], [1]]

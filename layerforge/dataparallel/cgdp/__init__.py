@@ -19,7 +19,8 @@ __all__ = ["ChunkSearch", "Result", "WorkerOptions", "WorkerPool", "make_chunks"
 
 
 def train_parallel(solver, workers=None, devices=None, sync=None, chunk_size=None, comm=None, iterations=None,
-                   batch=None, resume=None, log=True, **overrides):
+                   batch=None, resume=None, log=True, split=False, setup=None, progress=None, signal_effects=None,
+                   **overrides):
     """Train ``solver`` (a YAML path or dict) on several workers; returns a :class:`Result`.
 
     Args:
@@ -28,6 +29,10 @@ def train_parallel(solver, workers=None, devices=None, sync=None, chunk_size=Non
         comm: a :class:`~layerforge.comm.Communicator` over hosts (one rank per host), or None.
         iterations: run exactly this many iterations (timing) instead of ``solve()`` to max_iter.
         batch: per-worker batch size override; resume: a ``.solverstate.npz`` to resume from.
+        split: the net's batch is the host's whole batch, each worker computing 1/G of it (WorkerOptions.split).
+        setup: an importable ``fn(g, solver)`` each worker runs once its solver is built.
+        progress: worker 0 shows a progress bar (a status line every ``progress`` seconds off a terminal).
+        signal_effects: ``(sigint_effect, sighup_effect)`` of ``layerforge train`` (WorkerPool), or None.
         overrides: other solver keys (``max_iter=10``).
     """
     from ...solvers.param import load_solver_param
@@ -47,6 +52,6 @@ def train_parallel(solver, workers=None, devices=None, sync=None, chunk_size=Non
         raise LayerforgeError("give the number of workers (--workers N) or the devices (--devices 0,1)")
     nodes, node = (comm.size, comm.rank) if comm is not None else (1, 0)
     options = WorkerOptions(solver, overrides, sp.sync, sp.chunk_size, devices, batch, node, nodes,
-                            iterations, resume, log and node == 0)
+                            iterations, resume, log and node == 0, setup, split, progress)
     search = (sp.chunk_search_interval, sp.chunk_search_step, sp.chunk_search_range)
-    return run_parallel(int(workers), options, search=search, comm=comm)
+    return run_parallel(int(workers), options, search=search, comm=comm, signal_effects=signal_effects)

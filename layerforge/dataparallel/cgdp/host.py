@@ -7,7 +7,8 @@ a CPU replica's diffs *are* its slot (:meth:`~layerforge.dataparallel.cgdp.trans
 is nothing to copy. When the parent publishes the chunk, the slot holds the mean gradient: a GPU worker
 copies it back into its diffs, a CPU worker already has it. The solver's gradient hook (end of backward)
 waits only for the chunks still in flight; then every worker runs the same update on the same mean
-gradient (no parameter server).
+gradient (no parameter server). CPU replicas go further (:func:`share_state`): their parameters and update
+history are one copy in shared memory, and each replica updates only its share of the parameters.
 
 Parent side (:class:`HostAccumulator`): when all G workers have posted chunk c, a host thread writes the
 mean of the G slots into every slot, block by block so that each value is read and written once
@@ -37,6 +38,56 @@ def _param_offsets(net, units):
             offsets[k] = (off, n)
             off += n
     return offsets
+
+
+def share_state(solver, mover, params, history, g, G, barrier, timer):
+    """Make CPU replica ``g`` of ``G`` train on one shared copy of the parameters and of the update history.
+
+    The parameters' data become views of ``params``, into which worker 0 first copies its own (the replicas'
+    starting point), and the history arrays views of the rows of ``history`` (zeros, as a fresh history is; a
+    resumed run restores into them); the test nets read the shared data too. Blobs that forward writes
+    (BatchNorm's running statistics, which every replica updates alike) stay each replica's. The replica updates
+    only its share of the parameters (:func:`update_shares`: the update's time and memory traffic split over the
+    replicas instead of repeated by each), with the mean gradient every slot
+    holds, so every parameter gets exactly one process's update. After its update each replica waits at
+    ``barrier`` for the others: no replica reads a parameter of the next iteration (or snapshots) while
+    another still writes it. Before the update nobody writes: every chunk has been combined, so every
+    replica has finished the backward passes that read the parameters.
+    """
+    net = solver.net
+    if g == 0:
+        mover.params_to_host(params)
+    # what a layer's forward writes, not the update (BatchNorm's running statistics), stays each replica's own
+    written = {id(b) for layer in net.layers if not layer.learnable for b in layer.blobs}
+    mover.attach_params(params, keep={k for k, b in enumerate(net.learnable_params) if id(b) in written})
+    mover.attach_history(solver.history, history)
+    for test_net in solver.test_nets:
+        test_net.share_params_with(net)
+    solver.update_share = update_shares(net.learnable_params, G)[g]
+
+    def wait_for_the_others(iteration, loss):
+        t0 = time.perf_counter()
+        barrier.wait()
+        timer.add("exchange", time.perf_counter() - t0)
+
+    solver.callbacks.insert(0, wait_for_the_others)
+
+
+def update_shares(params, G):
+    """``[{parameter index: rows}]`` for G replicas: the parameters' rows (first axis) in order, cut into G runs of
+    about equal size (``rows`` a slice, or None for the whole parameter), so that one large parameter does not make
+    one replica's share large. Every row is in exactly one share; a share may be empty."""
+    total = sum(int(p.count) for p in params)
+    shares, start = [{} for _ in range(G)], 0
+    for k, p in enumerate(params):
+        rows = int(p.shape[0]) if len(p.shape) else 1
+        per_row = int(p.count) // rows if rows else 0
+        owner = numpy.minimum(G - 1, (start + per_row * numpy.arange(rows)) * G // max(1, total))
+        for r in numpy.unique(owner):
+            hit = numpy.flatnonzero(owner == r)
+            shares[int(r)][k] = None if len(hit) == rows else slice(int(hit[0]), int(hit[-1]) + 1)
+        start += int(p.count)
+    return shares
 
 
 class ChunkedBackward:

@@ -10,7 +10,7 @@ import numpy
 from ...errors import LayerforgeError, describe_exit
 from . import shm
 from .host import HostAccumulator
-from .workers import WORKER_THREADS_ENV, worker_main
+from .workers import WORKER_THREADS_ENV, Shared, worker_main
 
 MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "MPI_LOCAL")
 
@@ -40,16 +40,22 @@ class WorkerPool:
         search: ``(interval, step, range)`` of the chunk-size search (``chunk_size: auto``).
         comm: a Communicator across nodes (MPI, host mode only) or None.
         host_threads: threads summing chunks in the parent.
+        signal_effects: ``(sigint_effect, sighup_effect)``: while the workers train, SIGINT / SIGTERM and SIGHUP
+            make all of them snapshot or stop after one iteration, as ``layerforge train``'s own handlers do
+            (layerforge/solvers/signals.py); None: the parent's usual handling (Ctrl-C ends the job).
     """
 
-    def __init__(self, G, options, search=(10, 1, 3), comm=None, host_threads=2, start_method="spawn"):
+    def __init__(self, G, options, search=(10, 1, 3), comm=None, host_threads=2, start_method="spawn",
+                 signal_effects=None):
         if G < 1:
             raise LayerforgeError(f"--workers must be >= 1, got {G}")
         if comm is not None and comm.size > 1 and options.sync != "HOST":
             raise LayerforgeError("across nodes only sync: host is supported (tree gathers on one device)")
         self.G, self.options, self.search, self.comm = G, options, search, comm
+        self.signal_effects = signal_effects
         self.host_threads, self.ctx = host_threads, multiprocessing.get_context(start_method)
         self.procs, self.conns, self.buffers, self.accumulator = [], [], None, None
+        self.shared = Shared(self.ctx, G)
         self.finished = set()
         self.started = threading.Event()  # set once the workers train
 
@@ -65,7 +71,7 @@ class WorkerPool:
         try:
             for g in range(self.G):
                 parent, child = self.ctx.Pipe()
-                p = self.ctx.Process(target=worker_main, args=(g, self.G, self.options, child),
+                p = self.ctx.Process(target=worker_main, args=(g, self.G, self.options, child, self.shared),
                                      name=f"layerforge-worker-{g}", daemon=True)
                 p.start()
                 child.close()
@@ -77,6 +83,18 @@ class WorkerPool:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+    def request(self, effect):
+        """Make every worker carry out ``effect`` (``"snapshot"`` or ``"stop"``, as a training signal asks) after
+        the same iteration: two past the furthest any has reported, which none can have reached yet (a
+        replica is at most one iteration ahead of the slowest, and an iteration outlasts these writes)."""
+        from .workers import EFFECTS
+
+        control = self.shared.control
+        target = max(control[2:2 + self.G]) + 2
+        control[0] = -1  # no worker may see the new target with the old effect
+        control[1] = EFFECTS.index(effect)
+        control[0] = target
 
     def send(self, g, msg):
         try:
@@ -154,12 +172,12 @@ class WorkerPool:
     def _run(self):
         self._start()
         hellos = self._receive(set(range(self.G)))
-        units, dtype = hellos[0][1], numpy.dtype(hellos[0][2])
+        units, dtype, history_rows = hellos[0][1], numpy.dtype(hellos[0][2]), hellos[0][4]
         for g, msg in hellos.items():
             if msg[1] != units or msg[2] != hellos[0][2]:
                 self._fail(f"worker {g} built a different net than worker 0 (parameter layout or dtype differs)")
         total = sum(size for _, _, size in units)
-        self.buffers = shm.create(self.G, total, dtype)
+        self.buffers = shm.create(self.G, total, dtype, history_rows)
         for g in range(self.G):
             self.send(g, ("layout", self.buffers.names, total))
         _, start_iter = self._receive({0})[0]
@@ -173,7 +191,13 @@ class WorkerPool:
         for g in range(self.G):
             self.send(g, ("start", start_iter))
         self.started.set()
-        done = self._receive(set(range(self.G)))
+        if self.signal_effects is None:
+            done = self._receive(set(range(self.G)))
+        else:
+            from ...solvers.signals import signal_handlers
+
+            with signal_handlers(_Requests(self), *self.signal_effects):
+                done = self._receive(set(range(self.G)))
         params = numpy.array(self.buffers["slots"])  # the final parameters, before worker 0's timings reuse the slots
         for p in self.procs[1:]:
             p.join(5.0)
@@ -202,6 +226,19 @@ class WorkerPool:
         if self.buffers is not None:
             self.buffers.close()
             self.buffers = None
+
+
+class _Requests(list):
+    """The ``pending`` list of :func:`~layerforge.solvers.signals.signal_handlers` for a pool: each request goes to
+    the workers (:meth:`WorkerPool.request`); a second SIGINT while one is pending still interrupts at once."""
+
+    def __init__(self, pool):
+        super().__init__()
+        self.pool = pool
+
+    def append(self, request):
+        super().append(request)
+        self.pool.request(request[1])
 
 
 def run_parallel(G, options, **kwargs):

@@ -1,13 +1,17 @@
-"""The shared host buffers of a node: ``slots`` (G x P partial gradients), ``acc`` (P), ``params`` (P)."""
+"""The shared host buffers of a node: ``slots`` (G x P partial gradients), ``acc`` (P), ``params`` (P) and
+``history`` (H x P: the update rule's H history arrays per parameter, shared by CPU replicas in host mode).
+
+New shared memory is zero-filled by the system, and a page is resident only once it is written: a buffer a
+mode does not use (``acc`` on one node, ``history`` in tree mode) costs no memory."""
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy
 
-KINDS = ("slots", "acc", "params")
+KINDS = ("slots", "acc", "params", "history")
 
 
-def _shape(kind, G, total):
-    return (G, total) if kind == "slots" else (total,)
+def _shape(kind, G, total, history_rows):
+    return {"slots": (G, total), "history": (history_rows, total)}.get(kind, (total,))
 
 
 class Buffers(dict):
@@ -29,20 +33,19 @@ class Buffers(dict):
                 pass
 
 
-def create(G, total, dtype):
-    """New zeroed buffers for G workers and P = ``total`` values of ``dtype``."""
+def create(G, total, dtype, history_rows=1):
+    """New zeroed buffers for G workers, P = ``total`` values of ``dtype`` and ``history_rows`` history arrays."""
     dtype = numpy.dtype(dtype)
     segments, arrays = {}, {}
     for kind in KINDS:
-        shape = _shape(kind, G, total)
+        shape = _shape(kind, G, total, history_rows)
         nbytes = max(1, int(numpy.prod(shape)) * dtype.itemsize)
-        segments[kind] = shared_memory.SharedMemory(create=True, size=nbytes)
+        segments[kind] = shared_memory.SharedMemory(create=True, size=nbytes)  # zero-filled, see above
         arrays[kind] = numpy.ndarray(shape, dtype, buffer=segments[kind].buf)
-        arrays[kind][...] = 0
     return Buffers(segments, arrays, owner=True)
 
 
-def attach(names, G, total, dtype):
+def attach(names, G, total, dtype, history_rows=1):
     """The buffers ``create`` made, by name (in a worker)."""
     dtype = numpy.dtype(dtype)
     segments, arrays = {}, {}
@@ -55,5 +58,5 @@ def attach(names, G, total, dtype):
     finally:
         resource_tracker.register = register
     for kind in KINDS:
-        arrays[kind] = numpy.ndarray(_shape(kind, G, total), dtype, buffer=segments[kind].buf)
+        arrays[kind] = numpy.ndarray(_shape(kind, G, total, history_rows), dtype, buffer=segments[kind].buf)
     return Buffers(segments, arrays, owner=False)

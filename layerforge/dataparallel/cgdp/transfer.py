@@ -13,8 +13,12 @@ from ...backend import get_array_module
 
 
 class Mover:
-    """Copies between blobs and flat host segments; ``offsets[k] = (offset, count)`` of learnable param k."""
+    """Copies between blobs and flat host segments; ``offsets[k] = (offset, count)`` of learnable param k.
 
+    ``host_memory``: the replica's arrays are host memory, so they can *be* views of the shared buffers.
+    """
+
+    host_memory = True
 
     def __init__(self, params, offsets):
         self.params, self.offsets = params, offsets
@@ -28,6 +32,19 @@ class Mover:
             p.diff = view
         self.attached = flat.__array_interface__["data"][0]
         return True
+
+    def attach_params(self, flat, keep=()):
+        """Make every parameter's data a view of its segment of ``flat``, whose values it takes (no copy), except
+        the parameters whose indices are in ``keep``."""
+        for k, (p, (off, n)) in enumerate(zip(self.params, self.offsets)):
+            if k not in keep:
+                p.data = flat[off:off + n].reshape(p.data.shape)
+
+    def attach_history(self, history, rows):
+        """Make every history array a view of its segment of ``rows``, whose values it takes (no copy)."""
+        for j, h in enumerate(history):
+            off, n = self.offsets[j % len(self.params)]
+            history[j] = rows[j // len(self.params), off:off + n].reshape(h.shape)
 
     def _is_attached(self, flat):
         return self.attached is not None and flat.__array_interface__["data"][0] == self.attached
@@ -72,6 +89,7 @@ class Mover:
 class CupyMover(Mover):
     """The GPU variant: a copy stream per replica, events from the compute stream, pinned host buffers."""
 
+    host_memory = False
 
     def __init__(self, params, offsets, buffers=()):
         super().__init__(params, offsets)

@@ -16,6 +16,7 @@ import os
 import queue
 import signal
 import threading
+import time
 import traceback
 
 from ...cores import THREAD_VARS
@@ -35,13 +36,19 @@ class WorkerOptions:
         iterations: run ``solver.step(iterations)`` instead of ``solve()`` (timing); resume: a solver state.
         log: whether worker 0 logs (glog format, to stdout).
         setup: an importable ``fn(g, solver)`` each worker runs once its solver is built (instrumentation).
+        split: the net's batch is the whole host's: each of the G workers trains on 1/G of it (``Net(split=...)``,
+            mathematically one process with the whole batch) instead of the net's batch per worker; ``batch``
+            is then the whole batch too.
+        progress: worker 0 shows training progress (layerforge.logs.Progress, a status line every ``progress``
+            seconds when stderr is not a terminal); None: not.
     """
 
     def __init__(self, solver, overrides=None, sync="HOST", chunk_size=1, devices=None, batch=None,
-                 node=0, nodes=1, iterations=None, resume=None, log=True, setup=None):
+                 node=0, nodes=1, iterations=None, resume=None, log=True, setup=None, split=False, progress=None):
         self.solver, self.overrides, self.sync, self.chunk_size = solver, dict(overrides or {}), sync, chunk_size
         self.devices, self.batch, self.node, self.nodes = devices, batch, node, nodes
         self.iterations, self.resume, self.log, self.setup = iterations, resume, log, setup
+        self.split, self.progress = split, progress
 
 
 class Link:
@@ -84,12 +91,31 @@ class Link:
         return msg
 
 
-def worker_main(g, G, options, conn):
-    """Entry point of worker ``g`` of ``G`` (runs in a spawned process)."""
+class Shared:
+    """What the G workers share besides the gradient buffers, made by the parent before they start (picklable
+    only then): ``barrier`` (host mode's CPU replicas wait there after their share of the update), ``control``
+    (``[iteration to act after, effect code, each worker's iteration]``: signal requests, :func:`follow_requests`),
+    ``outputs`` (replicas of one batch: their train outputs, :func:`mean_outputs`) and ``statistics`` (their
+    BatchNorm sums, layerforge/dataparallel/cgdp/replica_sum.py)."""
+
+    def __init__(self, ctx, G):
+        from .replica_sum import table_size
+
+        self.barrier = ctx.Barrier(G)
+        self.control = ctx.Array("q", 2 + G, lock=False)
+        self.control[0] = -1
+        self.outputs = ctx.Array("d", G * (2 + OUTPUT_VALUES), lock=False)
+        self.statistics = ctx.Array("d", table_size(G), lock=False)
+
+
+def worker_main(g, G, options, conn, shared):
+    """Entry point of worker ``g`` of ``G`` (runs in a spawned process); ``shared``: a :class:`Shared`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the workers
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # and a hang-up (a worker whose parent is gone exits)
     link = Link(conn)
     try:
-        _run_worker(g, G, options, link)
+        _run_worker(g, G, options, link, shared)
     except LayerforgeError as e:
         link.send(("error", str(e)))
         os._exit(1)
@@ -100,15 +126,13 @@ def worker_main(g, G, options, conn):
     os._exit(0)
 
 
-def _run_worker(g, G, options, link):
+def _run_worker(g, G, options, link, shared):
     import logging
 
     from ...logs import setup_logging
-    from ...net.netdef import load_net_def, set_batch_size
-    from ...solvers import SOLVER_REGISTRY, get_solver
-    from ...solvers.param import load_solver_param
     from .chunks import param_units, unit_sizes
-    from .host import HostSync, _param_offsets
+    from .host import HostSync, _param_offsets, share_state
+    from .replica_sum import ReplicaSum, share_batch_statistics
     from .shm import attach
     from .stats import PhaseTimer
     from .transfer import make_mover
@@ -122,46 +146,54 @@ def _run_worker(g, G, options, link):
     if options.devices is not None:
         overrides.update(solver_mode="GPU", device_id=int(options.devices[g]))
     rank, world = options.node * G + g, options.nodes * G
-    if options.batch is None:
-        solver = get_solver(options.solver, shard=(rank, world), **overrides)
-    else:  # `layerforge time --batch`: the same solver over the net with another per-worker batch size
-        sp = load_solver_param(options.solver, SOLVER_REGISTRY, **overrides)
-        source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
-        sp.net_param = set_batch_size(load_net_def(source), options.batch)
-        sp.net = sp.train_net = sp.train_net_param = None
-        solver = SOLVER_REGISTRY[sp.type](sp, shard=(rank, world))
+    split = (g, G) if options.split else None
+    solver = build_solver(options.solver, overrides, options.batch, shard=(rank, world), split=split)
     solver.root = rank == 0
     if options.setup is not None:
         options.setup(g, solver)
+    if options.split:  # after the setup, whose passes (a warm-up) the replicas need not make alike
+        share_batch_statistics(solver.net, ReplicaSum(shared.statistics, g, G, link.check))
     net = solver.net
     units = param_units(net)
-    link.send(("hello", unit_sizes(units), net.dtype.str, os.getpid()))
+    link.send(("hello", unit_sizes(units), net.dtype.str, os.getpid(), solver.history_per_param))
     _, names, total = link.expect("layout")
-    buffers = attach(names, G, total, net.dtype)
+    buffers = attach(names, G, total, net.dtype, solver.history_per_param)
     slots, acc, params = buffers["slots"], buffers["acc"], buffers["params"]
     offsets = _param_offsets(net, units)
     mover = make_mover(net, offsets, (slots[g], acc, params))
-    if options.resume:  # every replica: each host-mode worker updates with its own (identical) history
+    # CPU replicas of host mode share one copy of the parameters and of the update history, each updating its
+    # share; they attach at once, so that their own copies (and diffs) are let go before the others are made
+    one_copy = options.sync == "HOST" and mover.host_memory
+    timer = PhaseTimer()
+    if one_copy:
+        share_state(solver, mover, params, buffers["history"], g, G, shared.barrier, timer)
+    if options.sync == "HOST":
+        HostSync(solver, link, slots[g], options.chunk_size, mover, timer)
+    if options.resume:  # every replica (one copy: each writes the same values into the one copy)
         solver.restore(options.resume)
     if g == 0:
-        mover.params_to_host(params)
+        if not one_copy:
+            mover.params_to_host(params)
         link.send(("initial", solver.iter))
     _, start_iter = link.expect("start")
     if g != 0:
-        mover.params_from_host(params)
+        if not one_copy:
+            mover.params_from_host(params)
         solver.iter = start_iter
-    timer = PhaseTimer()
-    if options.sync == "HOST":
-        HostSync(solver, link, slots[g], options.chunk_size, mover, timer)
-    else:
+    if options.sync != "HOST":
         TreeSync(solver, link, g, slots, params, mover, timer)
     timer.install(solver)
+    follow_requests(solver, g, shared.control)
+    if options.split:
+        mean_outputs(solver, g, G, shared.outputs, link)
+    if options.progress is not None and g == 0:
+        show_progress(solver, options.progress)
     if options.iterations is not None:
         solver.step(options.iterations)
     else:
         solver.solve(sigint_effect="none", sighup_effect="none")
     mover.params_to_host(slots[g])  # the parent compares the replicas
-    link.send(("done", timer.summary(), solver.iter))
+    link.send(("done", dict(timer.summary(), images_per_iteration=solver.images_per_iteration()), solver.iter))
     if g == 0:  # once the others are gone, time the exchange's operations for the cost model
         link.expect("calibrate")
         from .cost_model import measure_latency, measure_rates
@@ -171,3 +203,94 @@ def _run_worker(g, G, options, link):
     mover.close()
     buffers.close()
 
+
+
+def build_solver(solver, overrides, batch=None, shard=None, split=None):
+    """``get_solver(solver, shard, split, **overrides)``, its net given batch ``batch`` when not None (``layerforge
+    time --batch``: the same solver over the net with another batch size)."""
+    from ...net.netdef import load_net_def, set_batch_size
+    from ...solvers import SOLVER_REGISTRY, get_solver
+    from ...solvers.param import load_solver_param
+
+    if batch is None:
+        return get_solver(solver, shard=shard, split=split, **overrides)
+    sp = load_solver_param(solver, SOLVER_REGISTRY, **overrides)
+    source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
+    sp.net_param = set_batch_size(load_net_def(source, sp.path), batch)
+    sp.net = sp.train_net = sp.train_net_param = None
+    return SOLVER_REGISTRY[sp.type](sp, shard=shard, split=split)
+
+
+EFFECTS = ("none", "snapshot", "stop")
+OUTPUT_VALUES = 256  # train output values (losses, accuracies) replicas of one batch average for the display
+
+
+def mean_outputs(solver, g, G, outputs, link):
+    """Make replica ``g`` of one batch publish its loss and train outputs in its row of ``outputs`` (G rows of
+    ``[iteration + 1, loss, values...]``) every iteration, and worker 0 display, smooth and snapshot the mean of
+    the G rows: the whole batch's, since every replica's loss is normalised by its equal share of the batch.
+    Worker 0 waits for the others' forward passes only; nobody overwrites a row before worker 0 has read it
+    (the next forward comes after the update, which waits for worker 0's chunks)."""
+    import logging
+
+    import numpy
+
+    net = solver.net
+    blobs = [net.blobs[name] for name in net.outputs]
+    count = sum(int(b.count) for b in blobs)
+    if count > OUTPUT_VALUES:
+        logging.getLogger("layerforge").warning("the train outputs hold %d values, more than the %d replicas "
+                                                "average: worker 0 shows its own", count, OUTPUT_VALUES)
+        return
+    width = 2 + OUTPUT_VALUES
+    table = numpy.frombuffer(outputs, dtype=numpy.float64).reshape(G, width)
+
+    def reduce(loss):
+        row = table[g]
+        row[1] = loss
+        if count:
+            row[2:2 + count] = numpy.concatenate([numpy.asarray(b.data, numpy.float64).reshape(-1) for b in blobs])
+        row[0] = solver.iter + 1  # written last: the row is complete
+        if g != 0:
+            return loss
+        while (table[:, 0] < solver.iter + 1).any():
+            link.check()
+            time.sleep(0.0002)
+        mean = table[:, 1:2 + count].mean(axis=0)
+        offset = 1
+        for b in blobs:
+            b.data[...] = mean[offset:offset + b.count].reshape(b.shape)
+            offset += b.count
+        return float(mean[0])
+
+    solver.loss_reduce = reduce  # codes of control[1]
+
+
+def follow_requests(solver, g, control):
+    """Make the replica publish its iteration in ``control[2 + g]`` and carry out the request the parent writes
+    into ``control[:2]`` (the iteration to act after, the effect's code) at exactly that iteration, as every
+    other replica does (:meth:`~layerforge.dataparallel.cgdp.pool.WorkerPool.request`)."""
+    def publish(iteration, loss):
+        control[2 + g] = solver.iter
+
+    def agree(action):
+        return EFFECTS[control[1]] if control[0] == solver.iter else "none"
+
+    solver.callbacks.append(publish)
+    solver.agree_action = agree
+
+
+def show_progress(solver, interval):
+    """A progress bar (or status lines every ``interval`` s) of ``solver``'s iterations, as ``layerforge train``'s."""
+    from ...logs import Progress
+
+    bar = []
+
+    def report(iteration, loss):
+        if not bar:
+            bar.append(Progress(solver.param.max_iter, start=iteration, interval=interval))
+        bar[0].update(iteration + 1, loss)
+        if iteration + 1 >= solver.param.max_iter:
+            bar[0].close()
+
+    solver.callbacks.append(report)

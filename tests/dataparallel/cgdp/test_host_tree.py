@@ -137,3 +137,28 @@ def test_two_workers_sharing_one_gpu_match_one_cpu_worker_with_the_whole_batch(s
     numpy.testing.assert_array_equal(result.params[1], result.params[0])
     phases = result.stats["phases_ms"]
     assert phases["iteration"] > 0 and 0 <= phases["exchange"] < phases["iteration"]  # the exposed exchange
+
+
+class _Param:
+    def __init__(self, shape):
+        self.shape, self.count = shape, int(numpy.prod(shape))
+
+
+@pytest.mark.parametrize("G", [1, 2, 3, 5])
+def test_update_shares_cover_every_row_once_in_even_runs(G):
+    """CPU replicas split the update by rows: one large parameter (AlexNet's fc6 here) does not make one share large."""
+    from layerforge.dataparallel.cgdp.host import update_shares
+
+    params = [_Param(s) for s in [(96, 3, 11, 11), (96,), (4096, 9216), (4096,), (1000, 4096), (1000,), (2,)]]
+    shares = update_shares(params, G)
+    assert len(shares) == G
+    for k, p in enumerate(params):
+        owned = numpy.zeros(p.shape[0], int)
+        for share in shares:
+            if k in share:
+                owned[share[k] if share[k] is not None else slice(None)] += 1
+        assert (owned == 1).all(), k
+    sizes = [sum(p.count if r is None else (r.stop - r.start) * p.count // p.shape[0]
+                 for p, r in ((params[k], r) for k, r in share.items())) for share in shares]
+    total = sum(p.count for p in params)
+    assert max(sizes) - min(sizes) <= 2 * 9216 and sum(sizes) == total  # within a row or two of fc6

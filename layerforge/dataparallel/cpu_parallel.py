@@ -1,0 +1,310 @@
+"""How a CPU run uses the cores: one process on every core, or one single-threaded replica per core.
+
+``THREADS``: one process; BLAS and the kernel threads (layerforge/kernels/threadpool.py) split every operation
+over the cores, and the non-GEMM bodies split the minibatch (or the channels) between them.
+
+``REPLICAS``: R = cores processes, each single-threaded, each computing batch / R of every batch: CGDP's host
+mode with a split batch (layerforge/dataparallel/cgdp: each gradient chunk is averaged on the host while backward
+goes on, the replicas share one copy of the parameters and of the update history and split the update). One
+thread per replica has no GEMM split in two and no Python between the BLAS calls left waiting for a core; the
+price is the exchange and each replica's own activations.
+
+``AUTO``: ``REPLICAS`` where the replicas compute what one process computes (:func:`replica_refusal`) and a
+short timed trial of both runs it faster, else ``THREADS``. The choice is remembered per machine, net, batch
+and solver in ``cpu_parallel.json`` beside AUTO's engine cache (layerforge/kernels/engine_cache.py), so only a
+net's first run pays for the trial; the solver key ``cpu_parallel`` or ``layerforge train --cpu-parallel``
+forces either. The choice is logged in one line.
+
+The replicas are mathematically one process with the whole batch: replica g of R trains on samples
+g, g + R, ... of what the data layers read (their shard), Dropout draws its mask for the whole batch and
+keeps its samples' rows, the losses are normalised by the batch so the mean of the R gradients is the whole batch's,
+and every parameter gets one update from that mean; BatchNorm normalises with the whole batch's statistics,
+exchanged per layer (layerforge/dataparallel/cgdp/replica_sum.py). What that needs of a net is checked, not
+assumed.
+"""
+import hashlib
+import json
+import logging
+import os
+import time
+
+import numpy
+
+from ..errors import ConfigError, LayerforgeError
+from ..kernels.engine_cache import ChoiceCache, machine_key
+
+log = logging.getLogger("layerforge")
+
+CACHE = ChoiceCache("cpu_parallel.json", "CPU parallelism cache")
+TRIAL_ITERATIONS = 3  # timed iterations per configuration, after the warm-up
+MARGIN = 1.03  # replicas hold more memory and processes: they must win by more than the trial's noise
+
+# Layer types whose output for a sample depends only on that sample (and the parameters), so R replicas on
+# batch / R compute what one process computes on the batch; the dict value names the block whose ``axis``
+# must not be the batch axis. BatchNorm is here because the replicas exchange its statistics. Types not listed
+# (Reduction, recurrent layers, Embed, Python layers, MemoryData, ...) are refused by name.
+PER_SAMPLE = {
+    "Convolution": "convolution", "Deconvolution": "convolution", "Pooling": None, "SPP": None, "Im2col": None,
+    "InnerProduct": "inner_product", "Scale": "scale", "Bias": "bias", "PReLU": None, "LRN": None, "MVN": None,
+    "ReLU": None, "Sigmoid": None, "TanH": None, "ELU": None, "AbsVal": None, "BNLL": None, "Clip": None,
+    "Exp": None, "Log": None, "Power": None, "Swish": None, "Threshold": None, "Dropout": None,
+    "Eltwise": None, "Split": None, "Concat": "concat", "Slice": "slice", "Flatten": "flatten", "Crop": "crop",
+    "Tile": "tile", "Softmax": "softmax", "ArgMax": "argmax", "Silence": None, "Accuracy": "accuracy",
+    "SoftmaxWithLoss": "softmax", "InfogainLoss": "infogain_loss", "MultinomialLogisticLoss": None,
+    "SigmoidCrossEntropyLoss": None, "EuclideanLoss": None, "ContrastiveLoss": None, "HingeLoss": None,
+    "Input": None, "Data": None, "ImageData": None, "HDF5Data": None, "DummyData": None, "BatchNorm": None,
+}
+NORMALISED = ("SoftmaxWithLoss", "InfogainLoss", "SigmoidCrossEntropyLoss")  # loss.normalization applies
+
+
+class Choice:
+    """The configuration a CPU run uses.
+
+    Attributes:
+        mode: ``"THREADS"`` or ``"REPLICAS"``; replicas: processes (1 for THREADS); why: a sentence.
+    """
+
+    def __init__(self, mode, replicas, why):
+        self.mode, self.replicas, self.why = mode, replicas, why
+
+    def describe(self):
+        """One log line."""
+        how = (f"{self.replicas} single-threaded replicas, each on 1/{self.replicas} of the batch"
+               if self.mode == "REPLICAS" else f"one process on {cores()} cores")
+        return f"CPU parallelism: {self.mode}, {how} ({self.why})"
+
+
+def cores():
+    """Cores a run may use: the BLAS thread setting (layerforge.cores divides a node between MPI ranks),
+    at most the cores this process may run on."""
+    from ..kernels.threadpool import num_threads
+
+    return max(1, min(num_threads(), len(os.sched_getaffinity(0))))
+
+
+def train_layers(sp, batch=None):
+    """The LayerParameters of the TRAIN net of the SolverParameter ``sp``, as its Net includes them (with batch
+    ``batch`` when not None)."""
+    from ..layers.layer_param import layer_included
+    from ..net.netdef import load_net_def, set_batch_size
+
+    source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
+    netdef = load_net_def(source, sp.path)
+    if batch is not None:
+        set_batch_size(netdef, batch)
+    state = sp.train_state
+    level = state.level if state is not None and state.given("level") else netdef.state.level
+    stages = tuple(netdef.state.stage) + tuple(state.stage if state is not None else ())
+    return [lp for lp in netdef.layers if layer_included(lp, "TRAIN", level, stages)]
+
+
+def replica_refusal(layers, replicas):
+    """Why ``replicas`` replicas on batch / replicas would not compute what one process computes on the whole
+    batch (a sentence naming the layer), or None."""
+    from ..net.netdef import DATA_BLOCKS, batch_sizes
+
+    sizes = batch_sizes(layers)
+    if not sizes:
+        return "the net has no Input or data layer to split"
+    for lp, key, size in sizes:
+        if size != sizes[0][2]:
+            return f"layer '{lp.name}' has batch {size} ({key}), layer '{sizes[0][0].name}' {sizes[0][2]}"
+        if size % replicas:
+            return f"batch {size} (layer '{lp.name}') does not split into {replicas} equal replica batches"
+    for lp in layers:
+        where = f"layer '{lp.name}' ({lp.type})"
+        if lp.type not in PER_SAMPLE:
+            return f"{where} is not known to treat the samples of a batch independently"
+        block = PER_SAMPLE[lp.type] and getattr(lp, PER_SAMPLE[lp.type])
+        axis = block.axis if block else 1
+        for legacy in ("concat_dim", "slice_dim"):
+            if block and block.given(legacy):
+                axis = getattr(block, legacy)
+        if axis is not None and axis < 1:
+            return f"{where} works along axis {axis}, which is or may be the batch axis"
+        if lp.type == "Pooling" and lp.pooling.pool == "STOCHASTIC":
+            return f"{where} draws its stochastic pooling per replica"
+        if any(getattr(getattr(lp, block, None), "rand_skip", 0) for block in DATA_BLOCKS):
+            return f"{where} skips a random number of records in each replica's shard"
+        if lp.type in NORMALISED:
+            norm = lp.loss.normalization
+            if lp.loss.normalize is not None and not lp.loss.given("normalization"):
+                norm = "VALID" if lp.loss.normalize else "BATCH_SIZE"
+            if lp.type == "SigmoidCrossEntropyLoss" and not lp.loss.given("normalization") and lp.loss.normalize is None:
+                norm = "BATCH_SIZE"
+            if norm == "NONE" or (norm == "VALID" and lp.loss.ignore_label is not None):
+                why = "sums the loss" if norm == "NONE" else "divides by the count of labels not ignored"
+                return f"{where} {why}: the mean of the replicas' gradients would not be the batch's"
+    return None
+
+
+def choice_key(sp, layers, replicas):
+    """What a choice was timed for: the TRAIN layers as written (a digest), the batch, dtype, rule and R."""
+    from ..net.netdef import batch_sizes
+
+    written = json.dumps([lp.source for lp in layers], sort_keys=True, default=str)
+    digest = hashlib.sha256(written.encode()).hexdigest()[:16]
+    sizes = batch_sizes(layers)
+    batch = sizes[0][2] if sizes else 0
+    return (f"layers={digest}|batch={batch}|iter_size={sp.iter_size}|{sp.dtype.lower()}|solver={sp.type}"
+            f"|replicas={replicas}")
+
+
+def choose(sp, layers, requested, measure, replicas=None):
+    """The configuration for the solver ``sp`` whose TRAIN net has ``layers``.
+
+    Args:
+        requested: ``"AUTO"``, ``"THREADS"`` or ``"REPLICAS"`` (the solver key, or the command line's).
+        measure: ``measure(mode, replicas) -> images per second`` of a short trial (AUTO, not cached).
+        replicas: the replica count (default: :func:`cores`).
+
+    Returns a :class:`Choice`; ConfigError when REPLICAS is asked for a net it would change.
+    """
+    replicas = cores() if replicas is None else replicas
+    if requested == "THREADS":
+        return Choice("THREADS", 1, "cpu_parallel: THREADS")
+    refusal = "one core" if replicas < 2 else replica_refusal(layers, replicas)
+    if requested == "REPLICAS":
+        if refusal:
+            raise ConfigError(f"cpu_parallel REPLICAS would not train as one process does: {refusal}", sp.path,
+                              sp.line_of("cpu_parallel"), key="cpu_parallel")
+        return Choice("REPLICAS", replicas, "cpu_parallel: REPLICAS")
+    if refusal:
+        return Choice("THREADS", 1, f"replicas would not be one process: {refusal}")
+    machine, key = machine_key(numpy), choice_key(sp, layers, replicas)
+    cached = CACHE.lookup(machine, key)
+    if cached is not None and cached.get("mode") in ("THREADS", "REPLICAS"):
+        mode = cached["mode"]
+        return Choice(mode, replicas if mode == "REPLICAS" else 1,
+                      f"remembered from a trial: {cached.get('trial', '?')}")
+    threads_rate = measure("THREADS", 1)
+    try:
+        replicas_rate = measure("REPLICAS", replicas)
+    except LayerforgeError as e:  # the net ran in one process: train it so, and time the replicas next time
+        log.warning("CPU parallelism: the replicas' trial failed (%s)", e)
+        return Choice("THREADS", 1, "the replicas' trial failed")
+    mode = "REPLICAS" if replicas_rate > MARGIN * threads_rate else "THREADS"
+    trial = f"{replicas_rate:.2f} img/s with {replicas} replicas, {threads_rate:.2f} img/s with threads"
+    CACHE.store(machine, key, {"mode": mode, "trial": trial})
+    return Choice(mode, replicas if mode == "REPLICAS" else 1, f"trial: {trial}")
+
+
+def resolve(solver, overrides=None, requested=None, measure=None, batch=None):
+    """The configuration ``layerforge train --solver`` uses on a CPU (see the module docstring).
+
+    Args:
+        solver: a solver YAML path or dict; overrides: solver key overrides (``max_iter=...``).
+        requested: the command line's ``--cpu-parallel``, overriding the solver's ``cpu_parallel``.
+        measure: replaces the timed trial (tests: ``measure(mode, replicas) -> images/s``).
+        batch: the batch size instead of the net's (``layerforge time --batch``).
+
+    Returns a :class:`Choice`, or None when the solver runs on a GPU.
+    """
+    from ..solvers.param import load_solver_param
+    from ..solvers.solver import SOLVER_REGISTRY
+    from .mpi import mpi_world_size
+
+    overrides = dict(overrides or {})
+    sp = load_solver_param(solver, SOLVER_REGISTRY, **overrides)
+    requested = (requested or sp.cpu_parallel).upper()
+    elsewhere = ("the solver runs on a GPU" if sp.solver_mode == "GPU" else
+                 "under mpiexec every rank is one process" if mpi_world_size() > 1 else None)
+    if elsewhere:
+        if requested == "REPLICAS":
+            raise ConfigError(f"cpu_parallel REPLICAS is for a CPU run of one process: {elsewhere}", sp.path,
+                              sp.line_of("cpu_parallel"), key="cpu_parallel")
+        return None if sp.solver_mode == "GPU" else Choice("THREADS", 1, elsewhere)
+    if measure is None:
+        def measure(mode, replicas):
+            log.info("CPU parallelism: timing %s for the choice (once per net, batch and machine)", mode)
+            return trial(solver, overrides, mode, replicas, batch=batch)
+    return choose(sp, train_layers(sp, batch), requested, measure)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the timed trial
+
+def _quiet(overrides):
+    # a trial trains a throwaway copy: no display, testing or snapshots
+    return dict(overrides, display=0, test_interval=0, test_initialization=False, snapshot=0,
+                snapshot_after_train=False, max_iter=10 ** 9)
+
+
+def warm_up(solver, limit=20):
+    """Iterations of ``solver`` until every AUTO convolution has chosen its engines (at least one)."""
+    from ..layers.conv import engines_settled
+
+    done = 0
+    while done < 1 or (done < limit and not engines_settled(solver.net)):
+        solver.step(1)
+        done += 1
+    return done
+
+
+def warm_up_replica(g, solver, limit=20):
+    """WorkerOptions.setup of a trial: forward-backward passes of replica ``g`` until its AUTO convolutions
+    have chosen (before the replicas start exchanging), so the timed iterations use the choice."""
+    from ..layers.conv import engines_settled
+
+    done = 0
+    while done < 1 or (done < limit and not engines_settled(solver.net)):
+        solver.net.forward()
+        solver.net.backward()
+        done += 1
+    solver.net.clear_param_diffs()
+
+
+def plan_and_warm_up_replica(g, solver):
+    """:func:`warm_up_replica` after planning the net's activation memory (``Net.optimize_memory``)."""
+    solver.net.optimize_memory()
+    warm_up_replica(g, solver)
+
+
+def trial(solver, overrides, mode, replicas, iterations=TRIAL_ITERATIONS, batch=None):
+    """Images per second of full training iterations (forward, backward, exchange, update) of a throwaway
+    copy of ``solver`` in ``mode``: the fastest of ``iterations`` after the warm-up (as timeit does: other
+    work on the machine only ever slows an iteration down)."""
+    if mode == "REPLICAS":
+        return replicas_rate(solver, _quiet(overrides), replicas, iterations, batch=batch)
+    from .cgdp.workers import build_solver
+
+    s = build_solver(solver, _quiet(overrides), batch)
+    try:
+        return threads_rate(s, iterations)
+    finally:
+        close_data_layers(s)
+
+
+def threads_rate(solver, iterations, best=True):
+    """Images per second of full iterations of the Solver ``solver`` in this process, after the warm-up
+    (:func:`warm_up`): the fastest of ``iterations`` (``best``) or their mean."""
+    warm_up(solver)
+    times = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        solver.step(1)
+        times.append(time.perf_counter() - t0)
+    return solver.images_per_iteration() / (min(times) if best else sum(times) / len(times))
+
+
+def replicas_rate(solver, overrides, replicas, iterations, batch=None, setup=warm_up_replica, best=True):
+    """Images per second of ``solver`` (a path or dict) trained by ``replicas`` replicas on a split batch (whole
+    batch ``batch`` when not None): the fastest (``best``) or the mean of ``iterations`` whole iterations, timed
+    between the ends of two iterations' exchanges, after a first one."""
+    from .cgdp import train_parallel
+
+    result = train_parallel(solver, workers=replicas, sync="host", chunk_size=1, split=True, setup=setup,
+                            iterations=iterations + 1, batch=batch, log=False, **overrides)
+    times = result.iteration_times[-iterations:] or [result.stats["phases_ms"]["iteration"] / 1000.0]  # no chunks
+    seconds = min(times) if best else sum(times) / len(times)
+    if not seconds > 0:
+        raise LayerforgeError("the replicas' trial measured no iteration time")
+    return result.stats["images_per_iteration"] / seconds
+
+
+def close_data_layers(solver):
+    """Stop the data layers' prefetch threads of a solver that is no longer used."""
+    for net in [solver.net] + list(solver.test_nets):
+        for layer in net.layers:
+            if hasattr(layer, "close"):
+                layer.close()

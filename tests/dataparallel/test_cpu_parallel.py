@@ -1,0 +1,240 @@
+"""cpu_parallel: the choice between one process on every core and one replica per core (a rigged timer), and
+replicas of one batch training exactly as one process with the whole batch does."""
+import json
+
+import numpy
+import pytest
+
+from layerforge.dataparallel import cpu_parallel
+from layerforge.dataparallel.cgdp import train_parallel
+from layerforge.errors import ConfigError, LayerforgeError
+from layerforge.kernels import engine_cache
+from layerforge.solvers import get_solver
+from layerforge.solvers.param import load_solver_param
+from layerforge.solvers.solver import SOLVER_REGISTRY
+
+from .cgdp import helpers
+from .cgdp.helpers import flat_params, write_lmdb
+
+
+def net(source, batch, extra=()):
+    """helpers.net (Data without shuffling -> conv -> ReLU -> max pool -> ip1..ip5 -> softmax loss) with LRN after
+    the ReLU, Dropout after ip1, and ``extra`` layers (each reading and writing ``pool``) after the pooling."""
+    layers = helpers.net(source, batch)["layers"]
+    index = {layer["name"]: k for k, layer in enumerate(layers)}
+    layers[index["pool"]]["bottom"] = "norm"
+    layers.insert(index["pool"], {"name": "norm", "type": "LRN", "bottom": "conv", "top": "norm",
+                                  "lrn": {"local_size": 3}})
+    layers.insert(index["relu1"] + 2, {"name": "drop", "type": "Dropout", "bottom": "ip1", "top": "ip1"})
+    layers[index["pool"] + 2:index["pool"] + 2] = list(extra)
+    return {"name": "replicas", "layers": layers}
+
+
+def solver(source, batch, max_iter=6, extra=(), **keys):
+    return dict({"net_param": net(source, batch, extra), "type": "SGD", "base_lr": 0.1, "momentum": 0.9,
+                 "weight_decay": 0.01, "max_iter": max_iter, "dtype": "float64", "random_seed": 3,
+                 "snapshot_after_train": False}, **keys)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    return write_lmdb(tmp_path_factory.mktemp("replicas") / "db", n=48)  # divisible by 2 and 3
+
+
+# --------------------------------------------------------------------------------------------------
+# replicas of one batch == one process with the whole batch
+
+
+BN_CHAIN = ({"name": "bn", "type": "BatchNorm", "bottom": "pool", "top": "pool"},
+            {"name": "bn_scale", "type": "Scale", "bottom": "pool", "top": "pool", "scale": {"bias_term": True}},
+            {"name": "bn_relu", "type": "ReLU", "bottom": "pool", "top": "pool"})
+
+
+@pytest.mark.parametrize("replicas,iter_size,rule,extra,fuse", [
+    (2, 1, "SGD", (), True),
+    (3, 2, "Adam", (), True),
+    (2, 1, "SGD", BN_CHAIN, True),  # BatchNorm + Scale + ReLU fused: the whole batch's statistics
+    (3, 1, "SGD", BN_CHAIN, False),  # one by one
+])
+def test_replicas_train_as_one_process_with_the_whole_batch(source, replicas, iter_size, rule, extra, fuse):
+    d = solver(source, 12, iter_size=iter_size, type=rule, extra=extra)
+    d["net_param"]["fuse_batch_norm"] = fuse
+    one = get_solver(d)
+    one.solve()
+    result = train_parallel(d, workers=replicas, sync="host", split=True, log=False)
+    assert result.iter == 6
+    expected = flat_params(one)
+    assert not numpy.allclose(expected, flat_params(get_solver(d)))  # training moved the weights
+    for row in result.params:  # one shared copy of the parameters: every replica ends with it
+        numpy.testing.assert_allclose(row, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_snapshot_of_replicas_resumes_in_one_process(source, tmp_path):
+    """The replicas' snapshot holds the one process's read positions: a run of either kind resumes it."""
+    d = solver(source, 12, snapshot=3, snapshot_prefix=str(tmp_path / "r"))
+    result = train_parallel(d, workers=2, sync="host", split=True, log=False)
+    state = numpy.load(tmp_path / "r_iter_3.solverstate.npz")
+    positions = json.loads(state["data_state"].item())["train"]["data"]["position"]
+    assert positions == 3 * 12
+    resumed = get_solver(dict(d, snapshot=0))
+    resumed.solve(resume_file=str(tmp_path / "r_iter_3.solverstate.npz"))
+    numpy.testing.assert_allclose(flat_params(resumed), result.params[0], rtol=1e-10, atol=1e-12)
+    again = train_parallel(dict(d, snapshot=0), workers=2, sync="host", split=True, log=False,
+                           resume=str(tmp_path / "r_iter_3.solverstate.npz"))
+    numpy.testing.assert_allclose(again.params[0], result.params[0], rtol=1e-10, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------------
+# what a net needs for replicas to be exact
+
+
+def layers_of(d):
+    return cpu_parallel.train_layers(load_solver_param(d, SOLVER_REGISTRY))
+
+
+BN = {"name": "bn", "type": "BatchNorm", "bottom": "pool", "top": "pool"}
+SUM = {"name": "sum", "type": "Reduction", "bottom": "pool", "top": "pool_sum"}
+
+
+@pytest.mark.parametrize("extra,batch,loss,reason", [
+    ((), 12, {}, None),
+    ((dict(BN, batch_norm={"use_global_stats": True}),), 12, {}, None),
+    ((BN,), 12, {}, None),  # with the whole batch's statistics, exchanged
+    ((), 10, {}, "batch 10 (layer 'data') does not split into 3 equal replica batches"),
+    ((), 12, {"normalization": "NONE"}, "layer 'loss' (SoftmaxWithLoss) sums the loss"),
+    ((), 12, {"ignore_label": 1}, "layer 'loss' (SoftmaxWithLoss) divides by the count of labels not ignored"),
+    ((), 12, {"ignore_label": 1, "normalization": "BATCH_SIZE"}, None),
+    ((SUM,), 12, {},
+     "layer 'sum' (Reduction) is not known to treat the samples of a batch independently"),
+    (({"name": "cat", "type": "Concat", "bottom": ["pool", "pool"], "top": "pool2", "concat": {"axis": 0}},), 12, {},
+     "layer 'cat' (Concat) works along axis 0"),
+    (({"name": "sp", "type": "Pooling", "bottom": "pool", "top": "pool", "pooling": {"pool": "STOCHASTIC",
+                                                                                      "kernel_size": 1}},), 12, {},
+     "layer 'sp' (Pooling) draws its stochastic pooling per replica"),
+])
+def test_replica_refusals_name_the_layer(source, extra, batch, loss, reason):
+    d = solver(source, batch, extra=extra)
+    if loss:
+        d["net_param"]["layers"][-1]["loss"] = loss
+    refusal = cpu_parallel.replica_refusal(layers_of(d), 3)
+    if reason is None:
+        assert refusal is None
+    else:
+        assert refusal.startswith(reason), refusal
+
+
+def test_random_dummy_data_trains_as_one_process(tmp_path):
+    """DummyData refilled from the random stream (the zoo's synthetic data) draws the whole batch in each replica."""
+    d = {"net_param": {"name": "dummy", "layers": [
+        {"name": "data", "type": "DummyData", "top": ["x", "label"],
+         "dummy_data": {"shape": [[6, 3], [6]], "integer": [False, True],
+                        "data_filler": [{"type": "gaussian"}, {"type": "uniform", "min": 0, "max": 2}]}},
+        {"name": "ip", "type": "InnerProduct", "bottom": "x", "top": "ip",
+         "inner_product": {"num_output": 2, "weight_filler": {"type": "xavier"}}},
+        {"name": "drop", "type": "Dropout", "bottom": "ip", "top": "ip"},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]},
+        "base_lr": 0.1, "momentum": 0.9, "max_iter": 5, "dtype": "float64", "random_seed": 7,
+        "snapshot_after_train": False}
+    assert cpu_parallel.replica_refusal(layers_of(d), 3) is None
+    one = get_solver(d)
+    one.solve()
+    result = train_parallel(d, workers=3, sync="host", split=True, log=False)
+    numpy.testing.assert_allclose(result.params[0], flat_params(one), rtol=1e-10, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------------
+# the choice: a rigged timer, the cache, the overrides
+
+
+class Timer:
+    """Stands in for the trial: images per second by mode, and a record of what was measured."""
+
+    def __init__(self, threads, replicas):
+        self.rates, self.calls = {"THREADS": threads, "REPLICAS": replicas}, []
+
+    def __call__(self, mode, replicas):
+        self.calls.append((mode, replicas))
+        return self.rates[mode]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(engine_cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache" / "cpu_parallel.json"
+
+
+def choose(d, requested="AUTO", timer=None):
+    sp = load_solver_param(d, SOLVER_REGISTRY)
+    return cpu_parallel.choose(sp, cpu_parallel.train_layers(sp), requested, timer, replicas=2)
+
+
+def test_auto_times_both_once_and_remembers_the_faster(source, cache):
+    d = solver(source, 12)
+    timer = Timer(threads=10.0, replicas=14.0)
+    choice = choose(d, timer=timer)
+    assert (choice.mode, choice.replicas) == ("REPLICAS", 2)
+    assert timer.calls == [("THREADS", 1), ("REPLICAS", 2)]
+    assert choice.why == "trial: 14.00 img/s with 2 replicas, 10.00 img/s with threads"
+    assert "REPLICAS, 2 single-threaded replicas" in choice.describe()
+    stored = json.loads(cache.read_text())
+    assert list(stored) == [engine_cache.machine_key(numpy)]
+    (key, entry), = stored[engine_cache.machine_key(numpy)].items()
+    assert "batch=12" in key and "replicas=2" in key and entry["mode"] == "REPLICAS"
+
+    again = Timer(threads=99.0, replicas=1.0)  # this "machine" would now choose otherwise: the cache decides
+    choice = choose(d, timer=again)
+    assert choice.mode == "REPLICAS" and again.calls == []
+    assert choice.why.startswith("remembered from a trial: 14.00 img/s")
+
+    other = Timer(threads=99.0, replicas=1.0)  # another batch is another key: timed again
+    assert choose(solver(source, 8), timer=other).mode == "THREADS" and len(other.calls) == 2
+
+
+def test_a_failing_replicas_trial_leaves_one_process_and_no_choice(source, cache, caplog):
+    def measure(mode, replicas):
+        if mode == "REPLICAS":
+            raise LayerforgeError("worker 1 (pid 42) was killed by signal SIGKILL; the job was stopped")
+        return 1.0
+
+    choice = choose(solver(source, 12), timer=measure)
+    assert (choice.mode, choice.why) == ("THREADS", "the replicas' trial failed")
+    assert "the replicas' trial failed (worker 1 (pid 42) was killed" in caplog.text
+    assert not cache.exists()
+
+
+def test_replicas_must_win_by_the_margin(source, cache):
+    timer = Timer(threads=10.0, replicas=10.0 * cpu_parallel.MARGIN * 0.99)
+    assert choose(solver(source, 12), timer=timer).mode == "THREADS"
+
+
+def test_forced_modes_and_refused_nets_are_not_timed(source, cache):
+    d = solver(source, 12)
+    untimed = Timer(threads=1.0, replicas=2.0)
+    assert choose(d, "THREADS", untimed).mode == "THREADS"
+    assert choose(d, "REPLICAS", untimed).mode == "REPLICAS"
+    refused = solver(source, 12, extra=(SUM,))
+    choice = choose(refused, "AUTO", untimed)
+    assert choice.mode == "THREADS" and choice.why.startswith("replicas would not be one process: layer 'sum'")
+    assert untimed.calls == [] and not cache.exists()
+    with pytest.raises(ConfigError) as e:
+        choose(refused, "REPLICAS", untimed)
+    assert "cpu_parallel REPLICAS would not train as one process does: layer 'sum' (Reduction)" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_solver_key_and_override_reach_the_choice(source, cache, tmp_path):
+    path = tmp_path / "solver.yaml"
+    d = solver(source, 12, cpu_parallel="THREADS")
+    import yaml
+
+    path.write_text(yaml.safe_dump(d))
+    untimed = Timer(threads=1.0, replicas=2.0)
+    assert cpu_parallel.resolve(str(path), measure=untimed).mode == "THREADS"
+    expected = "REPLICAS" if cpu_parallel.cores() > 1 else "THREADS"  # the timer rates replicas 2x
+    assert cpu_parallel.resolve(str(path), requested="AUTO", measure=untimed).mode == expected
+    bad = solver(source, 12, extra=(SUM,), cpu_parallel="REPLICAS")
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError) as e:
+        cpu_parallel.resolve(str(path), measure=untimed)
+    assert str(e.value).startswith(f"{path}:") and "cpu_parallel" in str(e.value)
+    assert cpu_parallel.resolve(dict(d, solver_mode="GPU"), measure=untimed) is None
