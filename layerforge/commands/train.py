@@ -76,6 +76,10 @@ def run(args):
         with launch_guard() as mpi_comm:
             return train(args, mpi_comm)
     choice = cpu_choice(args)
+    if choice is not None and choice.mode == "REPLICAS" and (getattr(args, "trace", None) or
+                                                             getattr(args, "tensorboard", None)):
+        logging.getLogger("layerforge").info("--trace / --tensorboard record one process: training as THREADS")
+        choice = None
     if choice is not None and choice.mode == "REPLICAS":
         from .data_parallel import train_replicas
 
