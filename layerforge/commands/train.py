@@ -93,8 +93,9 @@ def cpu_choice(args):
 
     setup_logging()
     choice = resolve(args.solver, solver_overrides(args), getattr(args, "cpu_parallel", None))
-    if choice is not None:
-        logging.getLogger("layerforge").info("%s", choice.describe())
+    default = choice is not None and choice.why == "cpu_parallel: THREADS" and not getattr(args, "cpu_parallel", None)
+    if choice is not None and not default:
+        logging.getLogger("layerforge").info("%s", choice.describe())  # the one-process default says nothing
     return choice
 
 
