@@ -280,6 +280,7 @@ def _serve(j, fill, setup, ends, slots, progress, parent, mask):
     import cv2
 
     cv2.setNumThreads(1)  # one core per worker; OpenCV's own pool would multiply the threads by the workers
+    keep_images_on_the_heap()
     catch_stderr_for_good()
     warnings = _Warnings()
     logger = logging.getLogger("layerforge")
@@ -312,6 +313,29 @@ def _serve(j, fill, setup, ends, slots, progress, parent, mask):
             conn.send((slot, start, time.perf_counter() - start, warnings.take(), error))
         except OSError:
             return
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+HEAP_THRESHOLD = 32 * 2 ** 20  # glibc's largest mmap threshold on 64-bit systems
+
+
+def keep_images_on_the_heap():
+    """Make glibc's malloc serve allocations up to 32 MiB from the heap and keep freed heap memory.
+
+    A decoded image (500 x 375 x 3: 560 KB) is above malloc's 128 KiB mmap threshold, so each decode got
+    fresh pages from the kernel and faulted every one of them in: cv2.imdecode took 1.30 ms a JPEG instead
+    of 0.80 (benchmarks/bench_data.py's set; docs/data.md). A worker decodes one image at a time, so the
+    heap holds at most a few images more. Nothing happens where the C library is not glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, HEAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, 2 * HEAP_THRESHOLD))
 
 
 def _error(k, e):
