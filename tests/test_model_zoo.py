@@ -1,8 +1,9 @@
 """The model zoo (configs/): exact parameter counts and multiply-adds of the published nets, `time` and `train`.
 
 Each net is built once at batch 1 (float32) and only its summary is kept, so memory stays low.
-`layerforge time` runs in this file on every zoo net at batch 1 (about 30 s for all nine on an idle
-2-core machine); ResNet-50 also trains for 2 iterations.
+`layerforge time` runs in this file on the zoo nets at batch 1 up to ResNet-50 (AUTO's engine trials
+make it minutes for the deeper ones, which run one forward and backward pass instead); ResNet-50 also trains
+for 2 iterations.
 """
 import pathlib
 
@@ -91,12 +92,29 @@ def test_resnet152_fits_well_under_200_lines():
     assert len((CONFIGS / "resnet152_net.yaml").read_text().splitlines()) < 120
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in BIG else n for n in ZOO])
+DEEP = {"vgg16_net", "resnet101_net", "resnet152_net"}  # their `time` is ResNet-50's and AlexNet's, longer
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in BIG else n
+                                  for n in ZOO if n not in DEEP])
 def test_time_runs_on_every_zoo_net(name, capsys):
     assert cli.main(["time", "--model", str(CONFIGS / f"{name}.yaml"), "--batch", "1", "--iterations", "1"]) == 0
     out = capsys.readouterr().out
     assert "Average Forward-Backward:" in out
     assert "Convolution" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(DEEP))
+def test_the_deepest_zoo_nets_run_forward_and_backward(name):
+    # `layerforge time` on these spends minutes in AUTO's engine trials (ResNet-152: 10 passes of 4 s at batch 1),
+    # which the nets above already exercise; one training pass shows every layer of these nets runs both ways
+    net = Net(set_batch_size(load_net_def(CONFIGS / f"{name}.yaml"), 1), phase="TRAIN")
+    loss = float(net.forward()["loss"])
+    net.backward()
+    assert numpy.isfinite(loss) and loss > 0
+    first, last = net.learnable_params[0], net.learnable_params[-1]
+    assert numpy.abs(first.diff).max() > 0 and numpy.abs(last.diff).max() > 0
 
 
 @pytest.mark.slow
