@@ -21,8 +21,10 @@ class SyntheticData(Layer):
 
     with N = ``batch_size`` labels in which every class appears N // classes or N // classes + 1 times
     (balanced batches: the classes drawn for the extra places and the order are random). Labels and noise
-    come from the process random stream (``layerforge.rng``, so ``random_seed`` repeats a run); the
-    patterns depend on ``seed`` only, so every run and every rank sees the same classes.
+    come from the process random stream (``layerforge.rng``, so ``random_seed`` repeats a run); on a GPU the
+    noise is drawn on the device by cuRAND, seeded from that stream (a run repeats on the same device, with
+    other numbers than on the CPU). The patterns depend on ``seed`` only, so every run and every rank sees the
+    same classes.
     """
 
     param_blocks = {"synthetic_data": {
@@ -54,20 +56,28 @@ class SyntheticData(Layer):
         self.batch_size, self.image_shape, self.classes = p.batch_size, tuple(p.shape), p.classes
         self.grid, self.noise, self.scale, self.seed = p.grid, p.noise, p.scale, p.seed
         self._blocks = {}  # class -> its (C, grid, grid) values, drawn when the class first appears
+        self._pixel_blocks = None  # block_of_pixel() on the layer's xp, made at the first forward
 
     def reshape(self, bottom, top):
         top[0].reshape((self.batch_size,) + self.image_shape)
         top[1].reshape(self.batch_size)
 
-    def pattern(self, k):
-        """Class ``k``'s pattern (C, H, W), float32, before ``scale``."""
+    def block(self, k):
+        """Class ``k``'s (C, grid, grid) values, drawn from ``(seed, k)`` when the class first appears."""
         if k not in self._blocks:  # only the blocks are kept: 1,000 ImageNet-sized patterns would take 600 MB
             self._blocks[k] = numpy.random.default_rng([self.seed, k]).standard_normal(
                 (self.image_shape[0], self.grid, self.grid), dtype=numpy.float32)
+        return self._blocks[k]
+
+    def block_of_pixel(self, xp=numpy):
+        """``(rows, cols)``: the block each row (H, 1) and column (W,) of pixels falls in, on ``xp``."""
         h, w = self.image_shape[1:]
-        rows = numpy.arange(h) * self.grid // h  # the block each row / column of pixels falls in
-        cols = numpy.arange(w) * self.grid // w
-        return self._blocks[k][:, rows[:, None], cols]
+        return xp.asarray((numpy.arange(h) * self.grid // h)[:, None]), xp.asarray(numpy.arange(w) * self.grid // w)
+
+    def pattern(self, k):
+        """Class ``k``'s pattern (C, H, W), float32, before ``scale``."""
+        rows, cols = self.block_of_pixel()
+        return self.block(k)[:, rows, cols]
 
     def draw_labels(self, g):
         """N labels, every class N // classes or N // classes + 1 times, in random order."""
@@ -76,15 +86,22 @@ class SyntheticData(Layer):
         return g.permutation(numpy.concatenate([numpy.repeat(numpy.arange(self.classes), n // self.classes), extra]))
 
     def forward(self, bottom, top):
-        g = rng.get_rng()
+        xp, g = self.xp, rng.get_rng()
         labels = self.draw_labels(g)
-        images = g.standard_normal((self.batch_size,) + self.image_shape, dtype=numpy.float32)
+        shape = (self.batch_size,) + self.image_shape
+        if xp is numpy:
+            images = g.standard_normal(shape, dtype=numpy.float32)
+        else:  # drawn on the device: ResNet-50's batch of 64 is 38 MB of noise, ~100 ms of a host core a batch
+            images = xp.random.RandomState(int(g.integers(2 ** 63))).standard_normal(shape, dtype=numpy.float32)
+        if self._pixel_blocks is None:
+            self._pixel_blocks = self.block_of_pixel(xp)
+        rows, cols = self._pixel_blocks
+        blocks = xp.asarray(numpy.stack([self.block(int(k)) for k in labels]))  # (N, C, grid, grid)
         images *= numpy.float32(self.noise)
-        for image, k in zip(images, labels):
-            image += self.pattern(int(k))
+        images += blocks[:, :, rows, cols]
         images *= numpy.float32(self.scale)
-        top[0].data[...] = self.xp.asarray(images, dtype=self.dtype)
-        top[1].data[...] = self.xp.asarray(labels, dtype=self.dtype)
+        top[0].data[...] = images.astype(self.dtype, copy=False)
+        top[1].data[...] = xp.asarray(labels, dtype=self.dtype)
 
     def backward(self, top, propagate_down, bottom):
         pass
