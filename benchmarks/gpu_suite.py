@@ -466,11 +466,11 @@ def phase_data_train(smoke, feed, db, seconds):
 
     layer.forward = timed_forward
     stop = STARTED + 0.85 * seconds  # the box counts from process start
-    warmup = 0
-    while warmup < (1 if smoke else 12) and time.perf_counter() < STARTED + 0.5 * seconds:
+    warmup, (least, most) = 0, ((1, 1) if smoke else (3, 12))
+    while warmup < most and (warmup < least or time.perf_counter() < STARTED + 0.5 * seconds):
         solver.step(1)  # kernel compilation, AUTO's engine trials, the memory pool, the workers' first batches
         warmup += 1
-        if warmup >= 3 and engines_settled(net):
+        if warmup >= least and engines_settled(net):
             break
     _sync(xp)
     reset_input_stats(net)
