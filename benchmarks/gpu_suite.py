@@ -510,8 +510,8 @@ def data_phases(phase, end, smoke, scratch):
 
     made = phase("data", "data/set", (scratch,), 0.5 * left(), "data_set")
     net, batch, crop = SMOKE_DATA_NET if smoke else DATA_NET
-    out = {"images": made.get("images"), "image_size": made.get("image_size"), "jpeg_kib": made.get("jpeg_kib"),
-           "net": net, "batch": batch, "crop": crop}
+    out = {k: made.get(k) for k in ("images", "image_size", "jpeg_kib", "set_seconds")}
+    out.update(net=net, batch=batch, crop=crop)
     out.update(phase("data", "data/check", (made.get("db"),), 0.25 * left(), "data_check"))
     runs = {}
     for i, feed in enumerate(DATA_FEEDS):
