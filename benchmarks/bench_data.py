@@ -56,23 +56,42 @@ def imagenet_like(r, height=375, width=500):
     return numpy.clip(base + 28 * texture + 9 * noise, 0, 255).astype(numpy.uint8)
 
 
-def make_set(out, count):
-    """``(lmdb path, mean JPEG bytes)``: ``count`` JPEGs in ``out``/jpeg and their Datum LMDB, made once."""
+def write_image(job):
+    """Write image ``index`` of set ``seed`` (its own random stream: any worker makes the same file) as a JPEG."""
     import cv2
+
+    path, seed, index, height, width = job
+    image = imagenet_like(numpy.random.default_rng([seed, index]), height, width)
+    cv2.imwrite(path, image, [cv2.IMWRITE_JPEG_QUALITY, 88])
+
+
+def make_set(out, count, height=375, width=500, workers=1, classes=1000):
+    """``(lmdb path, mean JPEG bytes)``: ``count`` JPEGs of ``width`` x ``height`` in ``out``/jpeg (image i labelled
+    i % ``classes``) and their Datum LMDB, made once (by ``workers`` forked processes)."""
+    import multiprocessing
 
     db, folder = os.path.join(out, "lmdb"), os.path.join(out, "jpeg")
     if not os.path.isdir(db):
         os.makedirs(folder, exist_ok=True)
-        r, lines = numpy.random.default_rng(0), []
-        for i in range(count):
-            cv2.imwrite(os.path.join(folder, f"{i:05d}.jpg"), imagenet_like(r), [cv2.IMWRITE_JPEG_QUALITY, 88])
-            lines.append(f"{i:05d}.jpg {i % 1000}")
+        jobs = [(os.path.join(folder, f"{i:05d}.jpg"), 0, i, height, width) for i in range(count)]
+        if workers > 1:
+            with multiprocessing.get_context("fork").Pool(workers, _one_opencv_thread) as pool:
+                pool.map(write_image, jobs, chunksize=8)
+        else:
+            for job in jobs:
+                write_image(job)
         with open(os.path.join(out, "list.txt"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+            f.write("".join(f"{i:05d}.jpg {i % classes}\n" for i in range(count)))
         subprocess.run([sys.executable, "-m", "layerforge", "convert_imageset", "--encoded", folder + "/",
                         os.path.join(out, "list.txt"), db], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     sizes = [os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)]
     return db, sum(sizes) / len(sizes)
+
+
+def _one_opencv_thread():
+    import cv2
+
+    cv2.setNumThreads(1)  # the processes share the cores already
 
 
 def jpeg_bytes(db, count=64):
@@ -280,7 +299,7 @@ def main():
         args.images, args.batch, args.batches, args.repeats, args.workers = 48, 16, 3, 1, args.workers or "1,2"
     workers = [int(w) for w in (args.workers or ",".join(map(str, range(1, os.cpu_count() + 1)))).split(",")]
     out = args.out or os.path.join(ROOT, "data", "bench_data", str(args.images))
-    db, size = make_set(out, args.images)
+    db, size = make_set(out, args.images, workers=os.cpu_count())
     jpegs = jpeg_bytes(db)
     seconds = 0.3 if args.quick else 2.0
     print(f"{args.images} JPEGs of 500x375, {size / 1024:.0f} KB on average; crop {CROP}, mirror, mean; batch "

@@ -1,4 +1,4 @@
-"""The whole GPU check in one device call of under 10 minutes: install, GPU tests, LeNet, nets, conv shapes.
+"""The whole GPU check in one device call of under 10 minutes: install, GPU tests, LeNet, nets, data, convs.
 
     python benchmarks/gpu_suite.py                  # on the device machine (one call; see docs/gpu.md)
     python benchmarks/gpu_suite.py --cpu-smoke      # here: the same orchestration on numpy, in seconds
@@ -22,7 +22,15 @@ seconds, 570 by default):
    (cupy's memory pool after the run; torch.cuda.max_memory_allocated); and layerforge in fp32 with its
    body replayed from CUDA graphs (precision ``fp32-graph``, layerforge.solvers.cuda_graph). Warm-up runs
    until every AUTO convolution has settled.
-6. ``convs``: every distinct ResNet-50 / VGG-16 convolution shape, forward GFLOP/s of layerforge's
+6. ``data``: the input pipeline feeding the GPU. Makes (once, under ``--scratch``, default data/gpu_suite/)
+   1,024 ImageNet-like 500 x 375 JPEGs in an encoded Datum LMDB (bench_data.py's ``make_set``); checks that a
+   Data layer on the device (uint8 crops copied over, mean and scale applied there) gives the tops numpy gives
+   on the host (3 batches, mean_value with scale and mean_file); then trains the zoo's ResNet-50
+   (configs/resnet50_net.yaml, batch 64) twice, fed by a Data layer over the LMDB (the `real` stage: crop 224,
+   mirror, mean values, one decode worker per core) and by its synthetic default: images/s of each, the data
+   wait per iteration and the verdict ``input_bound`` (the Data layer's InputStats), and the decode workers'
+   rate with the net idle (the data layer's forwards alone).
+7. ``convs``: every distinct ResNet-50 / VGG-16 convolution shape, forward GFLOP/s of layerforge's
    engines (IM2COL, IMPLICIT, Winograd where eligible), of a Convolution layer with ``engine: AUTO`` once
    it has settled (``AUTO_engine``; the target: never 5% below the better engine) and of
    torch.nn.functional.conv2d, timed with CUDA events.
@@ -30,8 +38,11 @@ seconds, 570 by default):
 Writes ``benchmarks/results/gpu-<device>-<yyyymmdd>.json`` (``--out`` folder) with ``device``, ``cupy``,
 ``torch``, ``tests_passed``, ``tests_failed``, ``lenet_accuracy``, ``lenet_seconds``, ``nets`` (one
 ``{net, batch, precision, layerforge_img_s, torch_img_s, layerforge_peak_mib, torch_peak_mib}`` per run),
-``convs`` and ``phases`` (seconds and error of each), and prints a summary line last.
-``--cpu-smoke`` runs every phase small on numpy / torch CPU (no install), to test the orchestration.
+``data_pipeline`` (``lmdb_img_s``, ``synthetic_img_s``, ``wait_ms_per_iteration``, ``input_bound``,
+``pipeline_img_s``, ``feed_matches``, ...; docs/gpu.md), ``convs`` and ``phases`` (seconds and error of each),
+and prints a summary line last.
+``--cpu-smoke`` runs every phase small on numpy / torch CPU (no install), to test the orchestration; its data
+phase: 32 JPEGs of 64 x 48 and CIFAR-10 quick at batch 8, crop 32, two iterations.
 """
 import argparse
 import datetime
@@ -50,10 +61,14 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 # phase -> (time box in seconds on the device, in --cpu-smoke)
-BOXES = {"install": (45, 5), "info": (20, 30), "tests": (170, 60), "lenet": (60, 60), "nets": (185, 60),
-         "convs": (60, 60)}
+BOXES = {"install": (40, 5), "info": (20, 30), "tests": (150, 60), "lenet": (50, 60), "nets": (170, 60),
+         "data": (75, 90), "convs": (55, 60)}
 NET_RUNS = [("resnet50", 64), ("alexnet", 256), ("vgg16", 32)]
 SMOKE_NET_RUNS = [("lenet", 8)]
+# the data phase: (images, width, height, classes) of its JPEG set, and (zoo net, batch, crop) it trains
+DATA_SET, SMOKE_DATA_SET = (1024, 500, 375, 1000), (32, 64, 48, 10)
+DATA_NET, SMOKE_DATA_NET = ("resnet50", 64, 224), ("cifar10_quick", 8, 32)
+DATA_FEEDS = ("lmdb", "synthetic")
 PRECISIONS = ("fp32", "tf32")
 RESERVE = 10  # seconds kept for writing the results
 STARTED = time.perf_counter()  # this process's start (phase boxes count from the child's start)
@@ -332,7 +347,184 @@ def auto_forward(xp, x, conv, flops, timed):
 
 
 # --------------------------------------------------------------------------------------------------
+# the data pipeline: JPEG records decoded by the workers, uint8 crops to the device, against synthetic data
+
+def phase_data_set(smoke, scratch):
+    """The ImageNet-like encoded-JPEG Datum LMDB (bench_data's), made once under ``scratch`` (None: ``gpu_suite``
+    in layerforge's data folder, gitignored)."""
+    from bench_data import make_set
+    from layerforge.data import data_dir
+
+    scratch = scratch or os.path.join(data_dir(), "gpu_suite")
+    count, width, height, classes = SMOKE_DATA_SET if smoke else DATA_SET
+    t0 = time.perf_counter()
+    db, jpeg_bytes = make_set(os.path.join(scratch, f"{count}-{width}x{height}"), count, height, width,
+                              os.cpu_count(), classes)
+    return {"db": db, "images": count, "image_size": [width, height], "jpeg_kib": jpeg_bytes / 1024,
+            "set_seconds": time.perf_counter() - t0}
+
+
+def data_layer(db, batch, transform, **data):
+    """A TRAIN Data layer's definition over ``db``: shuffled, ``transform`` (crop, mirror, mean, scale)."""
+    return {"name": "data", "type": "Data", "top": ["data", "label"], "transform": transform,
+            "data": {"source": db, "batch_size": batch, **data}}
+
+
+def phase_data_check(smoke, db):
+    """The Data layer's tops on the device (uint8 crops copied over, mean and scale applied there) against the
+    same batches finished on the host by numpy, for a mean_value with a scale and for a mean_file (cropped and
+    mirrored with each image): equal to float rounding. Both layers draw their batches from one seed."""
+    if not db:
+        raise RuntimeError("no data set (data/set failed)")
+    import numpy
+    from bench_data import MEAN
+    from layerforge import rng
+    from layerforge.blob import Blob
+    from layerforge.layers import create_layer
+
+    if smoke:
+        xp = numpy
+    else:
+        import cupy as xp
+    _, width, height, _ = SMOKE_DATA_SET if smoke else DATA_SET
+    crop, batches = (SMOKE_DATA_NET if smoke else DATA_NET)[2], 3
+    mean_file = os.path.join(os.path.dirname(db), "mean.npy")
+    numpy.save(mean_file, numpy.random.default_rng(0).uniform(0, 255, (3, height, width)).astype(numpy.float32))
+    transforms = {"mean_value": {"crop_size": crop, "mirror": True, "mean_value": list(MEAN), "scale": 0.017},
+                  "mean_file": {"crop_size": crop, "mirror": True, "mean_file": mean_file}}
+
+    def tops(module, transform):
+        rng.seed(0)
+        layer = create_layer(data_layer(db, 8, transform, decode_workers=2), xp=module)
+        top = [Blob((), numpy.float32, module), Blob((), numpy.float32, module)]
+        layer.setup([], top)
+        out = []
+        for _ in range(batches):
+            layer.forward([], top)
+            out.append([numpy.asarray(t.data.get() if hasattr(t.data, "get") else t.data).copy() for t in top])
+        layer.close()
+        return out
+
+    worst, labels_equal = {}, True
+    for name, transform in transforms.items():
+        host, device = tops(numpy, transform), tops(xp, transform)
+        worst[name] = max(float(numpy.abs(d[0] - h[0]).max() / max(1.0, numpy.abs(h[0]).max()))
+                          for h, d in zip(host, device))
+        labels_equal &= all(numpy.array_equal(h[1], d[1]) for h, d in zip(host, device))
+    return {"feed_batches": batches, "feed_max_rel_diff": worst, "feed_labels_equal": labels_equal,
+            "feed_matches": labels_equal and max(worst.values()) <= 1e-6}
+
+
+def zoo_data_net(name, db, batch, crop):
+    """The zoo net ``name`` as a dict, its synthetic default at ``batch`` images of ``crop`` squares, and its
+    `real` stage's TRAIN data layer made a Data layer over ``db`` when given (crop, mirror, the ImageNet mean
+    values; ``decode_workers`` left at its default, one per core)."""
+    import yaml
+    from bench_data import MEAN
+
+    with open(os.path.join(ROOT, "configs", f"{name}_net.yaml")) as f:
+        net = yaml.safe_load(f)
+    for i, layer in enumerate(net["layers"]):
+        if layer.get("exclude") == {"stage": "real"}:
+            layer["synthetic_data"] = dict(layer["synthetic_data"], batch_size=batch, shape=[3, crop, crop])
+        elif layer.get("include") == {"phase": "TRAIN", "stage": "real"} and db:
+            transform = {"crop_size": crop, "mirror": True, "mean_value": list(MEAN)}
+            net["layers"][i] = dict(data_layer(db, batch, transform), name=layer["name"], top=layer["top"],
+                                    include=layer["include"])
+    return net
+
+
+def phase_data_train(smoke, feed, db, seconds):
+    """The zoo net (ResNet-50, batch 64) trained by its solver's rule on the GPU, fed by the Data layer over the
+    LMDB (``feed`` "lmdb", the `real` stage) or by the zoo's SyntheticData ("synthetic"): images/s, the host time
+    the data layer's forward takes per iteration and, for the LMDB, its InputStats over the timed iterations
+    (data wait) and the decode workers' rate with nothing else running (the data layer's forwards alone)."""
+    if feed == "lmdb" and not db:
+        raise RuntimeError("no data set (data/set failed)")
+    import yaml
+    import layerforge
+    from layerforge.layers.conv import engines_settled
+    from layerforge.layers.data import input_stats, reset_input_stats
+
+    name, batch, crop = SMOKE_DATA_NET if smoke else DATA_NET
+    with open(os.path.join(ROOT, "configs", f"{name}.yaml")) as f:
+        rule = {k: v for k, v in yaml.safe_load(f).items() if k in ("type", "base_lr", "momentum", "weight_decay")}
+    solver = layerforge.get_solver({
+        **rule, "net_param": zoo_data_net(name, db, batch, crop), "lr_policy": "fixed", "max_iter": 10 ** 6,
+        "display": 0, "snapshot": 0, "snapshot_after_train": False, "test_interval": 0, "random_seed": 0,
+        "solver_mode": "CPU" if smoke else "GPU", "device_id": 0,
+        "train_state": {"stage": ["real"] if feed == "lmdb" else []}})
+    net, xp = solver.net, solver.xp
+    layer = net.layers[0]
+    assert layer.type == ("Data" if feed == "lmdb" else "SyntheticData"), layer.type
+    forward, spent = layer.forward, [0.0]
+
+    def timed_forward(bottom, top):  # the host time of the data layer's forward: waits, making, launches
+        t0 = time.perf_counter()
+        forward(bottom, top)
+        spent[0] += time.perf_counter() - t0
+
+    layer.forward = timed_forward
+    stop = STARTED + 0.85 * seconds  # the box counts from process start
+    warmup, (least, most) = 0, ((1, 1) if smoke else (3, 12))
+    while warmup < most and (warmup < least or time.perf_counter() < STARTED + 0.5 * seconds):
+        solver.step(1)  # kernel compilation, AUTO's engine trials, the memory pool, the workers' first batches
+        warmup += 1
+        if warmup >= least and engines_settled(net):
+            break
+    _sync(xp)
+    reset_input_stats(net)
+    spent[0], iterations, t0 = 0.0, 0, time.perf_counter()
+    while iterations < (2 if smoke else 40) and (iterations < 2 or time.perf_counter() < stop - 5):
+        solver.step(1)
+        iterations += 1
+    _sync(xp)
+    seconds_timed = time.perf_counter() - t0
+    result = {"img_s": iterations * batch / seconds_timed, "iterations": iterations, "warmup_iterations": warmup,
+              "data_layer_ms": 1e3 * spent[0] / iterations}
+    if feed == "lmdb":
+        stats = input_stats(net)
+        result.update(input=stats.as_dict(), wait_ms=1e3 * stats.wait_s / iterations, input_bound=stats.input_bound(),
+                      decode_capacity_img_s=stats.capacity, input_summary=stats.summary())
+        top = net.top_blobs(0)
+        for _ in range(layer.prefetch):  # the batches made ahead while the net computed: the clock starts after
+            forward([], top)
+        drained, t0 = 0, time.perf_counter()
+        while drained < (2 if smoke else 60) and time.perf_counter() < stop:
+            forward([], top)
+            drained += 1
+        _sync(xp)
+        result["pipeline_img_s"] = drained * batch / (time.perf_counter() - t0)
+        layer.close()
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
 # orchestration
+
+def data_phases(phase, end, smoke, scratch):
+    """The data phase's steps in turn, sharing the seconds left until ``end``: the set, the feed check, the
+    training runs (``DATA_FEEDS``). Returns the results' ``data_pipeline``."""
+    def left():
+        return end - time.monotonic()
+
+    made = phase("data", "data/set", (scratch,), 0.5 * left(), "data_set")
+    net, batch, crop = SMOKE_DATA_NET if smoke else DATA_NET
+    out = {k: made.get(k) for k in ("images", "image_size", "jpeg_kib", "set_seconds")}
+    out.update(net=net, batch=batch, crop=crop)
+    out.update(phase("data", "data/check", (made.get("db"),), 0.25 * left(), "data_check"))
+    runs = {}
+    for i, feed in enumerate(DATA_FEEDS):
+        seconds = left() / (len(DATA_FEEDS) - i)
+        runs[feed] = phase("data", f"data/{feed}", (feed, made.get("db"), seconds), seconds, "data_train")
+    lmdb, synthetic = runs["lmdb"], runs["synthetic"]
+    out.update({"lmdb_img_s": lmdb.get("img_s"), "synthetic_img_s": synthetic.get("img_s"),
+                "wait_ms_per_iteration": lmdb.get("wait_ms"), "wait_share": lmdb.get("input", {}).get("wait_share"),
+                "decode_workers": lmdb.get("input", {}).get("workers"),
+                "decode_capacity_img_s": lmdb.get("decode_capacity_img_s"),
+                "pipeline_img_s": lmdb.get("pipeline_img_s"), "input_bound": lmdb.get("input_bound"), "runs": runs})
+    return out
+
 
 def run_phase(name, args, timeout, smoke):
     """Run phase ``name`` (with ``args``) in a child process under ``timeout`` seconds: ``(result, error)``."""
@@ -354,7 +546,8 @@ def run_phase(name, args, timeout, smoke):
 def child(args):
     phase_args = json.loads(args.phase_args or "[]")
     fn = {"install": phase_install, "info": phase_info, "tests": phase_tests, "lenet": phase_lenet,
-          "net": phase_net, "convs": phase_convs}[args.phase]
+          "net": phase_net, "data_set": phase_data_set, "data_check": phase_data_check,
+          "data_train": phase_data_train, "convs": phase_convs}[args.phase]
     result = fn(args.cpu_smoke, *phase_args)
     with open(args.result, "w") as f:
         json.dump(result, f)
@@ -364,23 +557,27 @@ def slug(text):
     return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "unknown"
 
 
-def suite(out_dir, budget, smoke, log=print):
-    """Run every phase within ``budget`` seconds; write and return the results dict and its path."""
+def suite(out_dir, budget, smoke, log=print, scratch=None):
+    """Run every phase within ``budget`` seconds; write and return the results dict and its path. The data phase
+    makes its JPEG set under ``scratch`` (None: ``gpu_suite`` in layerforge's data folder, gitignored)."""
     deadline = time.monotonic() + budget
     results = {"device": None, "cupy": None, "torch": None, "tests_passed": 0, "tests_failed": 0,
-               "lenet_accuracy": None, "lenet_seconds": None, "nets": [], "convs": [], "phases": {},
+               "lenet_accuracy": None, "lenet_seconds": None, "nets": [], "data_pipeline": {}, "convs": [],
+               "phases": {},
                "cpu_smoke": smoke, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
     def box(name):
         return min(BOXES[name][1 if smoke else 0], deadline - time.monotonic() - RESERVE)
 
-    def phase(name, key=None, args=(), timeout=None):
+    def phase(name, key=None, args=(), timeout=None, child=None):
+        """Run child phase ``child`` (default ``name``) in ``timeout`` seconds (default: ``name``'s box), recorded
+        under ``key`` (default ``name``)."""
         t0 = time.monotonic()
-        timeout = box(name) if timeout is None else timeout
+        timeout = box(name) if timeout is None else min(timeout, box(name))
         if timeout <= 1:
             result, error = None, "no time left"
         else:
-            result, error = run_phase(name if key is None else "net", list(args), timeout, smoke)
+            result, error = run_phase(child or name, list(args), timeout, smoke)
         seconds = time.monotonic() - t0
         results["phases"][key or name] = {"seconds": round(seconds, 1), "error": error}
         log(f"[{key or name}] {seconds:6.1f} s  " + ("ok" if error is None else "ERROR " + error.splitlines()[-1][:200]))
@@ -400,11 +597,12 @@ def suite(out_dir, budget, smoke, log=print):
     rows = {}
     for i, (net, batch, precision, framework) in enumerate(runs):
         share = (nets_end - time.monotonic()) / (len(runs) - i)  # what is left, shared by the runs to go
-        r = phase("nets", f"nets/{framework}/{net}/{precision}", (framework, net, batch, precision), timeout=share)
+        r = phase("nets", f"nets/{framework}/{net}/{precision}", (framework, net, batch, precision), share, "net")
         row = rows.setdefault((net, precision), {"net": net, "batch": batch, "precision": precision})
         row[f"{framework}_img_s"] = r.get("img_s")
         row[f"{framework}_peak_mib"] = r.get("peak_mib")
     results["nets"] = list(rows.values())
+    results["data_pipeline"] = data_phases(phase, time.monotonic() + box("data"), smoke, scratch)
     results.update(phase("convs"))
     os.makedirs(out_dir, exist_ok=True)
     day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
@@ -414,14 +612,29 @@ def suite(out_dir, budget, smoke, log=print):
     errors = sum(1 for p in results["phases"].values() if p["error"])
     log(f"gpu suite: device {results['device']}, tests {results['tests_passed']} passed "
         f"{results['tests_failed']} failed, lenet accuracy {results['lenet_accuracy']}, "
-        f"{len(results['nets'])} net rows, {len(results['convs'])} conv shapes, {errors} phase errors -> {path}")
+        f"{len(results['nets'])} net rows, {data_summary(results['data_pipeline'])}, "
+        f"{len(results['convs'])} conv shapes, {errors} phase errors -> {path}")
     return results, path
+
+
+def data_summary(data):
+    """The data phase in a few words for the summary line."""
+    def figure(key, unit=" img/s"):
+        value = data.get(key)
+        return "?" if value is None else f"{value:,.{1 if unit == ' ms' else 0}f}{unit}"
+
+    return (f"data pipeline {data.get('net')} {figure('lmdb_img_s')} from the LMDB against "
+            f"{figure('synthetic_img_s')} synthetic, waited {figure('wait_ms_per_iteration', ' ms')} an iteration, "
+            f"decode {figure('pipeline_img_s')}, input_bound {data.get('input_bound')}, "
+            f"device feed matches the host {data.get('feed_matches')}")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"), help="folder for the JSON")
     parser.add_argument("--budget", type=float, default=570, help="seconds for the whole suite")
+    parser.add_argument("--scratch", default=None,
+                        help="folder for the data phase's JPEG set and LMDB (default: data/gpu_suite, gitignored)")
     parser.add_argument("--cpu-smoke", "--dry-run", action="store_true", dest="cpu_smoke",
                         help="every phase small, on numpy and torch CPU, no install")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
@@ -432,7 +645,7 @@ def main(argv=None):
         child(args)
         return 0
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    suite(args.out, args.budget, args.cpu_smoke, log=lambda line: print(line, flush=True))
+    suite(args.out, args.budget, args.cpu_smoke, log=lambda line: print(line, flush=True), scratch=args.scratch)
     return 0
 
 

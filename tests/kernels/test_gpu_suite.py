@@ -14,13 +14,31 @@ SPEC = importlib.util.spec_from_file_location("gpu_suite", os.path.join(ROOT, "b
 gpu_suite = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(gpu_suite)
 
-KEYS = {"device", "cupy", "torch", "tests_passed", "tests_failed", "lenet_accuracy", "lenet_seconds", "nets"}
+KEYS = {"device", "cupy", "torch", "tests_passed", "tests_failed", "lenet_accuracy", "lenet_seconds", "nets",
+        "data_pipeline"}
+DATA_KEYS = {"images", "image_size", "net", "batch", "crop", "feed_matches", "lmdb_img_s", "synthetic_img_s",
+             "wait_ms_per_iteration", "wait_share", "decode_workers", "decode_capacity_img_s", "pipeline_img_s",
+             "input_bound", "runs"}
 NET_KEYS = {"net", "batch", "precision", "layerforge_img_s", "torch_img_s", "layerforge_peak_mib", "torch_peak_mib"}
 
 
 def test_a_real_phase_runs_in_a_child_process():
     result, error = gpu_suite.run_phase("net", ["layerforge", "lenet", 4, "fp32"], 60, smoke=True)
     assert error is None and result["img_s"] > 0
+
+
+def test_the_data_phases_run_small_in_child_processes(tmp_path):
+    """--cpu-smoke's data phase: the JPEG set, the device feed against the host finish (both numpy here), and the
+    zoo net (CIFAR-10 quick) fed by the LMDB and by its synthetic default."""
+    made, error = gpu_suite.run_phase("data_set", [str(tmp_path)], 60, smoke=True)
+    assert error is None and os.path.exists(os.path.join(made["db"], "data.mdb")) and made["images"] == 32
+    check, error = gpu_suite.run_phase("data_check", [made["db"]], 60, smoke=True)
+    assert error is None and check["feed_matches"] and check["feed_max_rel_diff"] == {"mean_value": 0, "mean_file": 0}
+    lmdb, error = gpu_suite.run_phase("data_train", ["lmdb", made["db"], 60], 60, smoke=True)
+    assert error is None and lmdb["img_s"] > 0 and lmdb["pipeline_img_s"] > 0 and lmdb["input"]["batches"] == 2
+    assert lmdb["input_bound"] in (True, False) and lmdb["wait_ms"] >= 0
+    synthetic, error = gpu_suite.run_phase("data_train", ["synthetic", made["db"], 60], 60, smoke=True)
+    assert error is None and synthetic["img_s"] > 0 and "input" not in synthetic
 
 
 def test_a_phase_past_its_box_is_stopped():
@@ -38,11 +56,17 @@ def test_suite_writes_every_key_and_goes_on_past_failures(tmp_path, monkeypatch)
         canned = {"install": {}, "info": {"device": "Fake GPU 80GB", "cupy": "14.2.0", "torch": "2.11"},
                   "tests": {"tests_passed": 7, "tests_failed": 1, "failed_tests": ["t::x"]},
                   "net": {"img_s": 100.0 if args[:1] == ["layerforge"] else 125.0, "peak_mib": 10.0},
-                  "convs": {"convs": [{"shape": [1, 2, 3, 3, 1, 1, 1]}]}}
+                  "convs": {"convs": [{"shape": [1, 2, 3, 3, 1, 1, 1]}]},
+                  "data_set": {"db": "/scratch/lmdb", "images": 1024, "image_size": [500, 375], "jpeg_kib": 70.0},
+                  "data_check": {"feed_matches": True},
+                  "data_train": {"img_s": 900.0, "wait_ms": 2.5, "input": {"wait_share": 0.02, "workers": 16},
+                                 "input_bound": False, "decode_capacity_img_s": 9000.0, "pipeline_img_s": 8000.0}
+                  if args[:1] == ["lmdb"] else {"img_s": 950.0}}
         return canned[name], None
 
     monkeypatch.setattr(gpu_suite, "run_phase", fake)
-    results, path = gpu_suite.suite(str(tmp_path), budget=100, smoke=False, log=lambda line: None)
+    lines = []
+    results, path = gpu_suite.suite(str(tmp_path), budget=100, smoke=False, log=lines.append)
     assert os.path.basename(path).startswith("gpu-fake-gpu-80gb-") and path.endswith(".json")
     written = json.load(open(path))
     assert KEYS <= set(written) and written == json.loads(json.dumps(results))
@@ -54,6 +78,16 @@ def test_suite_writes_every_key_and_goes_on_past_failures(tmp_path, monkeypatch)
     assert all(set(r) == NET_KEYS and r["torch_img_s"] == 125.0 for r in written["nets"][:-3])
     assert all(r["layerforge_img_s"] and "torch_img_s" not in r for r in written["nets"][-3:])
     assert written["convs"] and written["phases"]["convs"]["error"] is None
+    data = written["data_pipeline"]
+    assert DATA_KEYS <= set(data) and data["net"] == "resnet50" and data["batch"] == 64 and data["crop"] == 224
+    assert (data["lmdb_img_s"], data["synthetic_img_s"], data["decode_workers"]) == (900.0, 950.0, 16)
+    assert data["input_bound"] is False and data["feed_matches"] is True
+    assert [a[0] for n, a, _ in calls if n == "data_train"] == ["lmdb", "synthetic"]
+    assert [a for n, a, _ in calls if n == "data_check"] == [["/scratch/lmdb"]]
+    # each run is told its box (its child times itself against it)
+    assert [(a[1], a[2]) for n, a, _ in calls if n == "data_train"] == [("/scratch/lmdb", t) for n, _, t in calls
+                                                                         if n == "data_train"]
+    assert "data pipeline resnet50 900 img/s from the LMDB against 950 img/s synthetic, waited 2.5 ms" in lines[-1]
     # no phase is given more than what is left of the budget, less the reserve for writing the results
     assert max(t for _, _, t in calls) <= 100 - gpu_suite.RESERVE
 
