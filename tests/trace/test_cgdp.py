@@ -11,6 +11,7 @@ import pytest
 from layerforge.trace import load_trace, summarize
 from layerforge.trace.summary import compute_threads, names, spans
 from tests.dataparallel.cgdp.helpers import SMALL_NET as NET
+from tests.comm.mpirun import mpiexec
 from tests.test_cli import ROOT
 
 LAYERS = ["data", "conv1", "relu1", "ip1", "ip2", "loss"]
@@ -24,19 +25,20 @@ def two_cores():
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 
 
-def layerforge(*args, cwd):
-    proc = subprocess.run([sys.executable, "-m", "layerforge", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)), preexec_fn=two_cores)
+def layerforge(*args, cwd, launcher=()):
+    proc = subprocess.run([*map(str, launcher), sys.executable, "-m", "layerforge", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          preexec_fn=two_cores)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
-def train(d, *options):
+def train(d, *options, launcher=()):
     (d / "net.yaml").write_text(NET)
     (d / "solver.yaml").write_text("net: net.yaml\nbase_lr: 0.01\nmax_iter: 6\ndisplay: 1\n"
                                    "snapshot_after_train: false\n")
     proc = layerforge("train", "--solver", "solver.yaml", "--no-progress", "--trace", d / "run.json",
-                      "--trace-iterations", "2:5", *options, cwd=d)
+                      "--trace-iterations", "2:5", *options, cwd=d, launcher=launcher)
     return load_trace(str(d / "run.json")), proc
 
 
@@ -157,3 +159,23 @@ def test_replicas_write_tensorboard_scalars_from_worker_0(replicas):
     assert [step for step, _ in scalars["train/images_per_second"]] == list(range(1, 6))
     assert all(value > 0 for _, value in scalars["train/images_per_second"])
     assert all(value >= 0 for _, value in scalars["train/comm_exposed_ms"])
+
+
+@pytest.mark.mpi
+def test_two_nodes_record_their_workers_hosts_and_network_chunks(tmp_path):
+    doc, _ = train(tmp_path, "--workers", 2, "--sync", "host", "--chunk-size", 1, launcher=(mpiexec(), "-n", 2))
+    processes, threads = names(doc)
+    assert processes == {0: "node 0 worker 0", 1: "node 0 worker 1", 2: "node 1 worker 0", 3: "node 1 worker 1",
+                         HOST: "node 0 host", HOST + 1: "node 1 host"}
+    events, _ = by_process(doc)
+    for host in (HOST, HOST + 1):
+        for k in WINDOW:
+            accumulations = {e["name"].split()[1]: e for e in events[host]["host"] if e["args"]["iter"] == k}
+            chunks = [e for e in events[host]["comm"] if e["args"]["iter"] == k]
+            # in chunk order on the network thread, each after its chunk's sum over the node's workers
+            assert [e["name"] for e in chunks] == [f"chunk {c}" for c in CHUNKS], (host, k)
+            assert {threads[(host, e["tid"])] for e in chunks} == {"comm"}
+            for e in chunks:
+                summed = accumulations[e["name"].split()[1]]
+                assert e["ts"] >= summed["ts"] + summed["dur"] and e["args"]["bytes"] > 0
+    assert {e["args"]["iter"] for pid in range(4) for e in events[pid]["backward"]} == set(WINDOW)
