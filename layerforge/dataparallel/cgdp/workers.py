@@ -222,7 +222,7 @@ def record(solver, g, G, options):
         where = f"node {options.node} " if options.nodes > 1 else ""
         trace.start(None, trace.parse_window(options.trace), pid=options.node * G + g,
                     process_name=f"{where}worker {g}", xp=solver.xp)
-    if options.tensorboard is None or g != 0:
+    if options.tensorboard is None or g != 0 or options.node != 0:
         return None
     images = solver.images_per_iteration()  # a split batch is the host's whole batch
     workers = options.nodes * (1 if options.split else G)
