@@ -27,7 +27,8 @@ WAIT_KINDS = ("data", "comm")
 DEFAULT_WINDOW = (5, 10)
 # a thread's row is named after the role its Python name shows (the threads layerforge starts), else that name
 THREAD_ROLES = (("MainThread", "compute"), ("layerforge-comm", "comm"), ("prefetch:", "data"),
-                ("cgdp-acc", "host"), ("cgdp-copy-out", "host"), ("cgdp-network", "comm"), ("cgdp-inbox", "host"))
+                ("cgdp-acc", "host"), ("cgdp-copy-out", "host copy-out"), ("cgdp-network", "comm"),
+                ("cgdp-inbox", "host copy-back"))
 # rows of spans measured elsewhere (complete(..., thread=...)): a device, a non-blocking collective; these tids
 # are far above any Linux thread id (at most 2**22)
 SYNTHETIC_TID_BASE = 1 << 30

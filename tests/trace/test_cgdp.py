@@ -3,11 +3,15 @@ one file with a process per worker and one for the host (docs/trace.md, docs/cgd
 import collections
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 
+import numpy
 import pytest
 
+from layerforge.dataparallel.cgdp.transfer import Mover
 from layerforge.trace import load_trace, summarize
 from layerforge.trace.summary import compute_threads, names, spans
 from tests.dataparallel.cgdp.helpers import SMALL_NET as NET
@@ -179,3 +183,73 @@ def test_two_nodes_record_their_workers_hosts_and_network_chunks(tmp_path):
                 summed = accumulations[e["name"].split()[1]]
                 assert e["ts"] >= summed["ts"] + summed["dur"] and e["args"]["bytes"] > 0
     assert {e["args"]["iter"] for pid in range(4) for e in events[pid]["backward"]} == set(WINDOW)
+
+
+class CopyingMover(Mover):
+    """A CPU mover that copies as a GPU worker's does (its diffs are not its slot): the copy-out thread runs."""
+
+    host_memory = False
+
+    def attach_diffs(self, flat):
+        return False
+
+
+class Loopback:
+    """The parent of one worker (G = 1: the mean is the chunk): each posted chunk comes back "ready" on a thread
+    named as a worker's receiver."""
+
+    def __init__(self):
+        self.handlers, self.inbox = {}, queue.SimpleQueue()
+        threading.Thread(target=self._receive, name="cgdp-inbox", daemon=True).start()
+
+    def _receive(self):
+        while True:
+            c = self.inbox.get()
+            self.handlers["ready"](("ready", c, None))
+
+    def send(self, msg):
+        assert msg[0] == "post"
+        self.inbox.put(msg[1])
+
+    def check(self):
+        pass
+
+
+def test_copying_worker_records_copy_out_and_copy_back_between_backward_and_its_wait(tmp_path):
+    from layerforge import trace
+    from layerforge.dataparallel.cgdp.chunks import param_units
+    from layerforge.dataparallel.cgdp.host import HostSync, _param_offsets
+    from layerforge.dataparallel.cgdp.stats import PhaseTimer
+    from layerforge.solvers import get_solver
+    from tests.dataparallel.cgdp.helpers import solver, write_lmdb
+
+    s = get_solver(solver(write_lmdb(tmp_path / "db"), 4, max_iter=3))
+    units = param_units(s.net)
+    slot = numpy.zeros(sum(u.size for u in units), s.net.dtype)
+    HostSync(s, Loopback(), slot, 1, CopyingMover(s.net.learnable_params, _param_offsets(s.net, units)), PhaseTimer())
+    trace.start(None, iterations=(1, 3))
+    s.step(3)
+    part = trace.stop()
+    rows = {key: row for key, (_, row) in part["threads"].items()}
+    events = [dict(zip(("cat", "name", "ts", "dur", "row", "iter", "args"), e)) for e in part["events"]]
+    for e in events:
+        e["row"] = rows[e["row"]]
+    chunks = [u.name for u in units]  # chunk_size 1, backward order: ip5 ... conv
+    for k in (1, 2):
+        mine = [e for e in events if e["iter"] == k]
+        out = [e for e in mine if e["name"].startswith("copy-out")]
+        back = [e for e in mine if e["name"].startswith("copy-back")]
+        assert [e["name"] for e in out] == [f"copy-out {c}" for c in chunks]
+        assert {e["row"] for e in out} == {"host copy-out"} and {e["cat"] for e in out + back} == {"host"}
+        assert sorted(e["name"] for e in back) == sorted(f"copy-back {c}" for c in chunks)
+        assert {e["row"] for e in back} == {"host copy-back"}
+        [wait] = [e for e in mine if e["cat"] == "comm"]
+        assert wait["row"] == "compute" and wait["args"] == {"what": "chunks"}
+        for c in chunks:
+            [layer] = [e for e in mine if e["cat"] == "backward" and e["name"] == c and "trial" not in e["args"]]
+            [o] = [e for e in out if e["name"] == f"copy-out {c}"]
+            [b] = [e for e in back if e["name"] == f"copy-back {c}"]
+            assert o["args"]["bytes"] == b["args"]["bytes"] == next(u.size for u in units if u.name == c) * 8
+            # the chunk leaves after its layer's backward, comes back after it left, before the wait ends
+            assert layer["ts"] + layer["dur"] <= o["ts"] and o["ts"] + o["dur"] <= b["ts"]
+            assert b["ts"] + b["dur"] <= wait["ts"] + wait["dur"]
