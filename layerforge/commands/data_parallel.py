@@ -3,6 +3,7 @@
 Under ``mpiexec -n NODES`` every rank is one host: it starts its own workers, accumulates their gradients
 on the host, and reduces the node's sum with the other ranks through the communicator (host mode only).
 """
+import contextlib
 import json
 import logging
 import os
@@ -37,8 +38,10 @@ def train_command(args, overrides):
     from ..dataparallel.cgdp import train_parallel
 
     def go(comm):
-        result = train_parallel(args.solver, workers=args.workers, devices=args.devices, sync=args.sync,
-                                chunk_size=args.chunk_size, comm=comm, resume=args.snapshot, **overrides)
+        with host_telemetry(args, overrides, comm) as wanted:
+            result = train_parallel(args.solver, workers=args.workers, devices=args.devices, sync=args.sync,
+                                    chunk_size=args.chunk_size, comm=comm, resume=args.snapshot, **wanted,
+                                    **overrides)
         print_report(result.stats)
         return 0
 
@@ -47,15 +50,42 @@ def train_command(args, overrides):
 
 def train_replicas(args, overrides, choice):
     """``layerforge train`` on ``choice.replicas`` single-threaded replicas of a split batch (cpu_parallel
-    REPLICAS): to the user one process, with train's signals, progress bar and snapshots; returns the exit code."""
+    REPLICAS): to the user one process, with train's signals, progress bar, snapshots, trace and TensorBoard
+    scalars; returns the exit code."""
     from ..dataparallel.cgdp import train_parallel
 
     progress = None if args.no_progress else args.status_interval
-    result = train_parallel(args.solver, workers=choice.replicas, sync="host", split=True, resume=args.snapshot,
-                            progress=progress, signal_effects=(args.sigint_effect, args.sighup_effect), **overrides)
+    with host_telemetry(args, overrides, None) as wanted:
+        result = train_parallel(args.solver, workers=choice.replicas, sync="host", split=True, resume=args.snapshot,
+                                progress=progress, signal_effects=(args.sigint_effect, args.sighup_effect), **wanted,
+                                **overrides)
     log = logging.getLogger("layerforge")
     print_report(result.stats, out=lambda line: log.info("%s", line.strip()), chunks=False)  # to stderr, as train's
     return 0
+
+
+@contextlib.contextmanager
+def host_telemetry(args, overrides, comm):
+    """The trace and TensorBoard scalars that ``--trace`` / ``--tensorboard`` (or the solver's keys) ask of a
+    job of workers: this process records the host's spans (pid 1000 + node) and writes the file with every
+    worker's part; worker 0 writes the scalars. Yields ``train_parallel``'s ``trace`` and ``tensorboard``."""
+    from .. import trace
+    from ..solvers import SOLVER_REGISTRY
+    from ..solvers.param import load_solver_param
+    from .trace import Telemetry, telemetry_wanted
+
+    path, window, logdir = telemetry_wanted(args, load_solver_param(args.solver, SOLVER_REGISTRY, **overrides))
+    mpi_comm = comm.comm if comm is not None and comm.size > 1 else None
+    if path:
+        node = comm.rank if mpi_comm is not None else 0
+        trace.start(path, trace.parse_window(window), comm=mpi_comm, pid=1000 + node,
+                    process_name=f"node {node} host" if mpi_comm is not None else "host", host=True)
+    recording = Telemetry(bool(path), mpi_comm, None)
+    try:
+        yield {"trace": window if path else None, "tensorboard": logdir}
+        recording.finish()  # collective under mpiexec: only where every node got here
+    finally:
+        recording.close()
 
 
 def time_command(args):

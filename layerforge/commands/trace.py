@@ -5,7 +5,8 @@
     layerforge trace merge all.json run.rank0.json run.rank1.json
 
 Also here, for ``layerforge train`` and ``layerforge time``: :func:`add_run_arguments` (``--trace``,
-``--trace-iterations``, ``--tensorboard``).
+``--trace-iterations``, ``--tensorboard``), :func:`telemetry_wanted` (what they, or the solver's keys, ask for)
+and :class:`Telemetry` (finishing the trace and closing the scalars).
 """
 import argparse
 import json
@@ -63,12 +64,13 @@ def print_summary(path, result):
             print(f"(AUTO engine trials inside these: {result['trials']['count']} spans, "
                   f"{result['trials']['ms']:.3f} ms in all)")
     print()
+    host = any(r["host_ms"] for r in ranks)  # a CGDP run: the host's accumulations (and GPU workers' copies)
     rows = [(r["name"], _ms(r["iteration_ms"]), _ms(r["busy_ms"]), _ms(r["forward_ms"]), _ms(r["backward_ms"]),
              _ms(r["update_ms"]), _ms(r["comm_ms"]), _ms(r["exposed_ms"]),
              "-" if r["overlap"] is None else f"{100 * r['overlap']:.0f}%", _ms(r["data_wait_ms"]))
-            for r in ranks]
+            + ((_ms(r["host_ms"]),) if host else ()) for r in ranks]
     print_table(("process", "iteration", "busy", "forward", "backward", "update", "comm", "exposed comm", "overlap",
-                 "data wait"), rows, left=1)
+                 "data wait") + (("host",) if host else ()), rows, left=1)
     if len(ranks) > 1:
         print()
         names = {r["pid"]: r["name"] for r in ranks}
@@ -105,6 +107,35 @@ def window_argument(text):
         return parse_window(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+class Telemetry:
+    """The run's trace file and TensorBoard scalars, as ``--trace`` / ``--tensorboard`` (or the solver's
+    ``trace`` / ``tensorboard`` keys) ask; both optional."""
+
+    def __init__(self, tracing, comm, scalars):
+        self.tracing, self.comm, self.scalars = tracing, comm, scalars
+
+    def finish(self):
+        if self.tracing:
+            from .. import trace
+
+            trace.finish(comm=self.comm)
+            self.tracing = False
+
+    def close(self):
+        if self.tracing and self.comm is None:  # a failed single process still writes what it recorded
+            self.finish()
+        if self.scalars is not None:
+            self.scalars.close()
+
+
+def telemetry_wanted(args, sp):
+    """``(trace file or None, window text, TensorBoard folder or None)`` that ``--trace``, ``--trace-iterations``
+    and ``--tensorboard`` ask for, else the solver's ``trace``, ``trace_iterations`` and ``tensorboard`` keys
+    (``sp``: the SolverParameter)."""
+    return (getattr(args, "trace", None) or sp.trace, getattr(args, "trace_iterations", None) or sp.trace_iterations,
+            getattr(args, "tensorboard", None) or sp.tensorboard)
 
 
 def add_run_arguments(parser):

@@ -76,10 +76,6 @@ def run(args):
         with launch_guard() as mpi_comm:
             return train(args, mpi_comm)
     choice = cpu_choice(args)
-    if choice is not None and choice.mode == "REPLICAS" and (getattr(args, "trace", None) or
-                                                             getattr(args, "tensorboard", None)):
-        logging.getLogger("layerforge").info("--trace / --tensorboard record one process: training as THREADS")
-        choice = None
     if choice is not None and choice.mode == "REPLICAS":
         from .data_parallel import train_replicas
 
@@ -145,48 +141,21 @@ def train(args, mpi_comm=None):
     return 0
 
 
-class Telemetry:
-    """The run's trace file and TensorBoard scalars, as ``--trace`` / ``--tensorboard`` (or the solver's
-    ``trace`` / ``tensorboard`` keys) ask; both optional."""
-
-    def __init__(self, tracing, comm, scalars):
-        self.tracing, self.comm, self.scalars = tracing, comm, scalars
-
-    def finish(self):
-        if self.tracing:
-            from .. import trace
-
-            trace.finish(comm=self.comm)
-            self.tracing = False
-
-    def close(self):
-        if self.tracing and self.comm is None:  # a failed single process still writes what it recorded
-            self.finish()
-        if self.scalars is not None:
-            self.scalars.close()
-
-
 def start_telemetry(args, solver, mpi_comm=None):
     """Start recording the trace and TensorBoard scalars that ``args`` and the solver file ask for."""
     from .. import trace
-    from ..solvers.param import learning_rate
+    from .trace import Telemetry, telemetry_wanted
 
     sp = solver.param
-    path = getattr(args, "trace", None) or sp.trace
-    given = getattr(args, "trace_iterations", None)
-    window = trace.parse_window(given or sp.trace_iterations)
+    path, window, logdir = telemetry_wanted(args, sp)
     if path:
-        trace.start(path, window, comm=mpi_comm, xp=solver.xp)
+        trace.start(path, trace.parse_window(window), comm=mpi_comm, xp=solver.xp)
     scalars = None
-    logdir = getattr(args, "tensorboard", None) or sp.tensorboard
     if logdir and solver.root:
-        from ..trace.tensorboard import ScalarWriter
         from .summary import batch_size
 
         ranks = mpi_comm.Get_size() if mpi_comm is not None else 1
-        scalars = ScalarWriter(logdir, images_per_iteration=batch_size(solver.net) * sp.iter_size * ranks)
-        solver.callbacks.append(lambda it, loss: scalars.train(it, loss, learning_rate(sp, it)))
-        solver.test_hooks.append(lambda it, k, scores: scalars.test(it, scores, k))
+        scalars = solver.write_scalars(logdir, batch_size(solver.net) * sp.iter_size * ranks)
     return Telemetry(bool(path), mpi_comm, scalars)
 
 

@@ -190,6 +190,17 @@ class Solver:
         """Call ``fn(iteration, loss)`` after every update (see ``callbacks``)."""
         self.callbacks.append(fn)
 
+    def write_scalars(self, logdir, images_per_iteration):
+        """Write TensorBoard scalars of every iteration and test pass to ``logdir`` (layerforge.trace.tensorboard:
+        loss, learning rate, images per second of ``images_per_iteration``, waits, test outputs); returns the
+        ScalarWriter, to close after training."""
+        from ..trace.tensorboard import ScalarWriter
+
+        scalars = ScalarWriter(logdir, images_per_iteration=images_per_iteration)
+        self.callbacks.append(lambda it, loss: scalars.train(it, loss, learning_rate(self.param, it)))
+        self.test_hooks.append(lambda it, k, scores: scalars.test(it, scores, k))
+        return scalars
+
     @classmethod
     def validate_params(cls, sp):
         """Rule-specific checks of a SolverParameter; raise ``sp.error(message, key)``."""

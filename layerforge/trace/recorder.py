@@ -27,7 +27,8 @@ WAIT_KINDS = ("data", "comm")
 DEFAULT_WINDOW = (5, 10)
 # a thread's row is named after the role its Python name shows (the threads layerforge starts), else that name
 THREAD_ROLES = (("MainThread", "compute"), ("layerforge-comm", "comm"), ("prefetch:", "data"),
-                ("cgdp-acc", "host"), ("cgdp-copy-out", "host"), ("cgdp-network", "comm"), ("cgdp-inbox", "host"))
+                ("cgdp-acc", "host"), ("cgdp-copy-out", "host copy-out"), ("cgdp-network", "comm"),
+                ("cgdp-inbox", "host copy-back"))
 # rows of spans measured elsewhere (complete(..., thread=...)): a device, a non-blocking collective; these tids
 # are far above any Linux thread id (at most 2**22)
 SYNTHETIC_TID_BASE = 1 << 30
@@ -82,6 +83,7 @@ class Recorder:
         self.writer = None  # the thread writing the file when the window closed
         self.written = None  # how many events it wrote
         self.write_when_window_closes = True
+        self.marks_ends = False  # a CGDP host marks iteration k + 1 when k's exchange ends (start(host=True))
         self.others = []  # parts of other processes handed to this one (absorb)
         self.layer_args = {}  # (id(layer), cat, top shapes) -> the args trace.layer() worked out for them
         self.metadata = {"trace_iterations": list(self.window) if self.window else None}
@@ -139,8 +141,9 @@ class Recorder:
             self.writer.start()
 
     def end_iteration(self, now):
-        """Close the open "iteration" span (training ended inside the window)."""
-        if self.open and self.iter is not None:
+        """Close the open "iteration" span (training ended inside the window); on a CGDP host, which marks an
+        iteration when the previous one ends, the iteration marked last never ran: it gets no span."""
+        if self.open and self.iter is not None and not self.marks_ends:
             self.events.append(("iteration", "iteration", self._iter_start, now - self._iter_start,
                                 self.thread_key(), self.iter, None))
         self.iter = None
@@ -342,7 +345,7 @@ def current_recorder():
 
 
 def start(path=None, iterations=DEFAULT_WINDOW, comm=None, pid=None, process_name=None, xp=None,
-          device_spans=False, role="compute"):
+          device_spans=False, role=None, host=False):
     """Begin tracing this process; returns its :class:`Recorder`.
 
     Args:
@@ -353,20 +356,25 @@ def start(path=None, iterations=DEFAULT_WINDOW, comm=None, pid=None, process_nam
             clock offset against rank 0 now (again in :func:`finish`); ``pid`` defaults to the rank, and the
             file is written once, at the end, by rank 0.
         pid, process_name, xp, device_spans: as for :class:`Recorder` (``pid`` default 0 without ``comm``).
-        role: the calling thread's row (a CGDP host process, whose main thread only coordinates: ``"host"``).
+        role: the calling thread's row (default ``"compute"``, on a CGDP host ``"host"``).
+        host: this is a CGDP host process (layerforge/dataparallel/cgdp/pool.py): its workers' parts come when
+            training ends (:func:`absorb`), so the file is written by :func:`finish` only, and it marks
+            iteration k + 1 (:func:`iteration`) when iteration k's exchange ends, so the iteration marked last
+            when training ends never ran and gets no "iteration" span.
     """
     global _active, _recorder
     several = comm is not None and comm.Get_size() > 1
     if pid is None:
         pid = comm.Get_rank() if comm is not None else 0
     rec = Recorder(path, iterations, pid, process_name, xp, device_spans)
-    rec.write_when_window_closes = not several  # under MPI, rank 0 writes everyone's spans at the end
+    rec.write_when_window_closes = not several and not host  # under MPI, rank 0 writes everyone's spans at the end
+    rec.marks_ends = host
     if several:
 
         add_clock_point({"metadata": rec.metadata}, clock_point(comm))
     if rec.window is not None and rec.window[0] == 0:
         rec.open = True
-    rec.name_thread(role)  # by default the thread that starts tracing is the one that trains
+    rec.name_thread(role or ("host" if host else "compute"))  # by default the thread that starts tracing trains
     _recorder = rec
     _active = rec.open
     return rec
@@ -401,7 +409,7 @@ def finish(comm=None, per_rank=False):
     if rec is None:
         return None
     part = stop()
-    if not part["events"] and rec.path:
+    if not part["events"] and not any(p["events"] for p in rec.others) and rec.path:
         window = "all" if rec.window is None else f"{rec.window[0]}:{'' if rec.window[1] is None else rec.window[1]}"
         logging.getLogger(LOGGER_NAME).warning(
             "trace: no iteration of the window %s ran on %s: %s holds no spans (see --trace-iterations)", window,

@@ -13,9 +13,13 @@ Definitions (all in milliseconds per iteration, averaged over the iterations the
   named ``wait``) or running an allreduce itself. Overlap ratio = 1 - exposed / comm (1: fully hidden behind
   backward, 0: nothing hidden).
 - **data wait**: the union of ``data`` spans on the compute thread (the training loop waiting for a batch).
+- **host**: the time some ``host`` span of the process was in progress, on any row (a CGDP host's accumulations,
+  a GPU worker's copies to and from host memory).
 - **busy**: iteration time less exposed comm: what the rank did itself. In synchronous data parallelism every
   rank's iteration lasts as long as the slowest one's, because the exchange makes the others wait; the
   **slowest rank** of an iteration is therefore the one with the largest busy time (the others wait for it).
+  Only processes that compute (with a compute thread) compete: a CGDP host, which only combines the workers'
+  gradients, is listed but never the slowest.
 - **layer table**: per layer name, the sum of its ``forward`` and ``backward`` spans over all ranks and
   iterations divided by (ranks x iterations). AUTO's engine trials (spans with ``args.trial``) run inside the
   layer's own span and are counted there, not again.
@@ -98,7 +102,8 @@ def summarize(doc):
     Returns a dict: ``iterations`` (sorted), ``ranks`` ([{pid, name, iterations, iteration_ms, busy_ms,
     forward_ms, backward_ms, update_ms, comm_ms, exposed_ms, overlap, data_wait_ms}]), ``layers`` ([{name,
     type, forward_ms, backward_ms}] in forward order), ``per_iteration`` ([{iter, slowest, busy_ms {pid: ms},
-    iteration_ms {pid: ms}}]) and ``trials`` ({count, ms}).
+    iteration_ms {pid: ms}}]) and ``trials`` ({count, ms}). ``ranks`` also has ``host_ms``; ``busy_ms`` of
+    ``per_iteration`` holds the processes that compute only (see the module docstring).
     """
     events = spans(doc)
     processes, _ = names(doc)
@@ -130,6 +135,8 @@ def summarize(doc):
             layer_ms[(e["name"], cat)] += e["dur"]
             layer_first.setdefault(e["name"], (cat != "forward", e["ts"]))
             layer_type.setdefault(e["name"], args.get("type", ""))
+        if cat == "host":
+            cell["host"].append(span)
         if cat == "comm":
             if e["name"] != "wait":
                 cell["comm"].append(span)
@@ -143,7 +150,7 @@ def summarize(doc):
     for key in pairs:
         cell = cells[key]
         spent = {what: union_length(cell[what]) for what in ("forward", "backward", "update", "comm", "exposed",
-                                                             "data")}
+                                                             "data", "host")}
         if key in frame:
             spent["iteration"] = frame[key]
         elif cell["compute"]:
@@ -162,11 +169,12 @@ def summarize(doc):
                       "backward_ms": mean["backward"], "update_ms": mean["update"], "comm_ms": mean["comm"],
                       "exposed_ms": mean["exposed"],
                       "overlap": max(0.0, 1.0 - mean["exposed"] / mean["comm"]) if mean["comm"] > 0 else None,
-                      "data_wait_ms": mean["data"]})
+                      "data_wait_ms": mean["data"], "host_ms": mean["host"]})
 
     per_iteration = []
     for k in sorted({k for _, k in pairs}):
-        busy = {pid: per_cell[(pid, kk)]["busy"] / 1e3 for pid, kk in pairs if kk == k}
+        racing = [(pid, kk) for pid, kk in pairs if kk == k and pid in compute] or [p for p in pairs if p[1] == k]
+        busy = {pid: per_cell[(pid, kk)]["busy"] / 1e3 for pid, kk in racing}
         whole = {pid: per_cell[(pid, kk)]["iteration"] / 1e3 for pid, kk in pairs if kk == k}
         per_iteration.append({"iter": k, "slowest": max(busy, key=lambda pid: (busy[pid], -pid)), "busy_ms": busy,
                               "iteration_ms": whole})

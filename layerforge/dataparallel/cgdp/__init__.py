@@ -20,7 +20,7 @@ __all__ = ["ChunkSearch", "Result", "WorkerOptions", "WorkerPool", "make_chunks"
 
 def train_parallel(solver, workers=None, devices=None, sync=None, chunk_size=None, comm=None, iterations=None,
                    batch=None, resume=None, log=True, split=False, setup=None, progress=None, signal_effects=None,
-                   **overrides):
+                   trace=None, tensorboard=None, **overrides):
     """Train ``solver`` (a YAML path or dict) on several workers; returns a :class:`Result`.
 
     Args:
@@ -33,6 +33,9 @@ def train_parallel(solver, workers=None, devices=None, sync=None, chunk_size=Non
         setup: an importable ``fn(g, solver)`` each worker runs once its solver is built.
         progress: worker 0 shows a progress bar (a status line every ``progress`` seconds off a terminal).
         signal_effects: ``(sigint_effect, sighup_effect)`` of ``layerforge train`` (WorkerPool), or None.
+        trace: the window (text, as ``--trace-iterations``) the workers record; their parts are absorbed into this
+            process's trace, which the caller started (``trace.start(..., host=True)``) and finishes. None: none.
+        tensorboard: a folder where worker 0 writes the job's TensorBoard scalars, or None.
         overrides: other solver keys (``max_iter=10``).
     """
     from ...solvers.param import load_solver_param
@@ -52,6 +55,6 @@ def train_parallel(solver, workers=None, devices=None, sync=None, chunk_size=Non
         raise LayerforgeError("give the number of workers (--workers N) or the devices (--devices 0,1)")
     nodes, node = (comm.size, comm.rank) if comm is not None else (1, 0)
     options = WorkerOptions(solver, overrides, sp.sync, sp.chunk_size, devices, batch, node, nodes,
-                            iterations, resume, log and node == 0, setup, split, progress)
+                            iterations, resume, log and node == 0, setup, split, progress, trace, tensorboard)
     search = (sp.chunk_search_interval, sp.chunk_search_step, sp.chunk_search_range)
     return run_parallel(int(workers), options, search=search, comm=comm, signal_effects=signal_effects)

@@ -24,6 +24,7 @@ import time
 
 import numpy
 
+from ... import trace
 from .chunks import ChunkSearch, make_chunks, param_units, units_from_sizes
 
 BLOCK_BYTES = 1 << 19  # the G slots' part of one block and the sum stay in a core's cache between passes
@@ -156,7 +157,8 @@ class HostSync:
             while True:
                 chunk, token = self.outbox.get()
                 t0 = time.perf_counter()
-                self.mover.to_host(chunk.params, self.slot, token)
+                with trace.span("host", f"copy-out {chunk.name}", bytes=chunk.size * self.slot.itemsize):
+                    self.mover.to_host(chunk.params, self.slot, token)
                 self.timer.add_chunk("copy_out", chunk.name, time.perf_counter() - t0)
                 self.link.send(("post", chunk.index))
         except BaseException as e:  # noqa: BLE001 - the other workers wait for this chunk: end the job
@@ -168,7 +170,8 @@ class HostSync:
         if self.copies:
             chunk = self.chunks[c]
             t0 = time.perf_counter()
-            self.mover.to_device(chunk.params, self.slot)
+            with trace.span("host", f"copy-back {chunk.name}", bytes=chunk.size * self.slot.itemsize):
+                self.mover.to_device(chunk.params, self.slot)
             self.timer.add_chunk("copy_back", chunk.name, time.perf_counter() - t0)
         with self.cond:
             self.received += 1
@@ -179,7 +182,7 @@ class HostSync:
     def wait(self, solver):
         """Gradient hook: wait for the chunks still in flight, then switch layout if the search asked."""
         t0 = time.perf_counter()
-        with self.cond:
+        with trace.wait("comm", what="chunks"), self.cond:
             while self.received < len(self.chunks):
                 self.link.check()
                 self.cond.wait(0.5)
@@ -203,9 +206,11 @@ class HostAccumulator:
         chunk_size: an int or ``"auto"``; search: ``(interval, step, range)`` for auto.
         send: ``send(g, message)`` to worker g. comm: a Communicator across nodes, or None.
         threads: host threads that accumulate chunks concurrently.
+        first_iter: the workers' first iteration (the host's trace marks each iteration when the previous ends).
     """
 
-    def __init__(self, slots, acc, unit_sizes, chunk_size, send, search=(10, 1, 3), comm=None, threads=2):
+    def __init__(self, slots, acc, unit_sizes, chunk_size, send, search=(10, 1, 3), comm=None, threads=2,
+                 first_iter=0):
         self.slots, self.acc, self.send, self.comm = slots, acc, send, comm
         self.G = slots.shape[0]
         self.units = units_from_sizes(unit_sizes)
@@ -219,11 +224,14 @@ class HostAccumulator:
         self.counts = [0] * len(self.chunks)
         self.published = 0
         self.lock = threading.Lock()
-        self.pool = concurrent.futures.ThreadPoolExecutor(max(1, threads), thread_name_prefix="cgdp-acc")
+        self.pool = concurrent.futures.ThreadPoolExecutor(max(1, threads), thread_name_prefix="cgdp-acc",
+                                                          initializer=trace.name_thread, initargs=("host accumulate",))
         self.accumulate_times = {}  # chunk name -> [seconds, count]
         self.network = queue.SimpleQueue() if comm is not None else None
         self.last_end = None
         self.iteration_times = []
+        self.iter = first_iter
+        trace.iteration(first_iter)
         if comm is not None:
             threading.Thread(target=self._network_loop, name="cgdp-network", daemon=True).start()
 
@@ -241,10 +249,11 @@ class HostAccumulator:
         chunk = self.chunks[c]
         seg = slice(chunk.offset, chunk.offset + chunk.size)
         t0 = time.perf_counter()
-        if self.network is None:
-            mean_into_slots(self.slots[:, seg])
-        else:
-            sum_slots(self.acc[seg], self.slots[:, seg])
+        with trace.span("host", f"accumulate {chunk.name}", bytes=chunk.size * self.slots.itemsize, workers=self.G):
+            if self.network is None:
+                mean_into_slots(self.slots[:, seg])
+            else:
+                sum_slots(self.acc[seg], self.slots[:, seg])
         with self.lock:
             rec = self.accumulate_times.setdefault(chunk.name, [0.0, 0])
             rec[0] += time.perf_counter() - t0
@@ -264,7 +273,8 @@ class HostAccumulator:
                 chunk = self.chunks[done]
                 seg = slice(chunk.offset, chunk.offset + chunk.size)
                 if chunk.size:
-                    self.comm.mean(self.acc[seg])  # the mean over nodes of the node sums
+                    with trace.span("comm", f"chunk {chunk.name}", bytes=chunk.size * self.acc.itemsize):
+                        self.comm.mean(self.acc[seg])  # the mean over nodes of the node sums
                     for row in self.slots[:, seg]:
                         numpy.multiply(self.acc[seg], row.dtype.type(1.0 / self.G), out=row)
                 is_last = done == len(self.chunks) - 1
@@ -284,6 +294,8 @@ class HostAccumulator:
 
     def _iteration_done(self):
         now = time.perf_counter()
+        self.iter += 1
+        trace.iteration(self.iter)  # what the host does next belongs to the workers' next iteration
         seconds = None if self.last_end is None else now - self.last_end
         self.last_end = now
         if seconds is not None:

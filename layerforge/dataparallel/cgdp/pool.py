@@ -7,6 +7,7 @@ import time
 
 import numpy
 
+from ... import trace
 from ...errors import LayerforgeError, describe_exit
 from . import shm
 from .host import HostAccumulator
@@ -187,7 +188,7 @@ class WorkerPool:
         if self.options.sync == "HOST":
             self.accumulator = HostAccumulator(self.buffers["slots"], self.buffers["acc"], units,
                                                self.options.chunk_size, self.send, self.search, self.comm,
-                                               self.host_threads)
+                                               self.host_threads, start_iter)
         for g in range(self.G):
             self.send(g, ("start", start_iter))
         self.started.set()
@@ -198,6 +199,8 @@ class WorkerPool:
 
             with signal_handlers(_Requests(self), *self.signal_effects):
                 done = self._receive(set(range(self.G)))
+        for g in range(self.G):
+            trace.absorb(done[g][3])  # the workers' spans go into this host's trace file
         params = numpy.array(self.buffers["slots"])  # the final parameters, before worker 0's timings reuse the slots
         for p in self.procs[1:]:
             p.join(5.0)

@@ -11,6 +11,8 @@ parameters in; the parent only relays "all posted" to worker 0 and "parameters r
 """
 import time
 
+from ... import trace
+
 
 class TreeSync:
     """Worker side of tree mode; installs a gradient hook and a callback into ``solver``."""
@@ -39,26 +41,28 @@ class TreeSync:
 
     def reduce(self, solver):
         t0 = time.perf_counter()
-        if self.g != 0:
-            self.mover.to_host(self.all, self.slots[self.g], self.mover.mark())
-            self.link.send(("post_all",))
-        else:
-            self.link.expect("gathered")
-            G = self.slots.shape[0]
-            params = solver.net.learnable_params
-            add_slots_to_diffs(params, self.mover.offsets, self.slots[1:], solver.xp)
-            if G > 1:
-                scale_diffs(params, 1.0 / G)
+        with trace.wait("comm", "tree gather"):  # after backward: all of the exchange is exposed
+            if self.g != 0:
+                self.mover.to_host(self.all, self.slots[self.g], self.mover.mark())
+                self.link.send(("post_all",))
+            else:
+                self.link.expect("gathered")
+                G = self.slots.shape[0]
+                params = solver.net.learnable_params
+                add_slots_to_diffs(params, self.mover.offsets, self.slots[1:], solver.xp)
+                if G > 1:
+                    scale_diffs(params, 1.0 / G)
         self.timer.add("exchange", time.perf_counter() - t0)
 
     def broadcast(self, iteration, loss):
         t0 = time.perf_counter()
-        if self.g == 0:
-            self.mover.params_to_host(self.params)
-            self.link.send(("params",))
-        else:
-            self.link.expect("params")
-            self.mover.params_from_host(self.params)
+        with trace.wait("comm", "tree broadcast"):
+            if self.g == 0:
+                self.mover.params_to_host(self.params)
+                self.link.send(("params",))
+            else:
+                self.link.expect("params")
+                self.mover.params_from_host(self.params)
         self.timer.add("exchange", time.perf_counter() - t0)
 
 

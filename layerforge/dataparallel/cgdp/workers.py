@@ -19,6 +19,7 @@ import threading
 import time
 import traceback
 
+from ... import trace
 from ...cores import THREAD_VARS
 from ...errors import LayerforgeError
 
@@ -41,14 +42,19 @@ class WorkerOptions:
             is then the whole batch too.
         progress: worker 0 shows training progress (layerforge.logs.Progress, a status line every ``progress``
             seconds when stderr is not a terminal); None: not.
+        trace: the iteration window (text, as ``--trace-iterations``) each worker records and hands to the parent
+            with its "done" (docs/trace.md); None: no trace.
+        tensorboard: worker 0 writes TensorBoard scalars of the whole job to this folder; None: not.
     """
 
     def __init__(self, solver, overrides=None, sync="HOST", chunk_size=1, devices=None, batch=None,
-                 node=0, nodes=1, iterations=None, resume=None, log=True, setup=None, split=False, progress=None):
+                 node=0, nodes=1, iterations=None, resume=None, log=True, setup=None, split=False, progress=None,
+                 trace=None, tensorboard=None):
         self.solver, self.overrides, self.sync, self.chunk_size = solver, dict(overrides or {}), sync, chunk_size
         self.devices, self.batch, self.node, self.nodes = devices, batch, node, nodes
         self.iterations, self.resume, self.log, self.setup = iterations, resume, log, setup
         self.split, self.progress = split, progress
+        self.trace, self.tensorboard = trace, tensorboard
 
 
 class Link:
@@ -188,12 +194,16 @@ def _run_worker(g, G, options, link, shared):
         mean_outputs(solver, g, G, shared.outputs, link)
     if options.progress is not None and g == 0:
         show_progress(solver, options.progress)
+    scalars = record(solver, g, G, options)
     if options.iterations is not None:
         solver.step(options.iterations)
     else:
         solver.solve(sigint_effect="none", sighup_effect="none")
+    if scalars is not None:
+        scalars.close()
     mover.params_to_host(slots[g])  # the parent compares the replicas
-    link.send(("done", dict(timer.summary(), images_per_iteration=solver.images_per_iteration()), solver.iter))
+    link.send(("done", dict(timer.summary(), images_per_iteration=solver.images_per_iteration()), solver.iter,
+               trace.stop()))
     if g == 0:  # once the others are gone, time the exchange's operations for the cost model
         link.expect("calibrate")
         from .cost_model import measure_latency, measure_rates
@@ -203,6 +213,20 @@ def _run_worker(g, G, options, link, shared):
     mover.close()
     buffers.close()
 
+
+
+def record(solver, g, G, options):
+    """Start worker ``g``'s trace (its part goes to the parent with "done") and, on worker 0, the job's TensorBoard
+    scalars, as ``options`` ask; returns the ScalarWriter or None."""
+    if options.trace is not None:
+        where = f"node {options.node} " if options.nodes > 1 else ""
+        trace.start(None, trace.parse_window(options.trace), pid=options.node * G + g,
+                    process_name=f"{where}worker {g}", xp=solver.xp)
+    if options.tensorboard is None or g != 0 or options.node != 0:
+        return None
+    images = solver.images_per_iteration()  # a split batch is the host's whole batch
+    workers = options.nodes * (1 if options.split else G)
+    return solver.write_scalars(options.tensorboard, images and images * workers)
 
 
 def build_solver(solver, overrides, batch=None, shard=None, split=None):
@@ -253,9 +277,10 @@ def mean_outputs(solver, g, G, outputs, link):
         row[0] = solver.iter + 1  # written last: the row is complete
         if g != 0:
             return loss
-        while (table[:, 0] < solver.iter + 1).any():
-            link.check()
-            time.sleep(0.0002)
+        with trace.wait("comm", what="train outputs"):  # the other replicas' forward passes
+            while (table[:, 0] < solver.iter + 1).any():
+                link.check()
+                time.sleep(0.0002)
         mean = table[:, 1:2 + count].mean(axis=0)
         offset = 1
         for b in blobs:

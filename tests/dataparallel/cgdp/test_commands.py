@@ -7,22 +7,8 @@ import pytest
 
 from layerforge.commands.data_parallel import predict_rows
 from layerforge.dataparallel.cgdp.cost_model import Rates, from_stats
+from tests.dataparallel.cgdp.helpers import SMALL_NET as NET
 from tests.test_cli import ROOT
-
-NET = """
-name: small
-layers:
-  - {name: data, type: DummyData, top: [data, label],
-     dummy_data: {shape: [[4, 3, 12, 12], [4]], data_filler: [{type: gaussian}, {type: constant}]}}
-  - {name: conv1, type: Convolution, bottom: data, top: conv1,
-     convolution: {num_output: 8, kernel_size: 3, weight_filler: {type: xavier}}}
-  - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
-  - {name: ip1, type: InnerProduct, bottom: conv1, top: ip1,
-     inner_product: {num_output: 32, weight_filler: {type: xavier}}}
-  - {name: ip2, type: InnerProduct, bottom: ip1, top: ip2,
-     inner_product: {num_output: 5, weight_filler: {type: xavier}}}
-  - {name: loss, type: SoftmaxWithLoss, bottom: [ip2, label], top: loss}
-"""
 
 
 def layerforge(*args, cwd):
