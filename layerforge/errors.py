@@ -53,6 +53,11 @@ class LabelError(DataError):
         super().__init__(message)
 
 
+def out_of_memory(e):
+    """The one line for a MemoryError ``e``: an allocation no check foresaw (the blobs check theirs first)."""
+    return f"out of memory{': ' + str(e) if str(e) else ''}"
+
+
 def describe_exit(code):
     """How a child process ended, from its exit code (a negative code is the signal that killed it), in words
     for a message naming it: ``"was killed by signal SIGKILL"``, ``"exited with code 1"``."""

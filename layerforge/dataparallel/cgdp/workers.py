@@ -10,7 +10,10 @@ the parent can check that the replicas agree; worker 0 then times the exchange's
 model (:func:`~layerforge.dataparallel.cgdp.cost_model.measure_rates`) while the others are gone.
 
 A worker that dies (a signal, ``os._exit``) or raises ends the job: the parent notices the closed pipe or
-the process sentinel, stops the other workers and raises one LayerforgeError naming the worker.
+the process sentinel, stops the other workers and raises one LayerforgeError. A LayerforgeError of the worker's
+(the user's input: a config value, a data record, a non-finite loss, a snapshot path) or running out of memory
+reaches the user as the one line a single process prints; a crash (a signal, any other exception) names the
+worker.
 """
 import os
 import queue
@@ -20,7 +23,7 @@ import time
 import traceback
 
 from ...cores import THREAD_VARS
-from ...errors import LayerforgeError
+from ...errors import LayerforgeError, out_of_memory
 
 WORKER_THREADS_ENV = THREAD_VARS
 
@@ -116,12 +119,15 @@ def worker_main(g, G, options, conn, shared):
     link = Link(conn)
     try:
         _run_worker(g, G, options, link, shared)
-    except LayerforgeError as e:
-        link.send(("error", str(e)))
+    except LayerforgeError as e:  # the user's: the parent says it as one process would (user=True)
+        link.send(("error", str(e), True))
+        os._exit(1)
+    except MemoryError as e:
+        link.send(("error", out_of_memory(e), True))
         os._exit(1)
     except BaseException as e:  # noqa: BLE001
         where = traceback.extract_tb(e.__traceback__)[-1]
-        link.send(("error", f"{type(e).__name__}: {e} ({os.path.basename(where.filename)}:{where.lineno})"))
+        link.send(("error", f"{type(e).__name__}: {e} ({os.path.basename(where.filename)}:{where.lineno})", False))
         os._exit(1)
     os._exit(0)
 
@@ -186,12 +192,15 @@ def _run_worker(g, G, options, link, shared):
     follow_requests(solver, g, shared.control)
     if options.split:
         mean_outputs(solver, g, G, shared.outputs, link)
-    if options.progress is not None and g == 0:
-        show_progress(solver, options.progress)
-    if options.iterations is not None:
-        solver.step(options.iterations)
-    else:
-        solver.solve(sigint_effect="none", sighup_effect="none")
+    close_progress = show_progress(solver, options.progress) if options.progress is not None and g == 0 else None
+    try:
+        if options.iterations is not None:
+            solver.step(options.iterations)
+        else:
+            solver.solve(sigint_effect="none", sighup_effect="none")
+    finally:  # ends the bar's line before the parent's error line, as train's own bar does
+        if close_progress is not None:
+            close_progress()
     mover.params_to_host(slots[g])  # the parent compares the replicas
     link.send(("done", dict(timer.summary(), images_per_iteration=solver.images_per_iteration()), solver.iter))
     if g == 0:  # once the others are gone, time the exchange's operations for the cost model
@@ -281,7 +290,8 @@ def follow_requests(solver, g, control):
 
 
 def show_progress(solver, interval):
-    """A progress bar (or status lines every ``interval`` s) of ``solver``'s iterations, as ``layerforge train``'s."""
+    """A progress bar (or status lines every ``interval`` s) of ``solver``'s iterations, as ``layerforge train``'s;
+    returns the function that closes it."""
     from ...logs import Progress
 
     bar = []
@@ -290,7 +300,6 @@ def show_progress(solver, interval):
         if not bar:
             bar.append(Progress(solver.param.max_iter, start=iteration, interval=interval))
         bar[0].update(iteration + 1, loss)
-        if iteration + 1 >= solver.param.max_iter:
-            bar[0].close()
 
     solver.callbacks.append(report)
+    return lambda: bar and bar[0].close()

@@ -74,3 +74,21 @@ def die_on_worker_1(g, solver):
 
     if g == 1:
         solver.callbacks.append(lambda iteration, loss: os._exit(7) if iteration == 1 else None)
+
+
+def bad_record_on_worker_1(g, solver):
+    """WorkerOptions.setup: worker 1 meets the user's error (a DataError) in its second iteration."""
+    from layerforge.errors import DataError
+
+    def fail(iteration, loss):
+        if iteration == 1:
+            raise DataError("db: key '00000042': corrupted record")
+
+    if g == 1:
+        solver.callbacks.append(fail)
+
+
+def bug_on_worker_1(g, solver):
+    """WorkerOptions.setup: worker 1 crashes (a Python exception no user input explains) in its second iteration."""
+    if g == 1:
+        solver.callbacks.append(lambda iteration, loss: {}["missing"] if iteration == 1 else None)
