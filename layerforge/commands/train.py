@@ -92,10 +92,9 @@ def cpu_choice(args):
     from ..dataparallel.cpu_parallel import resolve
 
     setup_logging()
-    choice = resolve(args.solver, solver_overrides(args), getattr(args, "cpu_parallel", None))
-    default = choice is not None and choice.why == "cpu_parallel: THREADS" and not getattr(args, "cpu_parallel", None)
-    if choice is not None and not default:
-        logging.getLogger("layerforge").info("%s", choice.describe())  # the one-process default says nothing
+    choice = resolve(args.solver, solver_overrides(args), getattr(args, "cpu_parallel", None), training=True)
+    if choice is not None and not choice.quiet:  # a short run, untimed, says nothing
+        logging.getLogger("layerforge").info("%s", choice.describe())
     return choice
 
 

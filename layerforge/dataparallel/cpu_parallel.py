@@ -37,6 +37,9 @@ log = logging.getLogger("layerforge")
 
 CACHE = ChoiceCache("cpu_parallel.json", "CPU parallelism cache")
 TRIAL_ITERATIONS = 3  # timed iterations per configuration, after the warm-up
+# the trial costs some 10 to 50 iterations (warm-ups, timed ones, starting the replicas): a shorter run of train
+# could not win it back, so AUTO keeps THREADS for it untimed (a remembered choice still holds)
+SHORT_RUN = 100
 MARGIN = 1.03  # replicas hold more memory and processes: they must win by more than the trial's noise
 
 # Layer types whose output for a sample depends only on that sample (and the parameters), so R replicas on
@@ -62,10 +65,11 @@ class Choice:
 
     Attributes:
         mode: ``"THREADS"`` or ``"REPLICAS"``; replicas: processes (1 for THREADS); why: a sentence.
+        quiet: nothing was chosen (AUTO on a short run keeps the one process): ``layerforge train`` logs no line.
     """
 
-    def __init__(self, mode, replicas, why):
-        self.mode, self.replicas, self.why = mode, replicas, why
+    def __init__(self, mode, replicas, why, quiet=False):
+        self.mode, self.replicas, self.why, self.quiet = mode, replicas, why, quiet
 
     def describe(self):
         """One log line."""
@@ -150,15 +154,19 @@ def choice_key(sp, layers, replicas):
             f"|replicas={replicas}")
 
 
-def choose(sp, layers, requested, measure, replicas=None):
+def choose(sp, layers, requested, measure, replicas=None, run=None):
     """The configuration for the solver ``sp`` whose TRAIN net has ``layers``.
 
     Args:
         requested: ``"AUTO"``, ``"THREADS"`` or ``"REPLICAS"`` (the solver key, or the command line's).
         measure: ``measure(mode, replicas) -> images per second`` of a short trial (AUTO, not cached).
         replicas: the replica count (default: :func:`cores`).
+        run: the iterations the choice is for (``layerforge train``: max_iter), or None; AUTO times no trial
+            for fewer than :data:`SHORT_RUN`.
 
-    Returns a :class:`Choice`; ConfigError when REPLICAS is asked for a net it would change.
+    Returns a :class:`Choice`; ConfigError when REPLICAS is asked for a net it would change. A trial that fails
+    with the user's error (LayerforgeError) leaves THREADS, remembered nowhere: the run itself then reports it
+    as one process does.
     """
     replicas = cores() if replicas is None else replicas
     if requested == "THREADS":
@@ -177,7 +185,12 @@ def choose(sp, layers, requested, measure, replicas=None):
         mode = cached["mode"]
         return Choice(mode, replicas if mode == "REPLICAS" else 1,
                       f"remembered from a trial: {cached.get('trial', '?')}")
-    threads_rate = measure("THREADS", 1)
+    if run is not None and run < SHORT_RUN:
+        return Choice("THREADS", 1, f"a run of {run} iterations, too short for a trial", quiet=True)
+    try:
+        threads_rate = measure("THREADS", 1)
+    except LayerforgeError:  # the run will meet it again and say it, with its log, as one process does
+        return Choice("THREADS", 1, "the trial failed")
     try:
         replicas_rate = measure("REPLICAS", replicas)
     except LayerforgeError as e:  # the net ran in one process: train it so, and time the replicas next time
@@ -189,7 +202,7 @@ def choose(sp, layers, requested, measure, replicas=None):
     return Choice(mode, replicas if mode == "REPLICAS" else 1, f"trial: {trial}")
 
 
-def resolve(solver, overrides=None, requested=None, measure=None, batch=None):
+def resolve(solver, overrides=None, requested=None, measure=None, batch=None, training=False):
     """The configuration ``layerforge train --solver`` uses on a CPU (see the module docstring).
 
     Args:
@@ -197,6 +210,8 @@ def resolve(solver, overrides=None, requested=None, measure=None, batch=None):
         requested: the command line's ``--cpu-parallel``, overriding the solver's ``cpu_parallel``.
         measure: replaces the timed trial (tests: ``measure(mode, replicas) -> images/s``).
         batch: the batch size instead of the net's (``layerforge time --batch``).
+        training: the choice is for a run of the solver's max_iter iterations (``layerforge train``), which AUTO
+            does not time when shorter than :data:`SHORT_RUN`.
 
     Returns a :class:`Choice`, or None when the solver runs on a GPU.
     """
@@ -218,7 +233,7 @@ def resolve(solver, overrides=None, requested=None, measure=None, batch=None):
         def measure(mode, replicas):
             log.info("CPU parallelism: timing %s for the choice (once per net, batch and machine)", mode)
             return trial(solver, overrides, mode, replicas, batch=batch)
-    return choose(sp, train_layers(sp, batch), requested, measure)
+    return choose(sp, train_layers(sp, batch), requested, measure, run=sp.max_iter if training else None)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -163,9 +163,9 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache" / "cpu_parallel.json"
 
 
-def choose(d, requested="AUTO", timer=None):
+def choose(d, requested="AUTO", timer=None, run=None):
     sp = load_solver_param(d, SOLVER_REGISTRY)
-    return cpu_parallel.choose(sp, cpu_parallel.train_layers(sp), requested, timer, replicas=2)
+    return cpu_parallel.choose(sp, cpu_parallel.train_layers(sp), requested, timer, replicas=2, run=run)
 
 
 def test_auto_times_both_once_and_remembers_the_faster(source, cache):
@@ -200,6 +200,26 @@ def test_a_failing_replicas_trial_leaves_one_process_and_no_choice(source, cache
     assert (choice.mode, choice.why) == ("THREADS", "the replicas' trial failed")
     assert "the replicas' trial failed (worker 1 (pid 42) was killed" in caplog.text
     assert not cache.exists()
+
+
+def test_a_failing_trial_leaves_one_process_to_say_the_error(source, cache):
+    def measure(mode, replicas):
+        raise LayerforgeError("db: key '00000003': corrupted record")
+
+    choice = choose(solver(source, 12), timer=measure)
+    assert (choice.mode, choice.why, choice.quiet) == ("THREADS", "the trial failed", False)
+    assert not cache.exists()
+
+
+def test_a_short_run_is_not_timed_unless_a_choice_is_remembered(source, cache):
+    d = solver(source, 12)
+    untimed = Timer(threads=1.0, replicas=2.0)
+    choice = choose(d, timer=untimed, run=cpu_parallel.SHORT_RUN - 1)
+    assert (choice.mode, choice.quiet) == ("THREADS", True) and untimed.calls == [] and not cache.exists()
+    assert choose(d, timer=untimed, run=cpu_parallel.SHORT_RUN).mode == "REPLICAS" and len(untimed.calls) == 2
+    remembered = choose(d, timer=untimed, run=1)
+    assert (remembered.mode, remembered.quiet) == ("REPLICAS", False) and len(untimed.calls) == 2
+    assert choose(d, "REPLICAS", untimed, run=1).mode == "REPLICAS"
 
 
 def test_replicas_must_win_by_the_margin(source, cache):
