@@ -280,7 +280,6 @@ def test_data_and_transform_errors_name_the_net_file_and_layer_line(tmp_path):
 def test_training_refuses_to_start_when_the_nets_need_more_than_the_machine(monkeypatch):
     import os
 
-    from layerforge.commands.train import check_memory
     from layerforge.errors import LayerforgeError
     from layerforge.solvers import get_solver
 
@@ -288,11 +287,11 @@ def test_training_refuses_to_start_when_the_nets_need_more_than_the_machine(monk
         {"name": "data", "type": "Input", "top": "data", "input": {"shape": [[64, 1000]]}},
         {"name": "ip", "type": "InnerProduct", "bottom": "data", "top": "ip", "inner_product": {"num_output": 1000}},
         {"name": "loss", "type": "Reduction", "bottom": "ip", "top": "loss", "loss_weight": 1}]}, "max_iter": 1})
-    check_memory(solver)  # a few MiB: fine
+    solver.check_memory()  # a few MiB: fine
     real = os.sysconf
     monkeypatch.setattr(os, "sysconf", lambda name: 1024 if name == "SC_PHYS_PAGES" else real(name))
     with pytest.raises(LayerforgeError, match=r"the nets need .* MiB of memory .* more than this machine's"):
-        check_memory(solver)
+        solver.check_memory()
 
 
 @pytest.mark.parametrize("field,value,message", [

@@ -123,7 +123,7 @@ def train(args, mpi_comm=None):
         solver = get_solver(args.solver, shard=(rank, size), **overrides)
         comm = Communicator(mpi_comm, group_size=solver.param.group_size or None)
         make_data_parallel(solver, comm, digest=config_digest(solver.param, overrides))
-    check_memory(solver)
+    solver.check_memory()
     recording = start_telemetry(args, solver, mpi_comm)
     progress = []  # made at the first iteration, so a resumed run's rate and ETA count from where it resumed
 
@@ -187,25 +187,3 @@ def start_telemetry(args, solver, mpi_comm=None):
         solver.callbacks.append(lambda it, loss: scalars.train(it, loss, learning_rate(sp, it)))
         solver.test_hooks.append(lambda it, k, scores: scalars.test(it, scores, k))
     return Telemetry(bool(path), mpi_comm, scalars)
-
-
-def check_memory(solver):
-    """Refuse to start when the nets' blobs, parameters and buffers need more than the machine's memory.
-
-    Arrays are allocated lazily (pages are touched in the first iterations), so building the nets can
-    succeed where training would be killed by the system: this says so before the first iteration.
-    """
-    import os
-
-    from ..errors import LayerforgeError
-    from ..logs import format_bytes
-    from ..net.memory import memory_report
-
-    if solver.xp.__name__ != "numpy":
-        return
-    need = sum(memory_report(net)["peak_bytes"] for net in [solver.net] + list(solver.test_nets))
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > total:
-        raise LayerforgeError(f"{solver.param.path or 'solver'}: the nets need {format_bytes(need)} of memory "
-                              f"(data, gradients, parameters and buffers), more than this machine's "
-                              f"{format_bytes(total)}; use a smaller batch (layerforge summary shows the sizes)")

@@ -285,6 +285,7 @@ def trial(solver, overrides, mode, replicas, iterations=TRIAL_ITERATIONS, batch=
 
     s = build_solver(solver, _quiet(overrides), batch)
     try:
+        s.check_memory()
         return threads_rate(s, iterations)
     finally:
         close_data_layers(s)

@@ -154,6 +154,7 @@ def _run_worker(g, G, options, link, shared):
     rank, world = options.node * G + g, options.nodes * G
     split = (g, G) if options.split else None
     solver = build_solver(options.solver, overrides, options.batch, shard=(rank, world), split=split)
+    solver.check_memory(G)  # the G replicas of this host together, as one process checks its own
     solver.root = rank == 0
     if options.setup is not None:
         options.setup(g, solver)
