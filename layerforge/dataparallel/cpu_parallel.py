@@ -9,11 +9,12 @@ goes on, the replicas share one copy of the parameters and of the update history
 thread per replica has no GEMM split in two and no Python between the BLAS calls left waiting for a core; the
 price is the exchange and each replica's own activations.
 
-``AUTO``: ``REPLICAS`` where the replicas compute what one process computes (:func:`replica_refusal`) and a
-short timed trial of both runs it faster, else ``THREADS``. The choice is remembered per machine, net, batch
-and solver in ``cpu_parallel.json`` beside AUTO's engine cache (layerforge/kernels/engine_cache.py), so only a
-net's first run pays for the trial; the solver key ``cpu_parallel`` or ``layerforge train --cpu-parallel``
-forces either. The choice is logged in one line.
+``AUTO`` (the default): ``REPLICAS`` where the replicas compute what one process computes
+(:func:`replica_refusal`) and a short timed trial of both runs it faster, else ``THREADS``. The choice is
+remembered per machine, net, batch and solver in ``cpu_parallel.json`` beside AUTO's engine cache
+(layerforge/kernels/engine_cache.py), so only a net's first run pays for the trial, and a run of train shorter
+than :data:`SHORT_RUN` iterations pays nothing (``THREADS`` unless a choice is remembered); the solver key
+``cpu_parallel`` or ``layerforge train --cpu-parallel`` forces either. The choice is logged in one line.
 
 The replicas are mathematically one process with the whole batch: replica g of R trains on samples
 g, g + R, ... of what the data layers read (their shard), Dropout draws its mask for the whole batch and
