@@ -264,6 +264,30 @@ def test_a_label_out_of_range_names_its_record(tmp_path):
     assert "label 12" in str(e.value)
 
 
+def test_a_replica_names_a_bad_label_as_one_process_does(tmp_path):
+    """Replica 1 of 2 holds samples 1, 3, 5, ... of the batch: its report gives the whole batch's index."""
+    from layerforge.data.lmdb_io import encode_record, write_lmdb_atomic
+    from layerforge.errors import DataError
+
+    db = tmp_path / "db"
+    write_lmdb_atomic(db, (encode_record(numpy.full((1, 2, 2), i, numpy.uint8), 12 if i == 13 else i % 3)
+                           for i in range(16)))
+    said = []
+    for split in (None, (1, 2)):
+        net = Net({"name": "n", "layers": [
+            {"name": "data", "type": "Data", "top": ["data", "label"], "data": {"source": str(db), "batch_size": 8,
+                                                                                     "shuffle": False}},
+            {"name": "ip", "type": "InnerProduct", "bottom": "data", "top": "ip", "inner_product": {"num_output": 3}},
+            {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]},
+            phase="train", split=split, shard=split)
+        net.forward()
+        with pytest.raises(DataError) as e:
+            net.forward()
+        said.append(str(e.value))
+    assert said[0] == said[1]
+    assert "label 12 at index (5,) of the label blob" in said[0] and said[0].endswith("key '00000013'")
+
+
 def test_data_and_transform_errors_name_the_net_file_and_layer_line(tmp_path):
     from layerforge.data.lmdb_io import encode_record, write_lmdb_atomic
     from layerforge.errors import DataError
