@@ -126,8 +126,8 @@ def worker_main(g, G, options, conn, shared):
         link.send(("error", out_of_memory(e), True))
         os._exit(1)
     except BaseException as e:  # noqa: BLE001
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        link.send(("error", f"{type(e).__name__}: {e} ({os.path.basename(where.filename)}:{where.lineno})", False))
+        where, text = traceback.extract_tb(e.__traceback__)[-1], " ".join(str(e).split())  # one line
+        link.send(("error", f"{type(e).__name__}: {text} ({os.path.basename(where.filename)}:{where.lineno})", False))
         os._exit(1)
     os._exit(0)
 

@@ -89,6 +89,11 @@ def bad_record_on_worker_1(g, solver):
 
 
 def bug_on_worker_1(g, solver):
-    """WorkerOptions.setup: worker 1 crashes (a Python exception no user input explains) in its second iteration."""
+    """WorkerOptions.setup: worker 1 crashes (a Python exception no user input explains, its text on two lines) in
+    its second iteration."""
+    def crash(iteration, loss):
+        if iteration == 1:
+            raise RuntimeError("a bug\nover two lines")
+
     if g == 1:
-        solver.callbacks.append(lambda iteration, loss: {}["missing"] if iteration == 1 else None)
+        solver.callbacks.append(crash)

@@ -85,7 +85,8 @@ def test_a_workers_error_is_the_users_line_and_a_crash_names_the_worker(source):
         if expected is not None:
             assert message == expected
         else:
-            assert message.startswith("worker 1 (pid ") and "failed: KeyError: 'missing' (helpers.py:" in message
+            assert message.startswith("worker 1 (pid ") and "failed: RuntimeError: a bug over two lines (helpers.py:" \
+                in message
             assert "\n" not in message
 
 
