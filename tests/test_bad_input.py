@@ -175,8 +175,8 @@ TWO_CORES = dict(os.environ, **{name: "2" for name in THREAD_VARS})  # --cpu-par
 
 @pytest.mark.parametrize("prefix,message,cpu_parallel", [("afile/snap/lenet", "Not a directory", []),
                                                          ("/proc/lenet", "No such file or directory", []),
-                                                         ("/proc/lenet", "No such file or directory",
-                                                          ["--cpu-parallel", "REPLICAS"])])
+                                                         pytest.param("/proc/lenet", "No such file or directory",
+                                                                      ["--cpu-parallel", "REPLICAS"], id="replicas")])
 def test_an_unwritable_snapshot_prefix_stops_training_before_it_starts(tmp_path, prefix, message, cpu_parallel):
     from tests.test_train_cli import SOLVER
 
