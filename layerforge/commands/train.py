@@ -92,7 +92,8 @@ def cpu_choice(args):
     from ..dataparallel.cpu_parallel import resolve
 
     setup_logging()
-    choice = resolve(args.solver, solver_overrides(args), getattr(args, "cpu_parallel", None), training=True)
+    choice = resolve(args.solver, solver_overrides(args), getattr(args, "cpu_parallel", None), training=True,
+                     resume=getattr(args, "snapshot", None))
     if choice is not None and not choice.quiet:  # a short run, untimed, says nothing
         logging.getLogger("layerforge").info("%s", choice.describe())
     return choice

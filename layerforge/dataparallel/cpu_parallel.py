@@ -143,6 +143,25 @@ def replica_refusal(layers, replicas):
     return None
 
 
+def resume_refusal(path, replicas):
+    """Why ``replicas`` replicas could not resume the solver state ``path`` (a sentence naming the data layer whose
+    read position does not split into equal replica shares), or None; also None for a file the run will refuse
+    itself (unreadable, Caffe's, no positions)."""
+    import zipfile
+
+    try:
+        with numpy.load(path, allow_pickle=False) as state:
+            layers = json.loads(state["data_state"].item()).get("train", {})
+        positions = [(name, int(s["position"])) for name, s in layers.items() if "position" in s]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, zipfile.BadZipFile):
+        return None
+    for name, position in positions:
+        if position % replicas:
+            return (f"layer '{name}' of {path} read {position} records, which do not split into {replicas} equal "
+                    "replica shares")
+    return None
+
+
 def choice_key(sp, layers, replicas):
     """What a choice was timed for: the TRAIN layers as written (a digest), the batch, dtype, rule and R."""
     from ..net.netdef import batch_sizes
@@ -155,7 +174,7 @@ def choice_key(sp, layers, replicas):
             f"|replicas={replicas}")
 
 
-def choose(sp, layers, requested, measure, replicas=None, run=None):
+def choose(sp, layers, requested, measure, replicas=None, run=None, resume=None):
     """The configuration for the solver ``sp`` whose TRAIN net has ``layers``.
 
     Args:
@@ -164,6 +183,7 @@ def choose(sp, layers, requested, measure, replicas=None, run=None):
         replicas: the replica count (default: :func:`cores`).
         run: the iterations the choice is for (``layerforge train``: max_iter), or None; AUTO times no trial
             for fewer than :data:`SHORT_RUN`.
+        resume: the solver state the run resumes (``layerforge train --snapshot``), or None.
 
     Returns a :class:`Choice`; ConfigError when REPLICAS is asked for a net it would change. A trial that fails
     with the user's error (LayerforgeError) leaves THREADS, remembered nowhere: the run itself then reports it
@@ -172,7 +192,8 @@ def choose(sp, layers, requested, measure, replicas=None, run=None):
     replicas = cores() if replicas is None else replicas
     if requested == "THREADS":
         return Choice("THREADS", 1, "cpu_parallel: THREADS")
-    refusal = "one core" if replicas < 2 else replica_refusal(layers, replicas)
+    refusal = "one core" if replicas < 2 else replica_refusal(layers, replicas) or (
+        resume and resume_refusal(resume, replicas))
     if requested == "REPLICAS":
         if refusal:
             raise ConfigError(f"cpu_parallel REPLICAS would not train as one process does: {refusal}", sp.path,
@@ -203,7 +224,7 @@ def choose(sp, layers, requested, measure, replicas=None, run=None):
     return Choice(mode, replicas if mode == "REPLICAS" else 1, f"trial: {trial}")
 
 
-def resolve(solver, overrides=None, requested=None, measure=None, batch=None, training=False):
+def resolve(solver, overrides=None, requested=None, measure=None, batch=None, training=False, resume=None):
     """The configuration ``layerforge train --solver`` uses on a CPU (see the module docstring).
 
     Args:
@@ -212,7 +233,7 @@ def resolve(solver, overrides=None, requested=None, measure=None, batch=None, tr
         measure: replaces the timed trial (tests: ``measure(mode, replicas) -> images/s``).
         batch: the batch size instead of the net's (``layerforge time --batch``).
         training: the choice is for a run of the solver's max_iter iterations (``layerforge train``), which AUTO
-            does not time when shorter than :data:`SHORT_RUN`.
+            does not time when shorter than :data:`SHORT_RUN`; resume: the solver state it resumes, or None.
 
     Returns a :class:`Choice`, or None when the solver runs on a GPU.
     """
@@ -234,7 +255,8 @@ def resolve(solver, overrides=None, requested=None, measure=None, batch=None, tr
         def measure(mode, replicas):
             log.info("CPU parallelism: timing %s for the choice (once per net, batch and machine)", mode)
             return trial(solver, overrides, mode, replicas, batch=batch)
-    return choose(sp, train_layers(sp, batch), requested, measure, run=sp.max_iter if training else None)
+    return choose(sp, train_layers(sp, batch), requested, measure, run=sp.max_iter if training else None,
+                  resume=resume)
 
 
 # ------------------------------------------------------------------------------------------------------------
