@@ -108,12 +108,13 @@ def test_a_diverging_run_stops_with_one_processs_line_under_replicas(tmp_path):
     """A replica's error (here the non-finite loss of a rate that overflows) reaches the user as the one line one
     process prints, snapshot named: same text, same exit code, no worker named."""
     said = {}
-    for mode in ("THREADS", "REPLICAS"):
+    for mode in ("REPLICAS", "THREADS"):
         solver = write_solver(tmp_path, 5, snapshot=1, name=f"{mode}.yaml")
         solver.write_text(solver.read_text().replace("base_lr: 0.01", "base_lr: 1.0e+30"))
         proc = layerforge("train", "--solver", solver, "--cpu-parallel", mode)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         said[mode] = proc.stderr.strip().splitlines()[-1]
+        assert (tmp_path / "snap" / "lenet_iter_1.solverstate.npz").exists()  # whole before any replica went on
     assert said["REPLICAS"] == said["THREADS"]
     assert said["THREADS"].startswith("error: iteration 1: loss is ")
     assert said["THREADS"].endswith(f"(the last good snapshot is {tmp_path}/snap/lenet_iter_1.solverstate.npz)")

@@ -191,6 +191,7 @@ def _run_worker(g, G, options, link, shared):
         TreeSync(solver, link, g, slots, params, mover, timer)
     timer.install(solver)
     follow_requests(solver, g, shared.control)
+    whole_snapshots(solver, shared.barrier)
     if options.split:
         mean_outputs(solver, g, G, shared.outputs, link)
     close_progress = show_progress(solver, options.progress) if options.progress is not None and g == 0 else None
@@ -288,6 +289,19 @@ def follow_requests(solver, g, control):
 
     solver.callbacks.append(publish)
     solver.agree_action = agree
+
+
+def whole_snapshots(solver, barrier):
+    """Make the worker go on after a snapshot (every worker takes them after the same iterations) only once worker
+    0 has written it whole, as one process does: the snapshot a later error names is on disk."""
+    snapshot = solver.snapshot
+
+    def snapshot_then_wait():
+        path = snapshot()
+        barrier.wait()
+        return path
+
+    solver.snapshot = snapshot_then_wait
 
 
 def show_progress(solver, interval):
