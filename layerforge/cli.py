@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-from .errors import LayerforgeError
+from .errors import LayerforgeError, out_of_memory
 
 # command name -> module under layerforge.commands
 COMMANDS = {
@@ -81,7 +81,7 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     except MemoryError as e:  # an allocation no check foresaw (the blobs check theirs before allocating)
-        print(f"error: out of memory{': ' + str(e) if str(e) else ''}", file=sys.stderr)
+        print(f"error: {out_of_memory(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

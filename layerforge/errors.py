@@ -46,11 +46,17 @@ class DataError(LayerforgeError):
 
 class LabelError(DataError):
     """A label a layer cannot use; ``bottom`` and ``position`` (flat index into that bottom) let the Net name the
-    record the label came from."""
+    record the label came from, and ``index`` (the label's index in that bottom, as the message says it) lets a
+    replica of a split batch say the whole batch's."""
 
-    def __init__(self, message, bottom, position):
-        self.bottom, self.position = bottom, position
+    def __init__(self, message, bottom, position, index=None):
+        self.bottom, self.position, self.index = bottom, position, index
         super().__init__(message)
+
+
+def out_of_memory(e):
+    """The one line for a MemoryError ``e``: an allocation no check foresaw (the blobs check theirs first)."""
+    return f"out of memory{': ' + str(e) if str(e) else ''}"
 
 
 def describe_exit(code):

@@ -105,6 +105,15 @@ class Progress:
             self.bar.close()
 
 
+def clear_cut_bar(stream=None):
+    """On a terminal, clear the line a progress bar of another process (a replica's, killed mid-line when the
+    job failed) may have left, so that the error line starts clean; on a finished line this changes nothing."""
+    stream = stream or sys.stderr
+    if _isatty(stream):
+        stream.write("\r\x1b[K")
+        stream.flush()
+
+
 def _isatty(stream):
     try:
         return stream.isatty()

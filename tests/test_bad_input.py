@@ -1,5 +1,6 @@
 """Bad configs are refused with one line naming the file (and line), a non-zero exit and no traceback,
 within seconds and bounded memory; values a Python caller hands in as numpy scalars are accepted."""
+import os
 import pathlib
 import re
 import subprocess
@@ -9,6 +10,7 @@ import numpy
 import pytest
 
 from layerforge import Net
+from layerforge.cores import THREAD_VARS
 from layerforge.errors import ConfigError
 from layerforge.schema import MAX_YAML_NODES, load_yaml_text
 
@@ -168,17 +170,22 @@ def test_a_full_disk_keeps_the_earlier_file_and_says_so(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["w.npz"]  # no temporary file left behind
 
 
-@pytest.mark.parametrize("prefix,message", [("afile/snap/lenet", "Not a directory"),
-                                            ("/proc/lenet", "No such file or directory")])
-def test_an_unwritable_snapshot_prefix_stops_training_before_it_starts(tmp_path, prefix, message):
+TWO_CORES = dict(os.environ, **{name: "2" for name in THREAD_VARS})  # --cpu-parallel REPLICAS: 2 replicas
+
+
+@pytest.mark.parametrize("prefix,message,cpu_parallel", [("afile/snap/lenet", "Not a directory", []),
+                                                         ("/proc/lenet", "No such file or directory", []),
+                                                         pytest.param("/proc/lenet", "No such file or directory",
+                                                                      ["--cpu-parallel", "REPLICAS"], id="replicas")])
+def test_an_unwritable_snapshot_prefix_stops_training_before_it_starts(tmp_path, prefix, message, cpu_parallel):
     from tests.test_train_cli import SOLVER
 
     (tmp_path / "afile").write_text("")
     solver = tmp_path / "solver.yaml"
     solver.write_text(SOLVER.format(net=ROOT / "configs" / "lenet.yaml", max_iter=2, snapshot=1,
                                     prefix=prefix if prefix.startswith("/") else tmp_path / prefix))
-    proc = subprocess.run([sys.executable, "-m", "layerforge", "train", "--solver", str(solver)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "layerforge", "train", "--solver", str(solver), *cpu_parallel],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120, env=TWO_CORES)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {solver}: snapshot_prefix") and message in last
@@ -257,6 +264,30 @@ def test_a_label_out_of_range_names_its_record(tmp_path):
     assert "label 12" in str(e.value)
 
 
+def test_a_replica_names_a_bad_label_as_one_process_does(tmp_path):
+    """Replica 1 of 2 holds samples 1, 3, 5, ... of the batch: its report gives the whole batch's index."""
+    from layerforge.data.lmdb_io import encode_record, write_lmdb_atomic
+    from layerforge.errors import DataError
+
+    db = tmp_path / "db"
+    write_lmdb_atomic(db, (encode_record(numpy.full((1, 2, 2), i, numpy.uint8), 12 if i == 13 else i % 3)
+                           for i in range(16)))
+    said = []
+    for split in (None, (1, 2)):
+        net = Net({"name": "n", "layers": [
+            {"name": "data", "type": "Data", "top": ["data", "label"], "data": {"source": str(db), "batch_size": 8,
+                                                                                     "shuffle": False}},
+            {"name": "ip", "type": "InnerProduct", "bottom": "data", "top": "ip", "inner_product": {"num_output": 3}},
+            {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]},
+            phase="train", split=split, shard=split)
+        net.forward()
+        with pytest.raises(DataError) as e:
+            net.forward()
+        said.append(str(e.value))
+    assert said[0] == said[1]
+    assert "label 12 at index (5,) of the label blob" in said[0] and said[0].endswith("key '00000013'")
+
+
 def test_data_and_transform_errors_name_the_net_file_and_layer_line(tmp_path):
     from layerforge.data.lmdb_io import encode_record, write_lmdb_atomic
     from layerforge.errors import DataError
@@ -273,7 +304,6 @@ def test_data_and_transform_errors_name_the_net_file_and_layer_line(tmp_path):
 def test_training_refuses_to_start_when_the_nets_need_more_than_the_machine(monkeypatch):
     import os
 
-    from layerforge.commands.train import check_memory
     from layerforge.errors import LayerforgeError
     from layerforge.solvers import get_solver
 
@@ -281,11 +311,11 @@ def test_training_refuses_to_start_when_the_nets_need_more_than_the_machine(monk
         {"name": "data", "type": "Input", "top": "data", "input": {"shape": [[64, 1000]]}},
         {"name": "ip", "type": "InnerProduct", "bottom": "data", "top": "ip", "inner_product": {"num_output": 1000}},
         {"name": "loss", "type": "Reduction", "bottom": "ip", "top": "loss", "loss_weight": 1}]}, "max_iter": 1})
-    check_memory(solver)  # a few MiB: fine
+    solver.check_memory()  # a few MiB: fine
     real = os.sysconf
     monkeypatch.setattr(os, "sysconf", lambda name: 1024 if name == "SC_PHYS_PAGES" else real(name))
     with pytest.raises(LayerforgeError, match=r"the nets need .* MiB of memory .* more than this machine's"):
-        check_memory(solver)
+        solver.check_memory()
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -353,9 +383,9 @@ EMPTY_RECORDS = {  # source kind -> what the one line says
 }
 
 
-# time and train build the net as check does: one source kind shows them
+# time and train build the net as check does (train's replicas too): one source kind shows them
 @pytest.mark.parametrize("kind, command", [(kind, "check") for kind in sorted(EMPTY_RECORDS)]
-                         + [("lfr1", "time"), ("lfr1", "train")])
+                         + [("lfr1", "time"), ("lfr1", "train"), ("lfr1", "replicas")])
 def test_a_record_of_shape_0x0x0_is_one_line_naming_the_layer_and_record(tmp_path, kind, command):
     net = tmp_path / "net.yaml"
     net.write_text("name: empty\nlayers:\n" + empty_source(tmp_path, kind)
@@ -363,13 +393,17 @@ def test_a_record_of_shape_0x0x0_is_one_line_naming_the_layer_and_record(tmp_pat
                      "inner_product: {num_output: 2, weight_filler: {type: xavier}}}\n"
                    + "- {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}\n")
     (tmp_path / "solver.yaml").write_text(f"net: {net}\nbase_lr: 0.1\nmax_iter: 2\nsnapshot: 0\n")
-    args = {"check": [str(net)], "time": ["--model", str(net), "--iterations", "1"],
-            "train": ["--solver", str(tmp_path / "solver.yaml")]}[command]
-    proc = subprocess.run([sys.executable, "-m", "layerforge", command] + args, capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
+    args = {"check": ["check", str(net)], "time": ["time", "--model", str(net), "--iterations", "1"],
+            "train": ["train", "--solver", str(tmp_path / "solver.yaml")],
+            "replicas": ["train", "--solver", str(tmp_path / "solver.yaml"), "--cpu-parallel", "REPLICAS"]}[command]
+    proc = subprocess.run([sys.executable, "-m", "layerforge"] + args, capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120, env=TWO_CORES)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     line = 4 if kind == "dummy" else 3
-    assert proc.stderr.strip().splitlines() == [
+    said = proc.stderr.strip().splitlines()
+    if command == "replicas":  # after the choice's log line
+        assert "] CPU parallelism: REPLICAS, " in said.pop(0), proc.stderr
+    assert said == [
         f"error: {net}:{line}: " + EMPTY_RECORDS[kind].format(tmp=tmp_path)], proc.stderr
 
 

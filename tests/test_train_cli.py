@@ -71,12 +71,14 @@ def test_weights_then_test_command(tmp_path):
     assert losses(fresh.stderr)[0] == losses(trained.stderr)[0]
 
 
-@pytest.mark.parametrize("mode", ["THREADS", "REPLICAS"])
+@pytest.mark.parametrize("mode", ["THREADS", "REPLICAS", "AUTO"])
 def test_ctrl_c_snapshots_and_exits_cleanly(tmp_path, mode):
     """Either way a CPU run goes (layerforge/dataparallel/cpu_parallel.py), the user sees one process: the choice
-    and img/s in the log, Ctrl-C writes the snapshot and stops after one iteration, exit 0."""
+    and img/s in the log, Ctrl-C writes the snapshot and stops after one iteration, exit 0. AUTO (the default,
+    here with an empty choice cache: a trial first) ends in one of the two."""
+    forced = [] if mode == "AUTO" else ["--cpu-parallel", mode]
     proc = subprocess.Popen([sys.executable, "-m", "layerforge", "train", "--solver",
-                             str(write_solver(tmp_path, 100000)), "--cpu-parallel", mode], cwd=ROOT,
+                             str(write_solver(tmp_path, 100000)), *forced], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     seen = ""
@@ -90,12 +92,32 @@ def test_ctrl_c_snapshots_and_exits_cleanly(tmp_path, mode):
     snaps = list((tmp_path / "snap").glob("lenet_iter_*.solverstate.npz"))
     assert len(snaps) == 1
     assert "Traceback" not in err
+    if mode == "AUTO":
+        mode = re.search(r"CPU parallelism: (THREADS|REPLICAS), .* \(trial: [\d.]+ img/s with \d+ replicas, ", err)[1]
+    else:
+        assert f"(cpu_parallel: {mode})" in err
     how = "2 single-threaded replicas, each on 1/2 of the batch" if mode == "REPLICAS" else "one process on"
-    assert f"CPU parallelism: {mode}, {how}" in err and f"(cpu_parallel: {mode})" in err
+    assert f"CPU parallelism: {mode}, {how}" in err
     rates = [float(r) for r in re.findall(r"Iteration \d+ \([\d.e+]+ iter/s, [\d.e+]+s/1 iters, ([\d.]+) img/s\)", err)]
     assert len(rates) >= 3 and all(r > 0 for r in rates[1:])
     stopped = int(re.search(r"lenet_iter_(\d+)", snaps[0].name).group(1))
     assert stopped >= 3 and f"Iteration {stopped + 1} (" not in err  # (every replica) stopped after that one
+
+
+def test_a_diverging_run_stops_with_one_processs_line_under_replicas(tmp_path):
+    """A replica's error (here the non-finite loss of a rate that overflows) reaches the user as the one line one
+    process prints, snapshot named: same text, same exit code, no worker named."""
+    said = {}
+    for mode in ("REPLICAS", "THREADS"):
+        solver = write_solver(tmp_path, 5, snapshot=1, name=f"{mode}.yaml")
+        solver.write_text(solver.read_text().replace("base_lr: 0.01", "base_lr: 1.0e+30"))
+        proc = layerforge("train", "--solver", solver, "--cpu-parallel", mode)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        said[mode] = proc.stderr.strip().splitlines()[-1]
+        assert (tmp_path / "snap" / "lenet_iter_1.solverstate.npz").exists()  # whole before any replica went on
+    assert said["REPLICAS"] == said["THREADS"]
+    assert said["THREADS"].startswith("error: iteration 1: loss is ")
+    assert said["THREADS"].endswith(f"(the last good snapshot is {tmp_path}/snap/lenet_iter_1.solverstate.npz)")
 
 
 def test_missing_weights_file_is_one_line(tmp_path):

@@ -53,12 +53,19 @@ def train_replicas(args, overrides, choice):
     REPLICAS): to the user one process, with train's signals, progress bar, snapshots, trace and TensorBoard
     scalars; returns the exit code."""
     from ..dataparallel.cgdp import train_parallel
+    from ..errors import LayerforgeError
+    from ..logs import clear_cut_bar
 
     progress = None if args.no_progress else args.status_interval
-    with host_telemetry(args, overrides, None) as wanted:
-        result = train_parallel(args.solver, workers=choice.replicas, sync="host", split=True, resume=args.snapshot,
-                                progress=progress, signal_effects=(args.sigint_effect, args.sighup_effect), **wanted,
-                                **overrides)
+    try:
+        with host_telemetry(args, overrides, None) as wanted:
+            result = train_parallel(args.solver, workers=choice.replicas, sync="host", split=True,
+                                    resume=args.snapshot, progress=progress,
+                                    signal_effects=(args.sigint_effect, args.sighup_effect), **wanted, **overrides)
+    except (LayerforgeError, KeyboardInterrupt):
+        if progress is not None:  # worker 0's bar, when another replica's error ended the job
+            clear_cut_bar()
+        raise
     log = logging.getLogger("layerforge")
     print_report(result.stats, out=lambda line: log.info("%s", line.strip()), chunks=False)  # to stderr, as train's
     return 0

@@ -88,10 +88,10 @@ def cpu_choice(args):
     from ..dataparallel.cpu_parallel import resolve
 
     setup_logging()
-    choice = resolve(args.solver, solver_overrides(args), getattr(args, "cpu_parallel", None))
-    default = choice is not None and choice.why == "cpu_parallel: THREADS" and not getattr(args, "cpu_parallel", None)
-    if choice is not None and not default:
-        logging.getLogger("layerforge").info("%s", choice.describe())  # the one-process default says nothing
+    choice = resolve(args.solver, solver_overrides(args), getattr(args, "cpu_parallel", None), training=True,
+                     resume=getattr(args, "snapshot", None))
+    if choice is not None and not choice.quiet:  # a short run, untimed, says nothing
+        logging.getLogger("layerforge").info("%s", choice.describe())
     return choice
 
 
@@ -120,7 +120,7 @@ def train(args, mpi_comm=None):
         solver = get_solver(args.solver, shard=(rank, size), **overrides)
         comm = Communicator(mpi_comm, group_size=solver.param.group_size or None)
         make_data_parallel(solver, comm, digest=config_digest(solver.param, overrides))
-    check_memory(solver)
+    solver.check_memory()
     recording = start_telemetry(args, solver, mpi_comm)
     progress = []  # made at the first iteration, so a resumed run's rate and ETA count from where it resumed
 
@@ -157,25 +157,3 @@ def start_telemetry(args, solver, mpi_comm=None):
         ranks = mpi_comm.Get_size() if mpi_comm is not None else 1
         scalars = solver.write_scalars(logdir, batch_size(solver.net) * sp.iter_size * ranks)
     return Telemetry(bool(path), mpi_comm, scalars)
-
-
-def check_memory(solver):
-    """Refuse to start when the nets' blobs, parameters and buffers need more than the machine's memory.
-
-    Arrays are allocated lazily (pages are touched in the first iterations), so building the nets can
-    succeed where training would be killed by the system: this says so before the first iteration.
-    """
-    import os
-
-    from ..errors import LayerforgeError
-    from ..logs import format_bytes
-    from ..net.memory import memory_report
-
-    if solver.xp.__name__ != "numpy":
-        return
-    need = sum(memory_report(net)["peak_bytes"] for net in [solver.net] + list(solver.test_nets))
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > total:
-        raise LayerforgeError(f"{solver.param.path or 'solver'}: the nets need {format_bytes(need)} of memory "
-                              f"(data, gradients, parameters and buffers), more than this machine's "
-                              f"{format_bytes(total)}; use a smaller batch (layerforge summary shows the sizes)")

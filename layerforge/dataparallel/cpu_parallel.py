@@ -9,11 +9,12 @@ goes on, the replicas share one copy of the parameters and of the update history
 thread per replica has no GEMM split in two and no Python between the BLAS calls left waiting for a core; the
 price is the exchange and each replica's own activations.
 
-``AUTO``: ``REPLICAS`` where the replicas compute what one process computes (:func:`replica_refusal`) and a
-short timed trial of both runs it faster, else ``THREADS``. The choice is remembered per machine, net, batch
-and solver in ``cpu_parallel.json`` beside AUTO's engine cache (layerforge/kernels/engine_cache.py), so only a
-net's first run pays for the trial; the solver key ``cpu_parallel`` or ``layerforge train --cpu-parallel``
-forces either. The choice is logged in one line.
+``AUTO`` (the default): ``REPLICAS`` where the replicas compute what one process computes
+(:func:`replica_refusal`) and a short timed trial of both runs it faster, else ``THREADS``. The choice is
+remembered per machine, net, batch and solver in ``cpu_parallel.json`` beside AUTO's engine cache
+(layerforge/kernels/engine_cache.py), so only a net's first run pays for the trial, and a run of train shorter
+than :data:`SHORT_RUN` iterations pays nothing (``THREADS`` unless a choice is remembered); the solver key
+``cpu_parallel`` or ``layerforge train --cpu-parallel`` forces either. The choice is logged in one line.
 
 The replicas are mathematically one process with the whole batch: replica g of R trains on samples
 g, g + R, ... of what the data layers read (their shard), Dropout draws its mask for the whole batch and
@@ -37,6 +38,9 @@ log = logging.getLogger("layerforge")
 
 CACHE = ChoiceCache("cpu_parallel.json", "CPU parallelism cache")
 TRIAL_ITERATIONS = 3  # timed iterations per configuration, after the warm-up
+# the trial costs some 10 to 50 iterations (warm-ups, timed ones, starting the replicas): a shorter run of train
+# could not win it back, so AUTO keeps THREADS for it untimed (a remembered choice still holds)
+SHORT_RUN = 100
 MARGIN = 1.03  # replicas hold more memory and processes: they must win by more than the trial's noise
 
 # Layer types whose output for a sample depends only on that sample (and the parameters), so R replicas on
@@ -62,10 +66,11 @@ class Choice:
 
     Attributes:
         mode: ``"THREADS"`` or ``"REPLICAS"``; replicas: processes (1 for THREADS); why: a sentence.
+        quiet: nothing was chosen (AUTO on a short run keeps the one process): ``layerforge train`` logs no line.
     """
 
-    def __init__(self, mode, replicas, why):
-        self.mode, self.replicas, self.why = mode, replicas, why
+    def __init__(self, mode, replicas, why, quiet=False):
+        self.mode, self.replicas, self.why, self.quiet = mode, replicas, why, quiet
 
     def describe(self):
         """One log line."""
@@ -138,6 +143,25 @@ def replica_refusal(layers, replicas):
     return None
 
 
+def resume_refusal(path, replicas):
+    """Why ``replicas`` replicas could not resume the solver state ``path`` (a sentence naming the data layer whose
+    read position does not split into equal replica shares), or None; also None for a file the run will refuse
+    itself (unreadable, Caffe's, no positions)."""
+    import zipfile
+
+    try:
+        with numpy.load(path, allow_pickle=False) as state:
+            layers = json.loads(state["data_state"].item()).get("train", {})
+        positions = [(name, int(s["position"])) for name, s in layers.items() if "position" in s]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, zipfile.BadZipFile):
+        return None
+    for name, position in positions:
+        if position % replicas:
+            return (f"layer '{name}' of {path} read {position} records, which do not split into {replicas} equal "
+                    "replica shares")
+    return None
+
+
 def choice_key(sp, layers, replicas):
     """What a choice was timed for: the TRAIN layers as written (a digest), the batch, dtype, rule and R."""
     from ..net.netdef import batch_sizes
@@ -150,20 +174,26 @@ def choice_key(sp, layers, replicas):
             f"|replicas={replicas}")
 
 
-def choose(sp, layers, requested, measure, replicas=None):
+def choose(sp, layers, requested, measure, replicas=None, run=None, resume=None):
     """The configuration for the solver ``sp`` whose TRAIN net has ``layers``.
 
     Args:
         requested: ``"AUTO"``, ``"THREADS"`` or ``"REPLICAS"`` (the solver key, or the command line's).
         measure: ``measure(mode, replicas) -> images per second`` of a short trial (AUTO, not cached).
         replicas: the replica count (default: :func:`cores`).
+        run: the iterations the choice is for (``layerforge train``: max_iter), or None; AUTO times no trial
+            for fewer than :data:`SHORT_RUN`.
+        resume: the solver state the run resumes (``layerforge train --snapshot``), or None.
 
-    Returns a :class:`Choice`; ConfigError when REPLICAS is asked for a net it would change.
+    Returns a :class:`Choice`; ConfigError when REPLICAS is asked for a net it would change. A trial that fails
+    with the user's error (LayerforgeError) leaves THREADS, remembered nowhere: the run itself then reports it
+    as one process does.
     """
     replicas = cores() if replicas is None else replicas
     if requested == "THREADS":
         return Choice("THREADS", 1, "cpu_parallel: THREADS")
-    refusal = "one core" if replicas < 2 else replica_refusal(layers, replicas)
+    refusal = "one core" if replicas < 2 else replica_refusal(layers, replicas) or (
+        resume and resume_refusal(resume, replicas))
     if requested == "REPLICAS":
         if refusal:
             raise ConfigError(f"cpu_parallel REPLICAS would not train as one process does: {refusal}", sp.path,
@@ -177,7 +207,12 @@ def choose(sp, layers, requested, measure, replicas=None):
         mode = cached["mode"]
         return Choice(mode, replicas if mode == "REPLICAS" else 1,
                       f"remembered from a trial: {cached.get('trial', '?')}")
-    threads_rate = measure("THREADS", 1)
+    if run is not None and run < SHORT_RUN:
+        return Choice("THREADS", 1, f"a run of {run} iterations, too short for a trial", quiet=True)
+    try:
+        threads_rate = measure("THREADS", 1)
+    except LayerforgeError:  # the run will meet it again and say it, with its log, as one process does
+        return Choice("THREADS", 1, "the trial failed")
     try:
         replicas_rate = measure("REPLICAS", replicas)
     except LayerforgeError as e:  # the net ran in one process: train it so, and time the replicas next time
@@ -189,7 +224,7 @@ def choose(sp, layers, requested, measure, replicas=None):
     return Choice(mode, replicas if mode == "REPLICAS" else 1, f"trial: {trial}")
 
 
-def resolve(solver, overrides=None, requested=None, measure=None, batch=None):
+def resolve(solver, overrides=None, requested=None, measure=None, batch=None, training=False, resume=None):
     """The configuration ``layerforge train --solver`` uses on a CPU (see the module docstring).
 
     Args:
@@ -197,6 +232,8 @@ def resolve(solver, overrides=None, requested=None, measure=None, batch=None):
         requested: the command line's ``--cpu-parallel``, overriding the solver's ``cpu_parallel``.
         measure: replaces the timed trial (tests: ``measure(mode, replicas) -> images/s``).
         batch: the batch size instead of the net's (``layerforge time --batch``).
+        training: the choice is for a run of the solver's max_iter iterations (``layerforge train``), which AUTO
+            does not time when shorter than :data:`SHORT_RUN`; resume: the solver state it resumes, or None.
 
     Returns a :class:`Choice`, or None when the solver runs on a GPU.
     """
@@ -218,7 +255,8 @@ def resolve(solver, overrides=None, requested=None, measure=None, batch=None):
         def measure(mode, replicas):
             log.info("CPU parallelism: timing %s for the choice (once per net, batch and machine)", mode)
             return trial(solver, overrides, mode, replicas, batch=batch)
-    return choose(sp, train_layers(sp, batch), requested, measure)
+    return choose(sp, train_layers(sp, batch), requested, measure, run=sp.max_iter if training else None,
+                  resume=resume)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -270,6 +308,7 @@ def trial(solver, overrides, mode, replicas, iterations=TRIAL_ITERATIONS, batch=
 
     s = build_solver(solver, _quiet(overrides), batch)
     try:
+        s.check_memory()
         return threads_rate(s, iterations)
     finally:
         close_data_layers(s)

@@ -31,7 +31,7 @@ def class_labels(layer, label_blob, outer, inner, channels, ignore_label):
         where = tuple(int(i) for i in numpy.unravel_index(k, label_blob.shape))
         ignore = "" if ignore_label is None else f" and is not the ignore_label {ignore_label}"
         raise LabelError(f"layer '{layer.name}' ({layer.type}): label {value:g} at index {where} of the label "
-                         f"blob is outside [0, {channels}){ignore}", bottom=1, position=k)
+                         f"blob is outside [0, {channels}){ignore}", bottom=1, position=k, index=where)
     return xp.where(valid, label, 0), valid
 
 

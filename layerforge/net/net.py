@@ -357,7 +357,12 @@ class Net:
                 self.layers[i].forward(self._bottom_vecs[i], top)
         except LabelError as e:
             record = self._record_of(i, e.bottom, e.position)
-            raise DataError(f"{e}: it comes from {record}" if record else str(e)) from None
+            message = str(e)
+            if self.split is not None and e.index:  # replica g of R holds samples g, g + R, ...: one process's index
+                g, count = self.split
+                whole = (e.index[0] * count + g,) + e.index[1:]
+                message = message.replace(f"at index {e.index} ", f"at index {whole} ", 1)
+            raise DataError(f"{message}: it comes from {record}" if record else message) from None
         if any(t.shape != s for t, s in zip(top, shapes)):
             for j in range(i + 1, len(self.layers)):
                 self.layers[j].reshape(self._bottom_vecs[j], self._top_vecs[j])

@@ -102,11 +102,11 @@ SOLVER_KEYS = {
     "group_size": Field("int", 0, min=0, doc="ranks per node group for the topology-aware allreduce "
                                               "(0: discover shared-memory nodes)"),
     "sync": Field("enum", "TREE", choices=("TREE", "HOST"), doc="how ranks synchronise (distributed training)"),
-    "cpu_parallel": Field("enum", "THREADS", choices=("AUTO", "THREADS", "REPLICAS"),
+    "cpu_parallel": Field("enum", "AUTO", choices=("AUTO", "THREADS", "REPLICAS"),
                           doc="how a CPU run uses the cores: one process whose BLAS and kernels use every core "
-                              "(THREADS, for now the default), one single-threaded replica per core each on "
-                              "batch/cores, equal to one process to float rounding (REPLICAS), or the faster of the "
-                              "two for this net, batch and machine by a short timed trial, remembered (AUTO; "
+                              "(THREADS), one single-threaded replica per core each on batch/cores, equal to one "
+                              "process to float rounding (REPLICAS), or the faster of the two for this net, batch "
+                              "and machine by a short timed trial, remembered (AUTO, the default; "
                               "docs/performance.md)"),
     # several workers/devices on one host (layerforge/dataparallel/cgdp, docs/cgdp.md)
     "chunk_size": Field("str", "1", doc="sync host: layers with parameters per gradient chunk (an int), or auto"),

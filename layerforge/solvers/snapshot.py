@@ -29,13 +29,15 @@ def snapshot(solver):
     """
     for hook in solver.snapshot_hooks:
         hook(solver)
-    if not solver.root:
+    base = f"{solver.snapshot_prefix}_iter_{solver.iter}"
+    if not solver.root:  # rank (replica) 0 writes it: this one's report of a non-finite loss names it as 0's does
+        fmt = solver.param.snapshot_format
+        solver.last_snapshot = base + (".solverstate.npz" if fmt == "NPZ" else solverstate.SUFFIXES[fmt][1])
         return None
     for layer in solver.net.layers:
         if not all(finite(b.data) for b in layer.blobs):
             raise solver.non_finite_error(f"the parameters of layer '{layer.name}' ({layer.type}) became "
                                          "non-finite in the update; no snapshot of them is written", scan=False)
-    base = f"{solver.snapshot_prefix}_iter_{solver.iter}"
     if solver.param.snapshot_format != "NPZ":  # Caffe's .caffemodel + .solverstate (or their .h5)
         solver.last_snapshot = solverstate.snapshot(solver, base, solver.param.snapshot_format)
         return solver.last_snapshot

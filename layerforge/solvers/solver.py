@@ -551,6 +551,25 @@ class Solver:
     # ------------------------------------------------------------------------------------------
     # weights, snapshots, resuming
 
+    def check_memory(self, processes=1):
+        """Refuse to start (LayerforgeError) when ``processes`` copies of the nets' blobs, parameters and buffers
+        (replicas: each its own) need more than the machine's memory.
+
+        Arrays are allocated lazily (pages are touched in the first iterations), so building the nets can succeed
+        where training would be killed by the system: this says so before the first iteration.
+        """
+        from ..logs import format_bytes
+        from ..net.memory import memory_report
+
+        if self.xp.__name__ != "numpy":
+            return
+        need = processes * sum(memory_report(net)["peak_bytes"] for net in [self.net] + list(self.test_nets))
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if need > total:
+            raise LayerforgeError(f"{self.param.path or 'solver'}: the nets need {format_bytes(need)} of memory "
+                                  f"(data, gradients, parameters and buffers), more than this machine's "
+                                  f"{format_bytes(total)}; use a smaller batch (layerforge summary shows the sizes)")
+
     def load_weights(self, path):
         """Start from trained weights (Caffe's ``-weights``): copied by layer name into every net."""
         for p in str(path).split(","):

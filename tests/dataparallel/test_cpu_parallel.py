@@ -163,9 +163,10 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache" / "cpu_parallel.json"
 
 
-def choose(d, requested="AUTO", timer=None):
+def choose(d, requested="AUTO", timer=None, run=None, resume=None):
     sp = load_solver_param(d, SOLVER_REGISTRY)
-    return cpu_parallel.choose(sp, cpu_parallel.train_layers(sp), requested, timer, replicas=2)
+    return cpu_parallel.choose(sp, cpu_parallel.train_layers(sp), requested, timer, replicas=2, run=run,
+                               resume=resume)
 
 
 def test_auto_times_both_once_and_remembers_the_faster(source, cache):
@@ -200,6 +201,44 @@ def test_a_failing_replicas_trial_leaves_one_process_and_no_choice(source, cache
     assert (choice.mode, choice.why) == ("THREADS", "the replicas' trial failed")
     assert "the replicas' trial failed (worker 1 (pid 42) was killed" in caplog.text
     assert not cache.exists()
+
+
+def test_a_failing_trial_leaves_one_process_to_say_the_error(source, cache):
+    def measure(mode, replicas):
+        raise LayerforgeError("db: key '00000003': corrupted record")
+
+    choice = choose(solver(source, 12), timer=measure)
+    assert (choice.mode, choice.why, choice.quiet) == ("THREADS", "the trial failed", False)
+    assert not cache.exists()
+
+
+def test_a_short_run_is_not_timed_unless_a_choice_is_remembered(source, cache):
+    d = solver(source, 12)
+    untimed = Timer(threads=1.0, replicas=2.0)
+    choice = choose(d, timer=untimed, run=cpu_parallel.SHORT_RUN - 1)
+    assert (choice.mode, choice.quiet) == ("THREADS", True) and untimed.calls == [] and not cache.exists()
+    assert choose(d, timer=untimed, run=cpu_parallel.SHORT_RUN).mode == "REPLICAS" and len(untimed.calls) == 2
+    remembered = choose(d, timer=untimed, run=1)
+    assert (remembered.mode, remembered.quiet) == ("REPLICAS", False) and len(untimed.calls) == 2
+    assert choose(d, "REPLICAS", untimed, run=1).mode == "REPLICAS"
+
+
+def test_a_snapshot_the_replicas_cannot_resume_keeps_one_process(source, cache, tmp_path):
+    def state(position):
+        path = tmp_path / f"s{position}.solverstate.npz"
+        numpy.savez(path, data_state=numpy.array(json.dumps({"train": {"data": {"seed": 1, "position": position}}})))
+        return str(path)
+
+    d, untimed = solver(source, 12), Timer(threads=1.0, replicas=2.0)
+    choice = choose(d, timer=untimed, resume=state(37))
+    assert choice.mode == "THREADS" and untimed.calls == []
+    assert choice.why == (f"replicas would not be one process: layer 'data' of {state(37)} read 37 records, which "
+                          "do not split into 2 equal replica shares")
+    with pytest.raises(ConfigError, match="REPLICAS would not train as one process does: layer 'data' of "):
+        choose(d, "REPLICAS", untimed, resume=state(37))
+    assert choose(d, timer=untimed, resume=state(36)).mode == "REPLICAS"
+    (tmp_path / "bad.solverstate.npz").write_text("not a zip")  # the run itself says what is wrong with it
+    assert cpu_parallel.resume_refusal(str(tmp_path / "bad.solverstate.npz"), 2) is None
 
 
 def test_replicas_must_win_by_the_margin(source, cache):

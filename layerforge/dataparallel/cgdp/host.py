@@ -162,7 +162,7 @@ class HostSync:
                 self.timer.add_chunk("copy_out", chunk.name, time.perf_counter() - t0)
                 self.link.send(("post", chunk.index))
         except BaseException as e:  # noqa: BLE001 - the other workers wait for this chunk: end the job
-            self.link.send(("error", f"copy-out thread: {type(e).__name__}: {e}"))
+            self.link.send(("error", f"copy-out thread: {type(e).__name__}: {e}", False))
             os._exit(1)
 
     def _ready(self, msg):

@@ -126,8 +126,8 @@ class WorkerPool:
                     msg = conn.recv()
                 except (EOFError, OSError):
                     self._died(g)
-                if msg[0] == "error":
-                    self._fail(f"worker {g} (pid {self.procs[g].pid}) failed: {msg[1]}")
+                if msg[0] == "error":  # the user's error as one process says it; a crash names the worker
+                    self._fail(msg[1] if msg[2] else f"worker {g} (pid {self.procs[g].pid}) failed: {msg[1]}")
                 out.append((g, msg))
         if not out:
             for g in live:

@@ -10,7 +10,10 @@ the parent can check that the replicas agree; worker 0 then times the exchange's
 model (:func:`~layerforge.dataparallel.cgdp.cost_model.measure_rates`) while the others are gone.
 
 A worker that dies (a signal, ``os._exit``) or raises ends the job: the parent notices the closed pipe or
-the process sentinel, stops the other workers and raises one LayerforgeError naming the worker.
+the process sentinel, stops the other workers and raises one LayerforgeError. A LayerforgeError of the worker's
+(the user's input: a config value, a data record, a non-finite loss, a snapshot path) or running out of memory
+reaches the user as the one line a single process prints; a crash (a signal, any other exception) names the
+worker.
 """
 import os
 import queue
@@ -21,7 +24,7 @@ import traceback
 
 from ... import trace
 from ...cores import THREAD_VARS
-from ...errors import LayerforgeError
+from ...errors import LayerforgeError, out_of_memory
 
 WORKER_THREADS_ENV = THREAD_VARS
 
@@ -122,12 +125,15 @@ def worker_main(g, G, options, conn, shared):
     link = Link(conn)
     try:
         _run_worker(g, G, options, link, shared)
-    except LayerforgeError as e:
-        link.send(("error", str(e)))
+    except LayerforgeError as e:  # the user's: the parent says it as one process would (user=True)
+        link.send(("error", str(e), True))
+        os._exit(1)
+    except MemoryError as e:
+        link.send(("error", out_of_memory(e), True))
         os._exit(1)
     except BaseException as e:  # noqa: BLE001
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        link.send(("error", f"{type(e).__name__}: {e} ({os.path.basename(where.filename)}:{where.lineno})"))
+        where, text = traceback.extract_tb(e.__traceback__)[-1], " ".join(str(e).split())  # one line
+        link.send(("error", f"{type(e).__name__}: {text} ({os.path.basename(where.filename)}:{where.lineno})", False))
         os._exit(1)
     os._exit(0)
 
@@ -154,6 +160,7 @@ def _run_worker(g, G, options, link, shared):
     rank, world = options.node * G + g, options.nodes * G
     split = (g, G) if options.split else None
     solver = build_solver(options.solver, overrides, options.batch, shard=(rank, world), split=split)
+    solver.check_memory(G)  # the G replicas of this host together, as one process checks its own
     solver.root = rank == 0
     if options.setup is not None:
         options.setup(g, solver)
@@ -190,17 +197,21 @@ def _run_worker(g, G, options, link, shared):
         TreeSync(solver, link, g, slots, params, mover, timer)
     timer.install(solver)
     follow_requests(solver, g, shared.control)
+    whole_snapshots(solver, shared.barrier)
     if options.split:
         mean_outputs(solver, g, G, shared.outputs, link)
-    if options.progress is not None and g == 0:
-        show_progress(solver, options.progress)
+    close_progress = show_progress(solver, options.progress) if options.progress is not None and g == 0 else None
     scalars = record(solver, g, G, options)
-    if options.iterations is not None:
-        solver.step(options.iterations)
-    else:
-        solver.solve(sigint_effect="none", sighup_effect="none")
-    if scalars is not None:
-        scalars.close()
+    try:
+        if options.iterations is not None:
+            solver.step(options.iterations)
+        else:
+            solver.solve(sigint_effect="none", sighup_effect="none")
+    finally:  # ends the bar's line before the parent's error line, as train's own bar does
+        if close_progress is not None:
+            close_progress()
+        if scalars is not None:
+            scalars.close()
     mover.params_to_host(slots[g])  # the parent compares the replicas
     link.send(("done", dict(timer.summary(), images_per_iteration=solver.images_per_iteration()), solver.iter,
                trace.stop()))
@@ -305,8 +316,22 @@ def follow_requests(solver, g, control):
     solver.agree_action = agree
 
 
+def whole_snapshots(solver, barrier):
+    """Make the worker go on after a snapshot (every worker takes them after the same iterations) only once worker
+    0 has written it whole, as one process does: the snapshot a later error names is on disk."""
+    snapshot = solver.snapshot
+
+    def snapshot_then_wait():
+        path = snapshot()
+        barrier.wait()
+        return path
+
+    solver.snapshot = snapshot_then_wait
+
+
 def show_progress(solver, interval):
-    """A progress bar (or status lines every ``interval`` s) of ``solver``'s iterations, as ``layerforge train``'s."""
+    """A progress bar (or status lines every ``interval`` s) of ``solver``'s iterations, as ``layerforge train``'s;
+    returns the function that closes it."""
     from ...logs import Progress
 
     bar = []
@@ -315,7 +340,6 @@ def show_progress(solver, interval):
         if not bar:
             bar.append(Progress(solver.param.max_iter, start=iteration, interval=interval))
         bar[0].update(iteration + 1, loss)
-        if iteration + 1 >= solver.param.max_iter:
-            bar[0].close()
 
     solver.callbacks.append(report)
+    return lambda: bar and bar[0].close()

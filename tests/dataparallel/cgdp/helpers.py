@@ -76,6 +76,29 @@ def die_on_worker_1(g, solver):
         solver.callbacks.append(lambda iteration, loss: os._exit(7) if iteration == 1 else None)
 
 
+def bad_record_on_worker_1(g, solver):
+    """WorkerOptions.setup: worker 1 meets the user's error (a DataError) in its second iteration."""
+    from layerforge.errors import DataError
+
+    def fail(iteration, loss):
+        if iteration == 1:
+            raise DataError("db: key '00000042': corrupted record")
+
+    if g == 1:
+        solver.callbacks.append(fail)
+
+
+def bug_on_worker_1(g, solver):
+    """WorkerOptions.setup: worker 1 crashes (a Python exception no user input explains, its text on two lines) in
+    its second iteration."""
+    def crash(iteration, loss):
+        if iteration == 1:
+            raise RuntimeError("a bug\nover two lines")
+
+    if g == 1:
+        solver.callbacks.append(crash)
+
+
 # a net of 3 layers with parameters on 4 samples of DummyData, for runs of `layerforge` commands
 SMALL_NET = """
 name: small

@@ -12,7 +12,7 @@ from layerforge.solvers import get_solver
 
 from tests.conftest import BACKENDS
 
-from .helpers import die_on_worker_1, flat_params, solver, write_lmdb
+from .helpers import bad_record_on_worker_1, bug_on_worker_1, die_on_worker_1, flat_params, solver, write_lmdb
 
 ITERS = 6
 AUTO = {"chunk_search_interval": 2, "chunk_search_step": 2, "chunk_search_range": 1}
@@ -73,6 +73,21 @@ def test_worker_that_exits_ends_the_job_with_one_line(source):
     message = str(e.value)
     assert "\n" not in message
     assert message.startswith("worker 1 (pid ") and "exited with code 7" in message
+
+
+def test_a_workers_error_is_the_users_line_and_a_crash_names_the_worker(source):
+    """A LayerforgeError in a worker reaches the user as one process says it; any other exception names the worker."""
+    for setup, expected in [(bad_record_on_worker_1, "db: key '00000042': corrupted record"),
+                            (bug_on_worker_1, None)]:
+        with pytest.raises(LayerforgeError) as e:
+            WorkerPool(2, WorkerOptions(solver(source, 4, 1000), sync="HOST", log=False, setup=setup)).run()
+        message = str(e.value)
+        if expected is not None:
+            assert message == expected
+        else:
+            assert message.startswith("worker 1 (pid ") and "failed: RuntimeError: a bug over two lines (helpers.py:" \
+                in message
+            assert "\n" not in message
 
 
 @pytest.mark.parametrize("sync", ["HOST", "TREE"])
