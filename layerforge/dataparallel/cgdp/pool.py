@@ -9,6 +9,7 @@ import numpy
 
 from ... import trace
 from ...errors import LayerforgeError, describe_exit
+from ...kernels.threadpool import num_threads
 from . import shm
 from .host import HostAccumulator
 from .workers import WORKER_THREADS_ENV, Shared, worker_main
@@ -62,11 +63,13 @@ class WorkerPool:
 
     # -- start-up ---------------------------------------------------------------------------------------------
     def _start(self):
-        threads = str(max(1, (os.cpu_count() or 1) // self.G))
         launcher = [k for k in os.environ if k.startswith(MPI_ENV_PREFIXES)]
         saved = {k: os.environ.get(k) for k in list(WORKER_THREADS_ENV) + launcher}
         for k in WORKER_THREADS_ENV:  # G processes share the cores: one BLAS pool each would oversubscribe them
-            os.environ.setdefault(k, threads)
+            if self.options.split:  # replicas of one process: its threads shared out, whatever it was set to
+                os.environ[k] = str(max(1, num_threads() // self.G))
+            else:
+                os.environ.setdefault(k, str(max(1, (os.cpu_count() or 1) // self.G)))
         for k in launcher:  # under mpiexec: a worker that imports mpi4py must not join the parent's job
             del os.environ[k]
         try:

@@ -114,3 +114,13 @@ layers:
      inner_product: {num_output: 5, weight_filler: {type: xavier}}}
   - {name: loss, type: SoftmaxWithLoss, bottom: [ip2, label], top: loss}
 """
+
+
+def report_threads(g, solver):
+    """WorkerOptions.setup: stop the job with a line saying the worker's BLAS / kernel threads and its setting."""
+    import os
+
+    from layerforge.errors import ConfigError
+    from layerforge.kernels.threadpool import num_threads
+
+    raise ConfigError(f"worker {g}: {num_threads()} threads, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")

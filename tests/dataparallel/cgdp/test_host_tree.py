@@ -12,7 +12,8 @@ from layerforge.solvers import get_solver
 
 from tests.conftest import BACKENDS
 
-from .helpers import bad_record_on_worker_1, bug_on_worker_1, die_on_worker_1, flat_params, solver, write_lmdb
+from .helpers import (bad_record_on_worker_1, bug_on_worker_1, die_on_worker_1, flat_params, report_threads, solver,
+                      write_lmdb)
 
 ITERS = 6
 AUTO = {"chunk_search_interval": 2, "chunk_search_step": 2, "chunk_search_range": 1}
@@ -177,3 +178,15 @@ def test_update_shares_cover_every_row_once_in_even_runs(G):
                  for p, r in ((params[k], r) for k, r in share.items())) for share in shares]
     total = sum(p.count for p in params)
     assert max(sizes) - min(sizes) <= 2 * 9216 and sum(sizes) == total  # within a row or two of fc6
+
+
+@pytest.mark.parametrize("split, expected", [(True, ": 1 threads, OMP_NUM_THREADS=1"),
+                                             (False, "OMP_NUM_THREADS=4")])
+def test_replicas_share_out_the_threads_the_process_was_given(source, monkeypatch, split, expected):
+    # a process told to use 2 threads runs as 2 single-threaded replicas (4 threads on 2 cores spin and halved the
+    # replicas' speed); CGDP workers keep a thread setting the user gave them
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(var, "2" if split else "4")
+    monkeypatch.setattr("layerforge.kernels.threadpool._state", {"threads": 2, "pool": None})
+    with pytest.raises(LayerforgeError, match=expected):
+        train_parallel(solver(source, 4, 1000), workers=2, sync="host", split=split, log=False, setup=report_threads)
