@@ -24,7 +24,8 @@ class SyntheticData(Layer):
     come from the process random stream (``layerforge.rng``, so ``random_seed`` repeats a run); on a GPU the
     noise is drawn on the device by cuRAND, seeded from that stream (a run repeats on the same device, with
     other numbers than on the CPU). The patterns depend on ``seed`` only, so every run and every rank sees the
-    same classes.
+    same classes. A replica of a split batch (``cpu_parallel: REPLICAS``) draws the whole batch's labels and noise
+    and keeps its samples' rows: the replicas train on what one process does.
     """
 
     param_blocks = {"synthetic_data": {
@@ -79,18 +80,20 @@ class SyntheticData(Layer):
         rows, cols = self.block_of_pixel()
         return self.block(k)[:, rows, cols]
 
-    def draw_labels(self, g):
-        """N labels, every class N // classes or N // classes + 1 times, in random order."""
-        n = self.batch_size
+    def draw_labels(self, g, n):
+        """``n`` labels, every class n // classes or n // classes + 1 times, in random order."""
         extra = g.choice(self.classes, n % self.classes, replace=False)
         return g.permutation(numpy.concatenate([numpy.repeat(numpy.arange(self.classes), n // self.classes), extra]))
 
     def forward(self, bottom, top):
-        xp, g = self.xp, rng.get_rng()
-        labels = self.draw_labels(g)
+        xp, g, split = self.xp, rng.get_rng(), self.batch_split
+        # a replica of a split batch draws the whole batch, as one process does, and keeps its samples' rows
+        labels = self.draw_labels(g, self.batch_size * (split[1] if split else 1))
+        if split:
+            labels = labels[split[0]::split[1]]
         shape = (self.batch_size,) + self.image_shape
         if xp is numpy:
-            images = g.standard_normal(shape, dtype=numpy.float32)
+            images = rng.batch_draw(lambda s: g.standard_normal(s, dtype=numpy.float32), shape, split)
         else:  # drawn on the device: ResNet-50's batch of 64 is 38 MB of noise, ~100 ms of a host core a batch
             images = xp.random.RandomState(int(g.integers(2 ** 63))).standard_normal(shape, dtype=numpy.float32)
         if self._pixel_blocks is None:

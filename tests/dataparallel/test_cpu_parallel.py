@@ -123,6 +123,16 @@ def test_replica_refusals_name_the_layer(source, extra, batch, loss, reason):
         assert refusal.startswith(reason), refusal
 
 
+def assert_three_replicas_train_as_one_process(d):
+    """Solver dict ``d`` trained by 3 replicas of a split batch ends at one process's parameters, which moved."""
+    assert cpu_parallel.replica_refusal(layers_of(d), 3) is None
+    one = get_solver(d)
+    one.solve()
+    result = train_parallel(d, workers=3, sync="host", split=True, log=False)
+    numpy.testing.assert_allclose(result.params[0], flat_params(one), rtol=1e-10, atol=1e-12)
+    assert not numpy.allclose(result.params[0], flat_params(get_solver(d)))  # it trained
+
+
 def test_random_dummy_data_trains_as_one_process(tmp_path):
     """DummyData refilled from the random stream (the zoo's synthetic data) draws the whole batch in each replica."""
     d = {"net_param": {"name": "dummy", "layers": [
@@ -135,11 +145,20 @@ def test_random_dummy_data_trains_as_one_process(tmp_path):
         {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]},
         "base_lr": 0.1, "momentum": 0.9, "max_iter": 5, "dtype": "float64", "random_seed": 7,
         "snapshot_after_train": False}
-    assert cpu_parallel.replica_refusal(layers_of(d), 3) is None
-    one = get_solver(d)
-    one.solve()
-    result = train_parallel(d, workers=3, sync="host", split=True, log=False)
-    numpy.testing.assert_allclose(result.params[0], flat_params(one), rtol=1e-10, atol=1e-12)
+    assert_three_replicas_train_as_one_process(d)
+
+
+def test_synthetic_data_trains_as_one_process():
+    """SyntheticData (the zoo's default input) draws the whole batch's labels and noise in each replica."""
+    d = {"net_param": {"name": "synthetic", "layers": [
+        {"name": "data", "type": "SyntheticData", "top": ["x", "label"],
+         "synthetic_data": {"batch_size": 6, "shape": [2, 4, 4], "classes": 4, "grid": 2}},
+        {"name": "ip", "type": "InnerProduct", "bottom": "x", "top": "ip",
+         "inner_product": {"num_output": 4, "weight_filler": {"type": "xavier"}}},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]},
+        "base_lr": 0.1, "momentum": 0.9, "max_iter": 5, "dtype": "float64", "random_seed": 7,
+        "snapshot_after_train": False}
+    assert_three_replicas_train_as_one_process(d)
 
 
 # --------------------------------------------------------------------------------------------------
