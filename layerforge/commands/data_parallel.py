@@ -72,16 +72,18 @@ def train_replicas(args, overrides, choice):
 
 
 @contextlib.contextmanager
-def host_telemetry(args, overrides, comm):
-    """The trace and TensorBoard scalars that ``--trace`` / ``--tensorboard`` (or the solver's keys) ask of a
-    job of workers: this process records the host's spans (pid 1000 + node) and writes the file with every
-    worker's part; worker 0 writes the scalars. Yields ``train_parallel``'s ``trace`` and ``tensorboard``."""
+def host_telemetry(args, overrides, comm, solver=None):
+    """The trace and TensorBoard scalars that ``--trace`` / ``--tensorboard`` (or the keys of ``solver``, a path or
+    dict, by default ``args.solver``) ask of a job of workers: this process records the host's spans (pid
+    1000 + node) and writes the file with every worker's part; worker 0 writes the scalars. Yields
+    ``train_parallel``'s ``trace`` and ``tensorboard``."""
     from .. import trace
     from ..solvers import SOLVER_REGISTRY
     from ..solvers.param import load_solver_param
     from .trace import Telemetry, telemetry_wanted
 
-    path, window, logdir = telemetry_wanted(args, load_solver_param(args.solver, SOLVER_REGISTRY, **overrides))
+    sp = load_solver_param(args.solver if solver is None else solver, SOLVER_REGISTRY, **overrides)
+    path, window, logdir = telemetry_wanted(args, sp)
     mpi_comm = comm.comm if comm is not None and comm.size > 1 else None
     if path:
         node = comm.rank if mpi_comm is not None else 0
@@ -104,9 +106,10 @@ def time_command(args):
               "snapshot_after_train": False}
 
     def go(comm):
-        result = train_parallel(solver, workers=args.workers, devices=args.devices, sync=args.sync or "host",
-                                chunk_size=args.chunk_size or 1, comm=comm, iterations=iterations,
-                                batch=args.batch, log=False)
+        with host_telemetry(args, {}, comm, solver) as wanted:  # --trace: the workers' iterations, the host's sums
+            result = train_parallel(solver, workers=args.workers, devices=args.devices, sync=args.sync or "host",
+                                    chunk_size=args.chunk_size or 1, comm=comm, iterations=iterations,
+                                    batch=args.batch, log=False, **wanted)
         if args.json:
             print(json.dumps(result.stats, indent=1))
         else:

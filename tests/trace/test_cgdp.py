@@ -124,6 +124,13 @@ def test_workers_record_one_file_with_the_host(workers):
     assert {json.dumps(e["args"]["top"]) for e in data} == {json.dumps([[4, 3, 12, 12], [4]])}
 
 
+def test_time_with_workers_records_the_same_trace(tmp_path):
+    (tmp_path / "net.yaml").write_text(NET)
+    layerforge("time", "--model", "net.yaml", "--workers", 2, "--iterations", 5, "--trace", tmp_path / "time.json",
+               "--trace-iterations", "2:5", cwd=tmp_path)
+    check_workers_and_host(load_trace(str(tmp_path / "time.json")))
+
+
 def test_summary_and_plot_of_a_workers_trace(workers):
     d, _ = workers
     text = layerforge("trace", "summary", "run.json", cwd=d).stdout
