@@ -95,7 +95,8 @@ class SyntheticData(Layer):
         if xp is numpy:
             images = rng.batch_draw(lambda s: g.standard_normal(s, dtype=numpy.float32), shape, split)
         else:  # drawn on the device: ResNet-50's batch of 64 is 38 MB of noise, ~100 ms of a host core a batch
-            images = xp.random.RandomState(int(g.integers(2 ** 63))).standard_normal(shape, dtype=numpy.float32)
+            seed = numpy.uint64(g.integers(2 ** 63))  # cupy takes a seed only as an unsigned (safe-cast) value
+            images = xp.random.RandomState(seed).standard_normal(shape, dtype=numpy.float32)
         if self._pixel_blocks is None:
             self._pixel_blocks = self.block_of_pixel(xp)
         rows, cols = self._pixel_blocks
