@@ -65,7 +65,8 @@ class InputStats:
         """One line for a log: input rate, wait per batch and its share of the time, the workers' capacity."""
         per_batch = 1e3 * self.wait_s / max(self.batches, 1)
         return (f"input {self.rate:,.0f} img/s, waited {per_batch:.1f} ms per batch ({100 * self.wait_share:.1f}% "
-                f"of the time); {self.workers} decode workers could deliver {self.capacity:,.0f} img/s")
+                f"of the time); {self.workers} decode worker{'s' * (self.workers != 1)} could deliver "
+                f"{self.capacity:,.0f} img/s")
 
     def input_bound(self):
         """True when forwards waited for input more than :data:`INPUT_BOUND_SHARE` of the time since the reset."""

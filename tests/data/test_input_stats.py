@@ -20,6 +20,8 @@ def test_rates_and_shares():
     assert stats.capacity == pytest.approx(704 * 2 / 1.1)
     assert stats.summary() == ("input 320 img/s, waited 10.0 ms per batch (5.0% of the time); 2 decode workers "
                                "could deliver 1,280 img/s")
+    stats.workers = 1
+    assert stats.summary().endswith("; 1 decode worker could deliver 640 img/s")
     stats.reset()
     assert (stats.batches, stats.images, stats.wait_s, stats.capacity) == (0, 0, 0.0, 0.0) and stats.elapsed_s < 1
 
