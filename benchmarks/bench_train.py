@@ -268,18 +268,13 @@ def run_layerforge(net_name, iterations, mode, replicas, fuse_batch_norm=True):
                                 log=False)
         times = result.iteration_times[-iterations:]  # between the ends of two iterations' exchanges
         return {"times": times, "mode": mode, "replicas": replicas}
+    from layerforge.dataparallel.cpu_parallel import iteration_times, warm_up
+
     solver = layerforge_solver(net_name, fuse_batch_norm)
     net = solver.net
     convs = [layer for layer in net.layers if hasattr(layer, "engine_choice")]
-    warm = 0
-    while warm < 1 or (warm < 10 and any(None in layer.engine_choice.values() for layer in convs)):
-        solver.step(1)
-        warm += 1
-    times = []
-    for _ in range(iterations):
-        t0 = time.perf_counter()
-        solver.step(1)
-        times.append(time.perf_counter() - t0)
+    warm = warm_up(solver, limit=10)
+    times = iteration_times(solver, iterations)
     engines = {layer.name: "/".join(layer.engine_choice.values()) for layer in convs}
     return {"times": times, "mode": mode, "replicas": 1, "warmup": warm,
             "counted_peak_bytes": net.memory_report()["peak_bytes"], "engines": engines}

@@ -142,8 +142,7 @@ def run(args):
     if args.nodes < 1 or args.group < 1 or args.group > args.nodes:
         raise LayerforgeError(f"need 1 <= --group ({args.group}) <= --nodes ({args.nodes})")
     sp = load_solver_param(args.solver, SOLVER_REGISTRY)
-    source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
-    net = Net(source, phase="train", dtype=sp.dtype.lower())
+    net = Net(sp.train_net_source(), phase="train", dtype=sp.dtype.lower())
     timing = read_timing(args.timing) if args.timing else time_net(net, args.iterations)
     compute_ms = float(timing["forward_backward_ms"]) * sp.iter_size
     itemsize = 2 if sp.allreduce_fp16 else net.dtype.itemsize

@@ -32,7 +32,7 @@ from . import add_decode_workers, apply_decode_workers
 from ..cores import local_rank
 from .. import trace
 from ..backend import Stopwatch, gpu_array_module, gpu_name, rank_device
-from ..layers.conv import engines_settled
+from ..layers.conv import settle_engines
 from ..layers.data import input_stats, reset_input_stats
 from ..errors import LayerforgeError
 from ..net.memory import layer_bytes
@@ -213,13 +213,12 @@ def warm_up(net, limit=20):
 
     Returns the number of passes; timings taken before then would include AUTO's trials of both engines.
     """
-    passes = 0
-    while passes < 1 or (passes < limit and not engines_settled(net)):
-        trace.iteration(passes)
+    def one_pass(k):
+        trace.iteration(k)
         net.forward()
         net.backward()
-        passes += 1
-    return passes
+
+    return settle_engines(net, one_pass, limit)
 
 
 def engine_choice(layer):

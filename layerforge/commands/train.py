@@ -2,7 +2,7 @@
 import logging
 
 from . import add_decode_workers, apply_decode_workers
-from ..logs import Progress, setup_logging
+from ..logs import setup_logging
 
 HELP = "train a net from a solver YAML (resume with --snapshot, fine-tune with --weights)"
 
@@ -122,21 +122,13 @@ def train(args, mpi_comm=None):
         make_data_parallel(solver, comm, digest=config_digest(solver.param, overrides))
     solver.check_memory()
     recording = start_telemetry(args, solver, mpi_comm)
-    progress = []  # made at the first iteration, so a resumed run's rate and ETA count from where it resumed
-
-    def report(iteration, loss):
-        if not progress:
-            progress.append(Progress(solver.param.max_iter, start=iteration, interval=args.status_interval))
-        progress[0].update(iteration + 1, loss)
-
-    if solver.root and not args.no_progress:
-        solver.callbacks.append(report)
+    close_progress = solver.show_progress(args.status_interval) if solver.root and not args.no_progress else None
     try:
         solver.solve(resume_file=args.snapshot, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect)
         recording.finish()  # collective under mpiexec: only where every rank got here
     finally:
-        if progress:
-            progress[0].close()
+        if close_progress is not None:
+            close_progress()
         recording.close()
     return 0
 
@@ -152,8 +144,7 @@ def start_telemetry(args, solver, mpi_comm=None):
         trace.start(path, trace.parse_window(window), comm=mpi_comm, xp=solver.xp)
     scalars = None
     if logdir and solver.root:
-        from .summary import batch_size
-
         ranks = mpi_comm.Get_size() if mpi_comm is not None else 1
-        scalars = solver.write_scalars(logdir, batch_size(solver.net) * sp.iter_size * ranks)
+        images = solver.images_per_iteration()
+        scalars = solver.write_scalars(logdir, images and images * ranks)
     return Telemetry(bool(path), mpi_comm, scalars)

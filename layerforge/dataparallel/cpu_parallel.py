@@ -94,8 +94,7 @@ def train_layers(sp, batch=None):
     from ..layers.layer_param import layer_included
     from ..net.netdef import load_net_def, set_batch_size
 
-    source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
-    netdef = load_net_def(source, sp.path)
+    netdef = load_net_def(sp.train_net_source())
     if batch is not None:
         set_batch_size(netdef, batch)
     state = sp.train_state
@@ -107,6 +106,7 @@ def train_layers(sp, batch=None):
 def replica_refusal(layers, replicas):
     """Why ``replicas`` replicas on batch / replicas would not compute what one process computes on the whole
     batch (a sentence naming the layer), or None."""
+    from ..layers import LAYER_REGISTRY
     from ..net.netdef import DATA_BLOCKS, batch_sizes
 
     sizes = batch_sizes(layers)
@@ -133,11 +133,7 @@ def replica_refusal(layers, replicas):
         if any(getattr(getattr(lp, block, None), "rand_skip", 0) for block in DATA_BLOCKS):
             return f"{where} skips a random number of records in each replica's shard"
         if lp.type in NORMALISED:
-            norm = lp.loss.normalization
-            if lp.loss.normalize is not None and not lp.loss.given("normalization"):
-                norm = "VALID" if lp.loss.normalize else "BATCH_SIZE"
-            if lp.type == "SigmoidCrossEntropyLoss" and not lp.loss.given("normalization") and lp.loss.normalize is None:
-                norm = "BATCH_SIZE"
+            norm = LAYER_REGISTRY[lp.type].normalization_of(lp.loss)
             if norm == "NONE" or (norm == "VALID" and lp.loss.ignore_label is not None):
                 why = "sums the loss" if norm == "NONE" else "divides by the count of labels not ignored"
                 return f"{where} {why}: the mean of the replicas' gradients would not be the batch's"
@@ -270,27 +266,21 @@ def _quiet(overrides):
 
 
 def warm_up(solver, limit=20):
-    """Iterations of ``solver`` until every AUTO convolution has chosen its engines (at least one)."""
-    from ..layers.conv import engines_settled
+    """Iterations of ``solver`` until every AUTO convolution has chosen its engines (at least one); returns
+    how many ran."""
+    from ..layers.conv import settle_engines
 
-    done = 0
-    while done < 1 or (done < limit and not engines_settled(solver.net)):
-        solver.step(1)
-        done += 1
-    return done
+    return settle_engines(solver.net, lambda k: solver.step(1), limit)
 
 
 def warm_up_replica(g, solver, limit=20):
     """WorkerOptions.setup of a trial: forward-backward passes of replica ``g`` until its AUTO convolutions
     have chosen (before the replicas start exchanging), so the timed iterations use the choice."""
-    from ..layers.conv import engines_settled
+    from ..layers.conv import settle_engines
 
-    done = 0
-    while done < 1 or (done < limit and not engines_settled(solver.net)):
-        solver.net.forward()
-        solver.net.backward()
-        done += 1
-    solver.net.clear_param_diffs()
+    net = solver.net
+    settle_engines(net, lambda k: (net.forward(), net.backward()), limit)
+    net.clear_param_diffs()
 
 
 def plan_and_warm_up_replica(g, solver):
@@ -319,12 +309,18 @@ def threads_rate(solver, iterations, best=True):
     """Images per second of full iterations of the Solver ``solver`` in this process, after the warm-up
     (:func:`warm_up`): the fastest of ``iterations`` (``best``) or their mean."""
     warm_up(solver)
+    times = iteration_times(solver, iterations)
+    return solver.images_per_iteration() / (min(times) if best else sum(times) / len(times))
+
+
+def iteration_times(solver, iterations):
+    """The seconds each of ``iterations`` whole training iterations of ``solver`` takes, one after another."""
     times = []
     for _ in range(iterations):
         t0 = time.perf_counter()
         solver.step(1)
         times.append(time.perf_counter() - t0)
-    return solver.images_per_iteration() / (min(times) if best else sum(times) / len(times))
+    return times
 
 
 def replicas_rate(solver, overrides, replicas, iterations, batch=None, setup=warm_up_replica, best=True):

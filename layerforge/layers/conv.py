@@ -93,6 +93,17 @@ def engines_settled(net):
     return all(None not in getattr(layer, "engine_choice", {}).values() for layer in net.layers)
 
 
+def settle_engines(net, one_pass, limit=20):
+    """Call ``one_pass(k)`` (k = 0, 1, ...: a forward-backward pass or a training iteration of ``net``) until every
+    AUTO convolution of ``net`` has chosen its engines, at least once and at most ``limit`` times; returns how
+    many passes ran. Timings taken before then would include AUTO's trials of every engine."""
+    passes = 0
+    while passes < 1 or (passes < limit and not engines_settled(net)):
+        one_pass(passes)
+        passes += 1
+    return passes
+
+
 @register_layer("Convolution")
 class Convolution(Layer):
     """Convolution (cross-correlation, as Caffe) of each bottom with shared filters, 2-D or over any number of axes.

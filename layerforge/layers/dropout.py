@@ -11,7 +11,8 @@ class Dropout(NeuronLayer):
 
     Scaling at train time keeps E[y] = x, so the TEST net needs no rescaling. The mask is drawn from
     the process stream (``layerforge.rng``), so a seed reproduces it; a replica of a split batch draws the
-    whole batch's mask and keeps its samples' rows (``rng.batch_draw``): replicas drop what one process would. Shapes: y has x's shape; in place allowed.
+    whole batch's mask and keeps its samples' rows (``rng.batch_draw``): replicas drop what one process would.
+    Shapes: y has x's shape; in place allowed.
     Backward: dx = dy * m / (1 - p) in TRAIN, dx = dy in TEST.
     """
 

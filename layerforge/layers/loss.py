@@ -65,12 +65,22 @@ class LossLayer(Layer):
 class _LossNormalization:
     """Caffe's loss normalisation (LossParameter): FULL, VALID, BATCH_SIZE or NONE, and the legacy ``normalize``."""
 
+    default_normalization = None  # without normalization or normalize: None is the schema's default (VALID)
+
+    @classmethod
+    def normalization_of(cls, loss_param):
+        """The normalisation a LossParameter gives this layer type: ``normalization``, else the legacy
+        ``normalize`` (true: VALID, false: BATCH_SIZE), else the type's default."""
+        if loss_param.given("normalization"):
+            return loss_param.normalization
+        if loss_param.normalize is not None:
+            return "VALID" if loss_param.normalize else "BATCH_SIZE"
+        return cls.default_normalization or loss_param.normalization
+
     def read_normalization(self):
         p = self.layer_param.loss
         self.ignore_label = p.ignore_label
-        self.normalization = p.normalization
-        if p.normalize is not None and not p.given("normalization"):
-            self.normalization = "VALID" if p.normalize else "BATCH_SIZE"
+        self.normalization = self.normalization_of(p)
 
     def normalizer(self, valid_count):
         """The divisor of the summed loss (at least 1): all positions, the valid ones, the batch, or 1."""
@@ -261,12 +271,10 @@ class SigmoidCrossEntropyLoss(_LossNormalization, LossLayer):
 
     param_blocks = {"loss": LOSS}
     backward_reads = ("bottom",)
+    default_normalization = "BATCH_SIZE"  # Caffe's default for this layer (VALID for the softmax losses)
 
     def layer_setup(self, bottom, top):
         self.read_normalization()
-        p = self.layer_param.loss
-        if not p.given("normalization") and p.normalize is None:
-            self.normalization = "BATCH_SIZE"  # Caffe's default for this layer (VALID for the softmax losses)
 
     def reshape(self, bottom, top):
         if bottom[0].count != bottom[1].count:

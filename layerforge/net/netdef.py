@@ -103,33 +103,38 @@ def _legacy_inputs(mapping, path):
 DATA_BLOCKS = ("data", "image_data", "hdf5_data", "window_data", "memory_data", "token_data", "synthetic_data")
 
 
+def _batch_holders(layers):
+    """``(LayerParameter, block name, block, field)`` for every place ``layers`` give a batch size: the ``shape``
+    list of Input and DummyData (the first axis of each shape), the ``batch_size`` of the data layers' blocks."""
+    for lp in layers:
+        if lp.type in ("Input", "DummyData"):
+            name = "input" if lp.type == "Input" else "dummy_data"
+            yield lp, name, getattr(lp, name), "shape"
+        else:
+            for name in DATA_BLOCKS:
+                p = getattr(lp, name, None)
+                if p is not None and hasattr(p, "batch_size"):
+                    yield lp, name, p, "batch_size"
+
+
 def set_batch_size(netdef, batch):
     """Change the batch size of every Input, DummyData and data layer of a NetParameter (in place)."""
-    for lp in netdef.layers:
-        if lp.type == "Input":
-            lp.input.shape = [(batch,) + tuple(s[1:]) for s in lp.input.shape]
-        elif lp.type == "DummyData":
-            lp.dummy_data.shape = [(batch,) + tuple(s[1:]) for s in lp.dummy_data.shape]
+    for _, _, p, field in _batch_holders(netdef.layers):
+        if field == "shape":
+            p.shape = [(batch,) + tuple(s[1:]) for s in p.shape]
         else:
-            for block in DATA_BLOCKS:
-                p = getattr(lp, block, None)
-                if p is not None and hasattr(p, "batch_size"):
-                    p.batch_size = batch
+            p.batch_size = batch
     return netdef
 
 
 def batch_sizes(layers):
     """``[(LayerParameter, key, batch size), ...]`` of the Input, DummyData and data layers among ``layers``."""
     sizes = []
-    for lp in layers:
-        if lp.type in ("Input", "DummyData"):
-            block = "input" if lp.type == "Input" else "dummy_data"
-            sizes += [(lp, f"{block}.shape", int(s[0])) for s in getattr(lp, block).shape if len(s)]
+    for lp, name, p, field in _batch_holders(layers):
+        if field == "shape":
+            sizes += [(lp, f"{name}.shape", int(s[0])) for s in p.shape if len(s)]
         else:
-            for block in DATA_BLOCKS:
-                p = getattr(lp, block, None)
-                if p is not None and hasattr(p, "batch_size"):
-                    sizes.append((lp, f"{block}.batch_size", int(p.batch_size)))
+            sizes.append((lp, f"{name}.batch_size", int(p.batch_size)))
     return sizes
 
 
@@ -140,15 +145,11 @@ def split_batch(layers, count):
     for lp, key, size in batch_sizes(layers):
         if size % count:
             raise lp.error(f"batch size {size} does not split into {count} equal replica batches", key)
-    for lp in layers:
-        if lp.type in ("Input", "DummyData"):
-            block = getattr(lp, "input" if lp.type == "Input" else "dummy_data")
-            block.shape = [(int(s[0]) // count,) + tuple(s[1:]) if len(s) else s for s in block.shape]
+    for _, _, p, field in _batch_holders(layers):
+        if field == "shape":
+            p.shape = [(int(s[0]) // count,) + tuple(s[1:]) if len(s) else s for s in p.shape]
         else:
-            for block in DATA_BLOCKS:
-                p = getattr(lp, block, None)
-                if p is not None and hasattr(p, "batch_size"):
-                    p.batch_size //= count
+            p.batch_size //= count
 
 
 def set_shard(netdef, rank, world_size):

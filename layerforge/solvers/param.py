@@ -41,6 +41,18 @@ class SolverParameter:
             return path
         return os.path.join(os.path.dirname(os.path.abspath(self.path)), path)
 
+    def inline_net(self, definition):
+        """An inline net (a dict from this file) as a NetParameter whose errors name this file; else unchanged."""
+        from ..net.netdef import load_net_def
+
+        return load_net_def(definition, self.path) if isinstance(definition, dict) else definition
+
+    def train_net_source(self):
+        """The TRAIN net: ``net`` or ``train_net`` (paths resolved against this file), or the inline
+        ``net_param`` / ``train_net_param`` (a NetParameter)."""
+        return (self.resolve(self.net) or self.inline_net(self.net_param) or self.resolve(self.train_net)
+                or self.inline_net(self.train_net_param))
+
     def as_dict(self):
         return self._params.as_dict()
 

@@ -37,7 +37,6 @@ from ..layers.conv import engines_settled
 from ..layers.data import input_display
 from . import cuda_graph
 from ..kernels.threadpool import num_threads, parallel_for
-from ..net.netdef import load_net_def
 from ..npz import check_writable
 from ..registry import registrar
 from . import snapshot as snapshots
@@ -134,15 +133,11 @@ class Solver:
             rng.seed(sp.random_seed)
         dtype = sp.dtype.lower()
 
-        def inline(d):  # an inline net's errors name the solver file and its lines
-            return load_net_def(d, sp.path) if isinstance(d, dict) else d
-
-        source = sp.resolve(sp.net) or inline(sp.net_param) or sp.resolve(sp.train_net) or inline(sp.train_net_param)
-        self.net = Net(source, phase="train", dtype=dtype, xp=self.xp, shard=shard, split=split,
+        self.net = Net(sp.train_net_source(), phase="train", dtype=dtype, xp=self.xp, shard=shard, split=split,
                        **_net_state(sp.train_state))
         test_shard = None if split is not None else shard  # replicas of one batch: tests as one process would
-        sources = [inline(d) for d in sp.test_net_param] + [sp.resolve(p) for p in sp.test_net]
-        sources += [sp.resolve(sp.net) or inline(sp.net_param)] * (sp.num_test_nets - len(sources))
+        sources = [sp.inline_net(d) for d in sp.test_net_param] + [sp.resolve(p) for p in sp.test_net]
+        sources += [sp.resolve(sp.net) or sp.inline_net(sp.net_param)] * (sp.num_test_nets - len(sources))
         self.test_nets = []
         for k, src in enumerate(sources):
             st = sp.test_state[k] if sp.test_state else None
@@ -189,6 +184,22 @@ class Solver:
     def add_callback(self, fn):
         """Call ``fn(iteration, loss)`` after every update (see ``callbacks``)."""
         self.callbacks.append(fn)
+
+    def show_progress(self, interval):
+        """Show a progress bar of the iterations (status lines every ``interval`` s when stderr is not a terminal),
+        made at the first iteration so that a resumed run's rate and ETA count from where it resumed; returns the
+        function that closes it."""
+        from ..logs import Progress
+
+        bar = []
+
+        def report(iteration, loss):
+            if not bar:
+                bar.append(Progress(self.param.max_iter, start=iteration, interval=interval))
+            bar[0].update(iteration + 1, loss)
+
+        self.callbacks.append(report)
+        return lambda: bar and bar[0].close()
 
     def write_scalars(self, logdir, images_per_iteration):
         """Write TensorBoard scalars of every iteration and test pass to ``logdir`` (layerforge.trace.tensorboard:

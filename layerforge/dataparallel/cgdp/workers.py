@@ -200,7 +200,7 @@ def _run_worker(g, G, options, link, shared):
     whole_snapshots(solver, shared.barrier)
     if options.split:
         mean_outputs(solver, g, G, shared.outputs, link)
-    close_progress = show_progress(solver, options.progress) if options.progress is not None and g == 0 else None
+    close_progress = solver.show_progress(options.progress) if options.progress is not None and g == 0 else None
     scalars = record(solver, g, G, options)
     try:
         if options.iterations is not None:
@@ -223,7 +223,6 @@ def _run_worker(g, G, options, link, shared):
         link.send(("rates", rates, measure_latency(link)))
     mover.close()
     buffers.close()
-
 
 
 def record(solver, g, G, options):
@@ -250,13 +249,12 @@ def build_solver(solver, overrides, batch=None, shard=None, split=None):
     if batch is None:
         return get_solver(solver, shard=shard, split=split, **overrides)
     sp = load_solver_param(solver, SOLVER_REGISTRY, **overrides)
-    source = sp.resolve(sp.net) or sp.net_param or sp.resolve(sp.train_net) or sp.train_net_param
-    sp.net_param = set_batch_size(load_net_def(source, sp.path), batch)
+    sp.net_param = set_batch_size(load_net_def(sp.train_net_source()), batch)
     sp.net = sp.train_net = sp.train_net_param = None
     return SOLVER_REGISTRY[sp.type](sp, shard=shard, split=split)
 
 
-EFFECTS = ("none", "snapshot", "stop")
+EFFECTS = ("none", "snapshot", "stop")  # the codes of control[1]
 OUTPUT_VALUES = 256  # train output values (losses, accuracies) replicas of one batch average for the display
 
 
@@ -299,7 +297,7 @@ def mean_outputs(solver, g, G, outputs, link):
             offset += b.count
         return float(mean[0])
 
-    solver.loss_reduce = reduce  # codes of control[1]
+    solver.loss_reduce = reduce
 
 
 def follow_requests(solver, g, control):
@@ -327,19 +325,3 @@ def whole_snapshots(solver, barrier):
         return path
 
     solver.snapshot = snapshot_then_wait
-
-
-def show_progress(solver, interval):
-    """A progress bar (or status lines every ``interval`` s) of ``solver``'s iterations, as ``layerforge train``'s;
-    returns the function that closes it."""
-    from ...logs import Progress
-
-    bar = []
-
-    def report(iteration, loss):
-        if not bar:
-            bar.append(Progress(solver.param.max_iter, start=iteration, interval=interval))
-        bar[0].update(iteration + 1, loss)
-
-    solver.callbacks.append(report)
-    return lambda: bar and bar[0].close()
