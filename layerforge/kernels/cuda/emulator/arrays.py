@@ -35,6 +35,11 @@ from .graphs import capture_of
 SCALAR_TYPES = (bool, int, float, complex, numpy.generic)
 
 
+def assign(out, value):
+    """``out[...] = value`` (numpy's casting of an assignment, as cupy's fill and copies)."""
+    out[...] = value
+
+
 def refuse_transfer(direction, stream=None):
     """cupy's check before a copy between host and device: refused while the stream (the current one) captures."""
     if capture_of(streams.get_current_stream() if stream is None else stream) is not None:
@@ -325,7 +330,10 @@ class ndarray(streams.DeviceData):
             if _has_mask(key):
                 return run_synced(operator.getitem, self, key, name="boolean index")
             return run(operator.getitem, self, key, name="gather")
-        return self._wrap_view(self._host[key])
+        view = self._host[key]
+        if not isinstance(view, numpy.ndarray):  # every axis indexed by an integer: cupy gives a 0-d view
+            view = self._host[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
+        return self._wrap_view(view)
 
     def __setitem__(self, key, value):
         key = _index(key)
@@ -341,7 +349,7 @@ class ndarray(streams.DeviceData):
                 raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
             value = value.item()
         operand(value)
-        run_in_place(numpy.copyto, self, value, name="fill")
+        run_in_place(assign, self, value, name="fill")
 
     def put(self, indices, values, mode="wrap"):
         run_in_place(numpy.put, self, _device_index(indices), values, mode)

@@ -29,7 +29,7 @@ import threading
 
 import numpy
 
-from . import memory, streams
+from . import allocations, streams
 from .runtime import getDevice
 
 STATUS = {0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
@@ -166,14 +166,14 @@ def _matrix(ptr, rows, cols, ld, stride, batch, dtype):
         return numpy.zeros((batch, rows, cols), dtype)
     low = min(0, stride * (batch - 1))
     high = ld * (cols - 1) + rows - 1 + max(0, stride * (batch - 1))
-    alloc = memory.lookup(ptr + low * size, (high - low + 1) * size)
+    alloc = allocations.lookup(ptr + low * size, (high - low + 1) * size)
     return numpy.ndarray((batch, rows, cols), dtype, buffer=alloc.buffer, offset=ptr - alloc.ptr,
                          strides=(stride * size, size, ld * size))
 
 
 def _scalar(ptr, scale, mode):
     if mode == CUBLAS_POINTER_MODE_DEVICE:
-        return memory.host_view(ptr, numpy.dtype(scale).itemsize).view(scale)[0]
+        return allocations.host_view(ptr, numpy.dtype(scale).itemsize).view(scale)[0]
     return numpy.frombuffer((ctypes.c_char * numpy.dtype(scale).itemsize).from_address(ptr), scale)[0]
 
 

@@ -120,7 +120,7 @@ def _maybe_into(fn, out, *args, **kwargs):
 
 def _filled(shape, dtype, order, value):
     out = empty(shape, dtype, order)
-    run_in_place(numpy.copyto, out, value, name="fill")
+    run_in_place(arrays.assign, out, value, name="fill")
     return out
 
 
@@ -135,7 +135,7 @@ def ones(shape, dtype=float, order="C"):
 def full(shape, fill_value, dtype=None, order="C"):
     if isinstance(fill_value, ndarray):
         out = empty(shape, fill_value.dtype if dtype is None else dtype, order)
-        run_in_place(numpy.copyto, out, fill_value, name="fill")
+        run_in_place(arrays.assign, out, fill_value, name="fill")
         return out
     operand(fill_value)
     return _filled(shape, numpy.array(fill_value).dtype if dtype is None else dtype, order, fill_value)

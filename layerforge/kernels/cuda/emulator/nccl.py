@@ -27,7 +27,7 @@ import threading
 
 import numpy
 
-from . import memory, streams
+from . import allocations, streams
 from .device import Device
 from .runtime import getDevice
 
@@ -286,7 +286,7 @@ class NcclCommunicator:
         dtype = numpy.dtype(DTYPES[datatype])
         nbytes = count * dtype.itemsize
         if nbytes:
-            alloc = memory.lookup(ptr, nbytes)
+            alloc = allocations.lookup(ptr, nbytes)
             if alloc.device_id != self._device:
                 raise NcclError(INVALID_ARGUMENT, f"buffer {ptr:#x} is on device {alloc.device_id}, the communicator "
                                 f"on device {self._device}")

@@ -16,7 +16,7 @@ runs it, or is recorded under capture; the pointers are checked again against th
 """
 import numpy
 
-from . import memory, streams
+from . import allocations, memory, streams
 from .arrays import ndarray
 from .runtime import getDevice
 
@@ -39,7 +39,7 @@ def _pointer(address, dtype):
     DevicePointer = _runner().DevicePointer
     if not address:
         return DevicePointer(0, dtype, 0, 0)
-    alloc = memory.lookup(address, 1)
+    alloc = allocations.lookup(address, 1)
     return DevicePointer(int(address), dtype, alloc.ptr, alloc.size)
 
 
@@ -92,7 +92,7 @@ class Function:
     def _launch(self, grid, block, args, shared_mem):
         for a in args:
             if isinstance(a, _runner().DevicePointer) and a.size:
-                memory.lookup(a.base, a.size)  # freed since the launch was queued: an illegal address
+                allocations.lookup(a.base, a.size)  # freed since the launch was queued: an illegal address
         self.kernel.launch(grid, block, args, shared_mem)
 
 
