@@ -112,7 +112,13 @@ class _Queue:
             while self.completed < seq:
                 op = self.ops.popleft()
                 self.completed += 1
-                op.run()
+                try:
+                    op.run()
+                except BaseException:
+                    # as after a device fault, the stream's later work is lost; it fails where it is waited for
+                    self.completed += len(self.ops)
+                    self.ops.clear()
+                    raise
 
 
 _queues = collections.defaultdict(list)  # device -> [_Queue] of the non-legacy streams
