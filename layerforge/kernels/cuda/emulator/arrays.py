@@ -97,7 +97,7 @@ def run(fn, *args, name=None, **kwargs):
     ``fn`` on memory-free stand-ins of the arrays first."""
     name = name or getattr(fn, "__name__", "operation")
     kw = list(kwargs.items())
-    if streams.get_current_stream().is_legacy:
+    if streams.get_current_stream()._is_legacy:
         box = []
         streams.submit(lambda a, k: box.append(_call(fn, a, k)), list(args), kw, name=name)
         return store(box[0])

@@ -9,6 +9,7 @@ memory. Only the part of cupy that layerforge uses, and its near neighbours, is 
 AttributeError, never a silent numpy fallback.
 """
 import builtins
+import inspect
 
 import numpy
 
@@ -25,8 +26,46 @@ DTYPE_NAMES = ("bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "u
                "pi", "e", "inf", "nan", "euler_gamma")
 globals().update({name: getattr(numpy, name) for name in DTYPE_NAMES})
 bool = numpy.bool_  # noqa: A001 - cupy.bool is numpy.bool
-INTERNAL = {"builtins", "numpy", "arrays", "streams", "SCALAR_TYPES", "operand", "run", "run_in_place", "run_into",
+INTERNAL = {"builtins", "inspect", "NUMPY_ONLY", "CUPY_PARAMETERS", "ufunc", "numpy", "arrays", "streams", "SCALAR_TYPES", "operand", "run", "run_in_place", "run_into",
             "run_synced", "device_array", "DTYPE_NAMES", "UFUNCS", "REDUCTIONS", "INTERNAL", "to_device"}
+
+
+# parameters of numpy's functions that cupy's functions of the same name do not take (tests/kernels/emulator/
+# test_conformance.py compares every signature here with the real cupy's)
+NUMPY_ONLY = {"initial", "where", "like", "device", "correction", "mean", "stable", "subok", "ndmin"}
+
+
+# where cupy's parameters differ from numpy's of the same function: (dropped, renamed)
+CUPY_PARAMETERS = {"argsort": ({"order"}, {}), "sort": ({"order"}, {}), "take": ({"mode"}, {}),
+                   "count_nonzero": ({"keepdims"}, {}), "unique": ({"sorted"}, {}), "flip": ((), {"m": "a"}),
+                   "fliplr": ((), {"m": "a"}), "flipud": ((), {"m": "a"}), "stack": ((), {"arrays": "tup"}),
+                   "reshape": ((), {"shape": "newshape"})}
+
+
+def _signature(np_fn):
+    """numpy's signature of ``np_fn`` made cupy's: the arguments a wrapper accepts."""
+    sig = inspect.signature(np_fn)
+    drop, rename = CUPY_PARAMETERS.get(np_fn.__name__, ((), {}))
+    params = []
+    for p in sig.parameters.values():
+        if p.name in NUMPY_ONLY or p.name in drop:
+            continue
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if p.name in rename and p.kind == p.POSITIONAL_ONLY else p.kind
+        params.append(p.replace(name=rename.get(p.name, p.name), kind=kind))
+    if np_fn.__name__ == "reshape":  # numpy 2 made `a` positional-only; cupy's is not
+        params[0] = params[0].replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sig.replace(parameters=params)
+
+
+def _checked(f, np_fn):
+    """``f`` taking exactly what cupy's function of the name takes (TypeError otherwise, as a Python call)."""
+    sig = _signature(np_fn)
+
+    def wrapper(*args, **kwargs):
+        sig.bind(*args, **kwargs)
+        return f(*args, **kwargs)
+    wrapper.__name__, wrapper.__signature__, wrapper.__doc__ = np_fn.__name__, sig, f.__doc__
+    return wrapper
 
 
 def device_array(x, what="array"):
@@ -247,9 +286,8 @@ def asnumpy(a, stream=None, order="C", out=None, *, blocking=True):
 def _view(np_fn):
     def f(a, *args, **kwargs):
         return device_array(a)._view_or_copy(np_fn, *args, **kwargs)
-    f.__name__ = np_fn.__name__
     f.__doc__ = f"cupy.{np_fn.__name__}: a view of the array where numpy gives one."
-    return f
+    return _checked(f, np_fn)
 
 
 for _name in ("reshape", "ravel", "transpose", "swapaxes", "moveaxis", "rollaxis", "expand_dims", "squeeze",
@@ -266,8 +304,7 @@ def _views(np_fn):
     def f(a, *args, **kwargs):
         a = device_array(a)
         return [a._wrap_view(v) for v in np_fn(a._host, *args, **kwargs)]
-    f.__name__ = np_fn.__name__
-    return f
+    return _checked(f, np_fn)
 
 
 split, array_split, hsplit, vsplit = (_views(getattr(numpy, n)) for n in ("split", "array_split", "hsplit", "vsplit"))
@@ -317,24 +354,49 @@ def _compute(np_fn, operands=1, name=None):
         return run_into(np_fn, out, *args, name=f.__name__, **kwargs)
     f.__name__ = name or np_fn.__name__
     f.__doc__ = f"cupy.{f.__name__}: numpy.{np_fn.__name__} as a device operation."
-    return f
+    return _checked(f, np_fn)
 
 
-REDUCTIONS = ("sum", "prod", "mean", "var", "std", "max", "min", "amax", "amin", "argmax", "argmin", "any", "all",
-              "nansum", "nanprod", "nanmean", "nanvar", "nanstd", "nanmax", "nanmin", "nanargmax", "nanargmin",
-              "cumsum", "cumprod", "ptp", "median", "nanmedian", "average", "count_nonzero", "trace", "sort",
-              "argsort", "clip", "around", "round", "take_along_axis", "searchsorted", "diff", "roll", "tile",
-              "pad", "fix", "nan_to_num", "real", "imag", "tril", "triu", "cross", "kron", "vdot", "inner",
-              "outer", "tensordot", "dot", "matmul", "isclose", "allclose", "array_equal", "interp", "histogram",
-              "percentile", "quantile", "convolve", "correlate", "angle", "i0", "sinc", "cov", "corrcoef")
+REDUCTIONS = ("sum", "prod", "mean", "var", "std", "max", "min", "amax", "amin", "any", "all", "nansum", "nanprod",
+              "nanmean", "nanvar", "nanstd", "nanmax", "nanmin", "cumsum", "cumprod", "ptp", "median", "nanmedian",
+              "average", "count_nonzero", "trace", "sort", "argsort", "around", "round", "searchsorted", "diff",
+              "roll", "tile", "pad", "fix", "nan_to_num", "real", "imag", "tril", "triu", "cross", "kron", "vdot",
+              "inner", "outer", "tensordot", "dot", "matmul", "isclose", "allclose", "array_equal", "interp",
+              "convolve", "correlate", "angle", "i0", "sinc")
 for _name in REDUCTIONS:
     _np_fn = getattr(numpy, _name)
     globals()[_name] = _compute(_np_fn, operands=2 if _name in (
         "cross", "kron", "vdot", "inner", "outer", "tensordot", "dot", "matmul", "isclose", "allclose",
-        "array_equal", "searchsorted", "take_along_axis", "convolve", "correlate") else 1)
+        "array_equal", "searchsorted", "convolve", "correlate") else 1)
 
 
-def take(a, indices, axis=None, out=None, mode="raise"):
+def _arg_reduction(np_fn):
+    def f(a, axis=None, dtype=None, out=None, keepdims=False):
+        """cupy's argmax / argmin: the index (of ``dtype``, default int64) of the extreme along ``axis``."""
+        device_array(a)
+        if out is not None:
+            return run_into(np_fn, out, a, axis, keepdims=keepdims)
+        index = run(np_fn, a, axis, keepdims=keepdims, name=np_fn.__name__)
+        return index if dtype is None else index.astype(dtype)
+    f.__name__ = np_fn.__name__
+    return f
+
+
+argmax, argmin = _arg_reduction(numpy.argmax), _arg_reduction(numpy.argmin)
+
+
+def clip(a, a_min, a_max, out=None):
+    device_array(a)
+    if out is None:
+        return run(numpy.clip, a, a_min, a_max, name="clip")
+    return run_into(numpy.clip, out, a, a_min, a_max, name="clip")
+
+
+def take_along_axis(a, indices, axis):
+    return run(numpy.take_along_axis, device_array(a), device_array(indices), axis, name="take_along_axis")
+
+
+def take(a, indices, axis=None, out=None):
     device_array(a)
     indices = arrays._device_index(indices)
     if out is None:
@@ -342,7 +404,7 @@ def take(a, indices, axis=None, out=None, mode="raise"):
     return run_into(numpy.take, out, a, indices, axis, name="take")
 
 
-def concatenate(tup, axis=0, out=None, dtype=None, casting="same_kind"):
+def concatenate(tup, axis=0, out=None, *, dtype=None, casting="same_kind"):
     tup = list(tup)
     for a in tup:
         if not isinstance(a, ndarray):
@@ -356,8 +418,7 @@ def concatenate(tup, axis=0, out=None, dtype=None, casting="same_kind"):
 def _sequence(np_fn):
     def f(tup, *args, **kwargs):
         return run(np_fn, _arrays(list(tup)), *args, name=np_fn.__name__, **kwargs)
-    f.__name__ = np_fn.__name__
-    return f
+    return _checked(f, np_fn)
 
 
 stack, vstack, hstack, dstack, column_stack = (_sequence(getattr(numpy, n)) for n in
@@ -379,10 +440,10 @@ def _synced(np_fn, name=None):
         return run_synced(np_fn, a, *args, name=f.__name__, **kwargs)
     f.__name__ = name or np_fn.__name__
     f.__doc__ = f"cupy.{f.__name__}: the result's shape depends on the values, so the stream synchronises."
-    return f
+    return _checked(f, np_fn)
 
 
-for _name in ("nonzero", "flatnonzero", "argwhere", "unique", "compress", "extract", "trim_zeros"):
+for _name in ("nonzero", "flatnonzero", "argwhere", "unique"):
     globals()[_name] = _synced(getattr(numpy, _name))
 
 
@@ -412,8 +473,10 @@ def put_along_axis(arr, indices, values, axis):
 # ndarray methods that are these functions of the array
 arrays._METHODS.update({name: globals()[name] for name in (
     "sum", "prod", "mean", "var", "std", "max", "min", "argmax", "argmin", "any", "all", "cumsum", "cumprod",
-    "ptp", "trace", "argsort", "clip", "round", "searchsorted", "dot", "nonzero", "compress", "take",
+    "ptp", "trace", "argsort", "clip", "round", "searchsorted", "dot", "nonzero", "take",
     "repeat", "conj", "conjugate")})
+arrays._METHODS["compress"] = lambda a, condition, axis=None, out=None: run_synced(numpy.compress, condition, a,
+                                                                                   axis, name="compress")
 arrays._METHODS["choose"] = lambda a, choices, out=None, mode="raise": run(numpy.choose, a, _arrays(list(choices)))
 arrays._METHODS["scatter_add"] = lambda a, slices, value: globals()["add"].at(a, slices, value)
 

@@ -82,26 +82,24 @@ def _build():
     runtime_names = {name: getattr(runtime, name) for name in (
         "CUDARuntimeError", "getDeviceCount", "getDevice", "setDevice", "getDeviceProperties", "runtimeGetVersion",
         "driverGetVersion")}
-    runtime_names.update({name: getattr(runtime, name) for name in dir(runtime) if name.startswith("error")})
     runtime_names.update(deviceSynchronize=streams.deviceSynchronize, memGetInfo=allocations.memGetInfo,
                          hostRegister=memory.hostRegister, hostUnregister=memory.hostUnregister,
-                         streamIsCapturing=lambda ptr: streams.stream_from_ptr(ptr).is_capturing(),
+                         streamIsCapturing=_stream_is_capturing,
                          streamCaptureModeGlobal=graphs.streamCaptureModeGlobal,
                          streamCaptureModeThreadLocal=graphs.streamCaptureModeThreadLocal,
-                         streamCaptureModeRelaxed=graphs.streamCaptureModeRelaxed, is_hip=False,
-                         hostRegisterDefault=0, hostRegisterPortable=1, hostRegisterMapped=2)
+                         streamCaptureModeRelaxed=graphs.streamCaptureModeRelaxed, is_hip=False)
     mods["cupy_backends.cuda.api.runtime"] = _module("cupy_backends.cuda.api.runtime", runtime.__doc__,
                                                      runtime_names)
     mods["cupy.cuda.runtime"] = mods["cupy_backends.cuda.api.runtime"]
-    cublas_names = {n: getattr(cublas, n) for n in dir(cublas) if n.startswith(("CUBLAS_", "CUDA_R_"))}
+    cublas_names = {n: getattr(cublas, n) for n in dir(cublas) if n.startswith("CUBLAS_")}
     cublas_names.update({n: getattr(cublas, n) for n in (
         "create", "destroy", "setStream", "getStream", "setPointerMode", "getPointerMode", "setMathMode",
         "getMathMode", "gemmStridedBatchedEx")})
     cublas_names["CUBLASError"] = cublas.CUBLASError
     mods["cupy_backends.cuda.libs.cublas"] = _module("cupy_backends.cuda.libs.cublas", cublas.__doc__, cublas_names)
-    nccl_names = {n: getattr(nccl, n) for n in dir(nccl) if not n.startswith("_") and (n.isupper() or n in (
+    nccl_names = {n: getattr(nccl, n) for n in dir(nccl) if n.startswith("NCCL_") and n != "NCCL_UNIQUE_ID_BYTES" or n in (
         "available", "get_unique_id", "get_version", "get_build_version", "groupStart", "groupEnd",
-        "NcclCommunicator", "NcclError"))}
+        "NcclCommunicator", "NcclError")}
     mods["cupy_backends.cuda.libs.nccl"] = _module("cupy_backends.cuda.libs.nccl", nccl.__doc__, nccl_names)
     mods["cupy.cuda.nccl"] = _module("cupy.cuda.nccl", nccl.__doc__, nccl_names)
     mods["cupy_backends.cuda.libs"] = _module("cupy_backends.cuda.libs", None, {
@@ -113,8 +111,7 @@ def _build():
     mods["cupy_backends"] = _module("cupy_backends", None, {"cuda": mods["cupy_backends.cuda"]}, True)
 
     memory_names = {n: getattr(memory, n) for n in (
-        "OutOfMemoryError", "MemoryPool", "MemoryPointer", "BaseMemory", "alloc", "set_allocator", "get_allocator",
-        "using_allocator")}
+        "OutOfMemoryError", "MemoryPool", "MemoryPointer", "alloc", "set_allocator", "get_allocator")}
     mods["cupy.cuda.memory"] = _module("cupy.cuda.memory", memory.__doc__, memory_names)
     mods["cupy.cuda.device"] = _module("cupy.cuda.device", device.__doc__, dict(
         Device=device.Device, get_device_id=device.get_device_id, get_compute_capability=device.get_compute_capability,
@@ -124,12 +121,14 @@ def _build():
     mods["cupy.cuda.graph"] = _module("cupy.cuda.graph", graphs.__doc__, {"Graph": streams.Graph})
     mods["cupy.cuda.nvtx"] = _module("cupy.cuda.nvtx", _Nvtx.__doc__, {
         n: getattr(_Nvtx, n) for n in ("available", "RangePush", "RangePushC", "RangePop", "Mark")})
-    cuda_names = dict(stream_names, **memory_names, Device=device.Device, Graph=streams.Graph,
+    cuda_names = dict(stream_names, Device=device.Device, using_allocator=memory.using_allocator,
+                      MemoryPool=memory.MemoryPool, MemoryPointer=memory.MemoryPointer, alloc=memory.alloc,
+                      set_allocator=memory.set_allocator, get_allocator=memory.get_allocator, Graph=streams.Graph,
                       get_device_id=device.get_device_id, is_available=lambda: True,
                       get_cublas_handle=cublas.get_cublas_handle, runtime=mods["cupy.cuda.runtime"],
                       memory=mods["cupy.cuda.memory"], device=mods["cupy.cuda.device"],
                       stream=mods["cupy.cuda.stream"], graph=mods["cupy.cuda.graph"], nvtx=mods["cupy.cuda.nvtx"],
-                      nccl=mods["cupy.cuda.nccl"], Function=raw.Function)
+                      nccl=mods["cupy.cuda.nccl"])
     mods["cupy.cuda"] = _module("cupy.cuda", "The emulated CUDA device (layerforge.kernels.cuda.emulator).",
                                 cuda_names, True)
     random_names = {n: getattr(random, n) for n in (
@@ -141,13 +140,19 @@ def _build():
     names = {n: getattr(functions, n) for n in dir(functions)
              if not n.startswith("_") and n not in functions.INTERNAL and not isinstance(getattr(functions, n),
                                                                                           types.ModuleType)}
-    names.update(ndarray=ndarray, ufunc=functions.ufunc, cuda=mods["cupy.cuda"],
+    names.update(ndarray=ndarray, cuda=mods["cupy.cuda"],
                  random=mods["cupy.random"], RawModule=raw.RawModule, RawKernel=raw.RawKernel,
                  get_default_memory_pool=memory.get_default_memory_pool, is_available=lambda: True,
                  get_array_module=_get_array_module, __version__=VERSION)
     mods["cupy"] = _module("cupy", "cupy on layerforge's emulated CUDA device (layerforge.kernels.cuda.emulator).",
                            names, True)
     return mods
+
+
+def _stream_is_capturing(stream):
+    """``cudaStreamIsCapturing`` of a raw stream handle."""
+    from .streams import stream_from_ptr
+    return stream_from_ptr(stream).is_capturing()
 
 
 def _get_array_module(*args):

@@ -289,7 +289,7 @@ class _Pinned:
 _PINNED = _Pinned()
 
 
-def hostRegister(ptr, size, flags=0):
+def hostRegister(ptr, size, flags):
     """``cudaHostRegister``: page-lock ``size`` bytes of host memory at ``ptr``."""
     with _lock:
         _PINNED.add(int(ptr), int(size))
@@ -318,7 +318,7 @@ def empty_pinned(shape, dtype=float, order="C"):
     nbytes = count * dtype.itemsize
     raw = numpy.empty(max(nbytes, 1), numpy.uint8)
     raw.fill(POISON)
-    hostRegister(raw.ctypes.data, raw.nbytes)
+    hostRegister(raw.ctypes.data, raw.nbytes, 0)
     weakref.finalize(raw, _unpin, raw.ctypes.data)
     return numpy.ndarray(shape, dtype, buffer=raw, order=order)
 

@@ -58,13 +58,20 @@ _REPLY = struct.Struct("<BQ")  # status, payload bytes
 class NcclError(RuntimeError):
     """cupy's ``NcclError``: ``status``; the message is NCCL's name and text (and what the emulator saw)."""
 
-    def __init__(self, status, detail=None):
+    def __init__(self, status):
         self.status = status
         name, text = ERRORS.get(status, ("NCCL_ERROR_UNKNOWN", "unknown error"))
-        super().__init__(f"{name}: {text}" + (f" ({detail})" if detail else ""))
+        super().__init__(f"{name}: {text}")
 
     def __reduce__(self):
         return type(self), (self.status,)
+
+
+def _error(status, detail):
+    """An :class:`NcclError` whose message also says what the emulator saw."""
+    error = NcclError(status)
+    error.args = (f"{error.args[0]} ({detail})",)
+    return error
 
 
 def get_build_version():
@@ -187,7 +194,7 @@ def groupStart():
 
 def groupEnd():
     if getattr(_group, "depth", 0) <= 0:
-        raise NcclError(INVALID_USAGE, "groupEnd without groupStart")
+        raise _error(INVALID_USAGE, "groupEnd without groupStart")
     _group.depth -= 1
 
 
@@ -203,7 +210,7 @@ class NcclCommunicator:
         if len(commId) != NCCL_UNIQUE_ID_BYTES:
             raise ValueError(f"commId length {len(commId)} != {NCCL_UNIQUE_ID_BYTES}.")
         if not commId.startswith(MAGIC) or not 0 <= rank < ndev:
-            raise NcclError(INVALID_ARGUMENT, "not an emulated NCCL unique id" if not commId.startswith(MAGIC)
+            raise _error(INVALID_ARGUMENT, "not an emulated NCCL unique id" if not commId.startswith(MAGIC)
                             else f"rank {rank} of {ndev}")
         port = struct.unpack("<H", commId[len(MAGIC):len(MAGIC) + 2])[0]
         self._ndev, self._rank, self._device = int(ndev), int(rank), getDevice()
@@ -212,7 +219,7 @@ class NcclCommunicator:
         try:
             self._sock = socket.create_connection(("127.0.0.1", port), timeout=self._timeout)
         except OSError as e:
-            raise NcclError(SYSTEM_ERROR, f"cannot reach the unique id's bootstrap at 127.0.0.1:{port}: {e}") from None
+            raise _error(SYSTEM_ERROR, f"cannot reach the unique id's bootstrap at 127.0.0.1:{port}: {e}") from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.sendall(struct.pack("<ii", self._ndev, self._rank))
 
@@ -282,21 +289,21 @@ class NcclCommunicator:
     def _buffer(self, ptr, count, datatype):
         """The Ref of ``count`` elements at device address ``ptr`` (on this communicator's device)."""
         if datatype not in DTYPES:
-            raise NcclError(INVALID_ARGUMENT, f"datatype {datatype}")
+            raise _error(INVALID_ARGUMENT, f"datatype {datatype}")
         dtype = numpy.dtype(DTYPES[datatype])
         nbytes = count * dtype.itemsize
         if nbytes:
             alloc = allocations.lookup(ptr, nbytes)
             if alloc.device_id != self._device:
-                raise NcclError(INVALID_ARGUMENT, f"buffer {ptr:#x} is on device {alloc.device_id}, the communicator "
+                raise _error(INVALID_ARGUMENT, f"buffer {ptr:#x} is on device {alloc.device_id}, the communicator "
                                 f"on device {self._device}")
         return streams.Ref(int(ptr), (nbytes,), (1,), numpy.dtype(numpy.uint8), self._device)
 
     def _call(self, kind, sendbuf, recvbuf, send_count, recv_count, datatype, op, root, stream):
         if not self._comm:
-            raise NcclError(INVALID_ARGUMENT, "the communicator was destroyed")
+            raise _error(INVALID_ARGUMENT, "the communicator was destroyed")
         if not 0 <= root < self._ndev or op not in REDUCE:
-            raise NcclError(INVALID_ARGUMENT, f"root {root}, op {op}")
+            raise _error(INVALID_ARGUMENT, f"root {root}, op {op}")
         send = self._buffer(sendbuf, send_count, datatype) if sendbuf is not None else None
         recv = self._buffer(recvbuf, recv_count, datatype) if recvbuf is not None else None
         header = (kind, datatype, op, root, send_count)
@@ -313,11 +320,11 @@ class NcclCommunicator:
                 status, nbytes = _REPLY.unpack(_recv_exactly(self._sock, _REPLY.size))
                 reply = _recv_exactly(self._sock, nbytes)
             except socket.timeout:
-                raise NcclError(SYSTEM_ERROR, f"rank {self._rank} waited {self._timeout:g} s for the other ranks "
+                raise _error(SYSTEM_ERROR, f"rank {self._rank} waited {self._timeout:g} s for the other ranks "
                                 f"({TIMEOUT_ENV})") from None
             except (ConnectionError, OSError) as e:
-                raise NcclError(REMOTE_ERROR, f"rank {self._rank}: {e}") from None
+                raise _error(REMOTE_ERROR, f"rank {self._rank}: {e}") from None
         if status:
-            raise NcclError(status, reply.decode(errors="replace"))
+            raise _error(status, reply.decode(errors="replace"))
         if recv is not None and reply:
             recv[...] = numpy.frombuffer(reply, numpy.uint8)

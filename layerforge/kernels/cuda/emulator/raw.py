@@ -127,7 +127,7 @@ class RawModule:
 class RawKernel:
     """``cupy.RawKernel(code, name, options=(), ...)``: one kernel of ``code``, called as :class:`Function`."""
 
-    def __init__(self, code, name, options=(), backend="nvrtc", translate_cucomplex=False,
+    def __init__(self, code, name, options=(), backend="nvrtc", translate_cucomplex=False, *,
                  enable_cooperative_groups=False, jitify=False):
         self.code, self.name, self.options = code, name, tuple(options)
         self._module = RawModule(code=code, options=options)

@@ -107,13 +107,13 @@ def getDevice():
     return getattr(_local, "device", 0)
 
 
-def setDevice(device_id):
-    _local.device = check_device(device_id)
+def setDevice(device):
+    _local.device = check_device(device)
 
 
-def getDeviceProperties(device_id):
+def getDeviceProperties(device):
     """A subset of ``cudaDeviceProp`` (cupy's dict), those of an H100 where they matter to launch checks."""
-    check_device(device_id)
+    device_id = check_device(device)
     major, minor = COMPUTE_CAPABILITY
     return {"name": NAME, "totalGlobalMem": CONFIG.load().memory, "sharedMemPerBlock": 48 << 10,
             "sharedMemPerBlockOptin": 227 << 10, "regsPerBlock": 65536, "warpSize": 32,

@@ -175,7 +175,7 @@ class Stream:
             _queues[self.device_id].append(self._queue)
 
     @property
-    def is_legacy(self):
+    def _is_legacy(self):
         return self.ptr == 0
 
     @property
@@ -218,7 +218,7 @@ class Stream:
     def synchronize(self):
         """Wait for the stream's work (``cudaErrorStreamCaptureUnsupported`` while it captures)."""
         graphs.check_not_capturing(self, "cudaStreamSynchronize")
-        if self.is_legacy:
+        if self._is_legacy:
             flush_blocking(runtime.getDevice())
         else:
             self._queue.run_until(None)
@@ -290,7 +290,7 @@ def current_stream_ptr():
 
 class Event:
     """``cupy.cuda.Event``: ``record(stream)`` marks the stream's work so far; ``synchronize()`` waits for it,
-    ``query()`` / ``done`` finish it (the emulator runs it then); :func:`get_elapsed_time` gives the host
+    ``done`` finishes it (the emulator runs it then); :func:`get_elapsed_time` gives the host
     time between two events' completions in ms (a real figure only for what ran meanwhile)."""
 
     def __init__(self, block=False, disable_timing=False, interprocess=False):
@@ -312,7 +312,7 @@ class Event:
         def stamp():
             self._time = time.perf_counter()
 
-        if stream.is_legacy:
+        if stream._is_legacy:
             self._mark = None
             submit_host(stamp, "event record", stream)
         else:
@@ -323,13 +323,10 @@ class Event:
         if self._mark is not None:
             self._mark[0].run_until(self._mark[1])
 
-    def query(self):
-        self.synchronize()
-        return True
-
     @property
     def done(self):
-        return self.query()
+        self.synchronize()
+        return True
 
 
 def get_elapsed_time(start_event, end_event):
@@ -373,7 +370,7 @@ def submit(fn, *args, name="operation", stream=None):
     if capture is not None:
         capture.add(Op(fn, _map_arrays(args, _ref_of, DeviceData), name))
         return None
-    if stream.is_legacy:
+    if stream._is_legacy:
         graphs.check_legacy_use(device_id)
         flush_blocking(device_id)
         fn(*_map_arrays(_map_arrays(args, lambda a: a._host, DeviceData), Ref.resolve, Ref))
