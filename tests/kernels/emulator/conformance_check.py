@@ -43,11 +43,17 @@ def used_by_layerforge():
             if not name.endswith(".py"):
                 continue
             tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
+            aliases = {}  # local names bound to cupy modules: `from cupy.cuda import nccl` -> nccl
             for node in ast.walk(tree):
-                if isinstance(node, ast.Attribute) and not isinstance(getattr(node, "parent", None), ast.Attribute):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in TOP:
+                    aliases.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute):
                     chain = _chain(node)
                     if chain and chain[0] in ("self", "net") and len(chain) > 1 and chain[1] in ("xp", "cupy"):
                         chain = ["cupy"] + chain[2:]
+                    elif chain and chain[0] in aliases:
+                        chain = aliases[chain[0]].split(".") + chain[1:]
                     elif chain and chain[0] in ROOTS:
                         chain = ["cupyx" if chain[0] == "cupyx" else "cupy"] + chain[1:]
                     else:
