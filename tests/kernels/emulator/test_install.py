@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from layerforge.kernels.cuda.emulator import install
 
 CODE = """
@@ -34,5 +36,15 @@ def test_the_variable_installs_the_emulator_over_a_real_cupy():
 def test_installed_puts_the_previous_modules_back():
     before = {k: v for k, v in sys.modules.items() if k.split(".")[0] in install.PREFIXES}
     with install.installed() as cupy:
-        assert sys.modules["cupy"] is cupy and install.is_installed()
+        import cupy.cuda.nccl
+        assert sys.modules["cupy"] is cupy and install.is_installed() and cupy.cuda.nccl.available
+        with pytest.raises(ModuleNotFoundError, match="not part of the emulated cupy"):
+            import cupy.linalg  # noqa: F401
     assert {k: v for k, v in sys.modules.items() if k.split(".")[0] in install.PREFIXES} == before
+
+
+def test_a_cpu_run_under_the_variable_never_imports_cupy():
+    code = "import sys, layerforge, numpy; layerforge.Net; print('cupy' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, **{install.ENV: "1"}))
+    assert proc.returncode == 0 and proc.stdout.split() == ["False"], proc.stderr[-2000:]

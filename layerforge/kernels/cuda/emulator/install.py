@@ -1,7 +1,8 @@
 """The switch: the emulated device takes the place of cupy in ``sys.modules``.
 
 ``LAYERFORGE_EMULATED_GPU=1`` (any value but empty or ``0``) makes ``import layerforge`` call :func:`install`,
-so every GPU entry point (``--gpu N``, ``solver_mode: GPU``, ``--devices``, ``Net(..., xp=cupy)``,
+which puts an import hook first on ``sys.meta_path``: ``import cupy`` (and its submodules) then loads the
+emulator's modules, so a CPU run still never imports cupy, while every GPU entry point (``--gpu N``, ``solver_mode: GPU``, ``--devices``, ``Net(..., xp=cupy)``,
 ``caffe.set_mode_gpu()``) and every subprocess that inherits the variable (``mpiexec`` ranks, CGDP workers)
 gets the emulator. It wins over an installed cupy: the real modules are taken out of ``sys.modules``.
 Tests that want it without the variable use :func:`installed` (a context manager that puts the previous
@@ -12,6 +13,8 @@ Modules put in place (what layerforge, its tests and benchmarks import): ``cupy`
 ``cupy_backends.cuda.api.runtime`` and ``cupy_backends.cuda.libs.cublas`` / ``nccl``.
 """
 import contextlib
+import importlib
+import importlib.util
 import os
 import sys
 import threading
@@ -163,31 +166,63 @@ def _get_array_module(*args):
     return sys.modules["cupy"] if any(isinstance(a, ndarray) for a in args) else numpy
 
 
+class _Finder:
+    """The import hook: every ``cupy`` / ``cupyx`` / ``cupy_backends`` module comes from the emulator; a
+    submodule it lacks is a ModuleNotFoundError (never the real package's)."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.split(".")[0] not in PREFIXES:
+            return None
+        module = _modules().get(name)
+        return importlib.util.spec_from_loader(name, _Finder, is_package=hasattr(module, "__path__"))
+
+    @staticmethod
+    def create_module(spec):
+        module = _modules().get(spec.name)
+        if module is None:
+            raise ModuleNotFoundError(f"No module named '{spec.name}' (not part of the emulated cupy)", name=spec.name)
+        return module
+
+    @staticmethod
+    def exec_module(module):
+        """Built already."""
+
+
+def _modules():
+    if _state["modules"] is None:
+        _state["modules"] = _build()
+    return _state["modules"]
+
+
 def _ours():
     return {name: module for name, module in sys.modules.items() if name.split(".")[0] in PREFIXES}
 
 
 def install():
-    """Put the emulated cupy in ``sys.modules`` (replacing a real one); returns the ``cupy`` module."""
-    if _state["modules"] is None:
-        _state["modules"] = _build()
-    for name in _ours():
-        del sys.modules[name]
-    sys.modules.update(_state["modules"])
-    return _state["modules"]["cupy"]
+    """Make ``import cupy`` load the emulator from now on (a real cupy already imported is dropped from
+    ``sys.modules``). Nothing is imported until someone imports cupy."""
+    if _Finder not in sys.meta_path:
+        sys.meta_path.insert(0, _Finder)
+    for name, module in _ours().items():
+        if module is not _modules().get(name):
+            del sys.modules[name]
 
 
 def is_installed():
-    return sys.modules.get("cupy") is (_state["modules"] or {}).get("cupy", False)
+    return _Finder in sys.meta_path
 
 
 @contextlib.contextmanager
 def installed():
-    """The emulated cupy in ``sys.modules`` for the block; the modules of before (none, or a real cupy) after."""
-    before = _ours()
+    """The emulated cupy for the block; the modules and the import hooks of before (none, or a real cupy) after."""
+    before, hooked = _ours(), is_installed()
     try:
-        yield install()
+        install()
+        yield importlib.import_module("cupy")
     finally:
+        if not hooked:
+            sys.meta_path.remove(_Finder)
         for name in _ours():
             del sys.modules[name]
         sys.modules.update(before)
