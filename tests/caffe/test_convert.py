@@ -455,8 +455,9 @@ def test_v1_blobs_lr_weight_decay_and_param_names():
      ' transform_param {\n  resize_param { height: 300 } } }', 4,
      "key 'transform_param.resize_param': Caffe field 'resize_param' (a field of weiliu89/caffe (branch ssd: SSD)) "
      "has no layerforge equivalent"),
-    ('layer { name: "p" type: "PriorBox" bottom: "x" bottom: "d" top: "p"\n prior_box_param { min_size: 4\n'
-     '  width: 8 } }', 3, "Caffe field 'width' (a field of OpenCV's caffe.proto (opencv/opencv, modules/dnn)) has no"),
+    ('layer { name: "b" type: "BatchNorm" bottom: "x" top: "x"\n batch_norm_param {\n'
+     '  scale_bias: true } }', 3, "Caffe field 'scale_bias' (a field of OpenCV's caffe.proto (opencv/opencv, "
+                                  "modules/dnn)) has no layerforge equivalent"),
     ('layer {\n name: "v"\n type: "VideoData"\n}', 3, "layer 'v' (VideoData): key 'type': unsupported layer "
      "type 'VideoData' (a layer of weiliu89/caffe (branch ssd: SSD) that layerforge lacks)"),
     ('layer { name: "c" type: "Convolution" bottom: "x" top: "c"\n convolution_param { num_output: 2 kernel_size: 1\n'

@@ -426,3 +426,23 @@ def test_faster_rcnn_test_prototxt_runs_with_the_projects_proposal_layer(tmp_pat
     assert net.blobs["pool5"].shape == (30, 32, 7, 7)
     assert out["cls_prob"].shape == (30, 21) and out["bbox_pred"].shape == (30, 84)
     numpy.testing.assert_allclose(out["cls_prob"].sum(axis=1), 1.0, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# fork fields through `layerforge convert`
+
+@pytest.mark.parametrize("name", sorted(SSD_NETS) + ["faster_rcnn_vgg16_test.prototxt"])
+def test_fork_files_convert_to_yaml_that_reads_back_as_the_same_net(name):
+    from layerforge.commands.convert import convert_file
+    from layerforge.commands.yaml_text import to_yaml
+    from layerforge.net.netdef import load_net_def
+    from layerforge.schema import load_yaml_text
+    from tests.caffe.test_convert import layer_view
+    kind, mapping, notes = convert_file(str(MODELS / name))
+    text = to_yaml(mapping, [f"note: {n}" for n in notes])
+    assert kind == "net" and load_yaml_text(text) == mapping
+    fork_blocks = {"norm", "permute", "prior_box", "detection_output", "roi_pooling", "python"}
+    assert fork_blocks & {block for layer in mapping["layers"] for block in layer}
+    from_prototxt = load_net_def(str(MODELS / name))
+    from_yaml = load_net_def(load_yaml_text(text))
+    assert [layer_view(lp) for lp in from_yaml.layers] == [layer_view(lp) for lp in from_prototxt.layers]

@@ -3,7 +3,7 @@
 For the fork layers OpenCV cannot read (SegNet's and ENet's BN and Upsample): Upsample is torch's max_unpool2d
 of the mask a MAX pooling's torch.max_pool2d(return_indices=True) gave, BN is its formula written out here.
 The layer kinds of those nets are covered: Input, Convolution, Deconvolution, BN, BatchNorm, Scale, ReLU,
-PReLU, Pooling (MAX with its mask top, AVE), Upsample, Eltwise, Concat, Dropout, Softmax. The graph and the
+PReLU, Pooling (MAX with its mask top, AVE), Upsample, Eltwise, Concat, Dropout, Softmax, ArgMax (top 1). The graph and the
 parameters are the Net's (its layer definitions and blobs); every computation is torch's.
 """
 import math
@@ -90,6 +90,10 @@ def run(net, inputs):
             out = [x]
         elif kind == "Softmax":
             out = [torch.softmax(x, dim=lp.softmax.axis)]
+        elif kind == "ArgMax" and lp.argmax.top_k == 1 and not lp.argmax.out_max_val:
+            axis = lp.argmax.axis
+            flat = x.reshape(x.shape[0], -1) if axis is None else x
+            out = [torch.argmax(flat, dim=1 if axis is None else axis, keepdim=True).to(torch.float64)]
         else:
             raise NotImplementedError(f"torch_caffe: no reference for {kind} layers")
         blobs.update(zip(tops, out))
