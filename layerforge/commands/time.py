@@ -32,7 +32,7 @@ from . import add_decode_workers, apply_decode_workers
 from ..cores import local_rank
 from .. import trace
 from ..backend import Stopwatch, gpu_array_module, gpu_name, rank_device
-from ..layers.conv import settle_engines
+from ..kernels.autotune import settle_engines
 from ..layers.data import input_stats, reset_input_stats
 from ..errors import LayerforgeError
 from ..net.memory import layer_bytes

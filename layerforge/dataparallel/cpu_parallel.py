@@ -268,7 +268,7 @@ def _quiet(overrides):
 def warm_up(solver, limit=20):
     """Iterations of ``solver`` until every AUTO convolution has chosen its engines (at least one); returns
     how many ran."""
-    from ..layers.conv import settle_engines
+    from ..kernels.autotune import settle_engines
 
     return settle_engines(solver.net, lambda k: solver.step(1), limit)
 
@@ -276,7 +276,7 @@ def warm_up(solver, limit=20):
 def warm_up_replica(g, solver, limit=20):
     """WorkerOptions.setup of a trial: forward-backward passes of replica ``g`` until its AUTO convolutions
     have chosen (before the replicas start exchanging), so the timed iterations use the choice."""
-    from ..layers.conv import settle_engines
+    from ..kernels.autotune import settle_engines
 
     net = solver.net
     settle_engines(net, lambda k: (net.forward(), net.backward()), limit)

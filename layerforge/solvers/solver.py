@@ -33,7 +33,7 @@ from .. import backend, rng, trace
 from ..errors import LayerforgeError
 from ..net.net import Net
 from ..kernels import blas
-from ..layers.conv import engines_settled
+from ..kernels.autotune import engines_settled
 from ..layers.data import input_display
 from . import cuda_graph
 from ..kernels.threadpool import num_threads, parallel_for
