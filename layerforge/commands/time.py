@@ -38,7 +38,8 @@ from ..errors import LayerforgeError
 from ..net.memory import layer_bytes
 from ..net.net import Net
 from ..net.netdef import load_net_def, set_batch_size
-from .summary import format_shape, print_table
+from ..logs import format_shape
+from .summary import print_table
 
 HELP = "time each layer's forward and backward passes and print a table with totals"
 

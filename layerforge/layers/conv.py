@@ -31,9 +31,8 @@ class Convolution(Layer):
     group for the whole minibatch over a full column buffer; IMPLICIT lowers bounded tiles; AUTO times
     both over the first calls, separately for forward and backward, and keeps the faster
     (``engine_choice``; logged on the "layerforge" logger), except that it does not try IM2COL where
-    the full column buffer would exceed ``AUTO_WORKSPACE_LIMIT`` (``layerforge.kernels.autotune``, which
-    chooses). Snapshots and the on-disk engine cache (``layerforge.kernels.engine_cache``) keep AUTO's
-    choices, so a resumed run or a second start does not time again.
+    the full column buffer would exceed ``AUTO_WORKSPACE_LIMIT``. Snapshots and the on-disk engine cache
+    (``layerforge.kernels.engine_cache``) keep AUTO's choices, so a resumed run or a second start does not time again.
 
     N-d (Caffe's N-d path): with ``axis`` the channel axis, the axes before it are batch axes and the D
     axes after it spatial; kernel_size / stride / pad / dilation take one value or D (and the 2-D forms
