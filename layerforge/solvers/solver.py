@@ -21,7 +21,6 @@ iter_size and ``iter_size: k`` with batch b stays equivalent to batch k*b even w
 parameter whose gradient came as rows (Embed), see :meth:`Solver.update_rows`.
 """
 import collections
-import contextlib
 import logging
 import math
 import os
@@ -70,15 +69,15 @@ class NonFiniteError(LayerforgeError):
     """The loss (or a parameter) became NaN or infinite; training stopped without a snapshot of the bad state."""
 
 
-class _Rows:
-    """Some rows of a parameter Blob, standing in for it while a rule updates only those rows."""
+class ParamArrays:
+    """What an update rule is handed of one learnable parameter: its ``data`` and ``diff``, the whole parameter's
+    arrays or views of one block of its elements, or the gathered rows that have a gradient (``sparse_update:
+    lazy``); ``diff`` holds the regularised gradient on entry and the step to subtract on return."""
 
-    def __init__(self, blob, diff, data):
-        self.diff, self.data, self.xp, self.dtype = diff, data, blob.xp, blob.dtype
+    __slots__ = ("data", "diff")
 
-    @property
-    def shape(self):
-        return self.data.shape
+    def __init__(self, data, diff):
+        self.data, self.diff = data, diff
 
 
 def _g(x):
@@ -94,8 +93,8 @@ class Solver:
 
     Attributes:
         net: the TRAIN net. test_nets: TEST nets, sharing the train net's parameter arrays.
-        iter: number of updates done. history: per-rule state arrays, Caffe's layout
-            (``history[k * n + i]`` is the k-th state of learnable parameter i, n parameters).
+        iter: number of updates done. state: the rule's state per learnable parameter (``state[i]``: its
+            ``history_per_param`` arrays); :attr:`history` lists them in Caffe's layout.
         feed: optional ``feed(iteration, pass_index) -> {input name: array}`` called before every train
             forward pass, for nets whose data come from Input layers (pycaffe users write ``net.blobs``).
         gradient_hooks: ``fn(solver)`` run after the iter_size passes, before normalise/clip/update, with
@@ -144,9 +143,9 @@ class Solver:
             tn = Net(src, phase="test", dtype=dtype, xp=self.xp, shard=test_shard, **_net_state(st))
             tn.share_params_with(self.net)  # same layer name -> same data arrays: updates need no copying
             self.test_nets.append(tn)
-        n = len(self.net.learnable_params)
-        self.history = [self.xp.zeros_like(self.net.learnable_params[i].data)
-                        for _ in range(self.history_per_param) for i in range(n)]
+        # the rule's state, owned per parameter: history_per_param arrays of the parameter's shape each
+        self.state = [[self.xp.zeros_like(p.data) for _ in range(self.history_per_param)]
+                      for p in self.net.learnable_params]
         self.iter = 0
         self.losses = collections.deque(maxlen=sp.average_loss)
         self.smoothed_loss = 0.0
@@ -395,7 +394,7 @@ class Solver:
             self.normalize()
         params = self.net.learnable_params
         share = dict.fromkeys(range(len(params))) if self.update_share is None else self.update_share
-        for i in self._lazy:  # swaps parameter and history slots for the call: on this thread only
+        for i in self._lazy:
             if i in share:
                 self.update_rows(i, rate, self._lazy[i])
         # every other parameter's update is independent of the rest: whole parameters go to the kernel threads
@@ -408,34 +407,39 @@ class Solver:
         def update(lo, hi):
             for group in groups[lo:hi]:
                 for i in group:
-                    for part in _parts(params[i], share[i], block):
-                        with self._part_of(i, part):
-                            self.regularize(i)
-                            self.compute_update(i, rate)
-                            params[i].data -= params[i].diff
+                    for part, state in self._blocks(i, share[i], block):
+                        self._update(i, part, state, rate)
+                        part.data -= part.diff
         largest = max((params[i].count for group in groups for i in group), default=0)
         parallel_for(len(groups), update, work=largest if self.xp is numpy else 0)
 
-    @contextlib.contextmanager
-    def _part_of(self, i, part):
-        """Parameter ``i`` and its history slots seen as their elements ``part = (start, stop)`` (flat views; None:
-        all of them) within the block."""
-        if part is None:
-            yield
-            return
-        params, n = self.net.learnable_params, len(self.net.learnable_params)
-        p, slots = params[i], [k * n + i for k in range(self.history_per_param)]
-        full = [self.history[s] for s in slots]
-        cut = slice(*part)
-        params[i] = _Rows(p, p.diff.reshape(-1)[cut], p.data.reshape(-1)[cut])
-        for s, h in zip(slots, full):
-            self.history[s] = h.reshape(-1)[cut]
-        try:
-            yield
-        finally:
-            params[i] = p
-            for s, h in zip(slots, full):
-                self.history[s] = h
+    def _update(self, i, param, state, rate):
+        # regularise, then the rule: the step for parameter i (or its block or rows ``param``) is left in param.diff
+        self.regularize(param, self.param.weight_decay * self.net.params_weight_decay[i])
+        self.compute_update(param, state, rate * self.net.params_lr[i])
+
+    def _blocks(self, i, rows, block):
+        """``(ParamArrays, state)`` of parameter ``i`` (its ``rows``: a slice of the first axis, or None for all), one
+        block of ``block`` elements at a time (:func:`_parts`): flat views of the parameter and its state."""
+        p, state = self.net.learnable_params[i], self.state[i]
+        for part in _parts(p, rows, block):
+            if part is None:
+                yield ParamArrays(p.data, p.diff), state
+            else:
+                cut = slice(*part)
+                yield ParamArrays(p.data.reshape(-1)[cut], p.diff.reshape(-1)[cut]), [h.reshape(-1)[cut] for h in state]
+
+    @property
+    def history(self):
+        """The rule's state arrays in Caffe's layout (what a solver state file holds): ``history[k * n + i]`` is the
+        k-th state array of learnable parameter i, n parameters; the arrays themselves (a restore writes into them)."""
+        return [state[k] for k in range(self.history_per_param) for state in self.state]
+
+    def adopt_history(self, arrays):
+        """Keep the rule's state in ``arrays`` from now on (Caffe's layout, as :attr:`history`; the same shapes),
+        with the values they hold: CPU replicas train on one copy of it in shared memory."""
+        n = len(self.state)
+        self.state = [[arrays[k * n + i] for k in range(self.history_per_param)] for i in range(n)]
 
     def _lazy_rows(self):
         if self.param.sparse_update != "LAZY":
@@ -465,47 +469,39 @@ class Solver:
             for g in gradients:
                 g *= scale
 
-    def regularize(self, i):
-        decay = self.param.weight_decay * self.net.params_weight_decay[i]
+    def regularize(self, param, decay):
+        """Add the weight decay's gradient to ``param.diff`` (a :class:`ParamArrays`): ``decay * data`` (L2) or
+        ``decay * sign(data)`` (L1), ``decay`` being weight_decay x the parameter's decay_mult."""
         if not decay:
             return
-        p = self.net.learnable_params[i]
         if self.param.regularization_type == "L2":
-            p.diff += decay * p.data
+            param.diff += decay * param.data
         else:
-            p.diff += decay * self.xp.sign(p.data)
+            param.diff += decay * self.xp.sign(param.data)
 
     def update_rows(self, i, rate, grad):
         """``sparse_update: lazy`` for parameter ``i`` with the row gradient ``grad`` (a SparseGradient).
 
-        Only the rows ``grad.indices`` change: their weights, their history (momentum, Adam's moments, the
+        Only the rows ``grad.indices`` change: their weights, their state (momentum, Adam's moments, the
         squared-gradient sums) and their weight decay; every other row is left as it is, as if its gradient
         had not been computed (TensorFlow's LazyAdam, PyTorch's SparseAdam; Adam's t still counts every
         iteration). :meth:`regularize` and the rule's :meth:`compute_update` run unchanged on the gathered
-        rows: for the call, parameter ``i`` and its history slots hold only those rows; the results are
-        scattered back.
+        rows and their gathered state; the results are scattered back (the indices are unique).
         """
         p, idx = self.net.learnable_params[i], grad.indices
-        n = len(self.net.learnable_params)
-        slots = [k * n + i for k in range(self.history_per_param)]
-        full = [self.history[s] for s in slots]
-        rows = _Rows(p, grad.rows, p.data[idx])
-        params = self.net.learnable_params
-        params[i] = rows
-        for s, h in zip(slots, full):
-            self.history[s] = h[idx]
-        try:
-            self.regularize(i)
-            self.compute_update(i, rate)
-        finally:
-            params[i] = p
-            for s, h in zip(slots, full):
-                h[idx] = self.history[s]
-                self.history[s] = h
+        rows, state = ParamArrays(p.data[idx], grad.rows), [h[idx] for h in self.state[i]]
+        self._update(i, rows, state, rate)
+        for h, gathered in zip(self.state[i], state):
+            h[idx] = gathered
         p.data[idx] -= rows.diff
 
-    def compute_update(self, i, rate):
-        """Turn ``learnable_params[i].diff`` into the step to subtract; use ``rate * net.params_lr[i]``."""
+    def compute_update(self, param, state, rate):
+        """The rule: turn ``param.diff`` (a :class:`ParamArrays`, the regularised gradient) into the step to subtract,
+        in place, updating its ``state`` (the parameter's ``history_per_param`` arrays, of param's shape) in place.
+
+        ``rate`` is this parameter's learning rate: the iteration's rate x its ``lr_mult``. ``param`` and ``state``
+        may be a whole parameter, a block of its elements or its rows with a gradient: every rule is element-wise.
+        """
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def share_state(solver, mover, params, history, g, G, barrier, timer):
     # what a layer's forward writes, not the update (BatchNorm's running statistics), stays each replica's own
     written = {id(b) for layer in net.layers if not layer.learnable for b in layer.blobs}
     mover.attach_params(params, keep={k for k, b in enumerate(net.learnable_params) if id(b) in written})
-    mover.attach_history(solver.history, history)
+    solver.adopt_history(mover.history_views(solver.history, history))
     for test_net in solver.test_nets:
         test_net.share_params_with(net)
     solver.update_share = update_shares(net.learnable_params, G)[g]
