@@ -23,7 +23,7 @@ def wants_parallel(args):
 
 
 def _with_comm(fn):
-    from ..dataparallel.mpi import mpi_world_size
+    from ..cores import mpi_world_size
 
     if mpi_world_size() <= 1:
         return fn(None)

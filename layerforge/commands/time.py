@@ -29,7 +29,7 @@ import time
 import numpy
 
 from . import add_decode_workers, apply_decode_workers
-from ..cores import local_rank
+from ..cores import local_rank, mpi_world_size
 from .. import trace
 from ..backend import Stopwatch, gpu_array_module, gpu_name, rank_device
 from ..kernels.autotune import settle_engines
@@ -141,14 +141,14 @@ def time_exchange(net, comm, iterations, algorithm="auto", bucket_mb=4.0):
     import numpy
     from mpi4py import MPI
 
-    from ..dataparallel.mpi import GradientExchange, gradient_ready_after
+    from ..dataparallel.gradient_exchange import GradientExchange, gradient_ready_after
 
     params = net.learnable_params
     out = {}
     for mode, overlap in (("after", False), ("overlapped", True)):
         exchange = GradientExchange(params, comm, algorithm, bucket_bytes=int(bucket_mb * 2 ** 20),
                                     ready_after=gradient_ready_after(net, params), overlap=overlap)
-        net.backward_hooks.append(exchange.backward_step)
+        net.backward_hooks.append(exchange.layer_gradients_ready)
         try:
             for k in range(iterations + 1):  # the first one warms the buffers and the algorithm up
                 if k == 1:
@@ -156,13 +156,13 @@ def time_exchange(net, comm, iterations, algorithm="auto", bucket_mb=4.0):
                     comm.comm.Barrier()
                     t0 = time.perf_counter()
                 net.clear_param_diffs()
-                exchange.armed = overlap
+                exchange.before_pass(0)  # one pass per iteration: overlapped, its backward sends the buckets
                 net.forward()
                 net.backward()
-                exchange()
+                exchange.before_update()
             elapsed = time.perf_counter() - t0
         finally:
-            net.backward_hooks.remove(exchange.backward_step)
+            net.backward_hooks.remove(exchange.layer_gradients_ready)
         figures = numpy.array([elapsed, exchange.comm_seconds, exchange.exposed_seconds]) * 1000.0 / iterations
         comm.comm.Allreduce(MPI.IN_PLACE, figures, op=MPI.MAX)
         out[mode] = dict(zip(("iteration_ms", "comm_ms", "exposed_ms"), map(float, figures)))
@@ -250,7 +250,6 @@ def run(args):
     netdef = load_net_def(args.model)
     if args.batch is not None:
         set_batch_size(netdef, args.batch)
-    from ..dataparallel.mpi import mpi_world_size
     device = None if args.gpu is None else rank_device(args.gpu, local_rank() if mpi_world_size() > 1 else 0)
     xp = numpy if device is None else gpu_array_module(device, "--gpu")
     training = args.phase == "train" and mpi_world_size() <= 1

@@ -63,7 +63,7 @@ def solver_overrides(args):
 
 def run(args):
     apply_decode_workers(args)
-    from ..dataparallel.mpi import mpi_world_size
+    from ..cores import mpi_world_size
     from .data_parallel import train_command, wants_parallel
 
     if wants_parallel(args):  # several workers/devices on this host (and MPI ranks as hosts)
@@ -107,7 +107,7 @@ def train(args, mpi_comm=None):
         from ..cores import local_rank
         from ..backend import rank_device
         from ..comm import Communicator
-        from ..dataparallel.mpi import config_digest, make_data_parallel
+        from ..dataparallel.gradient_exchange import config_digest, make_data_parallel
         from ..solvers import SOLVER_REGISTRY
         from ..solvers.param import load_solver_param
 

@@ -236,7 +236,7 @@ def resolve(solver, overrides=None, requested=None, measure=None, batch=None, tr
     """
     from ..solvers.param import load_solver_param
     from ..solvers.solver import SOLVER_REGISTRY
-    from .mpi import mpi_world_size
+    from ..cores import mpi_world_size
 
     overrides = dict(overrides or {})
     sp = load_solver_param(solver, SOLVER_REGISTRY, **overrides)
