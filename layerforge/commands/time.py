@@ -191,18 +191,20 @@ def time_training(args, solver):
     runs them here (one process, or replicas: layerforge/dataparallel/cpu_parallel.py)."""
     from ..dataparallel import cpu_parallel
 
+    from ..solvers import SOLVER_REGISTRY, load_solver_param
+
     iterations, rates = args.iterations, {}
-    source = dict(TRAINING_SOLVER, net=os.path.abspath(args.model))
+    sp = load_solver_param(dict(TRAINING_SOLVER, net=os.path.abspath(args.model)), SOLVER_REGISTRY)
     setup = cpu_parallel.warm_up_replica if args.no_reuse else cpu_parallel.plan_and_warm_up_replica
 
     def measure(mode, replicas):
         if mode not in rates:
             rates[mode] = (cpu_parallel.threads_rate(solver, iterations, best=False) if mode == "THREADS" else
-                           cpu_parallel.replicas_rate(source, {}, replicas, iterations, args.batch, setup, best=False))
+                           cpu_parallel.replicas_rate(sp, replicas, iterations, args.batch, setup, best=False))
         return rates[mode]
 
     choice = cpu_parallel.Choice("THREADS", 1, "on a GPU") if solver.xp is not numpy else \
-        cpu_parallel.resolve(source, requested=args.cpu_parallel, measure=measure, batch=args.batch)
+        cpu_parallel.resolve(sp, requested=args.cpu_parallel, measure=measure, batch=args.batch)
     rate = measure(choice.mode, choice.replicas)
     training = {"cpu_parallel": choice.mode, "replicas": choice.replicas, "why": choice.why,
                 "iteration_ms": 1000.0 * solver.images_per_iteration() / rate, "images_per_second": rate}

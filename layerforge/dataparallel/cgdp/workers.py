@@ -38,7 +38,8 @@ class WorkerOptions:
     """What a worker needs besides its index (picklable for 'spawn').
 
     Args:
-        solver: a solver YAML path or dict; overrides: solver key overrides (``max_iter=...``).
+        source: the solver: a SolverParameter (read once, by the parent), or a YAML path or dict, read here;
+            overrides: solver key overrides (``max_iter=...``). Kept as ``solver_param``.
         sync: ``"HOST"`` or ``"TREE"``; chunk_size: int or ``"auto"``.
         devices: GPU ids per worker (None: CPU); batch: per-worker batch size override (or None).
         node, nodes: this host's index and the number of hosts (MPI ranks) for data sharding.
@@ -56,10 +57,13 @@ class WorkerOptions:
         tensorboard: worker 0 writes TensorBoard scalars of the whole job to this folder; None: not.
     """
 
-    def __init__(self, solver, overrides=None, sync="HOST", chunk_size=1, devices=None, batch=None,
+    def __init__(self, source, overrides=None, sync="HOST", chunk_size=1, devices=None, batch=None,
                  node=0, nodes=1, iterations=None, resume=None, log=True, setup=None, split=False, progress=None,
                  trace=None, tensorboard=None):
-        self.solver, self.overrides, self.sync, self.chunk_size = solver, dict(overrides or {}), sync, chunk_size
+        from ...solvers import SOLVER_REGISTRY, load_solver_param
+
+        self.solver_param = load_solver_param(source, SOLVER_REGISTRY, **dict(overrides or {}))
+        self.sync, self.chunk_size = sync, chunk_size
         self.devices, self.batch, self.node, self.nodes = devices, batch, node, nodes
         self.iterations, self.resume, self.log, self.setup = iterations, resume, log, setup
         self.split, self.progress = split, progress
@@ -160,12 +164,10 @@ def _run_worker(g, G, options, link, shared):
         setup_logging()
     else:
         logging.getLogger("layerforge").setLevel(logging.WARNING)
-    overrides = dict(options.overrides)
-    if options.devices is not None:
-        overrides.update(solver_mode="GPU", device_id=int(options.devices[g]))
+    device = {} if options.devices is None else dict(solver_mode="GPU", device_id=int(options.devices[g]))
     rank, world = options.node * G + g, options.nodes * G
     split = (g, G) if options.split else None
-    solver = build_solver(options.solver, overrides, options.batch, shard=(rank, world), split=split)
+    solver = build_solver(options.solver_param, device, options.batch, shard=(rank, world), split=split)
     solver.check_memory(G)  # the G replicas of this host together, as one process checks its own
     if options.setup is not None:
         options.setup(g, solver)
@@ -273,16 +275,19 @@ def record(solver, g, G, options):
     return solver.write_scalars(options.tensorboard, images and images * workers)
 
 
-def build_solver(solver, overrides, batch=None, shard=None, split=None):
-    """``get_solver(solver, shard, split, **overrides)``, its net given batch ``batch`` when not None (``layerforge
-    time --batch``: the same solver over the net with another batch size)."""
+def build_solver(solver_param, overrides, batch=None, shard=None, split=None):
+    """``get_solver(solver_param, shard, split, **overrides)`` (``solver_param``: a SolverParameter, or a path or dict
+    to read), its net given batch ``batch`` when not None (``layerforge time --batch``: the same solver over the net
+    with another batch size)."""
+    import copy
+
     from ...net.netdef import load_net_def, set_batch_size
     from ...solvers import SOLVER_REGISTRY, get_solver
     from ...solvers.param import load_solver_param
 
     if batch is None:
-        return get_solver(solver, shard=shard, split=split, **overrides)
-    sp = load_solver_param(solver, SOLVER_REGISTRY, **overrides)
+        return get_solver(solver_param, shard=shard, split=split, **overrides)
+    sp = copy.copy(load_solver_param(solver_param, SOLVER_REGISTRY, **overrides))  # its net changes: not the caller's
     sp.net_param = set_batch_size(load_net_def(sp.train_net_source()), batch)
     sp.net = sp.train_net = sp.train_net_param = None
     return SOLVER_REGISTRY[sp.type](sp, shard=shard, split=split)
