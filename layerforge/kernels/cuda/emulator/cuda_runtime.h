@@ -608,7 +608,7 @@ extern "C" __attribute__((visibility("default"))) void lf_emu_module_init(const 
 #if defined(LF_EMU_SANITIZE) && !defined(LF_EMU_ASAN)
 // ThreadSanitizer: the runtime calls this on a block's host thread before any fiber runs, so that thread's
 // copy of the module's thread-local data (the __shared__ variables) is made there, not inside a fiber
-static thread_local char lf_emu_tls_anchor;
+static thread_local volatile char lf_emu_tls_anchor;  // volatile: the store must happen
 extern "C" __attribute__((visibility("default"))) void lf_emu_touch_shared() { lf_emu_tls_anchor = 1; }
 #endif
 

@@ -70,6 +70,7 @@ CXX_FLAGS = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-strict-alia
 SANITIZER_FLAGS = {"thread": ("-fsanitize=thread", "-DLF_EMU_TSAN"),
                    "address": ("-fsanitize=address", "-DLF_EMU_ASAN")}
 SANITIZED_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-DLF_EMU_SANITIZE")
+BUILD_RECIPE = 3  # part of every cache key: bump when how artifacts are built changes
 # the start of a sanitizer's report, and how many of its lines a KernelFault carries
 REPORT_LINES = 24
 SANITIZER_OPTIONS = {
@@ -182,14 +183,18 @@ def artifact_dir():
 
 def _key(*parts):
     h = hashlib.sha256()
-    for part in (compiler()[1], _sources_hash()) + parts:
+    for part in (BUILD_RECIPE, compiler()[1], _sources_hash(), CXX_FLAGS, SANITIZED_FLAGS) + parts:
         h.update(repr(part).encode())
         h.update(b"\0")
     return h.hexdigest()[:24]
 
 
+def _compiler_env():
+    return dict(os.environ, LC_ALL="C", LANG="C")  # plain quotes in the compiler's messages
+
+
 def _run_compiler(args, source_name, source, options):
-    proc = subprocess.run([compiler()[0], *args], capture_output=True, text=True)
+    proc = subprocess.run([compiler()[0], *args], capture_output=True, text=True, env=_compiler_env())
     if proc.returncode != 0:
         log = proc.stdout + proc.stderr
         raise CompileException(log.strip() or f"g++ exited with status {proc.returncode}", source, source_name,
@@ -568,7 +573,8 @@ class CompiledModule:
 
     def _preprocess(self, text, flags, source):
         proc = subprocess.run([compiler()[0], "-E", "-P", "-x", "c++", *flags, f"-I{HERE}", "-DLF_EMU_DISCOVER",
-                               "-include", "cuda_runtime.h", "-"], input=text, capture_output=True, text=True)
+                               "-include", "cuda_runtime.h", "-"], input=text, capture_output=True, text=True,
+                              env=_compiler_env())
         if proc.returncode != 0:
             raise CompileException(proc.stderr.strip().replace("<stdin>", str(source)), self.code, str(source),
                                    self.options)
@@ -603,7 +609,7 @@ def _pretty_type(pretty):
 def _kernel_table(table):
     entries = ", ".join(f'LF_EMU_KERNEL_INFO({ref}, "{name}")' for ref, name in table)
     dummy = "" if table else '{"", 0, nullptr, nullptr}'
-    return (f'#line 1 "<emulator kernel table>"\n'
+    return (f'#line 1 "emulator-kernel-table"\n'
             f'extern "C" __attribute__((visibility("default"))) unsigned lf_emu_kernel_count() '
             f'{{ return {len(table)}; }}\n'
             f'extern "C" __attribute__((visibility("default"))) const lf_emu::KernelInfo* lf_emu_kernel(unsigned i) '
@@ -773,9 +779,15 @@ def _driver(sanitizer):
     path = artifact_dir() / f"driver-{sanitizer}-{_key('driver', sanitizer)}"
 
     def make(out):
-        _run_compiler([*flags, "-fsanitize=" + sanitizer, str(HERE / "runner_driver.cpp"),
-                       str(HERE / "runner_runtime.cpp"), "-o", str(out), "-ldl", "-lpthread"],
-                      "runner_driver.cpp", (HERE / "runner_driver.cpp").read_text(), ())
+        objects = []
+        for name in ("runner_driver.cpp", "runner_runtime.cpp"):
+            objects.append(str(out) + "." + name + ".o")
+            _run_compiler([*flags, "-c", str(HERE / name), "-o", objects[-1]], name, (HERE / name).read_text(), ())
+        try:
+            _run_compiler(["-fsanitize=" + sanitizer, *objects, "-o", str(out), "-ldl", "-lpthread"], "driver", "", ())
+        finally:
+            for o in objects:
+                os.unlink(o)
     return _build(path, make)
 
 
@@ -817,15 +829,66 @@ def _request(kernel, grid, block, args, shared_mem):
     return b"".join(parts), [(b, allocations[b]) for b in order]
 
 
+_FRAME = re.compile(r"^\s*#(\d+) (?:0x[0-9a-f]+ in )?(.*?)(?: (\S+:\d+)(?::\d+)?)?(?: \(\S*\))?$")
+# where the memory of a report's "Location" / "allocated by" came from, by the frames that made it
+_ORIGINS = (("dl-tls.c", "the block's __shared__ memory"),
+            ("runner_runtime.cpp", "the block's dynamic shared memory (extern __shared__)"),
+            ("runner_driver.cpp", "the allocation a kernel argument points into"))
+_THREAD_NAME = re.compile(r"^\s*Thread (T\d+) '([^']*)'")
+
+
+def _short_function(name):
+    """``tiled_product<...>(...)::<lambda...>`` as ``tiled_product``: the identifier path without template
+    arguments and parameters."""
+    out, depth = [], 0
+    for ch in name:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out).split()[-1] if "".join(out).split() else name
+
+
 def sanitizer_report(stderr, kernel_name, sanitizer):
-    """The first lines of a sanitizer's report in ``stderr``, or None."""
+    """The gist of a sanitizer's report in ``stderr`` (what was accessed where, by which GPU thread, in the
+    kernel's own frames), or None when there is none."""
     lines = stderr.splitlines()
-    for i, line in enumerate(lines):
-        if "WARNING: ThreadSanitizer" in line or "ERROR: AddressSanitizer" in line:
-            tool = "ThreadSanitizer" if sanitizer == "thread" else "AddressSanitizer"
-            report = "\n".join(x for x in lines[i:i + REPORT_LINES] if x.strip() != "=" * len(x.strip()) or not x)
-            return f"kernel {kernel_name}: {tool} report:\n{report}"
-    return None
+    start = next((i for i, line in enumerate(lines) if "WARNING: ThreadSanitizer" in line
+                  or "ERROR: AddressSanitizer" in line), None)
+    if start is None:
+        return None
+    names = dict(m.groups() for m in map(_THREAD_NAME.match, lines) if m)
+    kind = lines[start].split("Sanitizer: ", 1)[1].split(" (pid")[0].split(" on address")[0]
+    out, frames, pending = [], 0, None
+    for line in lines[start + 1:]:
+        if line.startswith(("SUMMARY:", "  Thread T", "Thread T", "Shadow bytes")):
+            break
+        frame = _FRAME.match(line)
+        if frame:
+            function, where = frame.group(2), frame.group(3) or ""
+            origin = next((o for marker, o in _ORIGINS if marker in where), None)
+            if origin is not None and pending is not None:
+                out[pending] = f"  Location: {origin}"
+                pending = None
+            elif frames < 3 and where and not where.startswith(("../", "/usr/")) and "libsanitizer" not in where \
+                    and not any(n in where for n in ("runner_", "cuda_runtime.h", "emulator-kernel-table")):
+                out.append(f"    {_short_function(function)} at {where}")
+                frames += 1
+            continue
+        text = line.strip()
+        if text and not text.startswith(("0x0", "=>", "[failed")) and "lf_emu_" not in text:
+            for tid, name in names.items():
+                text = re.sub(rf"\bthread {tid}\b", name, text)
+            text = re.sub(r" (at 0x[0-9a-f]+) thread T\d+$", r" \1", text)  # AddressSanitizer: the host thread
+            pending = len(out) if text.startswith(("Location is heap block", "allocated by")) else None
+            out.append("  " + text)
+            frames = 0
+    running = [line.split("made by ", 1)[1].strip() for line in lines if "the report's access was made by" in line]
+    head = (running[0] if running else f"kernel {kernel_name}") + f": {'Thread' if sanitizer == 'thread' else 'Address'}" \
+        f"Sanitizer: {kind}"
+    return "\n".join([head] + out[:REPORT_LINES])
 
 
 def _launch_sanitized(kernel, grid, block, args, shared_mem):

@@ -37,6 +37,10 @@ extern "C" void __tsan_destroy_fiber(void* fiber);
 extern "C" void __tsan_switch_to_fiber(void* fiber, unsigned flags);
 extern "C" void __tsan_acquire(void* addr);
 extern "C" void __tsan_release(void* addr);
+extern "C" void __tsan_set_fiber_name(void* fiber, const char* name);
+#endif
+#if defined(LF_EMU_SANITIZE)
+extern "C" void __sanitizer_set_death_callback(void (*callback)(void));
 #endif
 
 namespace lf_emu {
@@ -164,6 +168,7 @@ struct Launch {
     std::atomic<bool> failed{false};
     std::mutex fault_mutex;
     std::string fault;
+    unsigned char tsan_done;  // ThreadSanitizer: every GPU thread's end happens before the launch returns
 };
 
 struct PendingWarpOp {
@@ -276,9 +281,17 @@ std::string where(Host* h) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Fibers
-Fiber* new_fiber_memory() {
-    Fiber* f = new Fiber;
+// Fibers. A fiber and its stack stay with the host thread and are reused, except under ThreadSanitizer: it
+// keeps what it saw on a stack's addresses, so another GPU thread's frames there would look like racing
+// accesses; each thread gets a fresh mapping (the Fiber records themselves are still reused, never freed,
+// as freeing memory a fiber has read is a race to it).
+#if defined(LF_EMU_TSAN)
+const bool REUSE_STACKS = false;
+#else
+const bool REUSE_STACKS = true;
+#endif
+
+void map_stack(Fiber* f) {
     void* m = mmap(nullptr, STACK_BYTES + GUARD_BYTES, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) {
@@ -287,33 +300,20 @@ Fiber* new_fiber_memory() {
     }
     mprotect(m, GUARD_BYTES, PROT_NONE);
     f->stack_lo = static_cast<char*>(m) + GUARD_BYTES;
-    return f;
 }
-
-void drop_fiber_memory(Fiber* f) {
-    munmap(f->stack_lo - GUARD_BYTES, STACK_BYTES + GUARD_BYTES);
-    delete f;
-}
-
-// ThreadSanitizer keeps what it saw on a stack's addresses; a stack another GPU thread used must be a fresh
-// mapping, or the two threads' frames would look like racing accesses.
-#if defined(LF_EMU_TSAN)
-const bool REUSE_STACKS = false;
-#else
-const bool REUSE_STACKS = true;
-#endif
 
 void fiber_entry(void* arg);
 
 Fiber* take_fiber(Host* h) {
     Fiber* f;
-    if (REUSE_STACKS && h->free_fibers) {
+    if (h->free_fibers) {
         f = h->free_fibers;
         h->free_fibers = f->next_free;
     } else {
-        f = new_fiber_memory();
-        if (REUSE_STACKS) h->all_fibers.push_back(f);
+        f = new Fiber;
+        h->all_fibers.push_back(f);
     }
+    if (!f->stack_lo) map_stack(f);
     f->owner = nullptr;
     f->runner = Runner{&h->block, nullptr, 0, h->launch->args};
     f->asan_fake = nullptr;
@@ -326,12 +326,12 @@ Fiber* take_fiber(Host* h) {
 }
 
 void release_fiber(Host* h, Fiber* f) {
-    if (REUSE_STACKS) {
-        f->next_free = h->free_fibers;
-        h->free_fibers = f;
-    } else {
-        drop_fiber_memory(f);
+    if (!REUSE_STACKS) {
+        munmap(f->stack_lo - GUARD_BYTES, STACK_BYTES + GUARD_BYTES);
+        f->stack_lo = nullptr;
     }
+    f->next_free = h->free_fibers;
+    h->free_fibers = f;
 }
 
 #if defined(LF_EMU_TSAN)
@@ -380,16 +380,14 @@ void switch_fiber(Host* h, Fiber* from, Fiber* to, bool dying) {
 void diagnose_stuck(Host* h);
 
 Fiber* new_runner(Host* h) {
-    Fiber* f = take_fiber(h);
 #if defined(LF_EMU_SANITIZE)
-    Block& b = h->block;
-    Thread* t = &h->threads[b.next_unstarted++];
-    f->owner = t;
-    t->fiber = f;
+    // the next thread's own fiber, made at the block's start
+    Thread* t = &h->threads[h->block.next_unstarted++];
     t->state = RUNNING;
-    f->runner.current = t;
+    return t->fiber;
+#else
+    return take_fiber(h);
 #endif
-    return f;
 }
 
 Fiber* pick_next(Host* h) {
@@ -440,6 +438,9 @@ void fiber_entry(void* arg) {
     Thread* t = f->owner;
     t->state = DONE;
     ++h->block.finished;
+#endif
+#if defined(LF_EMU_TSAN)
+    __tsan_release(&h->launch->tsan_done);
 #endif
     end_fiber(h, f);
 }
@@ -753,9 +754,25 @@ bool run_block(Host* h, unsigned long long index) {
 #endif
     b.dynamic_shared = static_cast<char*>(dyn);
 #endif
+#if defined(LF_EMU_SANITIZE)
+    // Every thread's fiber before any runs: ThreadSanitizer then orders all the runtime's allocations before
+    // every thread, and nothing else the runtime does between them
+    for (unsigned i = 0; i < b.nthreads; ++i) {
+        Fiber* f = take_fiber(h);
+        f->owner = &h->threads[i];
+        f->runner.current = &h->threads[i];
+        h->threads[i].fiber = f;
+    }
+#endif
 #if defined(LF_EMU_TSAN)
+    // a report names a GPU thread by its fiber's name
     h->tsan_host = __tsan_get_current_fiber();
-    for (unsigned i = 0; i < b.nthreads; ++i) h->threads[i].tsan_fiber = __tsan_create_fiber(0);
+    std::vector<std::string> names(b.nthreads);
+    for (unsigned i = 0; i < b.nthreads; ++i) {
+        h->threads[i].tsan_fiber = __tsan_create_fiber(0);
+        names[i] = "block " + index3(b.block_idx) + " thread " + index3(h->threads[i].thread_idx);
+        __tsan_set_fiber_name(h->threads[i].tsan_fiber, names[i].c_str());
+    }
 #endif
     h->current = &h->host;
     Fiber* first = new_runner(h);
@@ -779,6 +796,19 @@ bool run_block(Host* h, unsigned long long index) {
     return ok;
 }
 
+#if defined(LF_EMU_SANITIZE)
+// A sanitizer ends the process at its first report: name the GPU thread that was running
+Host* sanitized_host = nullptr;
+void name_the_running_thread() {
+    Host* h = sanitized_host;
+    if (!h || !h->launch || !h->current || h->current == &h->host) return;
+    Thread* t = h->current->owner;
+    if (t)
+        fprintf(stderr, "layerforge emulated GPU: the report's access was made by kernel %s, block %s, thread %s\n",
+                h->launch->name, index3(h->block.block_idx).c_str(), index3(t->thread_idx).c_str());
+}
+#endif
+
 void record_fault(Launch* L, const std::string& what) {
     std::lock_guard<std::mutex> lock(L->fault_mutex);
     if (!L->failed.load()) {
@@ -801,6 +831,10 @@ const char* signal_name(int sig) {
 void host_work(Host* h, Launch* L) {
     prepare_host(h, L);
     tls_host = h;
+#if defined(LF_EMU_SANITIZE)
+    sanitized_host = h;
+    __sanitizer_set_death_callback(name_the_running_thread);
+#endif
 #if !defined(LF_EMU_SANITIZE)
     if (sigsetjmp(h->crash_jump, 1)) {
         h->in_blocks = 0;
@@ -998,6 +1032,9 @@ extern "C" __attribute__((visibility("default"))) int lf_emu_launch(const lf_emu
 #if !defined(LF_EMU_SANITIZE)
     for (int sig : CRASH_SIGNALS) sigaction(sig, &previous_actions[sig], nullptr);
     if (old_stack.ss_flags & SS_DISABLE) sigaltstack(&old_stack, nullptr);
+#endif
+#if defined(LF_EMU_TSAN)
+    __tsan_acquire(&L.tsan_done);  // the caller reads what the kernel wrote
 #endif
     if (L.failed.load()) {
         snprintf(error, error_size, "%s", L.fault.c_str());
