@@ -57,7 +57,8 @@ struct Fiber {
 namespace {
 
 // ---------------------------------------------------------------------------------------------------------
-// Context switch: save the callee-saved registers on the current stack, swap stack pointers, restore.
+// Context switch: save the callee-saved registers on the current stack, swap stack pointers, restore. The
+// floating-point control words (rounding, exception masks) are not switched: kernel code never changes them.
 #if defined(__x86_64__) && !defined(LF_EMU_UCONTEXT)
 extern "C" void lf_emu_switch_context(void** save_sp, void* new_sp);
 extern "C" void lf_emu_fiber_trampoline();
@@ -72,14 +73,8 @@ lf_emu_switch_context:
     pushq %r13
     pushq %r14
     pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
     popq %r15
     popq %r14
     popq %r13
@@ -101,17 +96,14 @@ lf_emu_fiber_trampoline:
 // A new fiber's first switch "returns" into the trampoline, which calls entry(arg) with an aligned stack.
 void* initial_stack(char* top, void (*entry)(void*), void* arg) {
     uintptr_t aligned = reinterpret_cast<uintptr_t>(top) & ~uintptr_t(15);
-    uint64_t* sp = reinterpret_cast<uint64_t*>(aligned - 16 - 64);
-    uint32_t control[2];
-    asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(control[0]), "=m"(control[1]));
-    memcpy(&sp[0], control, 8);
-    sp[1] = 0;                                             // r15
-    sp[2] = 0;                                             // r14
-    sp[3] = reinterpret_cast<uint64_t>(entry);             // r13
-    sp[4] = reinterpret_cast<uint64_t>(arg);               // r12
-    sp[5] = 0;                                             // rbx
-    sp[6] = 0;                                             // rbp
-    sp[7] = reinterpret_cast<uint64_t>(&lf_emu_fiber_trampoline);  // return address
+    uint64_t* sp = reinterpret_cast<uint64_t*>(aligned - 16 - 56);  // after the 7 pops rsp % 16 == 0, as a call needs
+    sp[0] = 0;                                                      // r15
+    sp[1] = 0;                                                      // r14
+    sp[2] = reinterpret_cast<uint64_t>(entry);                      // r13
+    sp[3] = reinterpret_cast<uint64_t>(arg);                        // r12
+    sp[4] = 0;                                                      // rbx
+    sp[5] = 0;                                                      // rbp
+    sp[6] = reinterpret_cast<uint64_t>(&lf_emu_fiber_trampoline);  // return address
     return sp;
 }
 #define LF_EMU_SWITCH(save, to) lf_emu_switch_context((save), (to))
@@ -340,7 +332,7 @@ void* tsan_identity(Host* h, Fiber* f) {
 }
 #endif
 
-void after_switch(Host* h, Fiber* self) {
+inline __attribute__((always_inline)) void after_switch(Host* h, Fiber* self) {
 #if defined(LF_EMU_ASAN)
     const void* old_lo;
     size_t old_size;
@@ -357,7 +349,7 @@ void after_switch(Host* h, Fiber* self) {
 }
 
 // Switch from `from` (the running fiber) to `to`; returns when `from` is resumed, unless it is dying.
-void switch_fiber(Host* h, Fiber* from, Fiber* to, bool dying) {
+inline __attribute__((always_inline)) void switch_fiber(Host* h, Fiber* from, Fiber* to, bool dying) {
     (void)dying;
     h->current = to;
     h->switch_from = from;
@@ -377,7 +369,7 @@ void switch_fiber(Host* h, Fiber* from, Fiber* to, bool dying) {
 // Scheduling. A thread that cannot go on hands over to the first ready thread, else to a new runner for the
 // threads not started yet, else (nothing can run) back to the host: the block is done, or stuck.
 [[noreturn]] void stop_block(Host* h, Fiber* from, const std::string& what);
-void diagnose_stuck(Host* h);
+__attribute__((noinline, cold)) void diagnose_stuck(Host* h);
 
 Fiber* new_runner(Host* h) {
 #if defined(LF_EMU_SANITIZE)
@@ -390,7 +382,7 @@ Fiber* new_runner(Host* h) {
 #endif
 }
 
-Fiber* pick_next(Host* h) {
+inline __attribute__((always_inline)) Fiber* pick_next(Host* h) {
     Block& b = h->block;
     if (h->queue_count) {
         Thread* t = h->queue[h->queue_head];
@@ -404,14 +396,14 @@ Fiber* pick_next(Host* h) {
     return &h->host;
 }
 
-void make_ready(Host* h, Thread* t) {
+inline __attribute__((always_inline)) void make_ready(Host* h, Thread* t) {
     t->state = READY;
     h->queue[(h->queue_head + h->queue_count) % MAX_THREADS] = t;
     ++h->queue_count;
 }
 
 // The running thread waits: its runner becomes its own fiber if it ran on one, and the next context runs.
-void wait_here(Host* h, Thread* t) {
+inline __attribute__((always_inline)) void wait_here(Host* h, Thread* t) {
     Fiber* f = h->current;
     if (t->fiber == nullptr) {
         f->runner.demoted = 1;
