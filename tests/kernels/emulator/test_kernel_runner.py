@@ -21,6 +21,8 @@ from tests.kernels.emulator.helpers import DTYPES, close, numpy_as_cupy, rand
 # (kh, kw, sy, sx, ph, pw, dy, dx)
 GEOMETRIES = [(3, 3, 1, 1, 1, 1, 1, 1), (3, 2, 2, 1, 0, 1, 1, 1), (3, 3, 2, 2, 2, 2, 2, 2), (1, 1, 1, 1, 0, 0, 1, 1)]
 
+pytestmark = pytest.mark.usefixtures("built_kernels")
+
 
 @pytest.fixture(autouse=True)
 def _emulated_launchers():
@@ -44,12 +46,17 @@ def test_im2col_col2im(dtype, geometry):
 @pytest.mark.parametrize("group,chunk", [(1, 4096), (2, 32)])  # 32: gW's reduction split over many blocks
 def test_implicit_gemm_conv(dtype, geometry, group, chunk, monkeypatch):
     monkeypatch.setattr(gpu_conv, "SPLIT_CHUNK", chunk)
-    x, W, b = rand((3, 4, 9, 8), dtype), rand((6, 4 // group, *geometry[:2]), dtype, 1), rand(6, dtype, 2)
+    check_implicit_gemm_conv(dtype, geometry, group, (3, 4, 9, 8), 6)
+
+
+def check_implicit_gemm_conv(dtype, geometry, group, x_shape, cout):
+    """Forward and backward of the implicit-GEMM kernels against the IMPLICIT engine's CPU body."""
+    x, W, b = rand(x_shape, dtype), rand((cout, x_shape[1] // group, *geometry[:2]), dtype, 1), rand(cout, dtype, 2)
     engine = implicit_gemm.ImplicitGemmConv(geometry, group)
-    out_h = conv_output_size(9, geometry[0], geometry[2], geometry[4], geometry[6])
-    out_w = conv_output_size(8, geometry[1], geometry[3], geometry[5], geometry[7])
-    gy = rand((3, 6, out_h, out_w), dtype, 3)
-    y = numpy.zeros((3, 6, out_h, out_w), dtype)
+    out_h = conv_output_size(x_shape[2], geometry[0], geometry[2], geometry[4], geometry[6])
+    out_w = conv_output_size(x_shape[3], geometry[1], geometry[3], geometry[5], geometry[7])
+    gy = rand((x_shape[0], cout, out_h, out_w), dtype, 3)
+    y = numpy.zeros(gy.shape, dtype)
     engine.forward(x, W, b, y)
     gW, gb, gx = numpy.ones_like(W), numpy.zeros_like(b), numpy.zeros_like(x)
     engine.backward(x, W, gy, gW, gb, gx)  # gW starts at 1: gradients accumulate

@@ -13,6 +13,8 @@ from tests.kernels.emulator.helpers import launch, module, numpy_as_cupy, rand
 
 P = DevicePointer.of
 
+pytestmark = pytest.mark.usefixtures("built_kernels")
+
 
 def build(text, options=(), name_expressions=()):
     return kernel_runner.compile_module(text, ("-std=c++17",) + tuple(options), name_expressions)

@@ -34,6 +34,7 @@ Compiled modules are memoised per process and kept in ``$LAYERFORGE_CACHE_DIR/em
 directory of :mod:`layerforge.kernels.engine_cache`), keyed by a hash of the text, the options, the
 sanitizer, the compiler's version and the emulator's own sources.
 """
+import copy
 import ctypes
 import functools
 import hashlib
@@ -460,13 +461,14 @@ class _LaunchDesc(ctypes.Structure):
 
 
 _lock = threading.RLock()
+_runtime_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=None)
 def runtime():
     """The emulator's runtime library (runner_runtime.cpp), built once per machine and loaded once."""
     path = artifact_dir() / f"runtime-{_key('runtime')}.so"
-    with _lock:
+    with _runtime_lock:
         _build(path, lambda out: _run_compiler(
             ["-std=c++17", *CXX_FLAGS, str(HERE / "runner_runtime.cpp"), "-o", str(out), "-lpthread"],
             "runner_runtime.cpp", (HERE / "runner_runtime.cpp").read_text(), ()))
@@ -521,19 +523,41 @@ def compile_module(code, options=(), name_expressions=(), sanitizer=None):
     sanitizer = sanitizer if sanitizer is not None else default_sanitizer()
     if sanitizer is not None and sanitizer not in SANITIZERS:
         raise ValueError(f"sanitizer {sanitizer!r}: expected 'thread', 'address' or None")
-    memo = (code, tuple(options), tuple(name_expressions), sanitizer)
+    return _compile(code, tuple(options), tuple(name_expressions), sanitizer)
+
+
+_building = {}  # memo key -> the lock its one build holds: different modules compile in parallel
+
+
+def _compile(code, options, name_expressions, sanitizer):
+    memo = (code, options, name_expressions, sanitizer)
     with _lock:
         module = _modules.get(memo)
+        if module is not None:
+            return module
+        building = _building.setdefault(memo, threading.Lock())
+    with building:
+        module = _modules.get(memo)
         if module is None:
-            module = _modules[memo] = CompiledModule(code, tuple(options), tuple(name_expressions), sanitizer)
+            # a sanitized module takes its kernels' signatures from the plain build of the same text
+            native = None if sanitizer is None else _compile(code, options, name_expressions, None)
+            module = CompiledModule(code, options, name_expressions, sanitizer, native)
+            with _lock:
+                _modules[memo] = module
     return module
 
 
 class CompiledModule:
     """A compiled kernel source: its kernels by name (and by name expression)."""
 
-    def __init__(self, code, options, name_expressions, sanitizer):
+    def __init__(self, code, options, name_expressions, sanitizer, native=None):
         self.code, self.options, self.name_expressions, self.sanitizer = code, options, name_expressions, sanitizer
+        self._sanitized = None  # (driver, sanitized module): built on the first launch
+        self._sanitized_lock = threading.Lock()
+        if native is not None:
+            self.path, self.source, self._lib = native.path, native.source, native._lib
+            self._functions = {name: f.bound_to(self) for name, f in native._functions.items()}
+            return
         flags = gxx_options(options)
         text = rewrite_extern_shared(code)
         key = _key(text, flags, name_expressions)
@@ -549,7 +573,7 @@ class CompiledModule:
         path = directory / f"kernel-{key}.so"
         _build(path, lambda out: _run_compiler([*CXX_FLAGS, *compile_args, "-o", str(out)], str(source), code,
                                                options))
-        self.path = path
+        self.path, self.source = path, source
         self._lib = ctypes.CDLL(str(path))
         self._lib.lf_emu_module_init(ctypes.c_void_p(runtime().lf_emu_api()))
         self._lib.lf_emu_kernel.restype = ctypes.POINTER(_KernelInfo)
@@ -568,8 +592,6 @@ class CompiledModule:
                 params.append((Param(pname, c_type(base, pi.pointer_depth, pi.is_const), pi.pointer_depth > 0,
                                      param_dtype(base, pi.pointer_depth)), pi.size))
             self._functions[name] = KernelFunction(self, name, params, info.run, shared.get(name, 0))
-        if sanitizer is not None:
-            self._sanitized = None  # built on the first launch
 
     def _preprocess(self, text, flags, source):
         proc = subprocess.run([compiler()[0], "-E", "-P", "-x", "c++", *flags, f"-I{HERE}", "-DLF_EMU_DISCOVER",
@@ -595,7 +617,7 @@ class CompiledModule:
 
     def sanitized_executable(self):
         """The driver executable with this module's sanitized build linked in (built on first use)."""
-        with _lock:
+        with self._sanitized_lock:
             if self._sanitized is None:
                 self._sanitized = _sanitized_driver(self)
         return self._sanitized
@@ -687,6 +709,12 @@ class KernelFunction:
         self._run = run
         self.static_shared_bytes = static_shared_bytes
 
+    def bound_to(self, module):
+        """This kernel as a kernel of ``module`` (the same text built another way)."""
+        out = copy.copy(self)
+        out.module = module
+        return out
+
     def __repr__(self):
         return f"<emulated kernel {self.name}({', '.join(f'{p.ctype} {p.name}' for p in self.params)})>"
 
@@ -772,6 +800,7 @@ class KernelFunction:
 # ---------------------------------------------------------------------------------------------------------
 # Sanitized launches: one driver process each
 
+@functools.lru_cache(maxsize=None)
 def _driver(sanitizer):
     """The driver executable of one sanitizer: runner_driver.cpp and the runtime, not instrumented themselves,
     linked with the sanitizer's runtime library (which the sanitized modules it loads need)."""
@@ -795,7 +824,7 @@ def _sanitized_driver(module):
     """``(driver executable, sanitized module)`` for a module."""
     sanitizer = module.sanitizer
     flags = gxx_options(module.options)
-    source = module.path.with_suffix(".cu")
+    source = module.source
     path = module.path.with_name(module.path.stem + f"-{sanitizer}.so")
     _build(path, lambda out: _run_compiler(
         ["-fPIC", "-shared", "-fvisibility=hidden", "-fno-strict-aliasing", "-ffp-contract=off", "-w",
@@ -832,7 +861,7 @@ def _request(kernel, grid, block, args, shared_mem):
 _FRAME = re.compile(r"^\s*#(\d+) (?:0x[0-9a-f]+ in )?(.*?)(?: (\S+:\d+)(?::\d+)?)?(?: \(\S*\))?$")
 # where the memory of a report's "Location" / "allocated by" came from, by the frames that made it
 _ORIGINS = (("dl-tls.c", "the block's __shared__ memory"),
-            ("runner_runtime.cpp", "the block's dynamic shared memory (extern __shared__)"),
+            ("run_block", "the block's dynamic shared memory (extern __shared__)"),
             ("runner_driver.cpp", "the allocation a kernel argument points into"))
 _THREAD_NAME = re.compile(r"^\s*Thread (T\d+) '([^']*)'")
 
@@ -868,7 +897,7 @@ def sanitizer_report(stderr, kernel_name, sanitizer):
         frame = _FRAME.match(line)
         if frame:
             function, where = frame.group(2), frame.group(3) or ""
-            origin = next((o for marker, o in _ORIGINS if marker in where), None)
+            origin = next((o for marker, o in _ORIGINS if marker in where or marker in function), None)
             if origin is not None and pending is not None:
                 out[pending] = f"  Location: {origin}"
                 pending = None

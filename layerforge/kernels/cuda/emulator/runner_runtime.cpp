@@ -141,7 +141,7 @@ void ucontext_switch(void** save, void* to) {
 
 // ---------------------------------------------------------------------------------------------------------
 #if defined(LF_EMU_SANITIZE)
-const size_t STACK_BYTES = 1u << 20;  // sanitized frames are large
+const size_t STACK_BYTES = 128u << 10;  // sanitized frames are larger, and a kernel's are small
 #else
 const size_t STACK_BYTES = 256u << 10;
 #endif
@@ -171,7 +171,6 @@ struct PendingWarpOp {
 struct WarpState {
     PendingWarpOp ops[WARP];
     int count;
-    unsigned char sync_objects[2];  // ThreadSanitizer's __syncwarp happens-before, by generation
     unsigned generation;
 };
 
@@ -193,7 +192,9 @@ struct Host {
     unsigned queue_head = 0, queue_count = 0;
     unsigned bar_arrived = 0, bar_generation = 0;
     int bar_line = 0, bar_op = 0, bar_value = 0;
-    unsigned char bar_sync_objects[2];
+    // ThreadSanitizer: the addresses its barrier and __syncwarp orderings are kept at, by generation. They lie
+    // in the block's stack region, mapped fresh for each block, so no ordering carries over to the next block
+    char* sync_objects = nullptr;
     Launch* launch = nullptr;
     bool faulted = false;
     std::string fault;
@@ -203,13 +204,26 @@ struct Host {
     volatile int crash_signal = 0;
     void* volatile crash_address = nullptr;
     void* tsan_host = nullptr;
+    std::vector<void*> tsan_previous_block;  // the fibers of the block run before, not yet destroyed
+    unsigned long long tsan_blocks = 0;
 };
 
 thread_local Host* tls_host = nullptr;
 
+void as_host() {
+#if defined(LF_EMU_TSAN)
+    if (tls_host && tls_host->tsan_host) __tsan_switch_to_fiber(tls_host->tsan_host, 1);
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------------------
-// Messages
+// Messages. They are made only when a launch fails; under ThreadSanitizer the making is the block host
+// thread's (the GPU thread that found the fault never runs again), so the caller reading them races with
+// nobody.
+void as_host();
+
 std::string format(const char* fmt, ...) {
+    as_host();
     char buf[512];
     va_list ap;
     va_start(ap, fmt);
@@ -275,28 +289,31 @@ std::string where(Host* h) {
 // ---------------------------------------------------------------------------------------------------------
 // Fibers. A fiber and its stack stay with the host thread and are reused, except under ThreadSanitizer: it
 // keeps what it saw on a stack's addresses, so another GPU thread's frames there would look like racing
-// accesses; each thread gets a fresh mapping (the Fiber records themselves are still reused, never freed,
-// as freeing memory a fiber has read is a race to it).
+// accesses. There every block maps one region for all its threads' stacks, fresh, and unmaps it at its end
+// (the Fiber records themselves are still reused, never freed, as freeing memory a fiber has read is a race
+// to it).
 #if defined(LF_EMU_TSAN)
 const bool REUSE_STACKS = false;
 #else
 const bool REUSE_STACKS = true;
 #endif
 
-void map_stack(Fiber* f) {
-    void* m = mmap(nullptr, STACK_BYTES + GUARD_BYTES, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+char* map_stacks(size_t count) {
+    size_t span = count * (STACK_BYTES + GUARD_BYTES);
+    void* m = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) {
-        fprintf(stderr, "layerforge emulated GPU: cannot map a fiber stack: %s\n", strerror(errno));
+        fprintf(stderr, "layerforge emulated GPU: cannot map fiber stacks: %s\n", strerror(errno));
         abort();
     }
-    mprotect(m, GUARD_BYTES, PROT_NONE);
-    f->stack_lo = static_cast<char*>(m) + GUARD_BYTES;
+    char* base = static_cast<char*>(m);
+    for (size_t i = 0; i < count; ++i) mprotect(base + i * (STACK_BYTES + GUARD_BYTES), GUARD_BYTES, PROT_NONE);
+    return base;
 }
 
 void fiber_entry(void* arg);
 
-Fiber* take_fiber(Host* h) {
+// A fiber record from the pool, with `stack` as its stack if given, else the one it has or a new one
+Fiber* take_fiber(Host* h, char* stack = nullptr) {
     Fiber* f;
     if (h->free_fibers) {
         f = h->free_fibers;
@@ -305,7 +322,8 @@ Fiber* take_fiber(Host* h) {
         f = new Fiber;
         h->all_fibers.push_back(f);
     }
-    if (!f->stack_lo) map_stack(f);
+    if (stack) f->stack_lo = stack;
+    if (!f->stack_lo) f->stack_lo = map_stacks(1) + GUARD_BYTES;
     f->owner = nullptr;
     f->runner = Runner{&h->block, nullptr, 0, h->launch->args};
     f->asan_fake = nullptr;
@@ -318,10 +336,7 @@ Fiber* take_fiber(Host* h) {
 }
 
 void release_fiber(Host* h, Fiber* f) {
-    if (!REUSE_STACKS) {
-        munmap(f->stack_lo - GUARD_BYTES, STACK_BYTES + GUARD_BYTES);
-        f->stack_lo = nullptr;
-    }
+    if (!REUSE_STACKS) f->stack_lo = nullptr;  // its block's region is unmapped at the block's end
     f->next_free = h->free_fibers;
     h->free_fibers = f;
 }
@@ -447,6 +462,7 @@ void fiber_entry(void* arg) {
 }
 
 void diagnose_stuck(Host* h) {
+    as_host();
     Block& b = h->block;
     std::vector<unsigned> exited, at_barrier, at_warp;
     for (unsigned i = 0; i < b.nthreads; ++i) {
@@ -502,6 +518,7 @@ int sync_block(Thread* t, int op, int predicate, int line) {
         h->bar_op = op;
         h->bar_value = op == BAR_AND ? 1 : 0;
     } else if (line != h->bar_line || op != h->bar_op) {
+        as_host();
         std::vector<unsigned> waiting;
         for (unsigned i = 0; i < b.nthreads; ++i)
             if (h->threads[i].state == WAIT_BARRIER) waiting.push_back(i);
@@ -519,7 +536,7 @@ int sync_block(Thread* t, int op, int predicate, int line) {
     t->wait_line = line;
 #if defined(LF_EMU_TSAN)
     unsigned generation = h->bar_generation;
-    __tsan_release(&h->bar_sync_objects[generation & 1]);
+    __tsan_release(h->sync_objects + (generation & 1));
 #endif
     if (++h->bar_arrived == b.nthreads) {
         int result = op == BAR_SYNC ? 0 : h->bar_value;
@@ -535,7 +552,7 @@ int sync_block(Thread* t, int op, int predicate, int line) {
         wait_here(h, t);
     }
 #if defined(LF_EMU_TSAN)
-    __tsan_acquire(&h->bar_sync_objects[generation & 1]);
+    __tsan_acquire(h->sync_objects + (generation & 1));
 #endif
     return t->sync_result;
 }
@@ -634,7 +651,7 @@ uint64_t sync_warp(Thread* t, int op, unsigned mask, uint64_t value, int arg, in
     t->wait_line = line;
 #if defined(LF_EMU_TSAN)
     unsigned generation = ws.generation;
-    if (op == SYNCWARP) __tsan_release(&ws.sync_objects[generation & 1]);
+    if (op == SYNCWARP) __tsan_release(h->sync_objects + 2 + 2 * w + (generation & 1));
 #endif
     if (p.arrived == p.mask) {
         Thread* lanes = &h->threads[w * WARP];
@@ -657,7 +674,7 @@ uint64_t sync_warp(Thread* t, int op, unsigned mask, uint64_t value, int arg, in
         wait_here(h, t);
     }
 #if defined(LF_EMU_TSAN)
-    if (op == SYNCWARP) __tsan_acquire(&ws.sync_objects[generation & 1]);
+    if (op == SYNCWARP) __tsan_acquire(h->sync_objects + 2 + 2 * w + (generation & 1));
 #endif
     return t->warp_result;
 }
@@ -746,21 +763,35 @@ bool run_block(Host* h, unsigned long long index) {
 #endif
     b.dynamic_shared = static_cast<char*>(dyn);
 #endif
+#if defined(LF_EMU_TSAN)
+    char* stacks = map_stacks(b.nthreads);
+    h->sync_objects = stacks;  // the first guard region: never accessed, only named
+#endif
 #if defined(LF_EMU_SANITIZE)
     // Every thread's fiber before any runs: ThreadSanitizer then orders all the runtime's allocations before
     // every thread, and nothing else the runtime does between them
     for (unsigned i = 0; i < b.nthreads; ++i) {
+#if defined(LF_EMU_TSAN)
+        Fiber* f = take_fiber(h, stacks + i * (STACK_BYTES + GUARD_BYTES) + GUARD_BYTES);
+#else
         Fiber* f = take_fiber(h);
+#endif
         f->owner = &h->threads[i];
         f->runner.current = &h->threads[i];
         h->threads[i].fiber = f;
     }
 #endif
 #if defined(LF_EMU_TSAN)
-    // a report names a GPU thread by its fiber's name
+    // ThreadSanitizer (GCC's) takes two accesses by one thread id for one thread's, and gives the ids of
+    // destroyed fibers to new ones. So a block's fibers are destroyed only at the end of the next block (new
+    // ids then come from two blocks back, and a report can still name the previous block's threads), and each
+    // block makes its fibers in a rotated order, so that threads of equal index in blocks two apart do not
+    // share an id either. A report names a GPU thread by its fiber's name.
     h->tsan_host = __tsan_get_current_fiber();
+    unsigned rotation = unsigned(h->tsan_blocks++ * 37 % b.nthreads);
     std::vector<std::string> names(b.nthreads);
-    for (unsigned i = 0; i < b.nthreads; ++i) {
+    for (unsigned j = 0; j < b.nthreads; ++j) {
+        unsigned i = (j + rotation) % b.nthreads;
         h->threads[i].tsan_fiber = __tsan_create_fiber(0);
         names[i] = "block " + index3(b.block_idx) + " thread " + index3(h->threads[i].thread_idx);
         __tsan_set_fiber_name(h->threads[i].tsan_fiber, names[i].c_str());
@@ -780,8 +811,12 @@ bool run_block(Host* h, unsigned long long index) {
         }
     }
 #if defined(LF_EMU_TSAN)
-    for (unsigned i = 0; i < b.nthreads; ++i) __tsan_destroy_fiber(h->threads[i].tsan_fiber);
+    for (void* old : h->tsan_previous_block) __tsan_destroy_fiber(old);
+    h->tsan_previous_block.clear();
+    for (unsigned i = 0; i < b.nthreads; ++i) h->tsan_previous_block.push_back(h->threads[i].tsan_fiber);
     munmap(dyn, dyn_bytes);
+    munmap(stacks, b.nthreads * (STACK_BYTES + GUARD_BYTES));
+    for (Fiber* f : h->all_fibers) f->stack_lo = nullptr;
 #elif defined(LF_EMU_ASAN)
     free(dyn);
 #endif
