@@ -146,7 +146,6 @@ const size_t STACK_BYTES = 128u << 10;  // sanitized frames are larger, and a ke
 const size_t STACK_BYTES = 256u << 10;
 #endif
 const size_t GUARD_BYTES = 16u << 10;
-const size_t MAX_SHARED_BYTES = 48u << 10;
 
 struct Launch {
     const char* name;
@@ -844,6 +843,7 @@ void record_fault(Launch* L, const std::string& what) {
     }
 }
 
+#if !defined(LF_EMU_SANITIZE)
 const char* signal_name(int sig) {
     switch (sig) {
         case SIGSEGV: return "SIGSEGV (invalid memory access)";
@@ -853,6 +853,7 @@ const char* signal_name(int sig) {
     }
     return "signal";
 }
+#endif
 
 // Run blocks of L on this host thread until none are left or the launch failed.
 void host_work(Host* h, Launch* L) {
@@ -931,39 +932,12 @@ Pool& pool() {
     return *p;
 }
 
-void install_altstack() {
-    stack_t ss;
-    ss.ss_size = 64 << 10;
-    ss.ss_sp = malloc(ss.ss_size);
-    ss.ss_flags = 0;
-    sigaltstack(&ss, nullptr);
-}
-
-void worker_main(int index) {
 #if !defined(LF_EMU_SANITIZE)
-    install_altstack();
-#endif
-    Pool& p = pool();
-    unsigned long long seen = 0;
-    for (;;) {
-        Launch* L;
-        {
-            std::unique_lock<std::mutex> lock(p.m);
-            p.wake.wait(lock, [&] { return p.generation != seen && index <= p.wanted; });
-            seen = p.generation;
-            L = p.job;
-        }
-        host_work(p.hosts[index], L);
-        {
-            std::lock_guard<std::mutex> lock(p.m);
-            if (--p.running == 0) p.done.notify_all();
-        }
-    }
-}
-
-// Crashes inside a kernel: a fault of the launch, not of the process
+// Crashes inside a kernel: a fault of the launch, not of the process. The handler runs on an alternate signal
+// stack (a fiber's own may be what overflowed) and jumps back to the host thread's loop over blocks.
 struct sigaction previous_actions[NSIG];
 const int CRASH_SIGNALS[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
+const size_t ALTSTACK_BYTES = 64u << 10;
 
 void crash_handler(int sig, siginfo_t* info, void* context) {
     Host* h = tls_host;
@@ -983,6 +957,37 @@ void crash_handler(int sig, siginfo_t* info, void* context) {
     }
 }
 
+void install_altstack(void* memory) {
+    stack_t ss;
+    ss.ss_size = ALTSTACK_BYTES;
+    ss.ss_sp = memory;
+    ss.ss_flags = 0;
+    sigaltstack(&ss, nullptr);
+}
+#endif
+
+void worker_main(int index) {
+#if !defined(LF_EMU_SANITIZE)
+    install_altstack(malloc(ALTSTACK_BYTES));
+#endif
+    Pool& p = pool();
+    unsigned long long seen = 0;
+    for (;;) {
+        Launch* L;
+        {
+            std::unique_lock<std::mutex> lock(p.m);
+            p.wake.wait(lock, [&] { return p.generation != seen && index <= p.wanted; });
+            seen = p.generation;
+            L = p.job;
+        }
+        host_work(p.hosts[index], L);
+        {
+            std::lock_guard<std::mutex> lock(p.m);
+            if (--p.running == 0) p.done.notify_all();
+        }
+    }
+}
+
 }  // namespace
 }  // namespace lf_emu
 
@@ -990,10 +995,6 @@ void crash_handler(int sig, siginfo_t* info, void* context) {
 // C interface
 
 extern "C" __attribute__((visibility("default"))) const lf_emu::Api* lf_emu_api() { return &lf_emu::API; }
-
-extern "C" __attribute__((visibility("default"))) unsigned long long lf_emu_fiber_stack_bytes() {
-    return lf_emu::STACK_BYTES;
-}
 
 // Run a launch to its end. 0: done; 1: a fault, described in `error`.
 extern "C" __attribute__((visibility("default"))) int lf_emu_launch(const lf_emu_launch_desc* d, char* error,
@@ -1010,10 +1011,10 @@ extern "C" __attribute__((visibility("default"))) int lf_emu_launch(const lf_emu
     L.dynamic_shared = d->dynamic_shared;
     L.nblocks = (unsigned long long)L.grid.x * L.grid.y * L.grid.z;
     L.touch_shared = d->touch_shared;
-    unsigned long long threads = L.nblocks * L.block.x * L.block.y * L.block.z;
     int hosts = 1;
 #if !defined(LF_EMU_SANITIZE)
     // small launches stay on the caller: waking workers costs more than they save
+    unsigned long long threads = L.nblocks * L.block.x * L.block.y * L.block.z;
     if (d->host_threads > 1 && L.nblocks > 1 && threads >= 8192)
         hosts = (int)(L.nblocks < (unsigned long long)d->host_threads ? L.nblocks : d->host_threads);
 #endif
@@ -1034,12 +1035,8 @@ extern "C" __attribute__((visibility("default"))) int lf_emu_launch(const lf_emu
     sigaltstack(nullptr, &old_stack);
     static thread_local void* caller_altstack = nullptr;
     if (old_stack.ss_flags & SS_DISABLE) {
-        stack_t ss;
-        ss.ss_size = 64 << 10;
-        if (!caller_altstack) caller_altstack = malloc(ss.ss_size);
-        ss.ss_sp = caller_altstack;
-        ss.ss_flags = 0;
-        sigaltstack(&ss, nullptr);
+        if (!caller_altstack) caller_altstack = malloc(ALTSTACK_BYTES);
+        install_altstack(caller_altstack);
     }
 #endif
     if (hosts > 1) {
