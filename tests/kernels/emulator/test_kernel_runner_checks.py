@@ -107,6 +107,12 @@ def test_atomics_from_many_blocks_on_several_host_threads():
 
 
 DYNAMIC_SHARED = r'''
+extern __shared__ int file_scope[];  // every extern __shared__ array is the launch's dynamic shared memory
+extern "C" __global__ void rotate(const int* x, int* y) {
+    file_scope[threadIdx.x] = x[threadIdx.x];
+    __syncthreads();
+    y[threadIdx.x] = file_scope[(threadIdx.x + 1) % blockDim.x];
+}
 extern "C" __global__ void reverse(const double* x, double* y) {
     extern __shared__ double buf[];
     int t = threadIdx.x, n = blockDim.x;
@@ -129,6 +135,9 @@ def test_dynamic_shared_memory_and_barriers_with_a_reduction():
     v, out = numpy.arange(-3, 37, dtype=numpy.int32), numpy.zeros(3, numpy.int32)
     run(DYNAMIC_SHARED, "counts", 1, 40, v, out)
     assert list(out) == [36, 0, 1]
+    w = numpy.zeros(40, numpy.int32)
+    run(DYNAMIC_SHARED, "rotate", 1, 40, v, w, shared_mem=40 * 4)
+    numpy.testing.assert_array_equal(w, numpy.roll(v, -1))
 
 
 DIVERGENT = r'''
@@ -164,6 +173,17 @@ extern "C" __global__ void crash(float* x, int n) {
 }
 extern "C" __global__ void divide(int* x, int n) {
     x[threadIdx.x] = x[threadIdx.x] / n;
+}
+__device__ int deep(int n) {
+    volatile char pad[4096];
+    pad[0] = char(n);
+    return n == 0 ? 0 : deep(n - 1) + pad[0];
+}
+extern "C" __global__ void recurse(int* x, int n) {
+    x[threadIdx.x] = deep(n);
+}
+extern "C" __global__ void crash_in_one_block(float* x, int bad_block) {
+    x[blockIdx.x * blockDim.x + threadIdx.x + (blockIdx.x == bad_block ? (1 << 30) : 0)] = 1.0f;
 }
 '''
 
@@ -204,9 +224,19 @@ def test_assert_and_crashes_are_faults_naming_block_and_thread_and_the_process_s
     message = fault("crash", numpy.zeros(4, numpy.float32), numpy.int32(1 << 30))
     assert "kernel crash, block (0,0,0): thread (0,0,0): SIGSEGV (invalid memory access)" in message
     assert "SIGFPE (integer division by zero" in fault("divide", numpy.ones(32, numpy.int32), numpy.int32(0))
+    assert "thread (0,0,0): stack overflow" in fault("recurse", numpy.zeros(32, numpy.int32), numpy.int32(10000))
     out = numpy.zeros(32, numpy.int32)
     run(INDICES, "indices", 1, 32, out)  # and the executor goes on
     assert out[31] == 31
+
+
+def test_a_crash_on_a_worker_host_thread_is_a_fault(monkeypatch):
+    monkeypatch.setenv(kernel_runner.THREADS_ENV, "2")
+    x = numpy.zeros(64 * 256, numpy.float32)
+    message = fault("crash_in_one_block", x, numpy.int32(63), grid=(64,), block=(256,))
+    assert "kernel crash_in_one_block, block (63,0,0): thread (0,0,0): SIGSEGV" in message
+    run(DIVERGENT, "crash_in_one_block", 64, 256, x, numpy.int32(-1))
+    assert x.min() == 1.0
 
 
 def test_launch_limits_are_checked():

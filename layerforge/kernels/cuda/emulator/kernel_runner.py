@@ -332,8 +332,6 @@ def _declaration_head(tokens, name_at):
     j = name_at
     while j > 0 and tokens[j - 1] not in (";", "{", "}"):
         j -= 1
-        if tokens[j] == ">" and "template" in tokens[max(0, j - 40):j]:
-            continue
     return tokens[j:name_at]
 
 
