@@ -54,11 +54,14 @@ class RawModule:
 
 @contextmanager
 def numpy_as_cupy():
-    """``import cupy`` inside the block gives numpy with :class:`RawModule`: the GPU launchers run on numpy
-    buffers through the emulated kernels."""
+    """``import cupy`` inside the block gives numpy with :class:`RawModule`: the GPU launchers (called
+    directly) run on numpy buffers through the emulated kernels, while the dispatching entry points still
+    take numpy arrays to their CPU bodies."""
     shim = types.ModuleType("cupy")
     shim.__dict__.update({k: getattr(numpy, k) for k in dir(numpy) if not k.startswith("__")})
     shim.RawModule = RawModule
+    # no array is a cupy array: the entry points keep dispatching numpy arrays to their CPU bodies
+    shim.ndarray = type("ndarray", (), {})
     saved = sys.modules.get("cupy")
     sys.modules["cupy"] = shim
     cuda._module.cache_clear()

@@ -327,3 +327,27 @@ def test_a_syncthreads_removed_from_implicit_gemm_gives_a_wrong_result(barrier):
     assert not numpy.allclose(y_broken, y, rtol=1e-4, atol=1e-4)
     launch("implicit_gemm", "conv_forward", numpy.float32, grid, (16, 16), (x, W, y_broken) + q)
     numpy.testing.assert_allclose(y_broken, y, rtol=1e-4, atol=1e-4)
+
+
+def test_a_forked_child_launches_with_host_threads_of_its_own(monkeypatch):
+    # the parent's worker threads do not exist in a fork (a data worker, say): the child starts its own
+    import os
+    import signal
+    import time
+    monkeypatch.setenv(kernel_runner.THREADS_ENV, "2")
+    nb, nt = 64, 256
+    out = numpy.zeros(nb * nt, numpy.int32)
+    run(INDICES, "indices", nb, nt, out)  # the parent's workers start
+    pid = os.fork()
+    if pid == 0:
+        out[:] = -1
+        run(INDICES, "indices", nb, nt, out)
+        os._exit(0 if out[-1] == (nb - 1) * 1000 + nt - 1 else 1)
+    deadline = time.monotonic() + 120
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's launch hung")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(done[1]) == 0

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -927,9 +928,17 @@ struct Pool {
     int started = 0;
 };
 
+Pool* the_pool = nullptr;  // never destroyed: workers outlive static destructors
+
 Pool& pool() {
-    static Pool* p = new Pool;  // never destroyed: workers outlive static destructors
-    return *p;
+    static bool once = [] {
+        the_pool = new Pool;
+        // a forked child has none of the workers (nor, perhaps, the locks' owners): it starts a pool of its own
+        pthread_atfork(nullptr, nullptr, [] { the_pool = new Pool; });
+        return true;
+    }();
+    (void)once;
+    return *the_pool;
 }
 
 #if !defined(LF_EMU_SANITIZE)
