@@ -82,6 +82,31 @@ def test_warp_shuffles_and_votes_exchange_among_the_lanes_of_each_warp():
         assert list(votes[3 * w:3 * w + 3]) == [bits, int((warps[w] > 0.99).any()), 1]
 
 
+BUILTINS = r'''
+extern "C" __global__ void builtins(const float* x, float* f, int* i, double* d) {
+    int t = threadIdx.x;
+    float v = x[t];
+    float4 q = make_float4(v, 2.0f * v, 3.0f, 4.0f);
+    f[t] = rsqrtf(v) + __expf(v) + fmaxf(q.y, q.z) + min(t, 3) + max(1.5f, v) + __saturatef(v - 0.5f);
+    i[t] = __popc(t) + __float_as_int(1.0f) - 0x3f800000 + (int)(__brev(1u) >> 31) + __ffs(8) + __clz(1);
+    d[t] = __shfl_sync(0xffffffffu, (double)t * 0.5, 31 - t) + __reduce_add_sync(0xffffffffu, t)
+           + __popc(__match_any_sync(0xffffffffu, t % 4));
+}
+'''
+
+
+def test_cuda_math_intrinsics_and_wide_warp_operations():
+    x = rand(32, numpy.float32, low=0.1, high=0.9)
+    f, i, d = numpy.zeros(32, numpy.float32), numpy.zeros(32, numpy.int32), numpy.zeros(32)
+    run(BUILTINS, "builtins", 1, 32, x, f, i, d)
+    t = numpy.arange(32)
+    want = 1 / numpy.sqrt(x) + numpy.exp(x) + numpy.maximum(2 * x, 3) + numpy.minimum(t, 3) + numpy.maximum(1.5, x) \
+        + numpy.clip(x - 0.5, 0, 1)
+    numpy.testing.assert_allclose(f, want, rtol=1e-6)
+    numpy.testing.assert_array_equal(i, [bin(k).count("1") + 1 + 4 + 31 for k in t])
+    numpy.testing.assert_array_equal(d, (31 - t) * 0.5 + t.sum() + 8)
+
+
 ATOMICS = r'''
 extern "C" __global__ void atomics(float* f, double* d, int* i, unsigned* u, int n) {
     for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < n; k += blockDim.x * gridDim.x) {
