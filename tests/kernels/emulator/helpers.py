@@ -89,3 +89,12 @@ def launch(stem, name, dtype, grid, block, args, shared_mem=0, sanitizer=None, t
     else:
         m = kernel_runner.compile_module(text, cuda.NVRTC_OPTIONS + cuda.defines(dtype), sanitizer=sanitizer)
     m.function(name).launch(grid, block, device_args(cuda.kernel_args(args)), shared_mem)
+
+
+def implicit_gemm_without_barrier(index):
+    """implicit_gemm.cu with the tile loop's ``index``-th ``__syncthreads`` (0: after the loads, 1: after their
+    use) removed: a planted race."""
+    barrier = "        __syncthreads();\n"
+    parts = cuda.sources()["implicit_gemm"].read_text().split(barrier)
+    assert len(parts) == 3, "implicit_gemm.cu's tile loop has two barriers"
+    return parts[0] + ("" if index == 0 else barrier) + parts[1] + ("" if index == 1 else barrier) + parts[2]

@@ -9,7 +9,7 @@ from layerforge.kernels import cuda, implicit_gemm
 from layerforge.kernels.cuda import implicit_gemm as gpu_conv
 from layerforge.kernels.cuda.emulator import kernel_runner
 from layerforge.kernels.cuda.emulator.kernel_runner import CompileException, DevicePointer, KernelFault
-from tests.kernels.emulator.helpers import launch, module, numpy_as_cupy, rand
+from tests.kernels.emulator.helpers import implicit_gemm_without_barrier, launch, module, numpy_as_cupy, rand
 
 P = DevicePointer.of
 
@@ -338,11 +338,7 @@ def test_name_expressions_reach_template_kernels_and_nvrtc_only_options_are_drop
 @pytest.mark.parametrize("barrier", [0, 1])
 def test_a_syncthreads_removed_from_implicit_gemm_gives_a_wrong_result(barrier):
     # planted: the tiles' loads (0) or their use (1) no longer wait for the whole block
-    text = cuda.sources()["implicit_gemm"].read_text()
-    parts = text.split("        __syncthreads();\n")
-    assert len(parts) == 3
-    broken = "".join(p + ("" if i == barrier else "        __syncthreads();\n") for i, p in enumerate(parts[:-1]))
-    broken += parts[-1]
+    broken = implicit_gemm_without_barrier(barrier)
     x, W = rand((2, 3, 7, 7), numpy.float32), rand((5, 3, 3, 3), numpy.float32, 1)
     y, y_broken = numpy.zeros((2, 5, 5, 5), numpy.float32), numpy.zeros((2, 5, 5, 5), numpy.float32)
     implicit_gemm.ImplicitGemmConv((3, 3, 1, 1, 0, 0, 1, 1), 1).forward(x, W, None, y)

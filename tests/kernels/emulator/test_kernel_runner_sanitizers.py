@@ -13,7 +13,7 @@ from layerforge.kernels.cuda import implicit_gemm as gpu_conv
 from layerforge.kernels.cuda.emulator import kernel_runner
 from layerforge.kernels.cuda.emulator.kernel_runner import DevicePointer, KernelFault
 from tests.kernels.emulator import test_kernel_runner as kernels
-from tests.kernels.emulator.helpers import launch, numpy_as_cupy, rand
+from tests.kernels.emulator.helpers import implicit_gemm_without_barrier, launch, numpy_as_cupy, rand
 
 SANITIZERS = ["thread", "address"]
 F = numpy.float32
@@ -49,12 +49,6 @@ def test_layerforge_kernels_run_clean_under_the_sanitizer(stem, sanitizer):
         CASES[stem]()
 
 
-def _implicit_gemm_without(barrier):
-    text = cuda.sources()["implicit_gemm"].read_text()
-    parts = text.split("        __syncthreads();\n")
-    return "".join(p + ("" if i == barrier else "        __syncthreads();\n") for i, p in enumerate(parts[:-1])) + parts[-1]
-
-
 def _conv_forward(text, sanitizer):
     x, W = rand((1, 2, 5, 5), F), rand((3, 2, 3, 3), F, 1)
     y = numpy.zeros((1, 3, 3, 3), F)
@@ -64,7 +58,7 @@ def _conv_forward(text, sanitizer):
 
 def test_a_syncthreads_removed_from_implicit_gemm_is_a_race_report():
     with pytest.raises(KernelFault) as error:
-        _conv_forward(_implicit_gemm_without(0), "thread")
+        _conv_forward(implicit_gemm_without_barrier(0), "thread")
     message = str(error.value)
     assert message.startswith("kernel conv_forward, block (0,0,0), thread (")
     assert "ThreadSanitizer: data race" in message

@@ -913,8 +913,8 @@ def sanitizer_report(stderr, kernel_name, sanitizer):
             out.append("  " + text)
             frames = 0
     running = [line.split("made by ", 1)[1].strip() for line in lines if "the report's access was made by" in line]
-    head = (running[0] if running else f"kernel {kernel_name}") + f": {'Thread' if sanitizer == 'thread' else 'Address'}" \
-        f"Sanitizer: {kind}"
+    tool = "ThreadSanitizer" if sanitizer == "thread" else "AddressSanitizer"
+    head = f"{running[0] if running else f'kernel {kernel_name}'}: {tool}: {kind}"
     return "\n".join([head] + out[:REPORT_LINES])
 
 
