@@ -116,7 +116,7 @@ extern "C" __global__ void dynamic_shared(float* x) {
 '''
 
 
-@pytest.mark.parametrize("name,where", [("static_shared", "global variable 'buf'"),
+@pytest.mark.parametrize("name,where", [("static_shared", "right of __shared__ array 'buf' (line 3)"),
                                         ("dynamic_shared", "the block's dynamic shared memory")])
 def test_shared_memory_overflows_are_address_sanitizer_reports(name, where):
     f = kernel_runner.compile_module(SHARED, sanitizer="address").function(name)

@@ -878,9 +878,13 @@ def _short_function(name):
     return "".join(out).split()[-1] if "".join(out).split() else name
 
 
-def sanitizer_report(stderr, kernel_name, sanitizer):
+_GLOBAL = re.compile(r"global variable '(\w+)' defined in '[^']*:(\d+):\d+' \(0x[0-9a-f]+\)")
+
+
+def sanitizer_report(stderr, kernel_name, sanitizer, code=""):
     """The gist of a sanitizer's report in ``stderr`` (what was accessed where, by which GPU thread, in the
-    kernel's own frames), or None when there is none."""
+    kernel's own frames), or None when there is none. ``code``: the kernel's text, to tell its ``__shared__``
+    arrays (globals in the AddressSanitizer build) from its other globals."""
     lines = stderr.splitlines()
     start = next((i for i, line in enumerate(lines) if "WARNING: ThreadSanitizer" in line
                   or "ERROR: AddressSanitizer" in line), None)
@@ -909,6 +913,7 @@ def sanitizer_report(stderr, kernel_name, sanitizer):
             for tid, name in names.items():
                 text = re.sub(rf"\bthread {tid}\b", name, text)
             text = re.sub(r" (at 0x[0-9a-f]+) thread T\d+$", r" \1", text)  # AddressSanitizer: the host thread
+            text = _GLOBAL.sub(lambda m: _global_name(m, code), text)
             pending = len(out) if text.startswith(("Location is heap block", "allocated by")) else None
             out.append("  " + text)
             frames = 0
@@ -916,6 +921,13 @@ def sanitizer_report(stderr, kernel_name, sanitizer):
     tool = "ThreadSanitizer" if sanitizer == "thread" else "AddressSanitizer"
     head = f"{running[0] if running else f'kernel {kernel_name}'}: {tool}: {kind}"
     return "\n".join([head] + out[:REPORT_LINES])
+
+
+def _global_name(match, code):
+    name, line = match.group(1), int(match.group(2))
+    lines = code.splitlines()
+    kind = "__shared__ array" if 0 < line <= len(lines) and "__shared__" in lines[line - 1] else "global variable"
+    return f"{kind} '{name}' (line {line})"
 
 
 def _launch_sanitized(kernel, grid, block, args, shared_mem):
@@ -931,7 +943,7 @@ def _launch_sanitized(kernel, grid, block, args, shared_mem):
                               capture_output=True, text=True, errors="replace")
         if proc.stdout:  # the kernel's printf
             sys.stdout.write(proc.stdout)
-        report = sanitizer_report(proc.stderr, kernel.name, kernel.module.sanitizer)
+        report = sanitizer_report(proc.stderr, kernel.name, kernel.module.sanitizer, kernel.module.code)
         if report is not None:
             raise KernelFault(report)
         if proc.returncode != 0 or not response_path.exists():
