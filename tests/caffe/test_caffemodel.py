@@ -59,7 +59,8 @@ def test_messages_have_caffes_names_numbers_and_enums():
     assert caffe_pb.NetParameter.DESCRIPTOR.fields_by_name["layers"].number == 2
     assert caffe_pb.V1LayerParameter.DESCRIPTOR.fields_by_name["blobs"].number == 6
     assert [f.name for f in caffe_pb.SolverState.DESCRIPTOR.fields] == ["iter", "learned_net", "history",
-                                                                        "current_step"]
+                                                                        "current_step", "minimum_loss",
+                                                                        "iter_last_event"]  # the last two: SSD's
     assert (caffe_pb.TRAIN, caffe_pb.TEST, caffe_pb.Phase.Name(1)) == (0, 1, "TEST")
     assert caffe_pb.PoolingParameter.AVE == 1 and caffe_pb.V1LayerParameter.INNER_PRODUCT == 14
     assert caffe_pb.SolverParameter.BINARYPROTO == 1 and caffe_pb.NetState().phase == caffe_pb.TEST
