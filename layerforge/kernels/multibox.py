@@ -15,7 +15,7 @@ import numpy
 
 from ..backend import get_array_module
 from ..errors import DataError
-from .bbox import decode_boxes, encode_boxes, iou_matrix, nms
+from .bbox import bbox_size, decode_bbox, encode_bbox, jaccard_overlap, non_maximum_suppression, top_scores
 
 FLT_MIN = float(numpy.finfo(numpy.float32).tiny)
 # a prediction and a ground-truth box overlap when their Jaccard overlap exceeds this (the fork's 1e-6)
@@ -88,6 +88,20 @@ def match_boxes(overlaps, match_type, overlap_threshold, ignored=None):
     return indices, best
 
 
+def overlap_table(a, b):
+    """(len(a), len(b)) Jaccard overlaps of two box lists."""
+    return jaccard_overlap(a[:, None], b[None])
+
+
+def loss_nms(boxes, loss, threshold, top_k):
+    """The fork's ApplyNMS as mining uses it: among the ``top_k`` (-1: all) boxes of largest ``loss``, boxes of area
+    below 1e-5 are dropped and the rest suppressed greedily (overlap above ``threshold``); host indices of the
+    boxes kept, largest loss first."""
+    order = top_scores(loss, -numpy.inf, top_k)
+    order = order[bbox_size(boxes[order]) >= 1e-5]
+    return order[non_maximum_suppression(boxes[order], loss[order], threshold)]
+
+
 def cross_boundary(boxes):
     """(P,) bool: boxes with a coordinate outside [0, 1]."""
     return ((boxes < 0) | (boxes > 1)).any(axis=1)
@@ -119,17 +133,18 @@ def find_matches(gt, priors, variances, loc_host, p, num_images):
                 label = -1 if p.share_location else c
                 if not p.share_location and label == p.background_label_id:
                     continue
-                predicted = decode_boxes(priors, variances, loc_host[i, :, c], p.code_type,
-                                         p.encode_variance_in_target, clip=False)
+                predicted = decode_bbox(priors, variances, p.code_type, p.encode_variance_in_target,
+                                        loc_host[i, :, c])
                 columns = numpy.arange(len(boxes)) if label == -1 else numpy.flatnonzero(boxes[:, 0] == label)
                 ignored = cross_boundary(predicted) if p.ignore_cross_boundary_bbox else None
-                found, best = match_boxes(iou_matrix(predicted, boxes[columns, 1:5]), p.match_type,
+                found, best = match_boxes(overlap_table(predicted, boxes[columns, 1:5]), p.match_type,
                                           p.overlap_threshold, ignored)
-                matches[label] = numpy.where(found >= 0, columns[numpy.maximum(found, 0)], found)
+                matches[label] = found.copy()
+                matches[label][found >= 0] = columns[found[found >= 0]]
                 overlaps[label] = best
         else:
             ignored = cross_boundary(priors) if p.ignore_cross_boundary_bbox else None
-            found, best = match_boxes(iou_matrix(priors, boxes[:, 1:5]), p.match_type, p.overlap_threshold,
+            found, best = match_boxes(overlap_table(priors, boxes[:, 1:5]), p.match_type, p.overlap_threshold,
                                       ignored)
             if p.share_location:
                 matches[-1], overlaps[-1] = found, best
@@ -159,7 +174,8 @@ def matched_labels(matches, gt, num_images, num_priors, background_label_id):
         open_ = numpy.ones(num_priors, bool)
         for found in per_image.values():
             hit = open_ & (found >= 0)
-            labels[i, hit] = gt[i][found[hit], 0].astype(numpy.int64)
+            if hit.any():
+                labels[i, hit] = gt[i][found[hit], 0].astype(numpy.int64)
             open_ &= ~hit
     return labels
 
@@ -234,13 +250,12 @@ def encode_matches(matches, gt, priors, variances, loc_host, p):
     image, prior, slot = (numpy.concatenate(a).astype(numpy.int64) if a else numpy.zeros(0, numpy.int64)
                           for a in (image, prior, slot))
     box = numpy.concatenate(box).astype(numpy.float32) if box else numpy.zeros((0, 4), numpy.float32)
-    target = encode_boxes(priors[prior], variances[prior], box, p.code_type,
-                          p.encode_variance_in_target).astype(numpy.float32)
+    target = encode_bbox(priors[prior], variances[prior], p.code_type, p.encode_variance_in_target,
+                         box).astype(numpy.float32)
     keep = numpy.ones(target.shape, bool)
     if p.bp_inside:
-        region = priors[prior] if p.use_prior_for_matching else decode_boxes(
-            priors[prior], variances[prior], loc_host[image, prior, slot], p.code_type,
-            p.encode_variance_in_target, clip=False)
+        region = priors[prior] if p.use_prior_for_matching else decode_bbox(
+            priors[prior], variances[prior], p.code_type, p.encode_variance_in_target, loc_host[image, prior, slot])
         keep = (region >= 0) & (region <= 1)
     scale = numpy.ones(target.shape, numpy.float32)
     if p.encode_variance_in_target:
@@ -281,12 +296,12 @@ def mine_hard_examples(losses, matches, overlaps, priors, variances, loc_host, p
                 count = min(p.sample_size, count)
             loss = losses[i, eligible]
             if nms_param is not None and nms_param.nms_threshold > 0:
-                boxes = priors if p.use_prior_for_nms else decode_boxes(
-                    priors, variances, loc_host[i, :, 0 if p.share_location else label], p.code_type,
-                    p.encode_variance_in_target, clip=False)
-                kept = nms(boxes[eligible], loss, nms_param.nms_threshold,
-                           nms_param.top_k if nms_param.given("top_k") else -1)
-                picked = eligible[numpy.asarray(kept[:count], numpy.int64)]
+                boxes = priors if p.use_prior_for_nms else decode_bbox(
+                    priors, variances, p.code_type, p.encode_variance_in_target,
+                    loc_host[i, :, 0 if p.share_location else label])
+                kept = loss_nms(boxes[eligible], loss, nms_param.nms_threshold,
+                                nms_param.top_k if nms_param.top_k is not None else -1)
+                picked = eligible[kept[:count]]
             else:
                 order = numpy.argsort(-loss, kind="stable")
                 picked = eligible[order[:count]]

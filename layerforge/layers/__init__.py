@@ -26,6 +26,7 @@ from . import (  # noqa: F401,E402
     loss,
     lrn,
     memory_data,
+    multibox_loss,
     mvn,
     neuron,
     parameter,

@@ -134,15 +134,15 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
         p, where = self.p, f"layer '{self.name}' (MultiBoxLoss)"
         gt = multibox.ground_truth(to_numpy(blob.data), p.background_label_id, p.use_difficult_gt, where)
         for i, boxes in gt.items():
-            labels = boxes[:, 0]
             if not 0 <= i < n:
                 raise DataError(f"{where}: the ground truth names image {i} of a batch of {n}")
+            if p.map_object_to_agnostic:
+                boxes[:, 0] = p.background_label_id + 1
+            labels = boxes[:, 0]
             bad = (labels < 0) | (labels >= p.num_classes)
             if bad.any():
                 raise DataError(f"{where}: image {i} of the batch has a box of label {int(labels[bad][0])}, outside "
                                 f"[0, num_classes {p.num_classes})")
-            if p.map_object_to_agnostic:
-                boxes[:, 0] = p.background_label_id + 1
         return gt
 
     def mine(self, conf, gt, matches, overlaps, priors, loc_host):
