@@ -6,6 +6,7 @@ from .base import LAYER_REGISTRY, Layer, register_layer
 # Importing a module registers its layer types.
 from . import (  # noqa: F401,E402
     accuracy,
+    annotated_data,
     argmax,
     batch_norm,
     batch_reindex,
