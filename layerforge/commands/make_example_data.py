@@ -1,7 +1,8 @@
 """``layerforge make_example_data NAME...``: the databases of Caffe's examples, made offline (layerforge.data.examples)."""
 from ..data.examples import EXAMPLES, MAKERS
 
-HELP = "write the data of Caffe's example nets (mnist, siamese, hdf5_classification) at the paths they name"
+HELP = ("write the data of Caffe's example nets (mnist, siamese, cifar10, hdf5_classification) at the paths they "
+        "name, and the synthetic detection set (shapes) of configs/ssd_shapes_solver.yaml")
 
 
 def add_arguments(parser):

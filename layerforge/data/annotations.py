@@ -276,13 +276,14 @@ def resize_for_record(image, height=0, width=0, min_dim=0, max_dim=0):
 
 
 def annotated_records(root, entries, anno_type="detection", label_type="xml", names=None, gray=False,
-                      encoded=False, encode_type=None, height=0, width=0, min_dim=0, max_dim=0, source="the list",
-                      stats=None):
+                      encoded=False, encode_type=None, height=0, width=0, min_dim=0, max_dim=0, check_size=False,
+                      source="the list", stats=None):
     """Serialized AnnotatedDatum records, keyed as the fork's convert_annoset keys them (``%08d_<image path>``).
 
     Args:
         entries: ``(image path, annotation path or integer label, line)`` triples, paths relative to ``root``.
         anno_type: ``detection`` (boxes from the annotation files) or ``classification`` (the integer label).
+        check_size: stop at the first image whose stored shape differs from the first one's.
         stats: a dict that receives ``images``, ``boxes``, ``unannotated`` (detection images without a file)
             and ``shapes`` (the set of stored shapes).
     """
@@ -298,6 +299,10 @@ def annotated_records(root, entries, anno_type="detection", label_type="xml", na
         if original is None:
             raise DataError(f"{source}:{line}: image '{full}': cannot read the image (missing, or not an image)")
         image = resize_for_record(original, height, width, min_dim, max_dim)
+        if check_size and stats["shapes"] and image.shape not in stats["shapes"]:
+            first = "x".join(map(str, next(iter(stats["shapes"]))))
+            raise DataError(f"{source}:{line}: image '{full}': size {'x'.join(map(str, image.shape))} differs from "
+                            f"the first image's {first} (--check_size)")
         datum = encoded_datum(encoded_bytes(image, full, encode_type, changed)) if encoded or encode_type \
             else array_to_datum(image)
         datum.channels, datum.height, datum.width = image.shape

@@ -408,6 +408,16 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
             offset += s.size
         return out, float(flat[-2]), int(round(flat[-1]))
 
+    def detection_gather(rows):
+        # eval_type DETECTION: the mAP of all the ranks' test shards needs every detection, not a sum of outputs
+        from mpi4py import MPI
+        rows = numpy.ascontiguousarray(rows, numpy.float64).reshape(-1)
+        counts = numpy.zeros(comm.size, numpy.int64)
+        comm.comm.Allgather(numpy.array([rows.size], numpy.int64), counts)
+        gathered = numpy.empty(int(counts.sum()), numpy.float64)
+        comm.comm.Allgatherv(rows, [gathered, counts, numpy.cumsum(counts) - counts, MPI.DOUBLE])
+        return gathered.reshape(-1, 5)
+
     def agree_action(action):
         # the most drastic request of any rank wins: stop > snapshot > none
         from mpi4py import MPI
@@ -419,6 +429,7 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
         check_same(comm, parameters_digest(solver.net), f"set of parameters at iteration {solver.iter}")
 
     solver.test_reduce = test_reduce if solver.test_nets else None
+    solver.detection_gather = detection_gather if solver.test_nets else None
     solver.agree_action = agree_action
     solver.snapshot_hooks.append(check_agreement)
     mode = ("double buffering (updates use the previous iteration's gradients)" if sp.double_buffering else

@@ -16,6 +16,7 @@ from . import (  # noqa: F401,E402
     crop,
     data,
     deconv,
+    detection_evaluate,
     dropout,
     eltwise,
     embed,

@@ -33,6 +33,7 @@ from .. import backend, rng, trace
 from ..errors import LayerforgeError
 from ..net.net import Net
 from ..kernels import blas
+from ..kernels.average_precision import AP_VERSIONS, DetectionScores
 from ..layers.conv import engines_settled
 from ..layers.data import input_display
 from . import cuda_graph
@@ -110,6 +111,8 @@ class Solver:
         root: False on non-root ranks: no display or snapshots there (and no testing unless test_reduce is set).
         test_reduce: ``fn(sums, loss, n) -> (sums, loss, n)`` combining the summed test outputs of all ranks
             (each rank tests its shard); when set, every rank tests.
+        detection_gather: ``fn(rows) -> rows`` gathering every rank's DetectionEvaluate rows (eval_type
+            DETECTION: the mAP is of all shards' detections, not a sum of the ranks' outputs).
         agree_action: ``fn(action) -> action`` making all ranks act on the same signal request.
         snapshot_hooks: ``fn(solver)`` run on every rank before a snapshot (e.g. checking ranks agree).
         test_scores: the mean outputs of the last test of each test net.
@@ -127,6 +130,8 @@ class Solver:
         self.param = sp
         self.xp = self._array_module(sp)
         self.graphs, self._stream = None, None  # cuda_graph: IterationGraphs, and the stream iterations run on
+        if sp.ap_version not in AP_VERSIONS:
+            raise sp.error(f"unknown ap_version {sp.ap_version!r}; one of {', '.join(AP_VERSIONS)}", "ap_version")
         if sp.gemm_precision:
             blas.set_gemm_precision(sp.gemm_precision.lower())
         if sp.random_seed >= 0:
@@ -162,6 +167,7 @@ class Solver:
         self.loss_reduce = None
         self.root = True
         self.test_reduce, self.agree_action, self.snapshot_hooks = None, None, []
+        self.detection_gather = None
         self.requested_early_exit = False
         self._lazy = {}  # sparse_update lazy: {parameter index: its SparseGradient} during apply_update
         self.last_snapshot = None
@@ -521,24 +527,19 @@ class Solver:
         return self.test_scores
 
     def test(self, k=0):
-        """Forward test net ``k`` test_iter[k] times; log and return ``{output: mean value}``."""
+        """Forward test net ``k`` test_iter[k] times; log and return ``{output: mean value}`` (with ``eval_type``
+        DETECTION, ``{output: mAP}``)."""
         sp, net, n = self.param, self.test_nets[k], self.param.test_iter[k]
-        sums, loss = None, 0.0
-        for _ in range(n):
-            request = self._requested_action()
-            while request != "none":
-                if request == "snapshot":
-                    self.snapshot()
-                else:
-                    self.requested_early_exit = True
-                request = self._requested_action()
-            if self.requested_early_exit:
-                log.info("Test interrupted.")
-                return None
-            net.forward()
+        if sp.eval_type == "DETECTION":
+            return self.test_detection(k)
+        sums, loss, done = None, 0.0, 0
+        for _ in self._test_batches(net, n):
+            done += 1
             loss += net.loss
             values = [backend.to_numpy(net.blobs[name].data).astype(numpy.float64).reshape(-1) for name in net.outputs]
             sums = values if sums is None else [s + v for s, v in zip(sums, values)]
+        if done < n:
+            return None
         if self.test_reduce is not None:
             sums, loss, n = self.test_reduce(sums, loss, n)
         if sp.test_compute_loss:
@@ -558,6 +559,60 @@ class Solver:
         for hook in self.test_hooks:
             hook(self.iter, k, scores)
         return scores
+
+    def _test_batches(self, net, n):
+        """Run ``n`` test forwards (acting on signal requests between them); yields after each. Sets
+        ``requested_early_exit`` and stops on a stop request."""
+        for _ in range(n):
+            request = self._requested_action()
+            while request != "none":
+                if request == "snapshot":
+                    self.snapshot()
+                else:
+                    self.requested_early_exit = True
+                request = self._requested_action()
+            if self.requested_early_exit:
+                log.info("Test interrupted.")
+                return
+            net.forward()
+            yield
+
+    def test_detection(self, k=0):
+        """The SSD fork's TestDetection: the rows of every output (DetectionEvaluate's, width 5) of test_iter[k]
+        forwards, as one mAP per output (``ap_version``); logs and returns ``{output: mAP}``."""
+        sp, net, n = self.param, self.test_nets[k], self.param.test_iter[k]
+        scores = {name: DetectionScores() for name in net.outputs}
+        loss, done = 0.0, 0
+        for _ in self._test_batches(net, n):
+            loss += net.loss
+            done += 1
+            for name in net.outputs:
+                rows = backend.to_numpy(net.blobs[name].data)
+                if rows.shape[-1:] != (5,):
+                    raise LayerforgeError(f"eval_type DETECTION: test net output '{name}' has shape {rows.shape}; "
+                                          "each output must be DetectionEvaluate's (rows of 5)")
+                scores[name].add(rows)
+        if done < n:
+            return None
+        if self.detection_gather is not None:
+            for name in net.outputs:
+                merged = DetectionScores()
+                merged.add(self.detection_gather(scores[name].rows()))
+                scores[name] = merged
+            loss = self.test_reduce([], loss, n)[1] if self.test_reduce is not None else loss
+        if sp.test_compute_loss:
+            log.info("Test loss: %s", _g(loss / n))
+        result = collections.OrderedDict()
+        for idx, name in enumerate(net.outputs):
+            if sp.show_per_class_result:
+                for label, ap in scores[name].average_precisions(sp.ap_version).items():
+                    log.info("class%d: %s", label, _g(ap))
+            result[name] = scores[name].mean_ap(sp.ap_version)
+            log.info("    Test net output #%d: %s = %s", idx, name, _g(result[name]))
+        self.test_scores[k] = result
+        for hook in self.test_hooks:
+            hook(self.iter, k, result)
+        return result
 
     # ------------------------------------------------------------------------------------------
     # weights, snapshots, resuming
