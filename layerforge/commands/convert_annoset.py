@@ -48,7 +48,9 @@ def run(args):
                             args.check_label, args.shuffle, args.seed, gray=args.gray, encoded=args.encoded,
                             encode_type=args.encode_type, height=args.resize_height, width=args.resize_width,
                             min_dim=args.min_dim, max_dim=args.max_dim, check_size=args.check_size)
-    sizes = ", ".join("x".join(map(str, s)) for s in sorted(stats["shapes"]))
+    shapes = sorted(stats["shapes"])
+    sizes = ", ".join("x".join(map(str, s)) for s in shapes) if len(shapes) <= 3 else \
+        f"{len(shapes)} sizes from {'x'.join(map(str, shapes[0]))} to {'x'.join(map(str, shapes[-1]))}"
     boxes = f", {stats['boxes']} boxes" if args.anno_type == "detection" else ""
     print(f"wrote {stats['images']} images ({sizes}){boxes} to {args.db}")
     if stats["unannotated"]:
