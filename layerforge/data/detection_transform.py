@@ -174,57 +174,52 @@ def transform_boxes(boxes, crop, emit=None, mirror=False):
     return out
 
 
-def satisfies(sample, boxes, constraint):
-    """Whether a sampled box meets a sample_constraint against the image's boxes (k, 4): the fork's
-    SatisfySampleConstraint, to the letter (a box that passes the first kind of test but fails a later one
-    still counts once the loop is through)."""
-    limits = {name: getattr(constraint, name) for name in SAMPLE_CONSTRAINT}
-    tests = [(kind, values) for kind, values in (
-        ("jaccard", jaccard_overlap(sample[None], boxes)), ("sample", bbox_coverage(sample[None], boxes)),
-        ("object", bbox_coverage(boxes, sample[None])))
-        if limits[f"min_{kind}_overlap" if kind == "jaccard" else f"min_{kind}_coverage"] is not None
-        or limits[f"max_{kind}_overlap" if kind == "jaccard" else f"max_{kind}_coverage"] is not None]
-    if not tests:
-        return True
-    found = False
-    for k in range(len(boxes)):
-        for kind, values in tests:
-            suffix = "overlap" if kind == "jaccard" else "coverage"
-            low, high = limits[f"min_{kind}_{suffix}"], limits[f"max_{kind}_{suffix}"]
-            if (low is not None and values[k] < low) or (high is not None and values[k] > high):
-                break
-            found = True
-        else:
-            if found:
-                return True
-    return found
+def satisfies(samples, boxes, constraint):
+    """(T,) bool: which sampled boxes (T, 4) meet a sample_constraint against the image's boxes (k, 4): the fork's
+    SatisfySampleConstraint. Its loop over the boxes keeps the flag of the first kind of test it runs (Jaccard
+    overlap, else sample coverage, else object coverage) once any box passes that one, whatever the later
+    kinds say: so a sample is kept when some box meets the limits of that first kind, as here."""
+    for kind, low, high in (("jaccard", "min_jaccard_overlap", "max_jaccard_overlap"),
+                            ("sample", "min_sample_coverage", "max_sample_coverage"),
+                            ("object", "min_object_coverage", "max_object_coverage")):
+        low, high = getattr(constraint, low), getattr(constraint, high)
+        if low is None and high is None:
+            continue
+        a, b = samples[:, None], boxes[None]
+        values = jaccard_overlap(a, b) if kind == "jaccard" else bbox_coverage(a, b) if kind == "sample" \
+            else bbox_coverage(b, a)
+        ok = numpy.ones(values.shape, bool)
+        if low is not None:
+            ok &= values >= low
+        if high is not None:
+            ok &= values <= high
+        return ok.any(axis=1)
+    return numpy.ones(len(samples), bool)
 
 
-def sample_box(sampler, r):
-    """A box of random scale and aspect ratio at a random place in the unit square: the fork's SampleBBox."""
-    scale = r.uniform(sampler.min_scale, sampler.max_scale)
-    aspect = r.uniform(sampler.min_aspect_ratio, sampler.max_aspect_ratio)
-    aspect = min(max(aspect, scale ** 2), 1 / scale ** 2)
-    width, height = scale * math.sqrt(aspect), scale / math.sqrt(aspect)
-    x, y = r.uniform(0, 1 - width), r.uniform(0, 1 - height)
-    return numpy.array([x, y, x + width, y + height], numpy.float32)
+def sample_boxes(sampler, count, r):
+    """``count`` boxes (count, 4) of random scale and aspect ratio at random places in the unit square: the fork's
+    SampleBBox, drawn at once."""
+    scale = r.uniform(sampler.min_scale, sampler.max_scale, count)
+    aspect = numpy.clip(r.uniform(sampler.min_aspect_ratio, sampler.max_aspect_ratio, count), scale ** 2,
+                        1 / scale ** 2)
+    width, height = scale * numpy.sqrt(aspect), scale / numpy.sqrt(aspect)
+    x = r.uniform(0, 1, count) * numpy.maximum(0, 1 - width)  # rounding: 1 - width may be -eps
+    y = r.uniform(0, 1, count) * numpy.maximum(0, 1 - height)
+    return numpy.stack([x, y, x + width, y + height], axis=1).astype(numpy.float32)
 
 
 def batch_samples(boxes, samplers, r):
     """The boxes the ``batch_sampler`` list keeps for an image with corner boxes (k, 4): the fork's
-    GenerateBatchSamples."""
+    GenerateBatchSamples (each sampler's first ``max_sample`` of ``max_trials`` samples that meet its
+    constraint)."""
     kept = []
     for s in samplers:
-        if not s.use_original_image:
+        if not s.use_original_image or s.max_trials == 0:
             continue
-        found = 0
-        for _ in range(s.max_trials):
-            if s.max_sample is not None and found >= s.max_sample:
-                break
-            sample = sample_box(s.sampler, r)  # located in the unit box: the whole image
-            if satisfies(sample, boxes, s.sample_constraint):
-                found += 1
-                kept.append(sample)
+        samples = sample_boxes(s.sampler, s.max_trials, r)  # located in the unit box: the whole image
+        good = samples[satisfies(samples, boxes, s.sample_constraint)]
+        kept += list(good if s.max_sample is None else good[:s.max_sample])
     return kept
 
 
