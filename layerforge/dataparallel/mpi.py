@@ -367,6 +367,21 @@ def parameters_digest(net):
     return hashlib.sha256(pack(trained).tobytes()).digest()
 
 
+class RankSum:
+    """``sum(values)``: a small float64 vector summed over the ranks, on a communicator of its own (the gradient
+    exchange may run its collectives on another thread meanwhile); ``count`` the ranks. A MultiBoxLoss counts the
+    matches of all the ranks' batches with it (its VALID normaliser is then the whole batch's)."""
+
+    def __init__(self, comm):
+        self.comm, self.count = comm.comm.Dup(), comm.size
+
+    def sum(self, values):
+        from mpi4py import MPI
+        out = numpy.array(values, numpy.float64).reshape(-1)
+        self.comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
+        return out
+
+
 def make_data_parallel(solver, comm, algorithm=None, digest=None):
     """Attach data-parallel training over ``comm`` to a Solver built with ``shard=(comm.rank, comm.size)``.
 
@@ -398,6 +413,11 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
                                                         algorithm or sp.allreduce.lower())
         solver.gradient_hooks.append(solver.sparse_exchange)
     solver.root = comm.rank == 0
+    losses = [layer for layer in solver.net.layers if layer.type == "MultiBoxLoss"]
+    if losses:
+        ranks = RankSum(comm)
+        for layer in losses:
+            layer.batch_group = ranks
 
     def test_reduce(sums, loss, n):
         flat = numpy.concatenate([numpy.asarray(s, numpy.float64).reshape(-1) for s in sums or []] + [[loss, n]])

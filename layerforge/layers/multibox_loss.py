@@ -11,6 +11,8 @@ over the matched (prior, class) pairs and, for the confidences, the matched prio
 (every prior without mining). ``loss.normalization``: VALID divides by the matched pairs, FULL by N P,
 BATCH_SIZE by N, NONE by 1 (at least 1 in every case). As in the fork, the location term counts only when
 ``propagate_down`` (default true, true, false, false) lets bottom 0 learn, the confidence term when bottom 1.
+Replicas that share a batch (``batch_group``: the CPU replicas, MPI ranks) count VALID's matches over all of
+them, so that the mean of their gradients is the whole batch's.
 """
 import numpy
 
@@ -64,6 +66,7 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
     label_bottom = 2
     backward_reads = ()  # forward keeps the gradients of the rows it scored
     capturable = False  # matching and mining decide on the host
+    batch_group = None  # replicas of one batch (CPU replicas, MPI ranks): ``sum(values)`` over them and ``count``
 
     @classmethod
     def validate_params(cls, lp):
@@ -123,6 +126,11 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
         self.num_matches = multibox.count_matches(matches)
         self.outer, self.inner = n, num_priors  # FULL: every prior of every image; VALID: the matched pairs
         self.norm = self.normalizer(self.num_matches)
+        if self.batch_group is not None and self.normalization == "VALID":
+            # replicas of one batch divide by the whole batch's matches, times the replicas: the mean of their
+            # gradients is then one process's
+            total = float(self.batch_group.sum([self.num_matches])[0])
+            self.norm = max(1.0, total) / self.batch_group.count
         loc_loss = self.location_loss(loc, matches, gt, priors, loc_host)
         conf_loss = self.confidence_loss(conf, matches, negatives, gt, n)
         loss = (p.loc_weight * loc_loss if self.learns[0] else 0.0) + (conf_loss if self.learns[1] else 0.0)

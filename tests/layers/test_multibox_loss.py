@@ -166,3 +166,49 @@ def test_bad_options_and_labels():
     mbox.setup(bottom, top)
     with pytest.raises(DataError, match="image 1 of the batch has a box of label 7, outside"):
         mbox.forward(bottom, top)
+
+
+class _Halves:
+    """The other replica of a batch split in two, as a batch_group: its match count is known beforehand."""
+
+    count = 2
+
+    def __init__(self, other):
+        self.other = other
+
+    def sum(self, values):
+        return numpy.array([values[0] + self.other])
+
+
+def test_two_replicas_are_one_process():
+    """Images {0, 2} and {1} as two replicas (ground truth split with them): with VALID normalisation, the mean of
+    their gradients is the whole batch's through batch_group, which counts the other replica's matches.
+    (BATCH_SIZE and FULL divide by a count per image: equal shares, as the replicas' are, need nothing.)"""
+    def run(rows, loc, conf, group=None):
+        mbox = layer()
+        mbox.batch_group = group
+        bottom = [make_blob(loc), make_blob(conf), make_blob(fork_priors()), make_blob(rows[None, None])]
+        top = [Blob((), numpy.float64)]
+        mbox.setup(bottom, top)
+        mbox.forward(bottom, top)
+        top[0].diff[...] = 1
+        mbox.backward(top, [True, True, False, False], bottom)
+        return mbox.num_matches, to_numpy(bottom[0].diff), to_numpy(bottom[1].diff)
+
+    whole = bottoms(True)
+    loc, conf, gt = (to_numpy(b.data) for b in (whole[0], whole[1], whole[3]))
+    gt = gt.reshape(-1, 8)
+    _, g_loc, g_conf = run(gt, loc, conf)
+    first = gt[gt[:, 0] != 1].copy()
+    first[:, 0] = numpy.where(first[:, 0] == 2, 1, first[:, 0])
+    second = gt[gt[:, 0] == 1].copy() if (gt[:, 0] == 1).any() else numpy.full((1, 8), -1.0)
+    second[:, 0] = numpy.where(second[:, 0] == 1, 0, second[:, 0])
+    m_first, _, _ = run(first, loc[[0, 2]], conf[[0, 2]])
+    m_second, _, _ = run(second, loc[[1]], conf[[1]])
+    _, loc_a, conf_a = run(first, loc[[0, 2]], conf[[0, 2]], _Halves(m_second))
+    _, loc_b, conf_b = run(second, loc[[1]], conf[[1]], _Halves(m_first))
+    assert m_first > 0 and m_second == 0  # image 1 has no box: the replica alone would divide by 1
+    for g_whole, a, b in ((g_loc, loc_a, loc_b), (g_conf, conf_a, conf_b)):
+        replicas = numpy.empty_like(g_whole)
+        replicas[[0, 2]], replicas[[1]] = a, b
+        numpy.testing.assert_allclose(replicas / 2, g_whole, rtol=1e-12, atol=1e-15)  # the exchange's mean
