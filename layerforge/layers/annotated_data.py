@@ -12,10 +12,12 @@ from .data import BaseData, Data
 
 @register_layer("AnnotatedData")
 class AnnotatedData(BaseData):
-    """Reads an LMDB of the fork's AnnotatedDatum records (``layerforge convert_annoset`` writes them) and applies
-    the fork's augmentation: distortion, expansion, IoU-constrained crops (``batch_sampler``), resizing, crop and
-    mirror, moving the boxes along (layerforge/data/detection_transform.py). Made by the decode workers; a batch
-    is a function of the seed and the read position, as Data's.
+    """Images and their boxes from an LMDB of the SSD fork's AnnotatedDatum records, augmented as the fork does.
+
+    ``layerforge convert_annoset`` writes the records. The augmentation: distortion, expansion, IoU-constrained
+    crops (``batch_sampler``), resizing, crop and mirror, the boxes moved along
+    (layerforge/data/detection_transform.py). Made by the decode workers; a batch is a function of the seed and
+    the read position, as Data's.
 
     Tops: ``data`` (N, C, h, w), ``(pixel - mean) * scale``; ``label`` the fork's ground-truth list
     (1, 1, K, 8) of rows ``image, label, instance, xmin, ymin, xmax, ymax, difficult`` in [0, 1] (one row of

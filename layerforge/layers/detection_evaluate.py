@@ -1,17 +1,4 @@
-"""DetectionEvaluate: true and false positives of detections against the ground truth (the SSD fork's layer).
-
-Bottoms: DetectionOutput's detections (1, 1, D, 7) ``image, label, score, xmin, ymin, xmax, ymax`` and
-AnnotatedData's ground truth (1, 1, K, 8). Top (1, 1, C' + D', 5) rows ``image, label, score, tp, fp``: first,
-for each class but the background, ``-1, class, number of ground-truth boxes, -1, -1`` (not counting difficult
-boxes unless ``evaluate_difficult_gt``); then one row per detection, by image, by label, by descending score.
-A detection is a true positive when its best Jaccard overlap with a box of its class and image reaches
-``overlap_threshold`` and that box was not taken by a higher-scoring detection; a detection whose best box is
-difficult (and not evaluated) gets tp = fp = 0 and counts for nothing. The solver's and ``layerforge test``'s
-mAP is computed from these rows (layerforge/kernels/average_precision.py).
-
-With ``name_size_file`` (``name height width`` lines in the order of the test database), boxes are compared in
-pixels of each original image, as the fork does (``resize_param`` undoes its resizing first).
-"""
+"""DetectionEvaluate: true and false positives of detections (the SSD fork's layer)."""
 import numpy
 
 from ..backend import to_numpy
@@ -65,7 +52,20 @@ def pixel_overlap(a, b):
 
 @register_layer("DetectionEvaluate")
 class DetectionEvaluate(Layer):
-    """The fork's DetectionEvaluate; see the module docstring."""
+    """True and false positives of detections against the ground truth, for the mAP (the SSD fork's layer).
+
+    Bottoms: DetectionOutput's detections (1, 1, D, 7) ``image, label, score, xmin, ymin, xmax, ymax`` and
+    AnnotatedData's ground truth (1, 1, K, 8). Top (1, 1, C' + D', 5) rows ``image, label, score, tp, fp``: first,
+    for each class but the background, ``-1, class, number of ground-truth boxes, -1, -1`` (not counting difficult
+    boxes unless ``evaluate_difficult_gt``); then one row per detection, by image, by label, by descending score.
+    A detection is a true positive when its best Jaccard overlap with a box of its class and image reaches
+    ``overlap_threshold`` and that box was not taken by a higher-scoring detection; a detection whose best box is
+    difficult (and not evaluated) gets tp = fp = 0 and counts for nothing. The solver's and ``layerforge test``'s
+    mAP is computed from these rows (layerforge/kernels/average_precision.py).
+
+    With ``name_size_file`` (``name height width`` lines in the order of the test database), boxes are compared in
+    pixels of each original image, as the fork does (``resize_param`` undoes its resizing first).
+    """
 
     param_blocks = {"detection_evaluate": {
         "num_classes": Field("int", None, min=1, doc="classes predicted, background included (required)"),

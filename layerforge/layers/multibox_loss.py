@@ -1,19 +1,4 @@
-"""MultiBoxLoss: SSD's training loss (the SSD fork's MultiBoxLossLayer), location regression plus confidence.
-
-Bottoms: location predictions (N, P L 4) (L = 1 with ``share_location``, else ``num_classes``), confidence
-scores (N, P C), the priors (1, 2, 4 P) (PriorBox's boxes then variances) and the ground truth (1, 1, K, 8)
-(AnnotatedData's list). The bookkeeping (matching, mining) runs on the host, as the fork does it even on a GPU
-(layerforge/kernels/multibox.py); the losses and gradients run on the predictions' device.
-
-    loss = (loc_weight * sum_matched loc_loss(scale * loc - target) + sum_scored conf_loss) / normalizer
-
-over the matched (prior, class) pairs and, for the confidences, the matched priors and the mined negatives
-(every prior without mining). ``loss.normalization``: VALID divides by the matched pairs, FULL by N P,
-BATCH_SIZE by N, NONE by 1 (at least 1 in every case). As in the fork, the location term counts only when
-``propagate_down`` (default true, true, false, false) lets bottom 0 learn, the confidence term when bottom 1.
-Replicas that share a batch (``batch_group``: the CPU replicas, MPI ranks) count VALID's matches over all of
-them, so that the mean of their gradients is the whole batch's.
-"""
+"""MultiBoxLoss: SSD's training loss (the SSD fork's MultiBoxLossLayer)."""
 import numpy
 
 from ..backend import to_numpy
@@ -59,7 +44,22 @@ MULTIBOX_LOSS = {
 
 @register_layer("MultiBoxLoss")
 class MultiBoxLoss(_LossNormalization, LossLayer):
-    """SSD's MultiBox loss; see the module docstring. Bottoms 2 (priors) and 3 (ground truth) take no gradient."""
+    """SSD's training loss, location regression plus confidence (the SSD fork's MultiBoxLossLayer).
+
+    Bottoms: location predictions (N, P L 4) (L = 1 with ``share_location``, else ``num_classes``), confidence
+    scores (N, P C), the priors (1, 2, 4 P) (PriorBox's boxes then variances) and the ground truth (1, 1, K, 8)
+    (AnnotatedData's list). The bookkeeping (matching, mining) runs on the host, as the fork does it even on a GPU
+    (layerforge/kernels/multibox.py); the losses and gradients run on the predictions' device.
+
+        loss = (loc_weight * sum_matched loc_loss(scale * loc - target) + sum_scored conf_loss) / normalizer
+
+    over the matched (prior, class) pairs and, for the confidences, the matched priors and the mined negatives
+    (every prior without mining). ``loss.normalization``: VALID divides by the matched pairs, FULL by N P,
+    BATCH_SIZE by N, NONE by 1 (at least 1 in every case). As in the fork, the location term counts only when
+    ``propagate_down`` (default true, true, false, false) lets bottom 0 learn, the confidence term when bottom 1.
+    Replicas that share a batch (``batch_group``: the CPU replicas, MPI ranks) count VALID's matches over all of
+    them, so that the mean of their gradients is the whole batch's.
+    """
 
     param_blocks = {"multibox_loss": MULTIBOX_LOSS, "loss": LOSS}
     num_bottom = (4, 4)
