@@ -3,8 +3,8 @@
 ``make(root)`` writes, under ``root/data/shapes/`` (the layout of the SSD fork's ``data/VOC0712``):
 
 - ``JPEGImages/NNNNNN.jpg``: 2,000 training and 400 test images (``trainval`` and ``test``) of 112 to 160
-  pixels a side, each showing one to four objects of four classes, ``circle``, ``square``, ``triangle`` and
-  ``cross``, of random colour, size (14% to 50% of the shorter side) and place, on a background of a random
+  pixels a side, each showing one to three objects of four classes, ``circle``, ``square``, ``triangle`` and
+  ``cross``, of random colour, size (20% to 55% of the shorter side) and place, on a background of a random
   colour gradient, noise, lines, arcs and dots in random colours (clutter that belongs to no class); objects
   may overlap a little (at most 20% of the smaller one is covered) and are not clipped by the border;
 - ``Annotations/NNNNNN.xml``: PASCAL VOC annotation files (pixel ``bndbox``, ``difficult`` 0);
@@ -26,7 +26,8 @@ from .annotations import convert_annoset, write_label_map
 from .lmdb_io import lmdb_exists
 
 CLASSES = ("circle", "square", "triangle", "cross")
-SPLITS = (("trainval", 2000, 0), ("test", 400, 1))
+SPLITS = (("trainval", 0), ("test", 1))  # name, seed
+COUNTS = (2000, 400)
 FOLDER = os.path.join("data", "shapes")
 LABEL_MAP = "labelmap_shapes.prototxt"
 MAX_OVERLAP = 0.2  # of the smaller box: no object hides another
@@ -94,9 +95,9 @@ def scene(r):
     height, width = (int(v) for v in r.integers(112, 161, 2))
     image = background(r, height, width)
     objects = []
-    for _ in range(int(r.integers(1, 5))):
+    for _ in range(int(r.integers(1, 4))):
         for _ in range(20):  # a place that does not hide the objects already drawn
-            side = r.uniform(0.14, 0.5) * min(height, width)
+            side = r.uniform(0.2, 0.55) * min(height, width)
             aspect = math.exp(r.uniform(-0.35, 0.35))
             w, h = int(side * aspect), int(side / aspect)
             x0, y0 = int(r.integers(0, width - w)), int(r.integers(0, height - h))
@@ -120,8 +121,9 @@ def voc_xml(name, height, width, objects):
     return "\n".join(lines + ["</annotation>", ""])
 
 
-def make(root="."):
-    """Write the set under ``root/data/shapes`` (see the module docstring); returns the two database paths."""
+def make(root=".", counts=COUNTS):
+    """Write the set under ``root/data/shapes`` (see the module docstring; ``counts`` the training and test images)
+    and return the two database paths."""
     import cv2
     folder = os.path.join(root, FOLDER)
     for sub in ("JPEGImages", "Annotations"):
@@ -129,11 +131,11 @@ def make(root="."):
     label_map = os.path.join(folder, LABEL_MAP)
     write_label_map(label_map, [("none_of_the_above", 0, "background")] +
                     [(name, k + 1, name) for k, name in enumerate(CLASSES)])
-    databases = [os.path.join(folder, f"shapes_{split}_lmdb") for split, _, _ in SPLITS]
+    databases = [os.path.join(folder, f"shapes_{split}_lmdb") for split, _ in SPLITS]
     if all(lmdb_exists(db) for db in databases):
         return databases
     first = 0
-    for (split, count, seed), db in zip(SPLITS, databases):
+    for (split, seed), count, db in zip(SPLITS, counts, databases):
         r = numpy.random.default_rng(seed)
         entries, sizes = [], []
         for k in range(first, first + count):
