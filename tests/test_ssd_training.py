@@ -3,7 +3,6 @@ iterations by the solver with the fork's detection test (mAP logged), and `layer
 import logging
 import os
 
-import numpy
 import pytest
 import yaml
 

@@ -127,7 +127,8 @@ def test_value_by_hand():
     mbox.backward(top, [True, True, False, False], bottom)
     numpy.testing.assert_allclose(to_numpy(bottom[0].diff), [[2 * 0.05, -2, 2, 0, 0, 0, 0, 0]])
     p = 1 / (1 + numpy.exp(-numpy.array([1.0, 1.5])))  # softmax of prior 0's class 1 and of prior 1's class 0
-    numpy.testing.assert_allclose(to_numpy(bottom[1].diff), [[2 * (1 - p[0]), 2 * (p[0] - 1), 2 * (p[1] - 1), 2 * (1 - p[1])]])
+    numpy.testing.assert_allclose(to_numpy(bottom[1].diff),
+                                  [[2 * (1 - p[0]), 2 * (p[0] - 1), 2 * (p[1] - 1), 2 * (1 - p[1])]])
 
 
 def test_the_location_term_follows_propagate_down():
