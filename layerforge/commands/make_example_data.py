@@ -6,7 +6,8 @@ HELP = ("write the data of Caffe's example nets (mnist, siamese, cifar10, hdf5_c
 
 
 def add_arguments(parser):
-    parser.add_argument("names", nargs="+", choices=EXAMPLES + ("all",), help="which examples' data to make")
+    parser.add_argument("names", nargs="+", choices=tuple(MAKERS) + ("all",),
+                        help="which examples' data to make (all: Caffe's examples, not shapes)")
     parser.add_argument("--root", default=".", help="the folder the examples run from (Caffe's root)")
 
 

@@ -370,13 +370,20 @@ def parameters_digest(net):
 class RankSum:
     """``sum(values)``: a small float64 vector summed over the ranks, on a communicator of its own (the gradient
     exchange may run its collectives on another thread meanwhile); ``count`` the ranks. A MultiBoxLoss counts the
-    matches of all the ranks' batches with it (its VALID normaliser is then the whole batch's)."""
+    matches of all the ranks' batches with it (its VALID normaliser is then the whole batch's).
+
+    Only the training passes, which every rank makes in step, may sum: the solver's pass hook :meth:`arm` allows
+    the next sum; a forward that rank 0 alone makes (the final loss line) finds it disarmed and sums nothing."""
 
     def __init__(self, comm):
-        self.comm, self.count = comm.comm.Dup(), comm.size
+        self.comm, self.count, self.armed = comm.comm.Dup(), comm.size, False
+
+    def arm(self, solver, k):
+        self.armed = True
 
     def sum(self, values):
         from mpi4py import MPI
+        self.armed = False
         out = numpy.array(values, numpy.float64).reshape(-1)
         self.comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
         return out
@@ -416,6 +423,7 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
     losses = [layer for layer in solver.net.layers if layer.type == "MultiBoxLoss"]
     if losses:
         ranks = RankSum(comm)
+        solver.pass_hooks.append(ranks.arm)
         for layer in losses:
             layer.batch_group = ranks
 

@@ -66,7 +66,9 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
     label_bottom = 2
     backward_reads = ()  # forward keeps the gradients of the rows it scored
     capturable = False  # matching and mining decide on the host
-    batch_group = None  # replicas of one batch (CPU replicas, MPI ranks): ``sum(values)`` over them and ``count``
+    # replicas of one batch (CPU replicas, MPI ranks): ``sum(values)`` over them and ``count``; an ``armed`` False
+    # group (MPI, outside the training passes the ranks make in step) is not asked
+    batch_group = None
 
     @classmethod
     def validate_params(cls, lp):
@@ -86,6 +88,8 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
         if p.map_object_to_agnostic and p.num_classes != (2 if p.background_label_id >= 0 else 1):
             raise lp.error("map_object_to_agnostic needs num_classes 2 (1 without a background)",
                            "multibox_loss.num_classes")
+        if not lp.propagate_down:  # the fork's default: the predictions learn, the priors and labels do not
+            lp.propagate_down = [True, True, False, False]
 
     def allow_force_backward(self, bottom_index):
         return bottom_index < 2
@@ -126,7 +130,7 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
         self.num_matches = multibox.count_matches(matches)
         self.outer, self.inner = n, num_priors  # FULL: every prior of every image; VALID: the matched pairs
         self.norm = self.normalizer(self.num_matches)
-        if self.batch_group is not None and self.normalization == "VALID":
+        if self.batch_group is not None and self.normalization == "VALID" and getattr(self.batch_group, "armed", True):
             # replicas of one batch divide by the whole batch's matches, times the replicas: the mean of their
             # gradients is then one process's
             total = float(self.batch_group.sum([self.num_matches])[0])
