@@ -1,5 +1,6 @@
 """AnnotatedData: the SSD fork's data layer, images with boxes from an LMDB of AnnotatedDatum records."""
 from .. import rng
+from ..data import shapes
 from ..data.annotations import decode_annotated
 from ..data.detection_transform import (ANNOTATED_TRANSFORM, BATCH_SAMPLER, AnnotatedBatches, check_params,
                                         check_sampler, new_size)
@@ -56,7 +57,9 @@ class AnnotatedData(BaseData):
         try:
             return LMDBReader(resolve_path(p.source), decode=decode_annotated)
         except DataError as e:
-            raise DataError(f"layer '{self.name}' (AnnotatedData): data.source '{p.source}': {e}") from None
+            hint = " (make it with `layerforge make_example_data shapes`)" \
+                if p.source.replace("\\", "/").startswith(f"{shapes.FOLDER}/") else ""
+            raise DataError(f"layer '{self.name}' (AnnotatedData): data.source '{p.source}': {e}{hint}") from None
 
     def layer_setup(self, bottom, top):
         p, t, a = self.layer_param.data, self.layer_param.transform, self.layer_param.annotated_data
