@@ -59,6 +59,7 @@ def test_zoo_net_trains_and_tests_with_map(small_shapes, caplog):
         getattr(layer, "close", lambda: None)()
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # an untrained test net: BatchNorm's statistics are all 0
 def test_layerforge_test_scores_the_map(small_shapes):
     _, train, test = small_shapes
     net = Net(zoo_net(train, test), phase="test")
