@@ -401,6 +401,16 @@ FORKS = {
     "fast-rcnn": "rbgirshick/caffe-fast-rcnn (Fast/Faster R-CNN)",
     "segnet": "alexgkendall/caffe-segnet (SegNet)",
     "enet": "TimoSaemann/caffe-enet (ENet)",
+    "opencv": "OpenCV's caffe.proto (opencv/opencv, modules/dnn)",
+}
+
+# the layer types each fork registers beyond BVLC's (its REGISTER_LAYER_CLASS lines)
+FORK_LAYER_TYPES = {
+    "ssd": ("AnnotatedData", "DetectionEvaluate", "DetectionOutput", "MultiBoxLoss", "Normalize", "Permute",
+            "PriorBox", "SmoothL1Loss", "VideoData"),
+    "fast-rcnn": ("ROIPooling", "SmoothL1Loss"),
+    "segnet": ("BN", "DenseImageData", "Upsample"),
+    "enet": ("BN", "DenseImageData", "Upsample"),
 }
 
 FORK_ENUMS = {
@@ -640,6 +650,18 @@ FORK_FIELDS = {
             ("label_divide_factor", 13, "?", "uint32", 1),
         ),
     },
+    "opencv": {
+        "PriorBoxParameter": (
+            ("offset_h", 14, "*", "float"), ("offset_w", 15, "*", "float"), ("width", 16, "*", "float"),
+            ("height", 17, "*", "float"),
+        ),
+        "DetectionOutputParameter": (
+            ("normalized_bbox", 10, "?", "bool", True), ("clip", 1000, "?", "bool", False),
+        ),
+        "BatchNormParameter": (
+            ("scale_bias", 7, "?", "bool", False),
+        ),
+    },
 }
 
 CLASHES = []   # (fork, message, field tuple, what it clashes with): fork fields left out of the table
@@ -678,6 +700,30 @@ def _merge_forks():
 
 
 _merge_forks()
+
+
+def fork_names(forks):
+    """``["segnet", "enet"]`` -> ``"alexgkendall/caffe-segnet (SegNet) and TimoSaemann/caffe-enet (ENet)"``."""
+    return " and ".join(FORKS[f] for f in forks)
+
+
+def forks_of_layer_type(layer_type):
+    """The forks (``FORKS`` keys) that register layer type ``layer_type``, in ``FORKS`` order."""
+    return [f for f in FORKS if layer_type in FORK_LAYER_TYPES.get(f, ())]
+
+
+def field_type(message, field):
+    """The message type name of ``message``'s ``field`` (``"LayerParameter"``, ``"norm_param"`` ->
+    ``"NormalizeParameter"``), a fork's field left out by a clash included; None for a scalar or unknown field."""
+    descriptor = POOL.FindMessageTypeByName(f"{PACKAGE}.{message}") if message in MESSAGES else None
+    found = descriptor.fields_by_name.get(field) if descriptor is not None else None
+    if found is not None:
+        return found.message_type.name if found.message_type is not None else None
+    for fork in FORKS:
+        for f in FORK_FIELDS.get(fork, {}).get(message, ()) + FORK_MESSAGES.get(fork, {}).get(message, ()):
+            if f[0] == field and f[3] in MESSAGES:
+                return f[3]
+    return None
 
 
 def fork_of(message, field=None):

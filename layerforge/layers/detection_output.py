@@ -38,7 +38,8 @@ class DetectionOutput(Layer):
     """Detections of each image: location predictions decoded against the priors, per-class NMS, the best kept.
 
     Bottoms: loc (N, P L 4) offsets of the P priors (L = 1 with ``share_location``, else ``num_classes``), conf
-    (N, P C) class confidences (after a softmax), priors (1, 2, P 4) from PriorBox (boxes, then variances).
+    (N, P C) class confidences (after a softmax), priors (1, 2, P 4) from PriorBox (boxes, then variances); an
+    optional fourth bottom, the image, serves the fork's ``visualize`` only.
     Each class other than ``background_label_id`` keeps the boxes :func:`layerforge.kernels.bbox.detections`
     keeps (scores above ``confidence_threshold``, NMS with ``nms_param``), then the image keeps its best
     ``keep_top_k``. Decoding follows ``code_type`` and ``variance_encoded_in_target``; ``clip`` (OpenCV's field)
@@ -66,7 +67,7 @@ class DetectionOutput(Layer):
         "save_file": Field("str", "", doc="the fork's video of the display (no effect here)"),
         "clip": Field("bool", False, doc="OpenCV's field: clamp the decoded boxes to [0, 1]"),
     }}
-    num_bottom = (3, 3)
+    num_bottom = (3, 4)  # a fourth, the image, is for the fork's visualize
     has_backward = False
     backward_reads = ()
     capturable = False  # the top's size follows the data
@@ -96,8 +97,11 @@ class DetectionOutput(Layer):
         n = bottom[0].shape[0]
         for i, per_prior, what in ((0, loc_classes * 4, "location"), (1, p.num_classes, "confidence")):
             if bottom[i].shape[0] != n or bottom[i].count != n * self.num_priors * per_prior:
+                hint = ("; twice the priors' count: TextBoxes' fork repeats every prior half a cell lower (give its "
+                        "PriorBox layers OpenCV's offset_w: [0.5, 0.5] and offset_h: [0.5, 1.0])"
+                        if bottom[i].count == 2 * n * self.num_priors * per_prior else "")
                 raise ShapeError(f"{what} predictions of shape {bottom[i].shape} do not fit {self.num_priors} priors "
-                                 f"x {per_prior} per image", key=f"bottom[{i}]")
+                                 f"x {per_prior} per image{hint}", key=f"bottom[{i}]")
         top[0].reshape(1, 1, 1, 7)
 
     def forward(self, bottom, top):

@@ -17,6 +17,11 @@ class PriorBox(Layer):
     aspect ratio r other than 1 (in the order given, each followed by 1/r with ``flip``, repeats dropped) the
     m sqrt(r) x m / sqrt(r) box. ``clip`` clamps the coordinates to [0, 1].
 
+    OpenCV's fields: ``width`` / ``height`` list the boxes' sizes in pixels instead of min_size, max_size and
+    aspect_ratio; ``offset_w`` / ``offset_h`` (pairs, instead of ``offset``) place each box once per pair of
+    offsets, in that order. TextBoxes' fork repeats every box half a cell lower: its PriorBox layers are
+    ``offset_w: [0.5, 0.5], offset_h: [0.5, 1.0]`` in these terms.
+
     Shapes: bottom[0] (N, C, H, W), bottom[1] (N, C', H', W') -> top (1, 2, H W P 4) with P priors per cell:
     top[0, 0] the boxes ``[xmin, ymin, xmax, ymax]`` cell by cell (row-major), top[0, 1] their variances (one
     value for all four coordinates, or four; default 0.1). No gradient.
@@ -36,6 +41,10 @@ class PriorBox(Layer):
         "step_h": Field("float", None, doc="pixels between cell centres vertically (with step_w)"),
         "step_w": Field("float", None, doc="pixels between cell centres horizontally (with step_h)"),
         "offset": Field("float", 0.5, doc="centre of a cell, in cells from its top-left corner"),
+        "offset_h": Field("floats", [], doc="OpenCV's: vertical offsets, one box per (offset_w, offset_h) pair"),
+        "offset_w": Field("floats", [], doc="OpenCV's: horizontal offsets (as many as offset_h)"),
+        "width": Field("floats", [], min=0.0, doc="OpenCV's: box widths in pixels (instead of min_size ...)"),
+        "height": Field("floats", [], min=0.0, doc="OpenCV's: box heights in pixels (as many as width)"),
     }}
     num_bottom = (2, 2)
     has_backward = False
@@ -44,7 +53,14 @@ class PriorBox(Layer):
     @classmethod
     def validate_params(cls, lp):
         p = lp.prior_box
-        if not p.min_size or any(m <= 0 for m in p.min_size):
+        if len(p.width) != len(p.height):
+            raise lp.error(f"gives {len(p.width)} width for {len(p.height)} height", "prior_box.width")
+        if p.width and (p.min_size or p.max_size or p.aspect_ratio):
+            raise lp.error("give the boxes' width and height, or min_size (max_size, aspect_ratio), not both",
+                           "prior_box.width")
+        if len(p.offset_h) != len(p.offset_w) or (p.offset_h and p.given("offset")):
+            raise lp.error("give offset, or as many offset_w as offset_h", "prior_box.offset_h")
+        if not p.width and (not p.min_size or any(m <= 0 for m in p.min_size)):
             raise lp.error("give one or more min_size, each positive", "prior_box.min_size")
         if p.max_size and len(p.max_size) != len(p.min_size):
             raise lp.error(f"gives {len(p.max_size)} max_size for {len(p.min_size)} min_size", "prior_box.max_size")
@@ -76,7 +92,12 @@ class PriorBox(Layer):
                 side = math.sqrt(m * int(p.max_size[k]))
                 sizes.append((side, side))
             sizes += [(m * math.sqrt(r), m / math.sqrt(r)) for r in ratios if abs(r - 1.0) >= 1e-6]
-        self.half_sizes = numpy.asarray(sizes, dtype=numpy.float64) / 2
+        if p.width:
+            sizes = list(zip(p.width, p.height))
+        # (box, offset) pairs: each box at each offset, in that order
+        offsets = list(zip(p.offset_w, p.offset_h)) or [(p.offset, p.offset)]
+        self.half_sizes = numpy.repeat(numpy.asarray(sizes, dtype=numpy.float64) / 2, len(offsets), axis=0)
+        self.offsets = numpy.tile(numpy.asarray(offsets, dtype=numpy.float64), (len(sizes), 1))
         self.variance = p.variance or [0.1]
 
     def reshape(self, bottom, top):
@@ -90,9 +111,8 @@ class PriorBox(Layer):
             bottom[1].shape[2:4]
         step_h, step_w = (p.step_h, p.step_w) if p.step_h else (p.step, p.step) if p.step else \
             (img_h / h, img_w / w)
-        cy = (numpy.arange(h) + p.offset) * step_h
-        cx = (numpy.arange(w) + p.offset) * step_w
-        centers = numpy.stack(numpy.broadcast_arrays(cx[None, :], cy[:, None]), axis=-1)[:, :, None, :]  # (h, w, 1, 2)
+        cells = numpy.stack(numpy.broadcast_arrays(numpy.arange(w)[None, :], numpy.arange(h)[:, None]), axis=-1)
+        centers = (cells[:, :, None, :] + self.offsets) * numpy.asarray([step_w, step_h])  # (h, w, boxes, 2) x, y
         extent = numpy.asarray([img_w, img_h], dtype=numpy.float64)
         boxes = numpy.concatenate([(centers - self.half_sizes) / extent, (centers + self.half_sizes) / extent], -1)
         if p.clip:

@@ -64,7 +64,7 @@ class CaffeConverter(NetConverter):
             elif name in SOLVER_KEYS:
                 put(out, name, self.value(entries, SOLVER_KEYS[name], name, where, name), line)
             else:
-                raise self.error(f"Caffe field '{name}' has no layerforge equivalent", line, key=name)
+                raise self.no_equivalent(name, "SolverParameter", line, key=name)
         if "base_lr" not in out:
             put(out, "base_lr", 0.0, None)  # Caffe's default; layerforge's own default is 0.01
             self.notes.append("base_lr is not given: Caffe's default 0 is written out")

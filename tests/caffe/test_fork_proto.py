@@ -115,13 +115,23 @@ def test_the_other_forks_layer_messages():
     assert number("LayerParameter", "dense_image_data_param") == 46  # ENet's (SegNet's 138 is BVLC's tile_param)
 
 
+def test_opencvs_own_fields():
+    # opencv-caffe.proto, as the descriptor in OpenCV 4's cv2 module has them
+    assert [number("PriorBoxParameter", f) for f in ("offset_h", "offset_w", "width", "height")] == [14, 15, 16, 17]
+    assert number("DetectionOutputParameter", "clip") == 1000 and caffe_pb.DetectionOutputParameter().clip is False
+    assert caffe_pb.BatchNormParameter().scale_bias is False
+    assert caffe_pb.fork_of("DetectionOutputParameter", "normalized_bbox") == ["opencv"]  # 10 is SSD's visualize
+
+
 def test_fork_of_names_the_forks():
     assert caffe_pb.fork_of("LayerParameter", "norm_param") == ["ssd"]
     assert caffe_pb.fork_of("PriorBoxParameter") == ["ssd"] and caffe_pb.fork_of("PriorBoxParameter.CodeType") == ["ssd"]
     assert caffe_pb.fork_of("LayerParameter", "upsample_param") == ["segnet", "enet"]
     assert caffe_pb.fork_of("ROIPoolingParameter") == ["fast-rcnn"]
     assert caffe_pb.fork_of("LayerParameter", "convolution_param") == [] and caffe_pb.fork_of("NetParameter") == []
-    assert set(caffe_pb.FORKS) == {"ssd", "fast-rcnn", "segnet", "enet"}
+    assert set(caffe_pb.FORKS) == {"ssd", "fast-rcnn", "segnet", "enet", "opencv"}
+    assert caffe_pb.forks_of_layer_type("SmoothL1Loss") == ["ssd", "fast-rcnn"]
+    assert caffe_pb.forks_of_layer_type("Convolution") == []
 
 
 def test_fields_whose_numbers_bvlc_uses_are_left_out_and_listed():

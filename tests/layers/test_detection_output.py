@@ -96,6 +96,16 @@ def test_keep_top_k_and_confidence_threshold(xp):
                                                  "0 1 0.6 0.15 0.55 0.45 0.85", "1 1 0.6 0.45 0.45 0.75 0.75"])
 
 
+def test_a_fourth_bottom_the_image_is_accepted():
+    layer = create_layer({"type": "DetectionOutput", "bottom": ["loc", "conf", "prior", "image"], "top": "det",
+                          "detection_output": {"num_classes": CLASSES, "nms_param": {"nms_threshold": 0.1}}})
+    bottom, top = bottoms(True, numpy) + [Blob((2, 3, 8, 8))], Blob(())
+    layer.setup(bottom, [top])
+    layer.forward(bottom, [top])
+    check(top.data, ["0 1 1.0 0.15 0.15 0.45 0.45", "0 1 0.8 0.55 0.15 0.85 0.45", "0 1 0.6 0.15 0.55 0.45 0.85",
+                     "0 1 0.4 0.55 0.55 0.85 0.85", "1 1 0.6 0.45 0.45 0.75 0.75", "1 1 0.0 0.25 0.25 0.55 0.55"])
+
+
 def test_no_detection_gives_one_row_per_image(xp):
     check(detect(xp, confidence_threshold=2.0), ["0 -1 -1 -1 -1 -1 -1", "1 -1 -1 -1 -1 -1 -1"])
 

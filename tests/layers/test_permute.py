@@ -57,3 +57,19 @@ def test_bad_orders():
         permute([0, 2, 2])
     with pytest.raises(ShapeError, match="does not have"):
         forward([0, 4], numpy.zeros((2, 3, 4, 5)))
+
+
+def test_matches_torch_permute():
+    torch = pytest.importorskip("torch")
+    x = numpy.random.default_rng(4).standard_normal((2, 3, 4, 5))
+    gy = numpy.random.default_rng(5).standard_normal((2, 4, 5, 3))
+    layer, bottom, top = permute([0, 2, 3, 1]), make_blob(x), Blob((), numpy.float64)
+    layer.setup([bottom], [top])
+    layer.forward([bottom], [top])
+    top.diff[...] = gy
+    layer.backward([top], [True], [bottom])
+    xt = torch.tensor(x, requires_grad=True)
+    yt = xt.permute(0, 2, 3, 1)
+    (yt * torch.tensor(gy)).sum().backward()
+    numpy.testing.assert_array_equal(top.data, yt.detach().numpy())
+    numpy.testing.assert_array_equal(bottom.diff, xt.grad.numpy())

@@ -116,3 +116,29 @@ def test_min_size_is_truncated_to_pixels_as_the_fork_does():
 def test_bad_parameters(block, message):
     with pytest.raises(ConfigError, match=message):
         priors(block)
+
+
+def test_opencvs_offsets_place_each_box_at_each_offset(xp):
+    # TextBoxes' fork: every box also half a cell lower; OpenCV writes it offset_w [0.5, 0.5], offset_h [0.5, 1.0]
+    top = priors({"max_size": [], "offset_w": [0.5, 0.5], "offset_h": [0.5, 1.0]}, xp)
+    assert top.shape == (1, 2, 100 * 2 * 4)
+    near(top, 0, [0.03, 0.03, 0.07, 0.07])
+    near(top, 4, [0.03, 0.08, 0.07, 0.12])
+    near(top, (4 * 10 + 4) * 2 * 4 + 4, [0.43, 0.48, 0.47, 0.52])
+
+
+def test_opencvs_explicit_box_sizes(xp):
+    top = priors({"min_size": [], "max_size": [], "width": [4, 8], "height": [6, 2]}, xp)
+    near(top, 0, [0.03, 0.02, 0.07, 0.08])
+    near(top, 4, [0.01, 0.04, 0.09, 0.06])
+
+
+@pytest.mark.parametrize("block, message", [
+    ({"width": [4], "height": []}, "gives 1 width for 0 height"),
+    ({"width": [4], "height": [4]}, "width and height, or min_size"),
+    ({"offset_h": [0.5, 1.0], "offset_w": [0.5]}, "as many offset_w as offset_h"),
+    ({"offset_h": [0.5], "offset_w": [0.5], "offset": 0.5}, "as many offset_w as offset_h"),
+])
+def test_bad_opencv_fields(block, message):
+    with pytest.raises(ConfigError, match=message):
+        priors(block)
