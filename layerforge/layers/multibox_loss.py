@@ -59,6 +59,11 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
     ``propagate_down`` (default true, true, false, false) lets bottom 0 learn, the confidence term when bottom 1.
     Replicas that share a batch (``batch_group``: the CPU replicas, MPI ranks) count VALID's matches over all of
     them, so that the mean of their gradients is the whole batch's.
+
+    Deliberate differences from the fork's C++: with LOGISTIC confidences and no mining, the fork writes image
+    i's targets from row i P on instead of i P C (every image's targets land in the first images' rows); here
+    each image's rows get its own. ``map_object_to_agnostic`` maps the labels before mining too (the fork's
+    mining fails its label check there). Mining orders equal losses by prior (the fork's std::sort does not say).
     """
 
     param_blocks = {"multibox_loss": MULTIBOX_LOSS, "loss": LOSS}
