@@ -60,9 +60,9 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
     Replicas that share a batch (``batch_group``: the CPU replicas, MPI ranks) count VALID's matches over all of
     them, so that the mean of their gradients is the whole batch's.
 
-    Deliberate differences from the fork's C++: with LOGISTIC confidences and no mining, the fork writes image
-    i's targets from row i P on instead of i P C (every image's targets land in the first images' rows); here
-    each image's rows get its own. ``map_object_to_agnostic`` maps the labels before mining too (the fork's
+    Deliberate differences from the fork's C++: with LOGISTIC confidences and no mining, the fork offsets image
+    i's targets by i P values instead of i P C (so they land in the first images' rows); here each image's rows
+    get its own. ``map_object_to_agnostic`` maps the labels before mining too (the fork's
     mining fails its label check there). Mining orders equal losses by prior (the fork's std::sort does not say).
     """
 
