@@ -433,8 +433,8 @@ def test_faster_rcnn_test_prototxt_runs_with_the_projects_proposal_layer(tmp_pat
 
 @pytest.mark.parametrize("name", sorted(SSD_NETS) + ["faster_rcnn_vgg16_test.prototxt"])
 def test_fork_files_convert_to_yaml_that_reads_back_as_the_same_net(name):
-    from layerforge.commands.convert import convert_file
-    from layerforge.commands.yaml_text import to_yaml
+    from layerforge.solvers.caffe_import import convert_file
+    from layerforge.yaml_text import to_yaml
     from layerforge.net.netdef import load_net_def
     from layerforge.schema import load_yaml_text
     from tests.caffe.test_convert import layer_view

@@ -12,7 +12,7 @@ import numpy
 
 
 def _pair(p, block, name, default):
-    from layerforge.layers.conv import read_pair
+    from layerforge.layers.layer_param import read_pair
     return read_pair(p, block, name, default)
 
 

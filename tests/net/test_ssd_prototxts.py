@@ -7,7 +7,7 @@ import shutil
 import numpy
 import pytest
 
-from layerforge.commands.convert import convert_file
+from layerforge.solvers.caffe_import import convert_file
 from layerforge.data.annotations import annotated_record
 from layerforge.data.datum import array_to_datum
 from layerforge.data.lmdb_io import write_lmdb_atomic
