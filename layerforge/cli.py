@@ -15,6 +15,7 @@ COMMANDS = {
     "check": "check",
     "compute_image_mean": "compute_image_mean",
     "convert": "convert",
+    "convert_annoset": "convert_annoset",
     "convert_imageset": "convert_imageset",
     "draw": "draw",
     "expand": "expand",

@@ -11,7 +11,7 @@ import os
 
 import numpy
 
-from ..data.images import folder_entries, load_image, read_list_file
+from ..data.images import encoded_bytes, folder_entries, load_image, read_list_file
 from ..data.datum import array_to_datum, encoded_datum
 from ..data.lmdb_io import encode_image_record, encode_record, write_lmdb_atomic
 from ..errors import DataError
@@ -42,25 +42,9 @@ def add_arguments(parser):
     parser.add_argument("--backend", choices=("lmdb",), default="lmdb", help="database kind (Caffe's; LMDB only)")
 
 
-_SAME_TYPE = {"jpeg": "jpg"}
-
-
-def _encode(image, full, args):
-    """The encoded file bytes of an --encoded record: the file itself when it already is what is asked."""
-    import cv2
-    own = os.path.splitext(full)[1][1:].lower()
-    own = _SAME_TYPE.get(own, own)
-    kind = args.encode_type or own
-    if not (args.resize_height or args.gray) and kind == own:
-        return numpy.fromfile(full, dtype=numpy.uint8).tobytes()
-    ok, data = cv2.imencode("." + kind, image[0] if args.gray else image.transpose(1, 2, 0))
-    if not ok:
-        raise DataError(f"image '{full}': cannot encode it as {kind}")
-    return data.tobytes()
-
-
 def _records(entries, root, source, args, shapes):
     datum = args.format == "datum"
+    changed = bool(args.resize_height or args.gray)
     for path, label, line in entries:
         full = os.path.join(root, path)
         image = load_image(full, args.resize_height, args.resize_width, not args.gray)
@@ -75,9 +59,9 @@ def _records(entries, root, source, args, shapes):
         if not args.encoded:
             yield array_to_datum(image, label).SerializeToString() if datum else encode_record(image, label)
         elif datum:
-            yield encoded_datum(_encode(image, full, args), label).SerializeToString()
+            yield encoded_datum(encoded_bytes(image, full, args.encode_type, changed), label).SerializeToString()
         else:
-            yield encode_image_record(_encode(image, full, args), image.shape, label)
+            yield encode_image_record(encoded_bytes(image, full, args.encode_type, changed), image.shape, label)
 
 
 def run(args):

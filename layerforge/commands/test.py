@@ -1,8 +1,11 @@
 """``layerforge test --model NET --weights W``: score a trained net on its TEST data (Caffe's ``caffe test``)."""
 import logging
 
+import numpy
+
 from . import add_decode_workers, apply_decode_workers
 from .. import backend
+from ..kernels.average_precision import AP_VERSIONS, DetectionScores
 from ..logs import setup_logging
 from ..net.net import Net
 
@@ -18,26 +21,41 @@ def add_arguments(parser):
                         help="weights .npz (from training or a snapshot), or Caffe's .caffemodel / .caffemodel.h5")
     parser.add_argument("--iterations", type=int, default=50, help="number of batches (default 50)")
     parser.add_argument("--phase", choices=("train", "test"), default="test")
+    parser.add_argument("--ap_version", "--ap-version", dest="ap_version", choices=AP_VERSIONS, default="Integral",
+                        help="how the mAP of DetectionEvaluate outputs is computed (the SSD fork's ap_version; "
+                             "default Integral, as its solver's)")
 
 
-def score(net, iterations):
-    """Run ``iterations`` forward passes; returns ``{output name: mean value}`` (Caffe averages each element)."""
-    sums = {}
+def detection_outputs(net):
+    """The names of ``net``'s outputs that DetectionEvaluate layers write (their rows make an mAP, not a mean)."""
+    return {top for i, layer in enumerate(net.layers) if layer.type == "DetectionEvaluate"
+            for top in net.top_names(i)} & set(net.outputs)
+
+
+def score(net, iterations, ap_version="Integral"):
+    """Run ``iterations`` forward passes; returns ``{output name: mean value}`` (Caffe averages each element), and
+    for a DetectionEvaluate output its mAP over all the batches, as the SSD fork's solver computes it."""
+    sums, detections = {}, {name: DetectionScores() for name in detection_outputs(net)}
     for i in range(iterations):
         out = net.forward()
         for name, value in out.items():
+            if name in detections:
+                detections[name].add(backend.to_numpy(value))
+                continue
             v = backend.to_numpy(value).astype(float)
             sums[name] = sums.get(name, 0.0) + v
             if v.size == 1:
                 log.info("Batch %d, %s = %s", i, name, format(float(v.reshape(-1)[0]), ".6g"))
-    return {name: s / iterations for name, s in sums.items()}
+    means = {name: s / iterations for name, s in sums.items()}
+    means.update({name: numpy.array(d.mean_ap(ap_version)) for name, d in detections.items()})
+    return means
 
 
 def run(args):
     apply_decode_workers(args)
     setup_logging()
     net = Net(args.model, phase=args.phase, weights=args.weights)
-    means = score(net, args.iterations)
+    means = score(net, args.iterations, args.ap_version)
     weights = {net.top_names(i)[j]: w for i in range(len(net.layers)) for j, w in enumerate(net.loss_weights(i))}
     for name, value in means.items():
         if value.size != 1:

@@ -81,10 +81,15 @@ class DecodePool:
         stats: an InputStats that receives the workers' seconds and the consumer's waits.
         span: the name of its trace spans (the layer's name): the loop's waits (``data``, on the compute
             row) and each chunk a worker filled (``decode``, on rows ``data``, ``data 1``, ... one per worker).
+        returns: ``fill`` returns a small picklable value per record (a record's boxes, an image whose shape
+            is not the batch's) that comes back through the worker's pipe; :meth:`batches` then hands out
+            ``(extra, values)`` in place of ``extra``, ``values`` in the items' order.
     """
 
-    def __init__(self, fill, layout, slots, workers, name, describe=str, setup=None, stats=None, span="data"):
+    def __init__(self, fill, layout, slots, workers, name, describe=str, setup=None, stats=None, span="data",
+                 returns=False):
         self.name, self.describe, self.stats, self.workers, self.span = name, describe, stats, workers, span
+        self.returns = returns
         layout = [(tuple(shape), numpy.dtype(dtype)) for shape, dtype in layout]
         sizes = [-(-int(numpy.prod(shape)) * dtype.itemsize // _ALIGN) * _ALIGN for shape, dtype in layout]
         self.memory = mmap.mmap(-1, max(1, slots * sum(sizes) + 8 * workers))  # shared with forked children
@@ -92,8 +97,9 @@ class DecodePool:
         self.slots = [[numpy.ndarray(shape, dtype, self.memory, int(offsets[k * len(layout) + a]))
                        for a, (shape, dtype) in enumerate(layout)] for k in range(slots)]
         self.progress = numpy.ndarray(workers, numpy.int64, self.memory, int(offsets[-1]))  # item each worker is on
-        self.owed = [collections.deque() for _ in range(workers)]  # per worker: (slot, chunk) sent, not answered
+        self.owed = [collections.deque() for _ in range(workers)]  # per worker: (slot, chunk, start) not answered
         self.pending, self.errors = [0] * slots, {}
+        self.values = [[] for _ in range(slots)]  # per slot, what fill returned for each item (``returns``)
         self.conns, self.pids, self.exit_codes = [], [], {}
         self._start(fill, setup)
 
@@ -120,11 +126,12 @@ class DecodePool:
     def submit(self, slot, items):
         """Have the workers fill ``slot`` with ``items`` (one per record, as ``fill`` takes them)."""
         self.errors.pop(slot, None)
+        self.values[slot] = [None] * len(items)
         bounds = [len(items) * j // self.workers for j in range(self.workers + 1)]
         for j, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
             if hi > lo:
                 chunk = items[lo:hi]
-                self.owed[j].append((slot, chunk))
+                self.owed[j].append((slot, chunk, lo))
                 self.pending[slot] += 1
                 try:
                     self.conns[j].send((slot, chunk))
@@ -148,11 +155,12 @@ class DecodePool:
             conn = self.conns[j]
             if conn in ready:
                 try:
-                    slot, start, seconds, warnings, error = conn.recv()
+                    slot, start, seconds, warnings, error, values = conn.recv()
                 except (EOFError, OSError):
                     self._died(j)
                     continue
-                _, chunk = self.owed[j].popleft()
+                _, chunk, lo = self.owed[j].popleft()
+                self.values[slot][lo:lo + len(values)] = values
                 self.pending[slot] -= 1
                 # perf_counter is CLOCK_MONOTONIC, one clock for the processes of a host: the worker's start fits
                 trace.complete("data", "decode", start, seconds, {"records": len(chunk), "layer": self.span},
@@ -169,10 +177,10 @@ class DecodePool:
     def _died(self, j):
         pid = self.pids[j]
         code = self._reap(pid, 2.0)
-        _, chunk = self.owed[j][0]  # the first chunk it owes is the one it was filling
+        _, chunk, _ = self.owed[j][0]  # the first chunk it owes is the one it was filling
         record = self.describe(chunk[min(max(int(self.progress[j]), 0), len(chunk) - 1)])
         message = f"{self.name}: decode worker {j} (pid {pid}) {describe_exit(code)} while reading {record}"
-        for slot, _ in self.owed[j]:
+        for slot, _, _ in self.owed[j]:
             self.errors[slot] = message
             self.pending[slot] -= 1
         self.owed[j].clear()
@@ -195,7 +203,7 @@ class DecodePool:
                 if self.stats is not None:
                     self.stats.batches += 1
                     self.stats.images += count
-                yield self.slots[slot], extra
+                yield self.slots[slot], ((extra, self.values[slot]) if self.returns else extra)
                 items, extra = plan(next(positions))
                 self.submit(slot, items)
                 queued.append((slot, extra, len(items)))
@@ -300,17 +308,17 @@ def _serve(j, fill, setup, ends, slots, progress, parent, mask):
         except (EOFError, OSError):
             return
         slot, chunk = task
-        start, error = time.perf_counter(), ready
+        start, error, values = time.perf_counter(), ready, []
         for k, item in enumerate(chunk if error is None else ()):
             progress[j] = k
             try:
-                fill(slots[slot], item)
+                values.append(fill(slots[slot], item))
             except Exception as e:  # noqa: BLE001 - handed to the consumer, which raises it at this batch
                 error = _error(k, e)
                 break
         progress[j] = -1
         try:
-            conn.send((slot, start, time.perf_counter() - start, warnings.take(), error))
+            conn.send((slot, start, time.perf_counter() - start, warnings.take(), error, values))
         except OSError:
             return
 

@@ -14,6 +14,9 @@ directory, where Caffe's examples run from), so the converted prototxt files tra
   downloaded here, so the images are 32 x 32 colour images made from the digits: each digit (padded to
   32 x 32) is drawn in a colour and on a background of its own, both drawn at random per image, with
   pixel noise; the label is the digit. Same shapes, classes and mean file as Caffe's CIFAR-10 scripts.
+- ``shapes`` (not one of Caffe's, not in ``all``): data/shapes/: a synthetic detection set (coloured shapes on
+  clutter, images, VOC XML, label map and AnnotatedDatum LMDBs) for the SSD zoo entry
+  (layerforge/data/shapes.py; configs/ssd_shapes_solver.yaml).
 - ``hdf5_classification``: examples/hdf5_classification/data/{train,test}.h5 with their list files: 10,000
   points of 4 features in 2 classes (each class two Gaussian clusters in the first two features, the
   other two features noise), split 7,500 / 2,500, as the example's notebook makes with scikit-learn.
@@ -22,10 +25,11 @@ import os
 
 import numpy
 
+from . import shapes
 from .lmdb_io import encode_record, lmdb_exists, write_lmdb_atomic
 from .mnist import load_digits, split
 
-EXAMPLES = ("mnist", "siamese", "cifar10", "hdf5_classification")
+EXAMPLES = ("mnist", "siamese", "cifar10", "hdf5_classification")  # Caffe's; ``all`` makes these
 
 
 def _digits():
@@ -127,4 +131,4 @@ def make_cifar10(root="."):
 
 
 MAKERS = {"mnist": make_mnist, "siamese": make_siamese, "cifar10": make_cifar10,
-          "hdf5_classification": make_hdf5_classification}
+          "hdf5_classification": make_hdf5_classification, "shapes": shapes.make}

@@ -98,6 +98,25 @@ def load_image(path, height=0, width=0, is_color=True):
     return image
 
 
+_SAME_TYPE = {"jpeg": "jpg"}
+
+
+def encoded_bytes(image, path, kind=None, changed=False):
+    """The bytes of an encoded image record (as convert_imageset --encoded stores it): the file at ``path`` itself
+    when its type is ``kind`` (default: its own) and the pixels were not ``changed`` (resized, made grey), else
+    ``image`` (C, H, W) encoded as ``kind`` by OpenCV."""
+    import cv2
+    own = os.path.splitext(path)[1][1:].lower()
+    own = _SAME_TYPE.get(own, own)
+    kind = _SAME_TYPE.get(kind, kind) if kind else own
+    if not changed and kind == own:
+        return numpy.fromfile(path, dtype=numpy.uint8).tobytes()
+    ok, data = cv2.imencode("." + kind, image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0))
+    if not ok:
+        raise DataError(f"image '{path}': cannot encode it as {kind}")
+    return data.tobytes()
+
+
 def read_list_file(list_file):
     """``[(path, label, line_number), ...]`` from a list file; a path may contain spaces (the label is last)."""
     try:

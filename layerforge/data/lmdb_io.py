@@ -135,10 +135,12 @@ class LMDBReader:
 
     ``len(reader)``, ``reader.keys[i]``, ``reader.read(i)`` -> (array, label),
     ``reader.read_many(indices)`` (one read transaction), ``reader.name_of(i)`` for messages,
-    ``reader.format`` ("Datum" or "LFR1", from the first record). Safe to use from one thread at a time.
+    ``reader.format`` ("Datum" or "LFR1", from the first record). ``decode(value, path, key)`` replaces the
+    format's decoder (AnnotatedDatum records: layerforge/data/annotations.py). Safe to use from one thread at a
+    time.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, decode=None):
         self.path = str(path)
         if not lmdb_exists(self.path):
             raise DataError(f"{self.path}: no LMDB database there (no data.mdb)")
@@ -153,7 +155,7 @@ class LMDBReader:
         with self.env.begin() as txn:
             first = txn.get(self.keys[0]) or b""
         self.format = "LFR1" if first[:len(MAGIC)] == MAGIC else "Datum"
-        self._decode = decode_record if self.format == "LFR1" else decode_datum
+        self._decode = decode or (decode_record if self.format == "LFR1" else decode_datum)
 
     def __len__(self):
         return len(self.keys)
@@ -195,9 +197,10 @@ class LMDBWriter:
         self.env = lmdb.open(self.path, map_size=map_size, subdir=True)
         self.count, self.commit_every, self._pending = 0, commit_every, []
 
-    def put(self, value):
-        """Store an encoded record (``encode_record`` / ``encode_image_record``) under the next key."""
-        self._pending.append((record_key(self.count), value))
+    def put(self, value, key=None):
+        """Store an encoded record (``encode_record`` / ``encode_image_record``) under ``key`` (bytes; default
+        the next index's key)."""
+        self._pending.append((record_key(self.count) if key is None else key, value))
         self.count += 1
         if len(self._pending) >= self.commit_every:
             self.commit()
@@ -231,7 +234,8 @@ class LMDBWriter:
 
 
 def write_lmdb_atomic(path, records, exist_ok=False):
-    """Write ``records`` (an iterable of encoded records) to a new database at ``path``.
+    """Write ``records`` (an iterable of encoded records, or of ``(key, record)`` pairs) to a new database at
+    ``path``.
 
     The database is built in a temporary directory beside ``path`` and renamed into place, so ``path``
     either does not exist or is complete. With ``exist_ok`` an existing ``path`` (e.g. written by a
@@ -244,7 +248,7 @@ def write_lmdb_atomic(path, records, exist_ok=False):
     try:
         with LMDBWriter(tmp) as writer:
             for value in records:
-                writer.put(value)
+                writer.put(*(value[::-1] if isinstance(value, tuple) else (value,)))
         count = writer.count
         try:
             os.rename(tmp, path)

@@ -57,7 +57,8 @@ PER_SAMPLE = {
     "SoftmaxWithLoss": "softmax", "InfogainLoss": "infogain_loss", "MultinomialLogisticLoss": None,
     "SigmoidCrossEntropyLoss": None, "EuclideanLoss": None, "ContrastiveLoss": None, "HingeLoss": None,
     "Input": None, "Data": None, "ImageData": None, "HDF5Data": None, "DummyData": None, "SyntheticData": None,
-    "BatchNorm": None,
+    "BatchNorm": None, "AnnotatedData": None, "PriorBox": None, "Normalize": None, "Permute": None,
+    "MultiBoxLoss": None,
 }
 NORMALISED = ("SoftmaxWithLoss", "InfogainLoss", "SigmoidCrossEntropyLoss")  # loss.normalization applies
 
@@ -132,6 +133,10 @@ def replica_refusal(layers, replicas):
             return f"{where} draws its stochastic pooling per replica"
         if any(getattr(getattr(lp, block, None), "rand_skip", 0) for block in DATA_BLOCKS):
             return f"{where} skips a random number of records in each replica's shard"
+        if lp.type == "Permute" and lp.permute.order and lp.permute.order[0] != 0:
+            return f"{where} moves the batch axis (order {lp.permute.order})"
+        if lp.type == "MultiBoxLoss" and LAYER_REGISTRY[lp.type].normalization_of(lp.loss) == "NONE":
+            return f"{where} sums the loss: the mean of the replicas' gradients would not be the batch's"
         if lp.type in NORMALISED:
             norm = LAYER_REGISTRY[lp.type].normalization_of(lp.loss)
             if norm == "NONE" or (norm == "VALID" and lp.loss.ignore_label is not None):

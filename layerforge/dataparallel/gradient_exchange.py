@@ -9,9 +9,10 @@ x batch P*b (ChainerMN / Parallax semantics): clipping sees the aggregated gradi
 
 Also here: parameters broadcast from rank 0 at start, a configuration hash checked across ranks, and the ranks'
 agreement (:class:`RankAgreement`): a check that parameters still agree at every snapshot, test scores summed
-over the ranks' test shards, and signal requests agreed on so that every rank stops or snapshots at the same
-iteration. Each of these is a :class:`~layerforge.solvers.seam.Seam` that :func:`make_data_parallel` gives the
-solver.
+over the ranks' test shards (a detection test's rows gathered), and signal requests agreed on so that every rank
+stops or snapshots at the same iteration; and the sum that makes a MultiBoxLoss count the matches of every rank's
+batch (:class:`RankSum`). Each of these is a :class:`~layerforge.solvers.seam.Seam` that
+:func:`make_data_parallel` gives the solver.
 """
 import collections
 import contextlib
@@ -372,9 +373,9 @@ def parameters_digest(net):
 
 class RankAgreement(Seam):
     """What keeps the ranks of one job one training run: rank 0 is the root (it displays and snapshots), every rank
-    tests its shard and the test outputs are summed over the ranks, every rank acts on the most drastic signal
-    request of any rank (stop > snapshot > none), and before a snapshot all ranks check that their parameters are
-    still the same.
+    tests its shard and the test outputs are summed over the ranks (a detection test's rows gathered from them),
+    every rank acts on the most drastic signal request of any rank (stop > snapshot > none), and before a snapshot
+    all ranks check that their parameters are still the same.
 
     Args:
         comm: a :class:`~layerforge.comm.Communicator`. solver: the rank's Solver (its net and iteration are read).
@@ -395,6 +396,17 @@ class RankAgreement(Seam):
             offset += s.size
         return out, float(flat[-2]), int(round(flat[-1]))
 
+    def gather_test_rows(self, rows):
+        # eval_type DETECTION: the mAP of all the ranks' test shards needs every detection, not a sum of outputs
+        from mpi4py import MPI
+
+        rows = numpy.ascontiguousarray(rows, numpy.float64).reshape(-1)
+        counts = numpy.zeros(self.comm.size, numpy.int64)
+        self.comm.comm.Allgather(numpy.array([rows.size], numpy.int64), counts)
+        gathered = numpy.empty(int(counts.sum()), numpy.float64)
+        self.comm.comm.Allgatherv(rows, [gathered, counts, numpy.cumsum(counts) - counts, MPI.DOUBLE])
+        return gathered.reshape(-1, 5)
+
     def agree(self, action):
         from mpi4py import MPI
 
@@ -406,9 +418,33 @@ class RankAgreement(Seam):
         check_same(self.comm, parameters_digest(self.solver.net), f"set of parameters at iteration {self.solver.iter}")
 
 
-class RankSeams(collections.namedtuple("RankSeams", "dense sparse ranks")):
+class RankSum(Seam):
+    """``sum(values)``: a small float64 vector summed over the ranks, on a communicator of its own (the gradient
+    exchange may run its collectives on another thread meanwhile); ``count`` the ranks. A MultiBoxLoss counts the
+    matches of all the ranks' batches with it (its VALID normaliser is then the whole batch's).
+
+    Only the training passes, which every rank makes in step, may sum: :meth:`before_pass` allows the next sum; a
+    forward that rank 0 alone makes (the final loss line) finds it disarmed and sums nothing."""
+
+    def __init__(self, comm):
+        self.comm, self.count, self.armed = comm.comm.Dup(), comm.size, False
+
+    def before_pass(self, k):
+        self.armed = True
+
+    def sum(self, values):
+        from mpi4py import MPI
+
+        self.armed = False
+        out = numpy.array(values, numpy.float64).reshape(-1)
+        self.comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
+        return out
+
+
+class RankSeams(collections.namedtuple("RankSeams", "dense sparse ranks batch_sum")):
     """What :func:`make_data_parallel` gave a solver: the :class:`GradientExchange`, the
-    :class:`SparseGradientExchange` (None without row gradients) and the :class:`RankAgreement`."""
+    :class:`SparseGradientExchange` (None without row gradients), the :class:`RankAgreement` and the
+    :class:`RankSum` of the MultiBoxLoss layers (None without them)."""
 
 
 def make_data_parallel(solver, comm, algorithm=None, digest=None):
@@ -440,6 +476,13 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
         solver.add_seam(sparse)
     ranks = RankAgreement(comm, solver)
     solver.add_seam(ranks)
+    batch_sum = None
+    losses = [layer for layer in solver.net.layers if layer.type == "MultiBoxLoss"]
+    if losses:
+        batch_sum = RankSum(comm)
+        solver.add_seam(batch_sum)
+        for layer in losses:
+            layer.batch_group = batch_sum
     mode = ("double buffering (updates use the previous iteration's gradients)" if sp.double_buffering else
             "overlapped with backward" if overlap else "after backward")
     log.info("Data parallel over %d ranks (%d node group(s)): allreduce %s, %d gradient values in %d bucket(s)%s, %s",
@@ -448,4 +491,4 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
     if rows:
         log.info("%d parameter(s) with row gradients (%s) left out of the allreduce: sparse aggregation %s",
                  len(rows), ", ".join(p.name or "?" for p in rows), sparse.algorithm)
-    return RankSeams(exchange, sparse, ranks)
+    return RankSeams(exchange, sparse, ranks, batch_sum)

@@ -6,6 +6,7 @@ from .base import LAYER_REGISTRY, Layer, register_layer
 # Importing a module registers its layer types.
 from . import (  # noqa: F401,E402
     accuracy,
+    annotated_data,
     argmax,
     batch_norm,
     batch_reindex,
@@ -16,6 +17,7 @@ from . import (  # noqa: F401,E402
     crop,
     data,
     deconv,
+    detection_evaluate,
     detection_output,
     dropout,
     eltwise,
@@ -28,6 +30,7 @@ from . import (  # noqa: F401,E402
     loss,
     lrn,
     memory_data,
+    multibox_loss,
     mvn,
     neuron,
     normalize,

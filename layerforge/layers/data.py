@@ -138,16 +138,19 @@ class BaseData(Layer):
         return self.stream.name_of(index)
 
     def forward(self, bottom, top):
+        # a stream whose records return values (boxes, images of their own shape) gets them with its batch and
+        # fills the top Blobs, which it reshapes; the others fill the tops' arrays
+        returns = getattr(self.stream, "returns", False)
         if not self._feeds:
             self.decode_pool = DecodePool(self.stream.fill, self.stream.layout(), max(1, self.prefetch), self.workers,
                                           f"layer '{self.name}' ({self.type})", self.stream.describe,
-                                          self.worker_setup, self.input_stats, self.name)
+                                          self.worker_setup, self.input_stats, self.name, returns=returns)
             positions = itertools.count(self.stream.position, self.batch_size)
             batches = self.decode_pool.batches(self.stream.plan, positions)
             self._feeds.append(DeviceFeed(self.xp, batches, self.stream.finish))
         self.batch_position = self.stream.position
         try:
-            self._feeds[0].next_into([t.data for t in top])
+            self._feeds[0].next_into(top if returns else [t.data for t in top])
         except BaseException:
             self.close()  # the next forward starts again at this batch
             raise

@@ -55,6 +55,11 @@ SOLVER_KEYS = {
     "test_interval": Field("int", 0, min=0, doc="test every this many iterations (0: never)"),
     "test_initialization": Field("bool", True, doc="also test before the first iteration"),
     "test_compute_loss": Field("bool", False, doc="log the mean test loss too"),
+    "eval_type": Field("enum", "CLASSIFICATION", choices=("CLASSIFICATION", "DETECTION"),
+                       doc="the SSD fork's: DETECTION logs each test output's mAP (DetectionEvaluate's rows) instead "
+                           "of its mean"),
+    "ap_version": Field("str", "Integral", doc="DETECTION: 11point (VOC2007), MaxIntegral (VOC2012) or Integral"),
+    "show_per_class_result": Field("bool", False, doc="DETECTION: log each class's AP too"),
     "report_perplexity": Field("bool", False, doc="log exp(loss output) next to each loss output, train and "
                                                   "test (language models: the loss is the per-token cross "
                                                   "entropy, exp of it the perplexity)"),

@@ -14,7 +14,7 @@ What data parallelism may do, and nothing more:
   update alone);
 - say which part of the parameters this replica updates (replicas sharing one copy update a share each);
 - make the replicas' parameters the same again after the update (a broadcast, a barrier);
-- combine the test outputs of replicas that each test a shard;
+- combine the test outputs of replicas that each test a shard (a detection test: gather their detections);
 - agree on the action a signal requests (every replica snapshots or stops at the same iteration);
 - check agreement before a snapshot, and wait after it until the snapshot is whole;
 - say which replica is the root (it displays, logs the test scores and writes the snapshots), and add lines to
@@ -86,6 +86,12 @@ class Seam:
         """After test net passes: this replica's summed test outputs (a list of float64 arrays), summed loss and pass
         count -> those of every replica that tested (see :attr:`shares_tests`)."""
         return sums, loss, n
+
+    def gather_test_rows(self, rows):
+        """After the passes of an ``eval_type: DETECTION`` test, once per test net output, before :meth:`reduce_test`:
+        this replica's DetectionEvaluate rows (an ``(n, 5)`` float64 array: image, label, score, tp, fp) -> the
+        rows of every replica that tested (see :attr:`shares_tests`), whose mAP is the test's."""
+        return rows
 
     def agree(self, action):
         """After each iteration and before each test pass: this replica's requested action (``"none"``,
@@ -159,6 +165,11 @@ class Seams(Seam):
         for s in self.seams:
             sums, loss, n = s.reduce_test(sums, loss, n)
         return sums, loss, n
+
+    def gather_test_rows(self, rows):
+        for s in self.seams:
+            rows = s.gather_test_rows(rows)
+        return rows
 
     def agree(self, action):
         for s in self.seams:

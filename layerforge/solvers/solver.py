@@ -7,6 +7,7 @@ One iteration (:meth:`Solver.step`), in this order; ``seam.x`` are the points wh
     clear parameter diffs
     test, when iter % test_interval == 0 (and iter > 0 or test_initialization), on the root (every replica when
         seam.shares_tests); per test pass: seam.agree(signal request); after the passes: seam.reduce_test
+        (eval_type DETECTION: first seam.gather_test_rows per output, the mAP is of the gathered rows)
     iter_size x (seam.before_pass(k) -> feed inputs -> forward -> backward, with seam.layer_gradients_ready(i)
         after each layer's backward when seam.layer_hooks)                diffs accumulate
     loss = seam.reduce_loss(mean loss of the passes); smoothed; displayed (the root, with seam.describe lines)
@@ -44,6 +45,7 @@ from ..errors import LayerforgeError
 from ..net.net import Net
 from ..kernels import blas
 from ..kernels.autotune import engines_settled
+from ..kernels.average_precision import AP_VERSIONS, DetectionScores
 from ..layers.data import input_display
 from . import cuda_graph
 from ..kernels.threadpool import num_threads, parallel_for
@@ -127,6 +129,8 @@ class Solver:
         self.param = sp
         self.xp = self._array_module(sp)
         self.graphs, self._stream = None, None  # cuda_graph: IterationGraphs, and the stream iterations run on
+        if sp.ap_version not in AP_VERSIONS:
+            raise sp.error(f"unknown ap_version {sp.ap_version!r}; one of {', '.join(AP_VERSIONS)}", "ap_version")
         if sp.gemm_precision:
             blas.set_gemm_precision(sp.gemm_precision.lower())
         if sp.random_seed >= 0:
@@ -528,24 +532,19 @@ class Solver:
         return self.test_scores
 
     def test(self, k=0):
-        """Forward test net ``k`` test_iter[k] times; log and return ``{output: mean value}``."""
+        """Forward test net ``k`` test_iter[k] times; log and return ``{output: mean value}`` (with ``eval_type``
+        DETECTION, ``{output: mAP}``)."""
         sp, net, n = self.param, self.test_nets[k], self.param.test_iter[k]
-        sums, loss = None, 0.0
-        for _ in range(n):
-            request = self._requested_action()
-            while request != "none":
-                if request == "snapshot":
-                    self.snapshot()
-                else:
-                    self.requested_early_exit = True
-                request = self._requested_action()
-            if self.requested_early_exit:
-                log.info("Test interrupted.")
-                return None
-            net.forward()
+        if sp.eval_type == "DETECTION":
+            return self.test_detection(k)
+        sums, loss, done = None, 0.0, 0
+        for _ in self._test_batches(net, n):
+            done += 1
             loss += net.loss
             values = [backend.to_numpy(net.blobs[name].data).astype(numpy.float64).reshape(-1) for name in net.outputs]
             sums = values if sums is None else [s + v for s, v in zip(sums, values)]
+        if done < n:
+            return None
         sums, loss, n = self.seam.reduce_test(sums, loss, n)
         if sp.test_compute_loss:
             log.info("Test loss: %s", _g(loss / n))
@@ -564,6 +563,59 @@ class Solver:
         for hook in self.test_hooks:
             hook(self.iter, k, scores)
         return scores
+
+    def _test_batches(self, net, n):
+        """Run ``n`` test forwards (acting on signal requests between them); yields after each. Sets
+        ``requested_early_exit`` and stops on a stop request."""
+        for _ in range(n):
+            request = self._requested_action()
+            while request != "none":
+                if request == "snapshot":
+                    self.snapshot()
+                else:
+                    self.requested_early_exit = True
+                request = self._requested_action()
+            if self.requested_early_exit:
+                log.info("Test interrupted.")
+                return
+            net.forward()
+            yield
+
+    def test_detection(self, k=0):
+        """The SSD fork's TestDetection: the rows of every output (DetectionEvaluate's, width 5) of test_iter[k]
+        forwards, as one mAP per output (``ap_version``); logs and returns ``{output: mAP}``."""
+        sp, net, n = self.param, self.test_nets[k], self.param.test_iter[k]
+        scores = {name: DetectionScores() for name in net.outputs}
+        loss, done = 0.0, 0
+        for _ in self._test_batches(net, n):
+            loss += net.loss
+            done += 1
+            for name in net.outputs:
+                rows = backend.to_numpy(net.blobs[name].data)
+                if rows.shape[-1:] != (5,):
+                    raise LayerforgeError(f"eval_type DETECTION: test net output '{name}' has shape {rows.shape}; "
+                                          "each output must be DetectionEvaluate's (rows of 5)")
+                scores[name].add(rows)
+        if done < n:
+            return None
+        for name in net.outputs:
+            merged = DetectionScores()
+            merged.add(self.seam.gather_test_rows(scores[name].rows()))
+            scores[name] = merged
+        _, loss, n = self.seam.reduce_test([], loss, n)
+        if sp.test_compute_loss:
+            log.info("Test loss: %s", _g(loss / n))
+        result = collections.OrderedDict()
+        for idx, name in enumerate(net.outputs):
+            if sp.show_per_class_result:
+                for label, ap in scores[name].average_precisions(sp.ap_version).items():
+                    log.info("class%d: %s", label, _g(ap))
+            result[name] = scores[name].mean_ap(sp.ap_version)
+            log.info("    Test net output #%d: %s = %s", idx, name, _g(result[name]))
+        self.test_scores[k] = result
+        for hook in self.test_hooks:
+            hook(self.iter, k, result)
+        return result
 
     # ------------------------------------------------------------------------------------------
     # weights, snapshots, resuming

@@ -17,7 +17,7 @@ from layerforge.layers import LAYER_REGISTRY, create_layer
 
 # types whose tops come from files or from the caller, tested per backend in their own files
 SOURCES = {"Data", "ImageData", "HDF5Data", "HDF5Output", "WindowData", "MemoryData", "TokenData", "Input",
-           "DummyData", "SyntheticData", "Python"}
+           "DummyData", "SyntheticData", "Python", "AnnotatedData"}
 GAUSS = {"type": "gaussian", "std": 0.5}
 
 
@@ -46,6 +46,8 @@ CASES = {
     "DetectionOutput": ({"detection_output": {"num_classes": 3, "code_type": "CENTER_SIZE", "keep_top_k": 5,
                                               "nms_param": {"nms_threshold": 0.45, "top_k": 4}}},
                         [x(2, 6 * 4), ("prob", (2, 6 * 3)), ("priors", (1, 2, 6 * 4))], 1),
+    "DetectionEvaluate": ({"detection_evaluate": {"num_classes": 3}}, [("dets", (1, 1, 5, 7)), ("gt", (1, 1, 4, 8))],
+                          1),
     "Deconvolution": ({"convolution": {"num_output": 2, "kernel_size": 3, "stride": 2, "weight_filler": GAUSS,
                                        "bias_filler": GAUSS}}, [x(2, 3, 4, 4)], 1),
     "Dropout": ({"dropout": {"dropout_ratio": 0.3}}, [x(4, 5)], 1),
@@ -58,6 +60,8 @@ CASES = {
     "Filter": ({}, [x(4, 3), ("binary", (4,))], 1),
     "Flatten": ({}, [x(2, 3, 4)], 1),
     "HingeLoss": ({}, [x(4, 3), ("label3", (4,))], 1),
+    "MultiBoxLoss": ({"multibox_loss": {"num_classes": 3, "code_type": "CENTER_SIZE", "overlap_threshold": 0.3}},
+                     [x(2, 6 * 4), x(2, 6 * 3), ("priors", (1, 2, 6 * 4)), ("gt", (1, 1, 4, 8))], 1),
     "Im2col": ({"convolution": {"kernel_size": 3, "pad": 1}}, [x(2, 3, 5, 5)], 1),
     "InfogainLoss": ({}, [x(4, 3), ("label3", (4,)), ("pos", (3, 3))], 1),
     "InnerProduct": ({"inner_product": {"num_output": 5, "weight_filler": GAUSS, "bias_filler": GAUSS}},
@@ -100,7 +104,7 @@ CASES = {
     "Tile": ({"tile": {"axis": 1, "tiles": 2}}, [x(2, 3, 4)], 1),
     "Upsample": ({"upsample": {"scale": 2}}, [x(2, 3, 2, 3), ("upmask", (2, 3, 2, 3))], 1),
 }
-NO_GRADIENT = {"label3", "index4", "index5", "binary", "cont", "shape", "priors", "rois", "upmask"}
+NO_GRADIENT = {"label3", "index4", "index5", "binary", "cont", "shape", "priors", "rois", "upmask", "gt", "dets"}
 
 
 def values(kind, shape, r):
@@ -132,6 +136,13 @@ def values(kind, shape, r):
         lo = r.uniform(0, 0.6, (shape[2] // 4, 2))
         boxes = numpy.concatenate([lo, lo + r.uniform(0.1, 0.4, lo.shape)], axis=1)
         return numpy.stack([boxes.reshape(-1), numpy.tile([0.1, 0.1, 0.2, 0.2], shape[2] // 4)])[None]
+    if kind in ("gt", "dets"):  # boxes of images 0 and 1, classes 1 and 2: AnnotatedData's / DetectionOutput's rows
+        lo = r.uniform(0, 0.6, (shape[2], 2))
+        boxes = numpy.concatenate([lo, lo + r.uniform(0.1, 0.4, lo.shape)], axis=1)
+        image, label = numpy.arange(shape[2]) % 2, 1 + numpy.arange(shape[2]) // 2 % 2
+        middle = r.uniform(0, 1, shape[2]) if kind == "dets" else numpy.zeros(shape[2])  # a score, an instance
+        rows = [image, label, middle] + list(boxes.T) + ([] if kind == "dets" else [numpy.zeros(shape[2])])
+        return numpy.stack(rows, axis=1).reshape(shape)
     if kind == "prob":
         e = numpy.exp(r.standard_normal(shape))
         return e / e.sum(axis=1, keepdims=True)

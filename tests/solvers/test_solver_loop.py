@@ -79,6 +79,35 @@ def test_gradient_hook_sees_summed_diffs_before_the_update():
     numpy.testing.assert_allclose(w - solver.net.learnable_params[0].data, 0.1 * gw, rtol=1e-12)
 
 
+def test_detection_test_takes_the_map_of_the_rows_the_seam_gathers():
+    # eval_type DETECTION: each output's rows go through seam.gather_test_rows (MPI: every rank's detections) and
+    # the mAP is of what comes back; the loss and pass count through seam.reduce_test
+    net = dummy_net(2)
+    for layer in net["layers"]:
+        layer["include"] = {"phase": "TRAIN"}
+    net["layers"].append({"name": "rows", "type": "DummyData", "top": ["eval"], "include": {"phase": "TEST"},
+                          "dummy_data": {"shape": [[1, 1, 3, 5]], "data_filler": [{"type": "CONSTANT", "value": 0}]}})
+    solver = get_solver({"net_param": net, "test_iter": [2], "test_interval": 1, "eval_type": "DETECTION",
+                         "ap_version": "Integral", "test_compute_loss": True})
+    calls = []
+
+    class OtherRanks(Seam):
+        def gather_test_rows(self, rows):
+            calls.append(("gather", rows.shape))
+            # label 1, two ground-truth boxes; detections by falling score: hit, miss, hit
+            return numpy.array([[-1, 1, 2, -1, -1], [0, 1, 0.9, 1, 0], [0, 1, 0.8, 0, 1], [1, 1, 0.7, 1, 0]])
+
+        def reduce_test(self, sums, loss, n):
+            calls.append(("reduce", sums, loss, n))
+            return sums, loss, 2 * n
+
+    solver.add_seam(OtherRanks())
+    scores = solver.test(0)
+    # this replica's rows (tp = fp = 0: none evaluated) were handed on; precision 1, 1/2, 2/3 at recall 1/2, 1/2, 1
+    assert calls == [("gather", (0, 5)), ("reduce", [], 0.0, 2)]
+    assert scores["eval"] == pytest.approx(0.5 * 1 + 0.5 * 2 / 3)
+
+
 def test_callbacks_get_iteration_and_mean_loss():
     x, y = dataset(8)
     solver = fed_solver(x, y, 4, base_lr=0.0, iter_size=2)

@@ -59,7 +59,8 @@ def table_size(count):
 
 
 def share_batch_statistics(net, group):
-    """Make every BatchNorm of ``net`` normalise with the statistics of the whole batch of ``group``'s replicas."""
+    """Make every BatchNorm of ``net`` normalise with the statistics of the whole batch of ``group``'s replicas,
+    and every MultiBoxLoss count the matches of the whole batch."""
     for layer in net.layers:
-        if layer.type == "BatchNorm":
+        if layer.type in ("BatchNorm", "MultiBoxLoss"):
             layer.batch_group = group
