@@ -117,8 +117,11 @@ def test_workers_ignore_the_terminals_signals_and_end_when_closed():
     assert [pool.exit_codes[pid] for pid in pids] == [0, 0]
 
 
+# The child sets its own Ctrl-C disposition: a test run started in the background by a non-interactive shell
+# inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler of its own
 CHILD = textwrap.dedent("""
-    import itertools, os, sys, time
+    import itertools, os, signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     from test_decode_pool import BATCH, LAYOUT, fill, plan
     from layerforge.data.decode_pool import DecodePool
