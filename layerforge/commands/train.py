@@ -64,17 +64,26 @@ def solver_overrides(args):
 def run(args):
     apply_decode_workers(args)
     from ..dataparallel.mpi import mpi_world_size
+    from ..dataparallel.supervisor import release_held_signals
     from .data_parallel import train_command, wants_parallel
 
     if wants_parallel(args):  # several workers/devices on this host (and MPI ranks as hosts)
+        release_held_signals()
         setup_logging()
         return train_command(args, solver_overrides(args))
 
     if mpi_world_size() > 1:
         from ..comm import launch_guard
+        from ..solvers.signals import signal_handlers
 
-        with launch_guard() as mpi_comm:
-            return train(args, mpi_comm)
+        # a rank's signals are requests from its first moment: its supervisor started it with them held, and
+        # what came since is recorded now and carried out, agreed by every rank, at the first iteration
+        requests = []
+        with signal_handlers(requests, args.sigint_effect, args.sighup_effect, escalate=False):
+            release_held_signals()
+            with launch_guard() as mpi_comm:
+                return train(args, mpi_comm, requests)
+    release_held_signals()
     choice = cpu_choice(args)
     if choice is not None and choice.mode == "REPLICAS":
         from .data_parallel import train_replicas
@@ -95,8 +104,9 @@ def cpu_choice(args):
     return choice
 
 
-def train(args, mpi_comm=None):
-    """Build the solver (data parallel over ``mpi_comm`` when given) and solve; returns the exit code."""
+def train(args, mpi_comm=None, requests=()):
+    """Build the solver (data parallel over ``mpi_comm`` when given) and solve; returns the exit code.
+    ``requests``: what signals asked before the loop's own handlers were in place (start-up)."""
     from ..solvers import get_solver
 
     setup_logging()
@@ -124,7 +134,8 @@ def train(args, mpi_comm=None):
     recording = start_telemetry(args, solver, mpi_comm)
     close_progress = solver.show_progress(args.status_interval) if solver.root and not args.no_progress else None
     try:
-        solver.solve(resume_file=args.snapshot, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect)
+        solver.solve(resume_file=args.snapshot, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect,
+                     requests=requests)
         recording.finish()  # collective under mpiexec: only where every rank got here
     finally:
         if close_progress is not None:

@@ -21,19 +21,12 @@ import time
 import numpy
 
 from .. import backend, trace
+from ..cores import mpi_world_size  # noqa: F401 - read by the commands from here
 from ..errors import LayerforgeError
 
 log = logging.getLogger("layerforge")
 
 _ACTIONS = ("none", "snapshot", "stop")
-
-
-def mpi_world_size():
-    """The process count of the MPI job this process was started in (1 when not under mpiexec/srun)."""
-    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 1
 
 
 class GradientExchange:

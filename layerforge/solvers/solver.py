@@ -267,14 +267,16 @@ class Solver:
                 self.requested_early_exit = True
                 break
 
-    def solve(self, resume_file=None, sigint_effect="stop", sighup_effect="snapshot"):
+    def solve(self, resume_file=None, sigint_effect="stop", sighup_effect="snapshot", requests=()):
         """Train to ``max_iter`` (Caffe's Solver::Solve), optionally resuming from a ``.solverstate.npz``.
 
         Signals (checked once per iteration): SIGINT and SIGTERM do ``sigint_effect``, SIGHUP
         ``sighup_effect``: ``"stop"`` ends training (and, with ``snapshot_after_train``, the usual final
         snapshot is written: so Ctrl-C snapshots then returns normally), ``"snapshot"`` writes a snapshot
         and goes on, ``"none"`` installs no handler (the signal keeps its usual effect). A second Ctrl-C
-        before the first is handled raises KeyboardInterrupt. The previous handlers are restored on return.
+        before the first is handled raises KeyboardInterrupt (in one process; ranks that agree on requests
+        never raise). The previous handlers are restored on return. ``requests``: ``(signal, effect)`` pairs
+        that signals made before (during start-up), carried out as if they came now.
         """
         sp = self.param
         if self.root and (sp.snapshot or sp.snapshot_after_train):
@@ -286,7 +288,8 @@ class Solver:
         if resume_file:
             self.restore(resume_file)
         self.requested_early_exit = False
-        with signal_handlers(self._pending, sigint_effect, sighup_effect):
+        with signal_handlers(self._pending, sigint_effect, sighup_effect, escalate=self.agree_action is None):
+            self._pending[:0] = requests
             self.step(sp.max_iter - self.iter)
             if sp.snapshot_after_train and (not sp.snapshot or self.iter % sp.snapshot != 0):
                 self.snapshot()
