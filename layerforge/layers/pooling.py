@@ -4,7 +4,7 @@ from ..errors import ShapeError
 from ..kernels import pooling as kernels
 from ..kernels.output_size import pooling_output_size
 from .base import Field, Layer, register_layer
-from .conv import read_pair
+from .layer_param import read_pair
 
 
 @register_layer("Pooling")

@@ -190,8 +190,8 @@ def to_prototxt(net):
 
 def to_yaml(net, path="<NetSpec>"):
     """A NetParameter as layerforge's net YAML (through the prototxt converter)."""
-    from ..commands.convert import convert_message
-    from ..commands.yaml_text import to_yaml as mapping_to_yaml
+    from ..solvers.caffe_import import convert_message
+    from ..yaml_text import to_yaml as mapping_to_yaml
     from ..caffe.prototxt import parse
 
     return mapping_to_yaml(convert_message(parse(to_prototxt(net), path), path)[1])

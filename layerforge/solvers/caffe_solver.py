@@ -5,7 +5,7 @@ maps onto the schemas.
 import os
 
 from ..caffe.message_reader import IGNORED, line_dict, line_list, put
-from ..caffe.prototxt import Message, parse_file, read_yaml_or_prototxt
+from ..caffe.prototxt import Message, read_yaml_or_prototxt
 from ..errors import ConfigError
 from ..net.caffe_net import NET_FIELDS, NetConverter, as_list
 from .keys import SOLVER_KEYS, STATE
@@ -100,17 +100,13 @@ def kind_of(msg):
                       msg.path, msg.line)
 
 
-def convert_message(msg, path=None, rename_net=None):
-    """A parsed file -> ``(kind, mapping, notes)``."""
+def message_to_mapping(msg, path=None, rename_net=None):
+    """A parsed file -> ``(kind, mapping, notes)``, the mapping not yet read by its loader (layerforge/solvers/
+    caffe_import.py checks it too)."""
     conv = CaffeConverter(path)
     kind = kind_of(msg)
     mapping = conv.net(msg) if kind == "net" else conv.solver(msg, rename_net)
     return kind, mapping, conv.notes
-
-
-def convert_file(path, rename_net=None):
-    """Read a Caffe .prototxt (net or solver) -> ``(kind, mapping, notes)``; ConfigError on any problem."""
-    return convert_message(parse_file(path), str(path), rename_net)
 
 
 def _keep_net_paths(old, key):
@@ -119,7 +115,7 @@ def _keep_net_paths(old, key):
 
 def read_solver_file(path):
     """A solver file (YAML, or a Caffe prototxt solver converted) -> its mapping, not yet validated."""
-    return read_yaml_or_prototxt(path, lambda msg, where: convert_message(msg, where, _keep_net_paths)[1])
+    return read_yaml_or_prototxt(path, lambda msg, where: message_to_mapping(msg, where, _keep_net_paths)[1])
 
 
 def read_config_file(path):

@@ -58,10 +58,16 @@ class SolverParameter:
 
 
 def load_solver_param(source, registry, **overrides):
-    """A path to a solver YAML file, or a dict (+ key overrides) -> SolverParameter; ConfigError on problems."""
+    """A path to a solver YAML file, or a dict (+ key overrides) -> SolverParameter; ConfigError on problems.
+
+    A SolverParameter is not read again: it is returned as it is, or with ``overrides`` its keys (those of the
+    file and the overrides it was given) are checked again with the new ones.
+    """
     if isinstance(source, SolverParameter):
-        source = source.source if source.path is None else source.path
-    if isinstance(source, (str, os.PathLike)):
+        if all(value is None for value in overrides.values()):
+            return source
+        path, mapping = source.path, source.source
+    elif isinstance(source, (str, os.PathLike)):
         path, mapping = str(source), read_solver_file(str(source))  # YAML, or a Caffe prototxt converted
     elif isinstance(source, dict):
         path, mapping = None, with_lines(source if isinstance(source, LineDict) else dict(source))

@@ -11,7 +11,7 @@ from layerforge import Net
 from layerforge.caffe import caffe_pb
 from layerforge.caffe.caffemodel import (array_to_blob, blob_to_array, copy_trained_layers, net_to_proto, save_caffemodel,
                                          save_hdf5)
-from layerforge.commands.convert import convert_file
+from layerforge.solvers.caffe_import import convert_file
 from layerforge.commands import convert as convert_command
 from layerforge.errors import LayerforgeError
 

@@ -16,8 +16,8 @@ import re
 import numpy
 import pytest
 
-from layerforge.commands.convert import convert_file, convert_message
-from layerforge.commands.yaml_text import to_yaml
+from layerforge.solvers.caffe_import import convert_file, convert_message
+from layerforge.yaml_text import to_yaml
 from layerforge.caffe.prototxt import parse, parse_file
 from layerforge.cli import main
 from layerforge.commands.summary import summarize
