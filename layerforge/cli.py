@@ -77,6 +77,7 @@ def main(argv=None):
     if needs_supervisor():
         return supervise(argv)
     args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
+    args.argv = argv[1:]  # the command's own arguments as given: train's restarts start it again with them
     try:
         return int(args.run(args) or 0)
     except LayerforgeError as e:

@@ -19,6 +19,7 @@ def add_arguments(parser):
     device.add_argument("--gpu", type=int, metavar="N", help="train on GPU N (overrides solver_mode/device_id)")
     device.add_argument("--cpu", action="store_true", help="train on the CPU whatever solver_mode says")
     parser.add_argument("--max-iter", type=int, metavar="N", help="override the solver's max_iter")
+    parser.add_argument("--iter-size", type=int, metavar="N", help="override the solver's iter_size")
     parser.add_argument("--sigint-effect", choices=("snapshot", "stop", "none"), default="stop",
                         help="what Ctrl-C / SIGTERM does (Caffe's meanings): stop = end training, writing the final "
                              "snapshot (default); snapshot = snapshot and go on; none = ignore")
@@ -37,6 +38,9 @@ def add_arguments(parser):
     add_run_arguments(parser)  # --trace FILE, --trace-iterations A:B, --tensorboard DIR (docs/trace.md)
     add_parallel_arguments(parser)  # --workers/--devices/--sync/--chunk-size: layerforge/dataparallel/cgdp (docs/cgdp.md)
     add_cpu_parallel_argument(parser)
+    from ..dataparallel.restarts import add_restart_arguments
+
+    add_restart_arguments(parser)  # --ranks/--hostfile/--mpiexec/--max-restarts/--min-ranks (docs/distributed.md)
 
 
 def add_cpu_parallel_argument(parser):
@@ -54,6 +58,8 @@ def solver_overrides(args):
         overrides["solver_mode"] = "CPU"
     if getattr(args, "max_iter", None) is not None:
         overrides["max_iter"] = args.max_iter
+    if getattr(args, "iter_size", None) is not None:
+        overrides["iter_size"] = args.iter_size
     if getattr(args, "allreduce", None):
         overrides["allreduce"] = args.allreduce
     if getattr(args, "weights", None):
@@ -71,9 +77,19 @@ def solver_param(args):
 def run(args):
     apply_decode_workers(args)
     from ..cores import mpi_world_size
+    from ..dataparallel import restarts
     from ..dataparallel.supervisor import release_held_signals
     from .data_parallel import train_command, wants_parallel
 
+    if mpi_world_size() > 1:
+        restarts.refuse_under_mpiexec(args)
+    else:
+        sp = solver_param(args)
+        if restarts.wants_restarts(args, sp):  # this process starts the job (mpiexec), and again after a failure
+            setup_logging()
+            return restarts.train_with_restarts(args.argv, sp, args.ranks, args.hostfile, args.mpiexec,
+                                                restarts.restarts_of(args, sp), args.min_ranks, args.snapshot,
+                                                args.weights)
     if wants_parallel(args):  # several workers/devices on this host (and MPI ranks as hosts)
         release_held_signals()
         setup_logging()
@@ -91,7 +107,6 @@ def run(args):
             with launch_guard() as mpi_comm:  # a bad solver file ends every rank: read inside
                 return train(args, solver_param(args), mpi_comm, requests)
     release_held_signals()
-    sp = solver_param(args)
     choice = cpu_choice(args, sp)
     if choice is not None and choice.mode == "REPLICAS":
         from .data_parallel import train_replicas
@@ -130,6 +145,10 @@ def train(args, sp, mpi_comm=None, requests=()):
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         if rank != 0:
             logging.getLogger("layerforge").setLevel(logging.WARNING)  # rank 0 logs for the job
+        else:
+            from ..dataparallel.restarts import note_under_mpiexec
+
+            note_under_mpiexec(sp)
         overrides = solver_overrides(args)
         if sp.solver_mode == "GPU":  # one GPU per rank of a node, from device_id on
             overrides["device_id"] = rank_device(sp.device_id, local_rank())

@@ -16,7 +16,8 @@ What data parallelism may do, and nothing more:
 - make the replicas' parameters the same again after the update (a broadcast, a barrier);
 - combine the test outputs of replicas that each test a shard;
 - agree on the action a signal requests (every replica snapshots or stops at the same iteration);
-- check agreement before a snapshot, and wait after it until the snapshot is whole;
+- check agreement before a snapshot, and wait after it until the snapshot is whole; gather the replicas' own
+  states (random streams, read positions, engine choices) for the snapshot, and say which is this replica's;
 - say which replica is the root (it displays, logs the test scores and writes the snapshots), and add lines to
   the periodic display.
 
@@ -106,6 +107,16 @@ class Seam:
         """Lines for the periodic train display (the root's), given the time per iteration since the last one."""
         return []
 
+    def gather_states(self, states):
+        """When a snapshot is written, on every replica: ``states``, a list of JSON texts of replicas' own states (a
+        random stream, the read positions, AUTO's engine choices; this replica's alone at first) -> every replica's,
+        in replica order, on the root (which writes them with the snapshot); anything on the others."""
+        return states
+
+    def replica(self):
+        """This replica's place among those whose own states a snapshot keeps: ``(index, count)``."""
+        return 0, 1
+
 
 class Seams(Seam):
     """Several seams acting as one, each point called on each seam in the order they were added: a reduction
@@ -180,3 +191,11 @@ class Seams(Seam):
 
     def describe(self, seconds_per_iteration, iterations):
         return [line for s in self.seams for line in s.describe(seconds_per_iteration, iterations)]
+
+    def gather_states(self, states):
+        for s in self.seams:
+            states = s.gather_states(states)
+        return states
+
+    def replica(self):
+        return next((place for place in (s.replica() for s in self.seams) if place[1] > 1), (0, 1))

@@ -160,8 +160,7 @@ class Solver:
         self.last_snapshot = None
         self.test_scores = [None] * len(self.test_nets)
         self._pending = []  # (signal number, effect) requested by signal handlers
-        self.snapshot_prefix = sp.snapshot_prefix or (
-            os.path.splitext(os.path.basename(sp.path))[0] if sp.path else "solver")
+        self.snapshot_prefix = snapshots.snapshot_prefix(sp)
         for w in sp.weights:
             self.load_weights(w)
         if sp.cuda_graph:

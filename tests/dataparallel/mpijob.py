@@ -32,18 +32,21 @@ def write_records(path, records=64, shape=(3, 8, 8)):
             w.put(encode_record(g.standard_normal(shape).astype(numpy.float32) + i % 3, i % 3))
 
 
-def write_solver(tmp_path, max_iter=100000, snapshot=0, conv_output=8, shape=(3, 8, 8), **keys):
-    """A small conv net on :func:`write_records` data of ``shape`` (one decode worker per rank, a Convolution of
-    ``conv_output`` channels whose engine AUTO times over the first iterations); returns the solver path.
-    Snapshots go to ``tmp_path/snap/net``; ``keys`` are more solver keys."""
+def write_solver(tmp_path, max_iter=100000, snapshot=0, conv_output=8, shape=(3, 8, 8), engine="AUTO", shuffle=True,
+                 **keys):
+    """A small conv net on :func:`write_records` data of ``shape`` (one decode worker per rank, records reshuffled
+    every epoch unless ``shuffle`` is false, a Convolution of ``conv_output`` channels whose ``engine`` AUTO times
+    over the first iterations); returns the solver path. Snapshots go to ``tmp_path/snap/net``; ``keys`` are more
+    solver keys."""
     db = tmp_path / "db"
     if not db.exists():
         write_records(db, shape=shape)
     net = {"name": "net", "layers": [
         {"name": "data", "type": "Data", "top": ["data", "label"],
-         "data": {"source": str(db), "batch_size": 4, "decode_workers": 1}},
+         "data": {"source": str(db), "batch_size": 4, "decode_workers": 1, "shuffle": shuffle}},
         {"name": "conv", "type": "Convolution", "bottom": "data", "top": "conv",
-         "convolution": {"num_output": conv_output, "kernel_size": 3, "weight_filler": {"type": "xavier"}}},
+         "convolution": {"num_output": conv_output, "kernel_size": 3, "weight_filler": {"type": "xavier"},
+                         "engine": engine}},
         {"name": "ip", "type": "InnerProduct", "bottom": "conv", "top": "ip",
          "inner_product": {"num_output": 3, "weight_filler": {"type": "xavier"}}},
         {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]}
@@ -62,19 +65,24 @@ def snapshots(tmp_path):
     return sorted(int(re.search(r"_iter_(\d+)\.", p.name).group(1)) for p in found)
 
 
-class Job:
-    """``command`` (argv after the interpreter, e.g. ``["-m", "layerforge", "train", ...]``) under ``mpiexec -n
-    ranks`` (``ranks=None``: run as it is, for a command that starts mpiexec itself); its output (stdout and stderr)
-    is collected line by line in ``lines``."""
+def train(solver, *more):
+    """The argv of ``layerforge train --solver solver more...``."""
+    return [sys.executable, "-m", "layerforge", "train", "--solver", str(solver), *map(str, more)]
 
-    def __init__(self, command, ranks=None, env=None, cwd=ROOT):
+
+def under_mpiexec(ranks, argv):
+    return [mpiexec(), "-n", str(ranks), *argv]
+
+
+class Job:
+    """The command ``argv`` (e.g. :func:`under_mpiexec` of :func:`train`), its output (stdout and stderr) collected
+    line by line in ``lines``."""
+
+    def __init__(self, argv, env=None, cwd=ROOT):
         self.id = uuid.uuid4().hex
         full_env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                         **{MARKER: self.id}, **(env or {}))
         full_env.pop("LAYERFORGE_GROUP_SIZE", None)
-        argv = [sys.executable, *command]
-        if ranks is not None:
-            argv = [mpiexec(), "-n", str(ranks), *argv]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=full_env, cwd=cwd, start_new_session=True)
         self.lines = []
@@ -103,11 +111,16 @@ class Job:
         pytest.fail(f"no {pattern!r} in the job's output (exit {self.proc.poll()}):\n{self.log[-3000:]}")
 
     def processes(self, rank):
-        """``{"supervisor": pid, "child": pid, "worker": pid}`` of ``rank`` (those that run now)."""
+        """``{"supervisor": pid, "child": pid, "worker": pid}`` of ``rank`` (those that run now; rank None: the one
+        process of a job that ``layerforge train --max-restarts`` started, as "child", and its decode worker)."""
         mine = {}
         for pid, env, ppid in _processes():
-            if env.get(MARKER) == self.id and env.get("PMI_RANK") == str(rank):
+            if env.get(MARKER) != self.id or pid == self.proc.pid:
+                continue
+            if env.get("PMI_RANK") == str(rank) or rank is None and "PMI_RANK" not in env:
                 mine[pid] = ppid
+        if rank is None:  # no supervisor: the restarting parent stands in its place
+            mine[self.proc.pid] = None
         found = {}
         for pid, ppid in mine.items():
             if ppid not in mine:

@@ -11,13 +11,9 @@ import pytest
 
 from layerforge.npz import load_npz
 
-from .mpijob import Job, cpu_hog, snapshots, write_solver  # noqa: F401 - cpu_hog is a fixture
+from .mpijob import Job, cpu_hog, snapshots, train, under_mpiexec, write_solver  # noqa: F401 - cpu_hog: a fixture
 
 pytestmark = pytest.mark.mpi
-
-
-def train(solver):
-    return ["-m", "layerforge", "train", "--solver", str(solver)]
 
 
 def stopped_cleanly(job, code, tmp_path):
@@ -30,7 +26,7 @@ def stopped_cleanly(job, code, tmp_path):
 
 @pytest.mark.parametrize("which", ["supervisor", "child", "worker"])
 def test_sigterm_to_any_process_of_one_rank_stops_every_rank_with_a_snapshot(tmp_path, cpu_hog, which):
-    with Job(train(write_solver(tmp_path)), ranks=3) as job:
+    with Job(under_mpiexec(3, train(write_solver(tmp_path)))) as job:
         job.wait_for(r"Iteration 3 \(")
         os.kill(job.process(1, which), signal.SIGTERM)
         code = job.finish()
@@ -38,7 +34,7 @@ def test_sigterm_to_any_process_of_one_rank_stops_every_rank_with_a_snapshot(tmp
 
 
 def test_sighup_to_a_ranks_decode_worker_snapshots_and_training_goes_on(tmp_path, cpu_hog):
-    with Job(train(write_solver(tmp_path)), ranks=3) as job:
+    with Job(under_mpiexec(3, train(write_solver(tmp_path)))) as job:
         job.wait_for(r"Iteration 3 \(")
         os.kill(job.process(2, "worker"), signal.SIGHUP)
         first = int(job.wait_for(r"Snapshotting to \S+_iter_(\d+)\.npz")[1])
@@ -57,7 +53,7 @@ def test_ctrl_c_to_mpiexec_stops_every_rank_with_a_snapshot(tmp_path, cpu_hog, w
     # a heavier convolution after start-up: AUTO's timing takes a while, and an iteration is long enough for both
     # of a Ctrl-C's deliveries to come within it
     keys = {} if when == "start-up" else {"conv_output": 32, "shape": (16, 48, 48)}
-    with Job(train(write_solver(tmp_path, **keys)), ranks=2) as job:
+    with Job(under_mpiexec(2, train(write_solver(tmp_path, **keys)))) as job:
         if when == "start-up":
             for rank in (0, 1):
                 job.process(rank, "child")
