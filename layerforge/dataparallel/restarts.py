@@ -46,6 +46,10 @@ KILLED = re.compile(r"^rank (\d+) \(host (\S+), pid (\d+)\): killed by signal (\
 USER_ERROR = re.compile(r"^(?:rank \d+: )?error: ")
 RANK_FAILED = re.compile(r"^rank (\d+): (.+)$")
 ITERATION = re.compile(r"\] Iteration (\d+) \(")
+TRAINING = re.compile(r"\] Solving ")
+# hydra's report of a rank process (a supervisor) that ended badly; it names the pid and host, not the rank
+HYDRA_PID = re.compile(r"^=\s+PID (\d+) RUNNING AT (\S+)")
+HYDRA_SIGNAL = re.compile(r"EXIT STRING: \w[\w ]* \(signal (\d+)\)")
 STATE = re.compile(r"_iter_(\d+)\.solverstate\.npz$")
 
 
@@ -178,6 +182,10 @@ class Job:
     def __init__(self, argv, env):
         from .supervisor import _die_with_parent
 
+        self.attempt = env[RESTART_ENV]
+        self.ranks = {}  # pid -> rank of the ranks' supervisors on this host, read once training starts
+        self.hydra = {}
+
         # a process group of its own: a terminal's Ctrl-C reaches mpiexec once, through this process (twice, and
         # hydra would end the job at once); and it dies with this process
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -198,9 +206,15 @@ class Job:
                 self.user_error = self.user_error or text
             elif RANK_FAILED.match(text):
                 self.failures.append(text)
+            for key, pattern in (("pid", HYDRA_PID), ("signal", HYDRA_SIGNAL)):
+                found = pattern.search(text)
+                if found and key not in self.hydra:
+                    self.hydra[key] = found
             found = ITERATION.search(text)
             if found:
                 self.iteration = int(found.group(1))
+            if not self.ranks and TRAINING.search(text):
+                self.ranks = _supervisors_here(self.attempt)
 
     def wait(self):
         code = self.proc.wait()
@@ -215,6 +229,12 @@ class Job:
         if self.proc.returncode < 0:
             signum = -self.proc.returncode
             return f"the job (pid {self.proc.pid}) was killed by signal {signum} ({signal.Signals(signum).name})"
+        if "pid" in self.hydra:  # a supervisor itself died: hydra names its pid, the scan of this host its rank
+            pid, host = int(self.hydra["pid"].group(1)), self.hydra["pid"].group(2)
+            rank = f"rank {self.ranks[pid]}" if pid in self.ranks else "a rank"
+            signum = int(self.hydra["signal"].group(1)) if "signal" in self.hydra else None
+            how = f"killed by signal {signum} ({signal.Signals(signum).name})" if signum else "ended badly"
+            return f"{rank} (host {host}, pid {pid}) {how}"
         if self.failures:
             return self.failures[0]
         return f"the job ended with exit status {code}"
@@ -296,6 +316,23 @@ def _write_hostfile(hosts, path):
     with open(path, "w") as f:
         f.writelines(f"{name}:{slots}\n" for name, slots in hosts)
     return path
+
+
+def _supervisors_here(attempt):
+    """``{pid: rank}`` of the processes on this host that hydra started for attempt ``attempt`` (the ranks'
+    supervisors: their parent does not carry the rank)."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if f"{RESTART_ENV}={attempt}".encode() in env and b"LAYERFORGE_SUPERVISED=1" not in env:
+            rank = next((v[9:] for v in env if v.startswith(b"PMI_RANK=")), None)
+            if rank is not None and rank.isdigit():
+                found[int(entry)] = int(rank)
+    return found
 
 
 def _placement(hosts, ranks):

@@ -161,13 +161,18 @@ def gone(pid):
 def test_workers_end_with_their_parent(how):
     child = subprocess.Popen([sys.executable, "-c", CHILD.format(tests=os.path.dirname(__file__))],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    pids = [int(p) for p in child.stdout.readline().split()]
-    assert len(pids) == 2
-    if how == "ctrl-c":  # the terminal sends SIGINT to the whole foreground process group
-        os.killpg(child.pid, signal.SIGINT)
-    else:
-        child.kill()
-    _, err = child.communicate(timeout=60)
+    try:
+        pids = [int(p) for p in child.stdout.readline().split()]
+        assert len(pids) == 2
+        if how == "ctrl-c":  # the terminal sends SIGINT to the whole foreground process group
+            os.killpg(child.pid, signal.SIGINT)
+        else:
+            child.kill()
+        _, err = child.communicate(timeout=60)
+    finally:  # a failure must not leave the child serving batches for ever
+        if child.poll() is None:
+            child.kill()
+            child.wait()
     deadline = time.time() + 30
     while not all(gone(p) for p in pids) and time.time() < deadline:
         time.sleep(0.1)
