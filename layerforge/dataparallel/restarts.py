@@ -27,8 +27,10 @@ import glob
 import logging
 import os
 import re
+import select
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -183,21 +185,26 @@ class Job:
         from .supervisor import _die_with_parent
 
         self.attempt = env[RESTART_ENV]
-        self.ranks = {}  # pid -> rank of the ranks' supervisors on this host, read once training starts
+        self.first_gone = None  # [(rank, pid)] of the first rank supervisor on this host to end, once watched
         self.hydra = {}
 
         # a process group of its own: a terminal's Ctrl-C reaches mpiexec once, through this process (twice, and
         # hydra would end the job at once); and it dies with this process
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     errors="replace", process_group=0, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, errors="replace", process_group=0,
+                                     preexec_fn=_die_with_parent)
         self.killed, self.failures, self.user_error, self.iteration = [], [], None, None
-        self._reader = threading.Thread(target=self._pass_on, daemon=True)
-        self._reader.start()
+        self._readers = [threading.Thread(target=self._pass_on, args=(pipe, out), daemon=True)
+                         for pipe, out in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))]
+        for reader in self._readers:
+            reader.start()
 
-    def _pass_on(self):
-        for line in self.proc.stderr:
-            sys.stderr.write(line)
-            sys.stderr.flush()
+    def _pass_on(self, pipe, out):
+        """Write what the job prints on ``pipe`` to ``out`` (ours), noting what tells how it ends (hydra writes its
+        report on stdout, the ranks theirs on stderr)."""
+        for line in pipe:
+            out.write(line)
+            out.flush()
             text = line.strip()
             found = KILLED.match(text)
             if found:
@@ -213,12 +220,37 @@ class Job:
             found = ITERATION.search(text)
             if found:
                 self.iteration = int(found.group(1))
-            if not self.ranks and TRAINING.search(text):
-                self.ranks = _supervisors_here(self.attempt)
+            if self.first_gone is None and TRAINING.search(text):
+                self.first_gone = []
+                threading.Thread(target=self._watch, args=(_supervisors_here(self.attempt),), daemon=True).start()
+
+    def _watch(self, ranks):
+        """Note the first of this host's rank supervisors (``{pid: rank}``) to end: hydra's report of a supervisor
+        that died without a word names the job's first process, whichever died, and the kernel tells the end of a
+        process (its pidfd becomes readable) before hydra can end the others."""
+        fds = {}
+        for pid, rank in ranks.items():
+            try:
+                fds[os.pidfd_open(pid)] = (rank, pid)
+            except OSError:  # already gone, or no pidfd here (Linux < 5.3)
+                continue
+        try:
+            poll = select.poll()
+            for fd in fds:
+                poll.register(fd, select.POLLIN)
+            while fds and self.proc.poll() is None:
+                ready = poll.poll(500)
+                if ready:
+                    self.first_gone.append(fds[ready[0][0]])
+                    return
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def wait(self):
         code = self.proc.wait()
-        self._reader.join()
+        for reader in self._readers:
+            reader.join()
         return code
 
     def cause(self, code):
@@ -229,12 +261,15 @@ class Job:
         if self.proc.returncode < 0:
             signum = -self.proc.returncode
             return f"the job (pid {self.proc.pid}) was killed by signal {signum} ({signal.Signals(signum).name})"
-        if "pid" in self.hydra:  # a supervisor itself died: hydra names its pid, the scan of this host its rank
-            pid, host = int(self.hydra["pid"].group(1)), self.hydra["pid"].group(2)
-            rank = f"rank {self.ranks[pid]}" if pid in self.ranks else "a rank"
-            signum = int(self.hydra["signal"].group(1)) if "signal" in self.hydra else None
-            how = f"killed by signal {signum} ({signal.Signals(signum).name})" if signum else "ended badly"
-            return f"{rank} (host {host}, pid {pid}) {how}"
+        if self.first_gone:  # the first rank of this host to end: its own report, else its supervisor died
+            rank, pid = self.first_gone[0]
+            said = [line for line in self.failures if line.startswith(f"rank {rank}: ")]
+            return said[0] if said else f"rank {rank} (host {socket.gethostname()}, pid {pid}): its supervisor " \
+                                        f"died without a report (SIGKILL, or a crash)"
+        if "pid" in self.hydra:  # on another host: hydra's report names a process, not necessarily the first to end
+            return f"a rank ended without a report; hydra's report: pid {self.hydra['pid'].group(1)} on host " \
+                   f"{self.hydra['pid'].group(2)}" + (f", {self.hydra['signal'].group(0).split(': ', 1)[1]}"
+                                                      if "signal" in self.hydra else "")
         if self.failures:
             return self.failures[0]
         return f"the job ended with exit status {code}"
@@ -297,13 +332,19 @@ def train_with_restarts(argv, sp, ranks=None, hostfile=None, mpiexec=None, max_r
                 world, iter_size = fits
             found = latest_snapshot(prefix, started)
             resume = found[0] if found else None
-            where = (f"from {os.path.relpath(found[0])} (iteration {found[1]}"
+            where = (f"from {_shown(found[0])} (iteration {found[1]}"
                      + (f"; iteration {job.iteration} was reached" if job.iteration is not None else "") + ")"
                      if found else "from the start (no snapshot yet)")
             on = "in one process" if world is None else \
                 f"on {world} rank{'s' * (world > 1)}" + (f", iter_size {iter_size}" if iter_size != sp.iter_size else "")
             log.warning("restart %d of %d: %s; resuming %s %s", attempt + 1, max_restarts, cause, where, on)
     return code
+
+
+def _shown(path):
+    """``path`` relative to the working directory when it lies below it, else absolute."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def _find_mpiexec():
