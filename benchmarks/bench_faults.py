@@ -152,9 +152,9 @@ def chaos(args, solver, env, log_path, rng):
         for k in range(args.kills):
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline and job.proc.poll() is None:  # this attempt trains
-                lines = list(job.lines)
-                if sum(1 for _, _, line in lines if RESTARTED.search(line)) == k and \
-                        any(ITERATION.search(line) for t, _, line in lines if not kills or t > kills[-1]["time"]):
+                lines = [line for _, _, line in job.lines]
+                starts = [i for i, line in enumerate(lines) if RESTARTED.search(line)]  # the k-th restart trains
+                if len(starts) == k and any(ITERATION.search(line) for line in lines[starts[-1] if k else 0:]):
                     break
                 time.sleep(0.05)
             time.sleep(rng.uniform(lo, hi))

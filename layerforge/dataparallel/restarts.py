@@ -42,6 +42,7 @@ from ..errors import LayerforgeError
 
 log = logging.getLogger("layerforge")
 
+USER_ERROR_STATUS = 2  # what a job exits with when the user's input is at fault
 RESTART_ENV = "LAYERFORGE_RESTART"  # in a job started here: its attempt (0 first); such a job never restarts itself
 PROBE_SECONDS = 15.0  # a host that has not run one process within this long is lost
 KILLED = re.compile(r"^rank (\d+) \(host (\S+), pid (\d+)\): killed by signal (\d+) \((\w+)\)")
@@ -300,8 +301,7 @@ def train_with_restarts(argv, sp, ranks=None, hostfile=None, mpiexec=None, max_r
                 return code
             argv_now = base + (["--snapshot", resume] if resume else
                                ["--snapshot", snapshot] if snapshot else ["--weights", weights] if weights else [])
-            if iter_size != sp.iter_size:
-                argv_now += ["--iter-size", str(iter_size)]
+            argv_now += ["--iter-size", str(iter_size)]  # the solver's (or the command line's), or a smaller world's
             command = [sys.executable, "-m", "layerforge", "train", *argv_now]
             if world is not None:
                 host_args = ["-f", _write_hostfile(live, os.path.join(scratch, f"hosts{attempt}"))] if live else []
@@ -310,16 +310,18 @@ def train_with_restarts(argv, sp, ranks=None, hostfile=None, mpiexec=None, max_r
             stop.job = job
             code = job.wait()
             code = 128 - code if code < 0 else code  # killed by signal S: exit 128 + S, as a shell reports it
-            if code == 0 or stop.requested or job.user_error:
+            # exit status 2 is layerforge's for a user's error (cli.py, comm.guard), also where its line was lost
+            if code in (0, USER_ERROR_STATUS) or stop.requested or job.user_error:
                 return code
             cause = job.cause(code)
             if attempt == max_restarts:
                 if max_restarts:
                     log.error("giving up after %d restart%s: %s", max_restarts, "s" * (max_restarts > 1), cause)
                 return code
-            if live:
+            if hosts:  # every host of the hostfile: one lost before may answer again
                 placed = _placement(live, world)
-                live, lost = _answering(launcher, live, scratch)
+                live, lost = _answering(launcher, hosts, scratch)
+                lost = [name for name in lost if name in placed]  # newly lost: the job ran there
                 if lost:
                     cause += "; " + "; ".join(f"host {name} lost (ranks {placed[name]}; it did not start a process "
                                               f"within {PROBE_SECONDS:g} s)" for name in lost)
