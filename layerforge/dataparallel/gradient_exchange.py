@@ -64,7 +64,7 @@ class GradientExchange(Seam):
         iter_size: the solver's passes per iteration (the last one's backward sends the buckets).
 
     Attributes:
-        seconds: wall time inside the exchange hooks, summed (packing, waiting, unpacking).
+        seconds: wall time inside before_update, summed (packing, waiting, unpacking).
         comm_seconds: time the allreduce calls themselves took, summed (on whichever thread ran them).
         exposed_seconds: time the training thread waited for communication after backward, summed.
     """

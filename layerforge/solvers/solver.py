@@ -326,7 +326,7 @@ class Solver:
         self.seam.before_pass(k)
         self._feed(k)
         if self.graphs is None and self._stream is not None and engines_settled(self.net):
-            reason = cuda_graph.body_refusal(self.net, self.param.iter_size)  # hooks may have come since
+            reason = cuda_graph.body_refusal(self.net, self.param.iter_size)  # seams may have come since
             if reason:
                 raise LayerforgeError(reason)
             self.graphs = cuda_graph.IterationGraphs(self.net)

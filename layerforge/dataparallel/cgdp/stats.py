@@ -25,7 +25,7 @@ class PhaseTimer(Seam):
         self.chunk_size = None
         self.layer_backward = {}  # layer index -> seconds (chunked passes only)
         self.lock = threading.Lock()
-        self._hook_end = self._iter_start = None
+        self._exchange_end = self._iter_start = None
 
     def add(self, phase, seconds):
         self.current[phase] += seconds
@@ -52,11 +52,11 @@ class PhaseTimer(Seam):
         return self
 
     def before_update(self):
-        self._hook_end = time.perf_counter()  # the other seams' exchange is done
+        self._exchange_end = time.perf_counter()  # the other seams' exchange is done
         return True
 
     def after_update(self):
-        self.add("update", time.perf_counter() - self._hook_end)
+        self.add("update", time.perf_counter() - self._exchange_end)
 
     def end_iteration(self, iteration, loss):
         now = time.perf_counter()
