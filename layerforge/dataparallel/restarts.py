@@ -183,7 +183,7 @@ class Job:
     """One start of the job: its process, what it printed that says how it ended, and the last iteration logged."""
 
     def __init__(self, argv, env):
-        from .supervisor import _die_with_parent
+        from .supervisor import child_preexec
 
         self.attempt = env[RESTART_ENV]
         self.first_gone = None  # [(rank, pid)] of the first rank supervisor on this host to end, once watched
@@ -192,8 +192,7 @@ class Job:
         # a process group of its own: a terminal's Ctrl-C reaches mpiexec once, through this process (twice, and
         # hydra would end the job at once); and it dies with this process
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, errors="replace", process_group=0,
-                                     preexec_fn=_die_with_parent)
+                                     stderr=subprocess.PIPE, text=True, errors="replace", preexec_fn=child_preexec)
         self.killed, self.failures, self.user_error, self.iteration = [], [], None, None
         self._readers = [threading.Thread(target=self._pass_on, args=(pipe, out), daemon=True)
                          for pipe, out in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))]
@@ -233,7 +232,7 @@ class Job:
         for pid, rank in ranks.items():
             try:
                 fds[os.pidfd_open(pid)] = (rank, pid)
-            except OSError:  # already gone, or no pidfd here (Linux < 5.3)
+            except (OSError, AttributeError):  # already gone, or no pidfd here (Linux < 5.3, not Linux)
                 continue
         try:
             poll = select.poll()

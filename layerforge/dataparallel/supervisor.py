@@ -74,9 +74,10 @@ def release_held_signals():
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
 
 
-def _child_setup(hold):
-    """In the forked child, before exec: die with the supervisor, lead a process group of its own (a signal to
-    the rank's group reaches the child only through the supervisor), and hold the signals for ``train``."""
+def child_preexec(hold=False):
+    """``preexec_fn`` of a child that dies with its parent and leads a process group of its own, so that a signal
+    sent to the parent's group reaches the child only as the parent passes it on; ``hold``: the child starts with
+    the signals held (:func:`hold_signals`)."""
     _die_with_parent()
     os.setpgid(0, 0)
     if hold:
@@ -101,7 +102,7 @@ def supervise(argv):
         signal.signal(s, forward)
     hold = argv[:1] == ["train"]
     child = subprocess.Popen([sys.executable, "-m", "layerforge", *argv], env=env, close_fds=False,
-                             preexec_fn=lambda: _child_setup(hold))  # close_fds=False: the PMI descriptor must reach it
+                             preexec_fn=lambda: child_preexec(hold))  # close_fds=False: the PMI descriptor must reach it
     for signum in early:
         forward(signum, None)
     status = child.wait()

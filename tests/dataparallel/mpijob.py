@@ -97,12 +97,13 @@ class Job:
     def log(self):
         return "".join(self.lines)
 
-    def wait_for(self, pattern, timeout=120):
-        """The first match of the regular expression ``pattern`` in the output, waiting for it; fails the test
-        (with the output) when the job ends or ``timeout`` seconds pass first."""
+    def wait_for(self, pattern, timeout=120, after=0):
+        """The first match of the regular expression ``pattern`` in the output from offset ``after`` on (a previous
+        match's ``end()``), waiting for it; fails the test (with the output) when the job ends or ``timeout`` seconds
+        pass first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = re.search(pattern, self.log)
+            found = re.compile(pattern).search(self.log, after)
             if found:
                 return found
             if self.proc.poll() is not None and not self._reader.is_alive():

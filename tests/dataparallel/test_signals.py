@@ -33,10 +33,11 @@ def test_sigterm_to_any_process_of_one_rank_stops_every_rank_with_a_snapshot(tmp
     assert len(stopped_cleanly(job, code, tmp_path)) == 1
 
 
-def test_sighup_to_a_ranks_decode_worker_snapshots_and_training_goes_on(tmp_path, cpu_hog):
+@pytest.mark.parametrize("which", ["supervisor", "worker"])
+def test_sighup_to_one_process_of_one_rank_snapshots_and_training_goes_on(tmp_path, cpu_hog, which):
     with Job(under_mpiexec(3, train(write_solver(tmp_path)))) as job:
         job.wait_for(r"Iteration 3 \(")
-        os.kill(job.process(2, "worker"), signal.SIGHUP)
+        os.kill(job.process(2, which), signal.SIGHUP)
         first = int(job.wait_for(r"Snapshotting to \S+_iter_(\d+)\.npz")[1])
         job.wait_for(rf"Iteration {first + 2} \(")
         job.signal(signal.SIGTERM)  # to mpiexec, which passes it to every rank
