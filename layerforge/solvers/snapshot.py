@@ -160,8 +160,9 @@ def restore(solver, path):
     solver.iter, random_state, states, losses, replicas = fields
     index, count = solver.seam.replica()
     world = (1, 1)
-    if replicas is not None and len(replicas) == count:  # each replica takes its own back
-        random_state, states = replicas[index]["rng"], replicas[index]["data_state"]
+    if replicas is not None and len(replicas) == count:  # each replica takes its own back (the first's: rng, data_state)
+        if index:
+            random_state, states = replicas[index]["rng"], replicas[index]["data_state"]
     elif replicas is not None:
         world = (len(replicas), count)
         log.info("%s was written by %d replicas, resumed by %d: each starts from the first one's state, its read "
