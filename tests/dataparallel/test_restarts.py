@@ -17,7 +17,7 @@ from layerforge.dataparallel.restarts import _placement, job_arguments, read_hos
 from layerforge.errors import LayerforgeError
 from tests.comm.mpirun import mpiexec
 
-from .mpijob import Job, cpu_hog, train, under_mpiexec, write_records, write_solver  # noqa: F401 - a fixture
+from .mpijob import Job, cpu_hog, train, under_mpiexec, write_solver  # noqa: F401 - cpu_hog: a fixture
 
 pytestmark = pytest.mark.mpi
 RESTARTED = re.compile(r"restart (\d+) of (\d+): (.*); resuming from \S+_iter_(\d+)\.solverstate\.npz .*?"
