@@ -50,7 +50,7 @@ from ..kernels.threadpool import num_threads, parallel_for
 from ..npz import check_writable
 from ..registry import registrar
 from . import snapshot as snapshots
-from .param import SolverParameter, learning_rate, load_solver_param
+from .param import learning_rate, load_solver_param
 from .seam import Seams
 from .signals import signal_handlers
 
@@ -120,8 +120,7 @@ class Solver:
     history_per_param = 1
 
     def __init__(self, param, shard=None, split=None, **overrides):
-        sp = param if isinstance(param, SolverParameter) and not overrides else \
-            load_solver_param(param, SOLVER_REGISTRY, **overrides)
+        sp = load_solver_param(param, SOLVER_REGISTRY, **overrides)  # a SolverParameter is not read again
         validate = getattr(type(self), "validate_params", None)
         if validate is not None:
             validate(sp)
