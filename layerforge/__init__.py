@@ -18,9 +18,19 @@ from .kernels.cuda.emulator.install import install_if_requested  # noqa: E402
 install_if_requested()  # LAYERFORGE_EMULATED_GPU=1: the emulated device stands in for cupy (docs/gpu.md)
 
 from .errors import ConfigError, DataError, LayerforgeError, ShapeError  # noqa: E402
-from .net.net import Net  # noqa: E402
-from .solvers import Solver, get_solver  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["Net", "Solver", "get_solver", "LayerforgeError", "ConfigError", "ShapeError", "DataError", "__version__"]
+# Net, Solver and get_solver load on first use (PEP 562): the ``layerforge`` command starts without numpy and
+# the nets, so that a rank's supervisor under mpiexec is ready for signals within a few tens of milliseconds
+def __getattr__(name):
+    if name == "Net":
+        from .net.net import Net as value
+    elif name in ("Solver", "get_solver"):
+        from . import solvers
+
+        value = getattr(solvers, name)
+    else:
+        raise AttributeError(f"module 'layerforge' has no attribute {name!r}")
+    globals()[name] = value
+    return value

@@ -71,11 +71,14 @@ def build_parser(only=None):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     from .dataparallel.supervisor import needs_supervisor, supervise
 
-    if needs_supervisor():  # a rank of an MPI job: its work runs in a child whose death by a signal is reported
+    # a rank of an MPI job: its work (arguments included) runs in a child whose death by a signal is reported;
+    # decided before anything heavy is imported, so that the supervisor forwards signals from its first moments
+    if needs_supervisor():
         return supervise(argv)
+    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
+    args.argv = argv[1:]  # the command's own arguments as given: train's restarts start it again with them
     try:
         return int(args.run(args) or 0)
     except LayerforgeError as e:

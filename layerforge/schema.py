@@ -96,8 +96,10 @@ def load_yaml(path):
 MAX_YAML_NODES = 1_000_000
 
 
-def _expanded_size(root):
-    """The number of nodes of ``root`` with every alias expanded, or None once it passes MAX_YAML_NODES."""
+def _first_too_large(root):
+    """The first node (children before parents) of ``root`` whose expansion, every alias expanded, passes
+    MAX_YAML_NODES; None when ``root`` stays within it. Each shared node is sized once, so this takes time in
+    the number of distinct nodes, not in their expansion."""
     sizes = {}
     stack = [(root, False)]
     while stack:
@@ -111,12 +113,12 @@ def _expanded_size(root):
         if children_done:
             total = 1 + sum(sizes.get(id(c), 0) for c in children)
             if total > MAX_YAML_NODES:
-                return None
+                return node
             sizes[id(node)] = total
         else:
             stack.append((node, True))
             stack.extend((c, False) for c in children if id(c) not in sizes)
-    return sizes[id(root)]
+    return None
 
 
 def load_yaml_text(text, path="<string>"):
@@ -128,9 +130,11 @@ def load_yaml_text(text, path="<string>"):
         node = loader.get_single_node()
         if node is None:
             return None
-        if _expanded_size(node) is None:
+        too_large = _first_too_large(node)
+        if too_large is not None:  # its line: where the aliases multiply past the bound
             raise ConfigError(f"the YAML expands to more than {MAX_YAML_NODES:,} values through its aliases "
-                              f"(&name / *name); write the values out or use blocks", path)
+                              f"(&name / *name); write the values out or use blocks", path,
+                              too_large.start_mark.line + 1)
         return loader.construct_document(node)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark

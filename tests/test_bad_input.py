@@ -96,6 +96,21 @@ def test_alias_expansion_limit_counts_shared_nodes_once_per_use():
     assert 8 ** 8 > MAX_YAML_NODES
 
 
+def test_alias_bomb_names_the_line_where_it_passes_the_bound():
+    # 9 levels of 9 aliased lists as an Input shape: level 6 is the first to stand for more than the bound
+    # (9^7 values against 9^6), so its line is the one named, as for every other YAML error
+    levels = [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}' if i else '1'] * 9)}]" for i in range(9)]
+    text = "\n".join(levels) + "\nname: x\nlayers:\n- {name: data, type: Input, top: data, input: {shape: [*a8]}}\n"
+    assert 9 ** 6 < MAX_YAML_NODES < 9 ** 7
+    with pytest.raises(ConfigError, match="expands to more than") as e:
+        load_yaml_text(text, "bomb.yaml")
+    assert str(e.value).startswith("bomb.yaml:7:")
+    block = BAD_YAML["alias_bomb_in_a_block"][0]  # the bomb indented under blocks: b: junk:, four lines down
+    with pytest.raises(ConfigError) as e:
+        load_yaml_text(block, "block.yaml")
+    assert str(e.value).startswith("block.yaml:11:")
+
+
 def test_nul_byte_names_its_line():
     with pytest.raises(ConfigError) as e:
         load_yaml_text("name: x\nlayers: []\nbad: a\x00b\n", "net.yaml")

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from ..errors import LayerforgeError
 
@@ -45,6 +46,7 @@ _LAUNCHER = """#!/bin/sh
 # written by layerforge.comm.testbed: what hydra calls instead of ssh
 while [ "${1#-}" != "$1" ]; do shift; done
 host=$1; shift
+if [ -e "$(dirname "$0")/crashed-$host" ]; then echo "ssh: connect to host $host: No route to host" >&2; exit 255; fi
 exec ip netns exec "$host" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
 """
 
@@ -235,6 +237,12 @@ class TestBed:
             f.writelines(f"{name}:{ranks_per_host}\n" for name in self.host_names[:hosts])
         return path
 
+    def mpiexec_prefix(self):
+        """mpiexec, run in the head namespace with the bed's launcher, up to (not including) its ``-f`` and ``-n``:
+        what ``layerforge train --mpiexec`` takes to start ranks on the bed's hosts."""
+        return ["ip", "netns", "exec", self.head, find_mpiexec(), "-launcher", "ssh", "-launcher-exec", self.launcher,
+                "-localhost", f"{SUBNET}.{HEAD_OCTET}"]
+
     def mpiexec_command(self, argv, ranks_per_host=1, hosts=None):
         """The command line that runs ``argv`` as hosts x ranks_per_host ranks across the bed (block order:
         ranks 0..k-1 on host 0, so ``rank // ranks_per_host`` is the host)."""
@@ -242,9 +250,28 @@ class TestBed:
         if not 1 <= hosts <= self.hosts or ranks_per_host < 1:
             raise LayerforgeError(f"test bed: cannot place {hosts} hosts x {ranks_per_host} ranks on a bed of "
                                   f"{self.hosts} hosts")
-        return ["ip", "netns", "exec", self.head, find_mpiexec(), "-launcher", "ssh", "-launcher-exec", self.launcher,
-                "-f", self.hostfile(ranks_per_host, hosts), "-localhost", f"{SUBNET}.{HEAD_OCTET}",
+        return [*self.mpiexec_prefix(), "-f", self.hostfile(ranks_per_host, hosts),
                 "-n", str(hosts * ranks_per_host), *argv]
+
+    def crash_host(self, i, dark_after=0.5):
+        """Host ``i`` fails: every process in it dies at once (SIGKILL), and ``dark_after`` seconds later its link
+        goes dark, so that nothing reaches it any more (a launcher that tries to start a process there waits in
+        vain). In between, the kernel closes the dead processes' connections, so their peers see them end, as they
+        do when a node's processes crash or its OS goes down; a node that loses power says nothing, and its peers
+        wait for TCP's timeouts. From then on the bed's launcher refuses the host, as ssh to a dead machine fails.
+        Returns how many processes were killed."""
+        ns = self.host_names[i]
+        open(os.path.join(self.dir, f"crashed-{ns}"), "w").close()  # the launcher (our ssh) no longer reaches it
+        pids = [int(p) for p in _ip("netns", "pids", ns, check=False).stdout.split()]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(dark_after)
+        _ip("-n", self.switch, "link", "set", f"p{i}", "down")
+        _ip("-n", ns, "link", "set", IFACE, "down")
+        return len(pids)
 
     def environment(self, extra=None):
         """The caller's environment plus the transport settings that send inter-host traffic over the links."""

@@ -19,6 +19,7 @@ def add_arguments(parser):
     device.add_argument("--gpu", type=int, metavar="N", help="train on GPU N (overrides solver_mode/device_id)")
     device.add_argument("--cpu", action="store_true", help="train on the CPU whatever solver_mode says")
     parser.add_argument("--max-iter", type=int, metavar="N", help="override the solver's max_iter")
+    parser.add_argument("--iter-size", type=int, metavar="N", help="override the solver's iter_size")
     parser.add_argument("--sigint-effect", choices=("snapshot", "stop", "none"), default="stop",
                         help="what Ctrl-C / SIGTERM does (Caffe's meanings): stop = end training, writing the final "
                              "snapshot (default); snapshot = snapshot and go on; none = ignore")
@@ -37,6 +38,9 @@ def add_arguments(parser):
     add_run_arguments(parser)  # --trace FILE, --trace-iterations A:B, --tensorboard DIR (docs/trace.md)
     add_parallel_arguments(parser)  # --workers/--devices/--sync/--chunk-size: layerforge/dataparallel/cgdp (docs/cgdp.md)
     add_cpu_parallel_argument(parser)
+    from ..dataparallel.restarts import add_restart_arguments
+
+    add_restart_arguments(parser)  # --ranks/--hostfile/--mpiexec/--max-restarts/--min-ranks (docs/distributed.md)
 
 
 def add_cpu_parallel_argument(parser):
@@ -54,6 +58,8 @@ def solver_overrides(args):
         overrides["solver_mode"] = "CPU"
     if getattr(args, "max_iter", None) is not None:
         overrides["max_iter"] = args.max_iter
+    if getattr(args, "iter_size", None) is not None:
+        overrides["iter_size"] = args.iter_size
     if getattr(args, "allreduce", None):
         overrides["allreduce"] = args.allreduce
     if getattr(args, "weights", None):
@@ -71,18 +77,36 @@ def solver_param(args):
 def run(args):
     apply_decode_workers(args)
     from ..cores import mpi_world_size
+    from ..dataparallel import restarts
+    from ..dataparallel.supervisor import release_held_signals
     from .data_parallel import train_command, wants_parallel
 
+    if mpi_world_size() > 1:
+        restarts.refuse_under_mpiexec(args)
+    else:
+        sp = solver_param(args)
+        if restarts.wants_restarts(args, sp):  # this process starts the job (mpiexec), and again after a failure
+            setup_logging()
+            return restarts.train_with_restarts(args.argv, sp, args.ranks, args.hostfile, args.mpiexec,
+                                                restarts.restarts_of(args, sp), args.min_ranks, args.snapshot,
+                                                args.weights)
     if wants_parallel(args):  # several workers/devices on this host (and MPI ranks as hosts)
+        release_held_signals()
         setup_logging()
         return train_command(args, solver_overrides(args))
 
     if mpi_world_size() > 1:
         from ..comm import launch_guard
+        from ..solvers.signals import signal_handlers
 
-        with launch_guard() as mpi_comm:  # a bad solver file ends every rank: read inside
-            return train(args, solver_param(args), mpi_comm)
-    sp = solver_param(args)
+        # a rank's signals are requests from its first moment: its supervisor started it with them held, and
+        # what came since is recorded now and carried out, agreed by every rank, at the first iteration
+        requests = []
+        with signal_handlers(requests, args.sigint_effect, args.sighup_effect, escalate=False):
+            release_held_signals()
+            with launch_guard() as mpi_comm:  # a bad solver file ends every rank: read inside
+                return train(args, solver_param(args), mpi_comm, requests)
+    release_held_signals()
     choice = cpu_choice(args, sp)
     if choice is not None and choice.mode == "REPLICAS":
         from .data_parallel import train_replicas
@@ -104,9 +128,9 @@ def cpu_choice(args, sp):
     return choice
 
 
-def train(args, sp, mpi_comm=None):
+def train(args, sp, mpi_comm=None, requests=()):
     """Build the solver of the SolverParameter ``sp`` (data parallel over ``mpi_comm`` when given) and solve;
-    returns the exit code."""
+    returns the exit code. ``requests``: what signals asked before the loop's own handlers were in place."""
     from ..solvers import get_solver
 
     setup_logging()
@@ -121,6 +145,10 @@ def train(args, sp, mpi_comm=None):
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         if rank != 0:
             logging.getLogger("layerforge").setLevel(logging.WARNING)  # rank 0 logs for the job
+        else:
+            from ..dataparallel.restarts import note_under_mpiexec
+
+            note_under_mpiexec(sp)
         overrides = solver_overrides(args)
         if sp.solver_mode == "GPU":  # one GPU per rank of a node, from device_id on
             overrides["device_id"] = rank_device(sp.device_id, local_rank())
@@ -131,7 +159,8 @@ def train(args, sp, mpi_comm=None):
     recording = start_telemetry(args, solver, mpi_comm)
     close_progress = solver.show_progress(args.status_interval) if solver.root and not args.no_progress else None
     try:
-        solver.solve(resume_file=args.snapshot, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect)
+        solver.solve(resume_file=args.snapshot, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect,
+                     requests=requests)
         recording.finish()  # collective under mpiexec: only where every rank got here
     finally:
         if close_progress is not None:

@@ -42,9 +42,13 @@ from .images import catch_stderr_for_good
 
 log = logging.getLogger("layerforge")
 WORKERS_ENV = "LAYERFORGE_DECODE_WORKERS"
-# Signals a terminal or a batch system sends to the whole process group: the parent decides what they mean
-# (the solver snapshots on SIGINT / SIGTERM) and closes the workers' pipes, which ends them.
+# Signals that mean a request of the user or a batch system: the parent decides what they mean (the solver
+# snapshots on SIGINT / SIGTERM) and closes the workers' pipes, which ends them. A worker leads a process group of
+# its own, so what a terminal or a launcher sends to the parent's group reaches the parent alone; one sent to a
+# worker itself (``kill PID``, a scheduler signalling every process) goes on to the parent, SIGINT as SIGTERM
+# (the same request, never a second Ctrl-C, which would interrupt a process at once).
 PARENT_DECIDES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_TO_PARENT = {signal.SIGINT: signal.SIGTERM, signal.SIGTERM: signal.SIGTERM, signal.SIGHUP: signal.SIGHUP}
 _ALIGN = 64
 _open_pools = weakref.WeakSet()
 _exit_hook = []  # atexit's registration, once
@@ -277,8 +281,14 @@ def _worker_main(*args):
 def _serve(j, fill, setup, ends, slots, progress, parent, mask):
     """Worker ``j``: fill the chunks that arrive on its end of ``ends`` (its, the parent's) until the parent
     closes its end or is gone."""
+    os.setpgid(0, 0)
+
+    def to_parent(signum, frame):
+        if os.getppid() == parent:  # not a pid the system may have given to another process since
+            os.kill(parent, _TO_PARENT[signum])
+
     for s in PARENT_DECIDES:
-        signal.signal(s, signal.SIG_IGN)
+        signal.signal(s, to_parent)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     conn = ends[0]
     # the parent's ends of this pipe and of the pipes of the workers forked before: a worker sees its pipe

@@ -375,13 +375,16 @@ class RankAgreement(Seam):
     """What keeps the ranks of one job one training run: rank 0 is the root (it displays and snapshots), every rank
     tests its shard and the test outputs are summed over the ranks (a detection test's rows gathered from them),
     every rank acts on the most drastic signal request of any rank (stop > snapshot > none), and before a snapshot
-    all ranks check that their parameters are still the same.
+    all ranks check that their parameters are still the same and hand rank 0 their own states (random stream, read
+    positions, engine choices), which the snapshot keeps: a job resumed on as many ranks continues each rank where
+    it was.
 
     Args:
         comm: a :class:`~layerforge.comm.Communicator`. solver: the rank's Solver (its net and iteration are read).
     """
 
     shares_tests = True
+    agrees = True
 
     def __init__(self, comm, solver):
         self.comm, self.solver = comm, solver
@@ -416,6 +419,23 @@ class RankAgreement(Seam):
 
     def before_snapshot(self):
         check_same(self.comm, parameters_digest(self.solver.net), f"set of parameters at iteration {self.solver.iter}")
+
+    def gather_states(self, states):
+        from mpi4py import MPI
+
+        comm, root = self.comm.comm, self.comm.rank == 0
+        mine = numpy.frombuffer(json.dumps(states).encode(), numpy.uint8)
+        counts = numpy.zeros(self.comm.size, numpy.int64)
+        comm.Gather(numpy.array([mine.size], numpy.int64), counts, root=0)
+        everyone = numpy.empty(int(counts.sum()) if root else 0, numpy.uint8)
+        comm.Gatherv(mine, [everyone, counts, MPI.BYTE] if root else None, root=0)
+        if not root:
+            return states
+        bounds = numpy.cumsum([0, *counts])
+        return [text for lo, hi in zip(bounds, bounds[1:]) for text in json.loads(everyone[lo:hi].tobytes())]
+
+    def replica(self):
+        return self.comm.rank, self.comm.size
 
 
 class RankSum(Seam):

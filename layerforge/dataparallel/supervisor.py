@@ -6,7 +6,15 @@ the other ranks at once. So the process hydra starts (the supervisor) runs the s
 and waits for it: when the child dies by a signal, the supervisor prints ``rank R (host H, pid P): killed
 by signal S`` and exits non-zero, and hydra ends the job. The child inherits the PMI connection (MPI
 starts in the child, never in the supervisor) and dies with its supervisor (PR_SET_PDEATHSIG), so
-killing either ends the rank. Signals the supervisor gets (Ctrl-C, SIGTERM, SIGHUP) go on to the child.
+killing either ends the rank.
+
+Signals the supervisor gets (Ctrl-C, SIGTERM, SIGHUP, SIGUSR1/2) go on to the child, exactly once: hydra
+signals a rank's whole process group (its Ctrl-C, and the SIGTERM mpiexec gets), so the child leads a
+process group of its own, which only the supervisor's forwarding reaches. A signal that comes before the
+supervisor has started the child is forwarded once it has. ``train``'s child starts with SIGINT, SIGTERM and
+SIGHUP held (blocked, across exec) and lets them in once it records them as requests (commands/train.py):
+a Ctrl-C during its start-up (imports, MPI_Init, building the nets) is carried out at the first iteration,
+as one during training is, instead of raising wherever the child happens to be.
 
 A rank that dies before its MPI_Init has finished is not enough for hydra, which then keeps the job waiting
 (the other ranks spin in MPI_Init) forever. So a supervisor whose child died leaves a watchdog behind: if
@@ -25,6 +33,7 @@ import time
 
 SUPERVISED = "LAYERFORGE_SUPERVISED"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what train's child holds until it records requests
 END_JOB_GRACE = 5.0  # seconds hydra gets to end the job itself; tearing down a loaded 4-rank job takes ~1 s
 PROXIES = (b"hydra_pmi_proxy",)  # the launcher processes that start ranks (MPICH's hydra)
 
@@ -52,13 +61,38 @@ def _die_with_parent():
         pass
 
 
+def hold_signals():
+    """Block SIGINT, SIGTERM and SIGHUP in this thread (and in what it starts: threads, and processes across
+    exec) until :func:`release_held_signals`: one that comes meanwhile waits in the kernel, instead of striking
+    a process that has not yet put its handlers in place."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+
+
+def release_held_signals():
+    """Unblock what :func:`hold_signals` blocked (here, or in the supervisor before exec); what waited is
+    delivered now, to the handlers in place."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+
+
+def child_preexec(hold=False):
+    """``preexec_fn`` of a child that dies with its parent and leads a process group of its own, so that a signal
+    sent to the parent's group reaches the child only as the parent passes it on; ``hold``: the child starts with
+    the signals held (:func:`hold_signals`)."""
+    _die_with_parent()
+    os.setpgid(0, 0)
+    if hold:
+        hold_signals()
+
+
 def supervise(argv):
     """Run ``python -m layerforge argv...`` as this rank's child; returns the exit status for this process."""
     env = dict(os.environ, **{SUPERVISED: "1"})
-    child = subprocess.Popen([sys.executable, "-m", "layerforge", *argv], env=env, close_fds=False,
-                             preexec_fn=_die_with_parent)  # close_fds=False: the PMI descriptor must reach it
+    child, early = None, []
 
     def forward(signum, frame):
+        if child is None:
+            early.append(signum)  # the child is being started: it gets this once it exists
+            return
         try:
             child.send_signal(signum)
         except ProcessLookupError:
@@ -66,6 +100,11 @@ def supervise(argv):
 
     for s in FORWARDED:
         signal.signal(s, forward)
+    hold = argv[:1] == ["train"]
+    child = subprocess.Popen([sys.executable, "-m", "layerforge", *argv], env=env, close_fds=False,
+                             preexec_fn=lambda: child_preexec(hold))  # close_fds=False: the PMI descriptor must reach it
+    for signum in early:
+        forward(signum, None)
     status = child.wait()
     if status >= 0:
         return status

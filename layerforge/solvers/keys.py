@@ -107,6 +107,9 @@ SOLVER_KEYS = {
     "group_size": Field("int", 0, min=0, doc="ranks per node group for the topology-aware allreduce "
                                               "(0: discover shared-memory nodes)"),
     "sync": Field("enum", "TREE", choices=("TREE", "HOST"), doc="how ranks synchronise (distributed training)"),
+    "max_restarts": Field("int", 0, min=0, doc="layerforge train: restart the job from its last snapshot when a rank "
+                                               "(or the one process) dies, up to this many times (--max-restarts "
+                                               "overrides; docs/distributed.md)"),
     "cpu_parallel": Field("enum", "AUTO", choices=("AUTO", "THREADS", "REPLICAS"),
                           doc="how a CPU run uses the cores: one process whose BLAS and kernels use every core "
                               "(THREADS), one single-threaded replica per core each on batch/cores, equal to one "

@@ -16,7 +16,8 @@ What data parallelism may do, and nothing more:
 - make the replicas' parameters the same again after the update (a broadcast, a barrier);
 - combine the test outputs of replicas that each test a shard (a detection test: gather their detections);
 - agree on the action a signal requests (every replica snapshots or stops at the same iteration);
-- check agreement before a snapshot, and wait after it until the snapshot is whole;
+- check agreement before a snapshot, and wait after it until the snapshot is whole; gather the replicas' own
+  states (random streams, read positions, engine choices) for the snapshot, and say which is this replica's;
 - say which replica is the root (it displays, logs the test scores and writes the snapshots), and add lines to
   the periodic display.
 
@@ -39,12 +40,16 @@ class Seam:
             the final weights that :meth:`~layerforge.solvers.Solver.solve` displays.
         layer_hooks: the solver calls :meth:`layer_gradients_ready` after every layer's backward (a hook on the
             train net; a net with such hooks is not replayed as a CUDA graph).
+        agrees: :meth:`agree` makes this replica act with others that run in processes of their own (MPI ranks):
+            a second Ctrl-C then never interrupts this one alone, which would end the job without a snapshot
+            (layerforge/solvers/signals.py).
     """
 
     root = True
     shares_tests = False
     shares_loss = False
     layer_hooks = False
+    agrees = False
 
     def start(self, iteration):
         """Once, before the solver's first iteration (after any restore): the replicas agree where they start.
@@ -108,6 +113,16 @@ class Seam:
         """Lines for the periodic train display (the root's), given the time per iteration since the last one."""
         return []
 
+    def gather_states(self, states):
+        """When a snapshot is written, on every replica: ``states``, a list of JSON texts of replicas' own states (a
+        random stream, the read positions, AUTO's engine choices; this replica's alone at first) -> every replica's,
+        in replica order, on the root (which writes them with the snapshot); anything on the others."""
+        return states
+
+    def replica(self):
+        """This replica's place among those whose own states a snapshot keeps: ``(index, count)``."""
+        return 0, 1
+
 
 class Seams(Seam):
     """Several seams acting as one, each point called on each seam in the order they were added: a reduction
@@ -124,6 +139,7 @@ class Seams(Seam):
     shares_tests = property(lambda self: any(s.shares_tests for s in self.seams))
     shares_loss = property(lambda self: any(s.shares_loss for s in self.seams))
     layer_hooks = property(lambda self: any(s.layer_hooks for s in self.seams))
+    agrees = property(lambda self: any(s.agrees for s in self.seams))
 
     def start(self, iteration):
         for s in self.seams:
@@ -186,3 +202,11 @@ class Seams(Seam):
 
     def describe(self, seconds_per_iteration, iterations):
         return [line for s in self.seams for line in s.describe(seconds_per_iteration, iterations)]
+
+    def gather_states(self, states):
+        for s in self.seams:
+            states = s.gather_states(states)
+        return states
+
+    def replica(self):
+        return next((place for place in (s.replica() for s in self.seams) if place[1] > 1), (0, 1))

@@ -1,6 +1,14 @@
 """Signals during training, as Caffe's SignalHandler: SIGINT / SIGTERM and SIGHUP request an effect
 (``snapshot``, ``stop`` or ``none``) that the loop carries out between two iterations, never inside one.
-A second SIGINT while one is pending interrupts at once (KeyboardInterrupt).
+
+A request already pending is not made twice: under mpiexec one signal can reach a rank by two ways (hydra
+signals the rank's process group, a scheduler every process of the job, the rank's supervisor forwards what it
+gets), and the same effect asked twice before the loop gets to it is one request.
+
+In one process, a second SIGINT while one is pending interrupts at once (KeyboardInterrupt), for a user whose
+first Ctrl-C waits behind a long iteration. ``escalate=False`` (a rank under mpiexec) never interrupts: a rank
+that raised would abort the job without a snapshot, and hydra has its own second Ctrl-C ("Press Ctrl-C again
+to force abort"), which ends every rank.
 """
 import contextlib
 import signal
@@ -12,8 +20,9 @@ EFFECTS = ("snapshot", "stop", "none")
 
 
 @contextlib.contextmanager
-def signal_handlers(pending, sigint_effect, sighup_effect):
-    """Within the block, each handled signal appends ``(signal number, effect)`` to the list ``pending``."""
+def signal_handlers(pending, sigint_effect, sighup_effect, escalate=True):
+    """Within the block, each handled signal appends ``(signal number, effect)`` to the list ``pending``, unless
+    that effect is pending already; ``escalate``: a second SIGINT while one is pending raises KeyboardInterrupt."""
     for name, effect in (("sigint_effect", sigint_effect), ("sighup_effect", sighup_effect)):
         if effect not in EFFECTS:
             raise LayerforgeError(f"{name} must be one of {', '.join(EFFECTS)}, got {effect!r}")
@@ -25,9 +34,12 @@ def signal_handlers(pending, sigint_effect, sighup_effect):
         wanted = {}  # Python delivers signals to the main thread only
 
     def handler(signum, frame):
-        if signum == signal.SIGINT and any(s == signum for s, _ in pending):
-            raise KeyboardInterrupt
-        pending.append((signum, wanted[signum]))
+        effect = wanted[signum]
+        if any(e == effect for _, e in pending):
+            if escalate and signum == signal.SIGINT and any(s == signum for s, _ in pending):
+                raise KeyboardInterrupt
+            return
+        pending.append((signum, effect))
 
     old = {s: signal.signal(s, handler) for s in wanted}
     try:
@@ -36,3 +48,4 @@ def signal_handlers(pending, sigint_effect, sighup_effect):
         for s, h in old.items():
             signal.signal(s, h)
         pending.clear()
+

@@ -2,9 +2,16 @@
 
 A snapshot is two files, each written atomically: the weights (``PREFIX_iter_N.npz``) and the solver state
 (``PREFIX_iter_N.solverstate.npz``: iteration, update history, the random stream, every data layer's read
-position, the recent losses), so a resumed run computes exactly what an uninterrupted one would; or Caffe's
-.caffemodel / .solverstate (and .h5 flavours) as ``snapshot_format`` says (layerforge/caffe/solverstate.py).
-No pickles: JSON strings in 0-d arrays.
+position, AUTO's engine choices, the recent losses), so a resumed run computes exactly what an uninterrupted one
+would; or Caffe's .caffemodel / .solverstate (and .h5 flavours) as ``snapshot_format`` says
+(layerforge/caffe/solverstate.py). No pickles: JSON strings in 0-d arrays.
+
+Replicas in processes of their own (MPI ranks) each have their own random stream, read positions (in their
+shard) and engine choices (each times AUTO's engines itself): the snapshot keeps every replica's (``replicas``,
+gathered through the solver's seam), and a job resumed on as many replicas gives each its own back, so that it
+computes what the uninterrupted job would, bit for bit. Resumed on another number of replicas, every replica
+starts from the first replica's state with its read positions scaled to the records all replicas read so far
+(``position * saved replicas / replicas``).
 """
 import collections
 import json
@@ -21,6 +28,12 @@ from ..npz import load_npz, save_npz_atomic
 log = logging.getLogger("layerforge")
 
 
+def snapshot_prefix(sp):
+    """The path prefix of the snapshots of SolverParameter ``sp``: ``snapshot_prefix`` (relative to the working
+    directory), else the solver file's name without extension (``solver`` for a solver given as a mapping)."""
+    return sp.snapshot_prefix or (os.path.splitext(os.path.basename(sp.path))[0] if sp.path else "solver")
+
+
 def snapshot(solver):
     """Write PREFIX_iter_N.npz (weights) and PREFIX_iter_N.solverstate.npz, each atomically (or Caffe's
     .caffemodel and .solverstate, with their .h5 flavours, as ``snapshot_format`` says).
@@ -28,8 +41,9 @@ def snapshot(solver):
     Returns the solver-state path (None on non-root ranks). Non-finite weights are never written.
     """
     base = f"{solver.snapshot_prefix}_iter_{solver.iter}"
+    fmt = solver.param.snapshot_format
+    replicas = solver.seam.gather_states([_json(_own_state(solver))]) if fmt == "NPZ" else None
     if not solver.root:  # rank (replica) 0 writes it: this one's report of a non-finite loss names it as 0's does
-        fmt = solver.param.snapshot_format
         solver.last_snapshot = base + (".solverstate.npz" if fmt == "NPZ" else solverstate.SUFFIXES[fmt][1])
         return None
     for layer in solver.net.layers:
@@ -43,24 +57,36 @@ def snapshot(solver):
     log.info("Snapshotting to %s", weights)
     solver.net.save(weights)
     log.info("Snapshotting solver state to %s", state)
-    save_npz_atomic(state, state_arrays(solver, os.path.basename(weights)))
+    save_npz_atomic(state, state_arrays(solver, os.path.basename(weights), replicas))
     solver.last_snapshot = state
     return state
 
 
-def state_arrays(solver, learned_net=""):
-    """The solver state as ``{name: array}`` (no pickles: JSON strings in 0-d arrays)."""
+def state_arrays(solver, learned_net="", replicas=None):
+    """The solver state as ``{name: array}`` (no pickles: JSON strings in 0-d arrays); ``replicas``: the JSON texts
+    of every replica's own state (:func:`snapshot` gathers them), this replica's alone when None."""
+    own = _own_state(solver)
     arrays = {
         "iter": numpy.array(solver.iter, dtype=numpy.int64),
         "type": numpy.array(solver.type or ""),
         "learned_net": numpy.array(learned_net),
-        "rng": numpy.array(json.dumps(rng.get_state())),
-        "data_state": numpy.array(json.dumps(_data_states(solver), default=_jsonable)),
+        "rng": numpy.array(json.dumps(own["rng"])),
+        "data_state": numpy.array(_json(own["data_state"])),
+        "replicas": numpy.array("[" + ",".join(replicas or [_json(own)]) + "]"),
         "losses": numpy.array(list(solver.losses), dtype=numpy.float64),
     }
     for i, h in enumerate(solver.history):
         arrays[f"history/{i}"] = backend.to_numpy(h)
     return arrays
+
+
+def _own_state(solver):
+    """What of the state is this replica's own: its random stream and its layers' states."""
+    return {"rng": rng.get_state(), "data_state": _data_states(solver)}
+
+
+def _json(value):
+    return json.dumps(value, default=_jsonable)
 
 
 def _nets(solver):
@@ -80,10 +106,19 @@ def _whole_batch_state(net, state):
     return dict(state, position=int(state["position"]) * net.split[1])
 
 
-def _replica_state(net, state, path, name):
-    if net.split is None or not isinstance(state, dict) or "position" not in state:
+def _replica_state(net, state, path, name, world=(1, 1)):
+    """The saved ``state`` of layer ``name`` as this replica takes it: its read position, counted in its shard of
+    ``world[0]`` replicas, moved to a shard of ``world[1]`` replicas, then divided among a split batch's replicas."""
+    if not isinstance(state, dict) or "position" not in state:
         return state
-    position, count = int(state["position"]), net.split[1]
+    saved, now = world
+    position = int(state["position"]) * saved
+    if position % now:
+        raise LayerforgeError(f"{path}: layer '{name}' read {position // saved} records on each of {saved} ranks, "
+                              f"which do not split evenly over {now} ranks; resume on a number of ranks that "
+                              f"divides {position}")
+    position //= now
+    count = net.split[1] if net.split is not None else 1
     if position % count:
         raise LayerforgeError(f"{path}: layer '{name}' read {position} records, which do not split into {count} "
                               f"equal replica shares; resume it with cpu_parallel THREADS")
@@ -122,14 +157,23 @@ def restore(solver, path):
     if weights and not os.path.isabs(weights):
         weights = os.path.join(os.path.dirname(path), weights)
     solver.net.load(weights)
-    solver.iter, random_state, states, losses = fields
+    solver.iter, random_state, states, losses, replicas = fields
+    index, count = solver.seam.replica()
+    world = (1, 1)
+    if replicas is not None and len(replicas) == count:  # each replica takes its own back (the first's: rng, data_state)
+        if index:
+            random_state, states = replicas[index]["rng"], replicas[index]["data_state"]
+    elif replicas is not None:
+        world = (len(replicas), count)
+        log.info("%s was written by %d replicas, resumed by %d: each starts from the first one's state, its read "
+                 "positions scaled to the records all of them read", path, len(replicas), count)
     rng.set_state(random_state)
     for key, net in _nets(solver):
         for layer in net.layers:
             saved = states.get(key, {}).get(layer.name) if isinstance(states.get(key), dict) else None
             if saved is not None and hasattr(layer, "set_state"):
                 try:
-                    layer.set_state(_replica_state(net, saved, path, layer.name))
+                    layer.set_state(_replica_state(net, saved, path, layer.name, world))
                 except (KeyError, TypeError, ValueError, AttributeError) as e:
                     raise LayerforgeError(f"{path}: the saved state of layer '{layer.name}' ({key} net) is "
                                           f"malformed ({type(e).__name__}: {e})") from None
@@ -138,7 +182,8 @@ def restore(solver, path):
 
 
 def _state_fields(solver, arrays, path):
-    """``(iter, rng state, layer states, losses)`` of a solver-state file, each checked before any is used;
+    """``(iter, rng state, layer states, losses, every replica's own state or None)`` of a solver-state file,
+    each checked before any is used;
     a field that is not what this solver writes is one LayerforgeError naming it."""
     def field(name, parse):
         try:
@@ -149,23 +194,31 @@ def _state_fields(solver, arrays, path):
             raise LayerforgeError(f"{path}: field '{name}' is malformed ({str(e).splitlines()[0][:120]})") \
                 from None
 
-    def random_state(a):
-        state = json.loads(a.item())
+    def random_state(state):
         probe = type(rng.get_rng().bit_generator)()
         probe.state = state  # a state of another generator, or a broken one, is refused here
         return state
 
-    def layer_states(a):
-        states = json.loads(a.item())
+    def layer_states(states):
         if not isinstance(states, dict):
             raise ValueError("expected a mapping of nets to layer states")
         return states
 
+    def replica_states(replicas):
+        if not isinstance(replicas, list) or not replicas or not all(
+                isinstance(own, dict) and {"rng", "data_state"} <= set(own) for own in replicas):
+            raise ValueError("expected a list of every replica's random stream and layer states")
+        return [{"rng": random_state(own["rng"]), "data_state": layer_states(own["data_state"])} for own in replicas]
+
+    def text(parse):
+        return lambda a: parse(json.loads(a.item()))
+
     saved_type = field("type", lambda a: str(a.item())) if "type" in arrays else ""
     if saved_type and saved_type != solver.type:
         log.warning("%s was written by a %s solver; continuing with %s", path, saved_type, solver.type)
-    return (field("iter", lambda a: int(a)), field("rng", random_state), field("data_state", layer_states),
-            field("losses", lambda a: [float(v) for v in a]))
+    return (field("iter", lambda a: int(a)), field("rng", text(random_state)), field("data_state", text(layer_states)),
+            field("losses", lambda a: [float(v) for v in a]),
+            field("replicas", text(replica_states)) if "replicas" in arrays else None)  # older snapshots: none
 
 
 def finite(a):

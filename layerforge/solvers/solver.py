@@ -163,8 +163,7 @@ class Solver:
         self.last_snapshot = None
         self.test_scores = [None] * len(self.test_nets)
         self._pending = []  # (signal number, effect) requested by signal handlers
-        self.snapshot_prefix = sp.snapshot_prefix or (
-            os.path.splitext(os.path.basename(sp.path))[0] if sp.path else "solver")
+        self.snapshot_prefix = snapshots.snapshot_prefix(sp)
         for w in sp.weights:
             self.load_weights(w)
         if sp.cuda_graph:
@@ -280,14 +279,16 @@ class Solver:
                 self.requested_early_exit = True
                 break
 
-    def solve(self, resume_file=None, sigint_effect="stop", sighup_effect="snapshot"):
+    def solve(self, resume_file=None, sigint_effect="stop", sighup_effect="snapshot", requests=()):
         """Train to ``max_iter`` (Caffe's Solver::Solve), optionally resuming from a ``.solverstate.npz``.
 
         Signals (checked once per iteration): SIGINT and SIGTERM do ``sigint_effect``, SIGHUP
         ``sighup_effect``: ``"stop"`` ends training (and, with ``snapshot_after_train``, the usual final
         snapshot is written: so Ctrl-C snapshots then returns normally), ``"snapshot"`` writes a snapshot
         and goes on, ``"none"`` installs no handler (the signal keeps its usual effect). A second Ctrl-C
-        before the first is handled raises KeyboardInterrupt. The previous handlers are restored on return.
+        before the first is handled raises KeyboardInterrupt (in one process; ranks that agree on requests
+        never raise). The previous handlers are restored on return. ``requests``: ``(signal, effect)`` pairs
+        that signals made before (during start-up), carried out as if they came now.
         """
         sp = self.param
         if self.root and (sp.snapshot or sp.snapshot_after_train):
@@ -300,7 +301,8 @@ class Solver:
             self.restore(resume_file)
         self._start()
         self.requested_early_exit = False
-        with signal_handlers(self._pending, sigint_effect, sighup_effect):
+        with signal_handlers(self._pending, sigint_effect, sighup_effect, escalate=not self.seam.agrees):
+            self._pending[:0] = requests
             self.step(sp.max_iter - self.iter)
             if sp.snapshot_after_train and (not sp.snapshot or self.iter % sp.snapshot != 0):
                 self.snapshot()

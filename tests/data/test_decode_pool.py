@@ -103,22 +103,39 @@ def test_stats_count_batches_images_waits_and_worker_time():
     assert "2 decode workers could deliver" in stats.summary()
 
 
-def test_workers_ignore_the_terminals_signals_and_end_when_closed():
-    pool = DecodePool(fill, LAYOUT, 1, 2, "layer 'd' (Data)")
-    stream = pool.batches(plan, itertools.count(35, BATCH))
-    next(stream)
-    for pid in pool.pids:
-        os.kill(pid, signal.SIGINT)
-        os.kill(pid, signal.SIGTERM)
-    values, _ = next(stream)[0]  # still serving
-    numpy.testing.assert_array_equal(values[:, 0], numpy.arange(35 + BATCH, 35 + 2 * BATCH))
-    pids = list(pool.pids)
-    stream.close()
-    assert [pool.exit_codes[pid] for pid in pids] == [0, 0]
+def test_a_workers_signals_go_to_the_parent_and_workers_end_when_closed():
+    """A signal sent to a worker itself (``kill PID``, a scheduler signalling every process) is the parent's to
+    decide: it goes on to the parent, SIGINT as SIGTERM (the same request, never a second Ctrl-C); the worker
+    serves on. A worker leads its own process group, which a signal to the parent's group does not reach."""
+    got = []
+    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        pool = DecodePool(fill, LAYOUT, 1, 2, "layer 'd' (Data)")
+        stream = pool.batches(plan, itertools.count(35, BATCH))
+        next(stream)
+        assert [os.getpgid(pid) for pid in pool.pids] == pool.pids
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            os.kill(pool.pids[0], sig)
+            deadline = time.monotonic() + 30
+            while len(got) < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert got == [signal.SIGHUP if sig == signal.SIGHUP else signal.SIGTERM]
+            got.clear()
+        values, _ = next(stream)[0]  # still serving
+        numpy.testing.assert_array_equal(values[:, 0], numpy.arange(35 + BATCH, 35 + 2 * BATCH))
+        pids = list(pool.pids)
+        stream.close()
+        assert [pool.exit_codes[pid] for pid in pids] == [0, 0]
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
+# The child sets its own Ctrl-C disposition: a test run started in the background by a non-interactive shell
+# inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler of its own
 CHILD = textwrap.dedent("""
-    import itertools, os, sys, time
+    import itertools, os, signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     from test_decode_pool import BATCH, LAYOUT, fill, plan
     from layerforge.data.decode_pool import DecodePool
@@ -144,13 +161,18 @@ def gone(pid):
 def test_workers_end_with_their_parent(how):
     child = subprocess.Popen([sys.executable, "-c", CHILD.format(tests=os.path.dirname(__file__))],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    pids = [int(p) for p in child.stdout.readline().split()]
-    assert len(pids) == 2
-    if how == "ctrl-c":  # the terminal sends SIGINT to the whole foreground process group
-        os.killpg(child.pid, signal.SIGINT)
-    else:
-        child.kill()
-    _, err = child.communicate(timeout=60)
+    try:
+        pids = [int(p) for p in child.stdout.readline().split()]
+        assert len(pids) == 2
+        if how == "ctrl-c":  # the terminal sends SIGINT to the whole foreground process group
+            os.killpg(child.pid, signal.SIGINT)
+        else:
+            child.kill()
+        _, err = child.communicate(timeout=60)
+    finally:  # a failure must not leave the child serving batches for ever
+        if child.poll() is None:
+            child.kill()
+            child.wait()
     deadline = time.time() + 30
     while not all(gone(p) for p in pids) and time.time() < deadline:
         time.sleep(0.1)

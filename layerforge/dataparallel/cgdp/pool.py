@@ -2,6 +2,7 @@
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import threading
 import time
 
@@ -236,14 +237,16 @@ class WorkerPool:
 
 class _Requests(list):
     """The ``pending`` list of :func:`~layerforge.solvers.signals.signal_handlers` for a pool: each request goes to
-    the workers (:meth:`WorkerPool.request`); a second SIGINT while one is pending still interrupts at once."""
+    the workers (:meth:`WorkerPool.request`) at once, so none stays pending but a Ctrl-C's: a second SIGINT then
+    still interrupts at once."""
 
     def __init__(self, pool):
         super().__init__()
         self.pool = pool
 
     def append(self, request):
-        super().append(request)
+        if request[0] == signal.SIGINT:
+            super().append(request)
         self.pool.request(request[1])
 
 
