@@ -3,7 +3,7 @@ import logging
 
 import numpy
 
-from ..kernels import engine_cache
+from ..kernels import blas, engine_cache
 from .. import trace
 from ..backend import Stopwatch
 from ..errors import ShapeError
@@ -318,6 +318,8 @@ class Convolution(Layer):
         if len(names) > 1 and self._im2col_bytes(x_shape, y_shape) > AUTO_WORKSPACE_LIMIT:
             # like cuDNN's workspace limit: never allocate a huge column buffer to try it
             names = tuple(k for k in names if k != "IM2COL")
+        if len(names) > 1 and blas.batch_invariant():  # AUTO chooses among the batch-invariant engines only
+            names = tuple(k for k in names if ENGINES[k].batch_invariant)
         self.engines = {name: ENGINES[name](self.geometry, self.group) for name in names}
         self.tuning = {d: AutoChoice(names) for d in ("forward", "backward")}
         self._stopwatch = Stopwatch(self.xp)  # device time on a GPU (CUDA events), the host clock on numpy
