@@ -4,9 +4,8 @@ Used by notebooks.py (the runner). Every edit is (old text, new text, reason); r
 docstring (py3, offline, cpu, library). Substitutes are made under the Caffe root before the notebook runs, at the
 paths Caffe's download scripts would fill.
 """
-import gzip
 import os
-import shutil
+import sys
 
 import numpy
 
@@ -239,16 +238,16 @@ NOTEBOOKS = {
     "brewing-logreg": {
         "path": "examples/brewing-logreg.ipynb",
         "prepare": [],
-        "shell": [(r"build/tools/caffe train -solver ", lambda cmd: cmd.replace("./build/tools/caffe train -solver ",
-                                                                              "layerforge train --solver "))],
+        "shell": [(r"build/tools/caffe train -solver ", lambda cmd: cmd.replace(
+            "./build/tools/caffe train -solver ", f"{sys.executable} -m layerforge train --solver "))],
         "edits": {5: [("loss='log', n_iter=1000", "loss='log_loss', max_iter=1000", "library")]},
     },
     "detection": {
         "path": "examples/detection.ipynb",
         "prepare": [rcnn_weights, imagenet_aux, imagenet_mean, detection_windows],
-        "shell": [(r"detect\.py", lambda cmd: "python " + cmd.replace("--crop_mode=selective_search", "--crop_mode=list")
-                   .replace("_temp/det_input.txt", "_temp/det_input.csv")
-                   .replace(" --gpu", "" if not has_gpu() else " --gpu"))],
+        "shell": [(r"detect\.py", lambda cmd: f"{sys.executable} " + cmd.replace(
+            "--crop_mode=selective_search", "--crop_mode=list").replace(
+            "_temp/det_input.txt", "_temp/det_input.csv").replace(" --gpu", "" if not has_gpu() else " --gpu"))],
         "edits": {5: [("labels_df.sort('synset_id')", "labels_df.sort_values('synset_id')", "library")],
                   9: [("max_s.sort(ascending=False)", "max_s = max_s.sort_values(ascending=False)", "library")],
                   11: [("f.order(ascending=False)", "f.sort_values(ascending=False)", "library")],

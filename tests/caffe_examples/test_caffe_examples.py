@@ -62,7 +62,8 @@ def test_classify_py_runs_unchanged(caffe_root, center_only):
     for i in range(3):
         cv2.imwrite(str(images / f"{i}.jpg"), rs.randint(0, 256, size=(20, 16, 3)).astype(numpy.uint8))
     args = ["python/classify.py", "--model_def", "tiny.prototxt", "--pretrained_model", "tiny.caffemodel",
-            "--images_dim", "12,12", "--mean_file", "", "images", "out.npy"] + (["--center_only"] if center_only else [])
+            "--images_dim", "12,12", "--mean_file", "", "images", "out.npy"]
+    args += ["--center_only"] if center_only else []
     out = run(args, caffe_root)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Classifying 3 inputs." in out.stdout
