@@ -75,8 +75,9 @@ def imagenet_aux(root):
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "synset_words.txt"), "w") as f:
         f.writelines(f"n{10000000 + i:08d} class {i}, thing {i}\n" for i in range(1000))
+    detected = {23: "bicycle", 124: "person"}  # the detection notebook looks these two up by name
     with open(os.path.join(folder, "det_synset_words.txt"), "w") as f:
-        f.writelines(f"n{20000000 + i:08d} object {i}, item {i}\n" for i in range(200))
+        f.writelines(f"n{20000000 + i:08d} {detected.get(i, f'object {i}')}, item {i}\n" for i in range(200))
     mean = numpy.empty((3, 256, 256), numpy.float32)
     mean[:] = numpy.array([104.0, 117.0, 123.0])[:, None, None]
     write_blobproto(os.path.join(folder, "imagenet_mean.binaryproto"), mean[None])
@@ -251,7 +252,8 @@ NOTEBOOKS = {
                   (r"assemble_data\.py", _python("__import__('caffe_notebooks').flickr_style('.')"))],
         # CaffeNet at batch 50 on 2 CPU cores: 200 iterations of 2 solvers, twice, take hours here
         "quick": {32: [("niter = 200", "niter = 3", "time")]},
-        "edits": {10: [("tempfile.NamedTemporaryFile(delete=False)", "tempfile.NamedTemporaryFile('w', delete=False)",
+        "edits": {8: [("delimiter='\\n'", "delimiter='\\t'", "library")],  # numpy 2: no newline delimiter
+                  10: [("tempfile.NamedTemporaryFile(delete=False)", "tempfile.NamedTemporaryFile('w', delete=False)",
                         "py3")],
                   28: [("tempfile.NamedTemporaryFile(delete=False)", "tempfile.NamedTemporaryFile('w', delete=False)",
                         "py3")]},

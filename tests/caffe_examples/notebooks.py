@@ -100,10 +100,18 @@ def apply_edits(text, edits, where):
 def translate_ipython(text, shell_rules):
     """Cell text with magics and ``!`` lines made into Python calls of the runner's helpers."""
     lines = text.splitlines()
-    if lines and lines[0].startswith("%%"):  # a cell magic: %%timeit / %%time run the body once
+    if lines and lines[0].startswith("%%timeit"):  # IPython times the body in a function: its names stay local
+        lines = ["def _timeit_cell():"] + ["    " + line for line in lines[1:]] + ["_timeit_cell()"]
+    elif lines and lines[0].startswith("%%"):  # %%time: the body once, in the namespace
         lines = lines[1:]
-    out = []
+    joined = []  # a ! line continued with backslashes is one command, as IPython reads it
     for line in lines:
+        if joined and joined[-1].lstrip().startswith("!") and joined[-1].endswith("\\"):
+            joined[-1] = joined[-1][:-1] + " " + line.strip()
+        else:
+            joined.append(line)
+    out = []
+    for line in joined:
         stripped = line.lstrip()
         indent = line[:len(line) - len(stripped)]
         if re.match(r"%\s*matplotlib\b", stripped):

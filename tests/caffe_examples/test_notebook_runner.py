@@ -21,7 +21,10 @@ def test_ipython_lines_become_python():
     cell = "%matplotlib inline\nimport os\nif True:\n    !get_data.sh\n!cat $name\n%timeit f()\n"
     out = translate_ipython(cell, [(r"get_data\.sh", None)])
     assert out == ("pass  # %matplotlib: the Agg backend\nimport os\nif True:\n    pass\n_shell('cat $name')\nf()\n")
-    assert translate_ipython("%%timeit\nx = 1\n", []) == "x = 1\n"
+    assert translate_ipython("%%time\nx = 1\n", []) == "x = 1\n"
+    assert translate_ipython("%%timeit\nx = 1\n", []) == "def _timeit_cell():\n    x = 1\n_timeit_cell()\n"
+    continued = translate_ipython("!python a.py \\\n    --seed=1 \\\n    --n=$N\nx = 1\n", [])
+    assert continued == "_shell('python a.py  --seed=1  --n=$N')\nx = 1\n"
 
 
 def test_an_edit_that_no_longer_applies_is_an_error():
