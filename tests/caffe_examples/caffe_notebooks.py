@@ -24,34 +24,57 @@ def has_gpu():
 # ---------------------------------------------------------------------------------------------------------------
 # substitutes for downloads
 
-def random_caffemodel(root, deploy, weights, seed=0):
-    """A caffemodel of random weights for the net ``deploy`` (paths under ``root``), written by layerforge: weights
-    N(0, 2 / fan-in) (He et al., so activations keep their scale through the layers), biases 0."""
+def random_caffemodel(root, deploy, weights, train=None, seed=0):
+    """A caffemodel of random weights for the net ``deploy`` (paths under ``root``), written by layerforge: each layer
+    initialised by the fillers its training net ``train`` gives it (Caffe's own start of training), or by
+    N(0, 0.01^2) weights and zero biases where that net has no such layer."""
+    from google.protobuf import text_format
+
     import layerforge.pycaffe as caffe
+    from layerforge.pycaffe.proto import caffe_pb2
 
     path = os.path.join(root, weights)
     if os.path.exists(path):
         return path
-    net = caffe.Net(os.path.join(root, deploy), caffe.TEST)
-    rs = numpy.random.RandomState(seed)
-    for blobs in net.params.values():
-        w = blobs[0].data
-        w[...] = rs.randn(*w.shape) * numpy.sqrt(2.0 / max(1, w[0].size))
-        for b in blobs[1:]:
-            b.data[...] = 0
+    net_param = caffe_pb2.NetParameter()
+    with open(os.path.join(root, deploy)) as f:
+        text_format.Merge(f.read(), net_param)
+    sources = {}
+    if train is not None:
+        train_param = caffe_pb2.NetParameter()
+        with open(os.path.join(root, train)) as f:
+            text_format.Merge(f.read(), train_param)
+        sources = {layer.name: layer for layer in train_param.layer}
+    for layer in net_param.layer:
+        for block in ("convolution_param", "inner_product_param"):
+            if not layer.HasField(block):
+                continue
+            mine, theirs = getattr(layer, block), getattr(sources.get(layer.name, layer), block, None)
+            if theirs is not None and theirs.HasField("weight_filler") and theirs is not mine:
+                mine.weight_filler.CopyFrom(theirs.weight_filler)
+                mine.bias_filler.CopyFrom(theirs.bias_filler)
+            elif not mine.HasField("weight_filler"):
+                mine.weight_filler.type, mine.weight_filler.std = "gaussian", 0.01
+    filled = path + ".prototxt"
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    net.save(path)
+    with open(filled, "w") as f:
+        f.write(text_format.MessageToString(net_param))
+    caffe.set_random_seed(seed)
+    caffe.Net(filled, caffe.TEST).save(path)
+    os.remove(filled)
     return path
 
 
 def caffenet_weights(root):
     return random_caffemodel(root, "models/bvlc_reference_caffenet/deploy.prototxt",
-                             "models/bvlc_reference_caffenet/bvlc_reference_caffenet.caffemodel")
+                             "models/bvlc_reference_caffenet/bvlc_reference_caffenet.caffemodel",
+                             "models/bvlc_reference_caffenet/train_val.prototxt")
 
 
-def rcnn_weights(root):
+def rcnn_weights(root):  # R-CNN's net is CaffeNet with a 200-class fc-rcnn: CaffeNet's fillers
     return random_caffemodel(root, "models/bvlc_reference_rcnn_ilsvrc13/deploy.prototxt",
-                             "models/bvlc_reference_rcnn_ilsvrc13/bvlc_reference_rcnn_ilsvrc13.caffemodel")
+                             "models/bvlc_reference_rcnn_ilsvrc13/bvlc_reference_rcnn_ilsvrc13.caffemodel",
+                             "models/bvlc_reference_caffenet/train_val.prototxt")
 
 
 def imagenet_mean(root):
@@ -123,8 +146,9 @@ def coloured_images(folder, count, size, seed, classes):
 
 def flickr_style(root, images=60, classes=5):
     """What assemble_data.py writes: data/flickr_style/{train,test}.txt (``path label``) over images it downloaded,
-    here ``images`` generated 256 x 256 JPEGs in ``classes`` styles, two thirds for training."""
-    folder = os.path.join(root, "data", "flickr_style")
+    here ``images`` generated 256 x 256 JPEGs in ``classes`` styles, two thirds for training; absolute paths, as
+    assemble_data.py writes them."""
+    folder = os.path.join(os.path.abspath(root), "data", "flickr_style")
     paths, labels = coloured_images(os.path.join(folder, "images"), images, (256, 256), 1701, classes)
     cut = 2 * images // 3
     for name, rows in (("train", slice(0, cut)), ("test", slice(cut, None))):
@@ -295,8 +319,9 @@ NOTEBOOKS = {
     },
     "siamese": {
         "path": "examples/siamese/mnist_siamese.ipynb",
-        "prepare": [mnist_idx, lambda root: random_caffemodel(root, "examples/siamese/mnist_siamese.prototxt",
-                                                              "examples/siamese/mnist_siamese_iter_50000.caffemodel")],
+        "prepare": [mnist_idx, lambda root: random_caffemodel(
+            root, "examples/siamese/mnist_siamese.prototxt", "examples/siamese/mnist_siamese_iter_50000.caffemodel",
+            "examples/siamese/mnist_siamese_train_test.prototxt")],
         "shell": [],
         "edits": {5: [("np.fromstring(", "np.frombuffer(", "library")]},
     },
