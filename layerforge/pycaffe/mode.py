@@ -46,8 +46,8 @@ def solver_count():
 
 
 def set_solver_count(count):
-    """Solvers made from now on are one of ``count``: in TRAIN, their data layers read every ``count``-th batch
-    item from their rank on (Caffe's data-parallel split)."""
+    """Solvers made from now on are one of ``count``: their data layers read only their rank's share of the
+    records (layerforge's data-parallel shard, as Caffe's data layers split the records between solvers)."""
     _mode["solver_count"] = int(count)
 
 

@@ -32,8 +32,8 @@ class Solver:
     ``net`` and ``test_nets`` are pycaffe Net views of the solver's own nets; ``solver`` is the
     layerforge Solver. As in pycaffe, the device is the one of ``caffe.set_mode_cpu()`` / ``set_mode_gpu()``
     (the file's ``solver_mode`` is for the command line), and after ``caffe.set_solver_count(n)`` /
-    ``set_solver_rank(r)`` the solver is rank r of n: its TRAIN data layers read its share of every batch, and only
-    rank 0 displays, tests and snapshots.
+    ``set_solver_rank(r)`` the solver is rank r of n: its data layers read its share of the records, and only rank 0
+    displays, tests and snapshots.
     """
 
     type = None
