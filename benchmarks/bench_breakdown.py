@@ -50,10 +50,16 @@ def run_layerforge(name, iterations, replicas=1):
     import bench_train
     from layerforge.commands.time import time_net
     from layerforge.dataparallel.cgdp.host import update_shares
+    from layerforge.solvers.seam import Seam
 
     solver = bench_train.layerforge_solver(name, batch=bench_train.BATCH[name] // replicas)
-    params = solver.net.learnable_params
-    solver.update_share = update_shares(params, replicas)[0]
+    share = update_shares(solver.net.learnable_params, replicas)[0]
+
+    class FirstReplica(Seam):  # the update of replica 0 of ``replicas`` sharing one copy of the parameters
+        def update_share(self):
+            return share
+
+    solver.add_seam(FirstReplica())
     net = solver.net
     timing = time_net(net, iterations)
     out = collections.defaultdict(lambda: [0.0, 0.0])

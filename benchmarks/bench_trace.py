@@ -110,7 +110,7 @@ def torch_costs(calls):
 def lenet_iterations(iterations, rounds, trace_path, picture):
     import bench_train
     from layerforge import trace
-    from layerforge.layers.conv import engines_settled
+    from layerforge.kernels.autotune import engines_settled
 
     solver = bench_train.layerforge_solver("lenet")
     net = solver.net

@@ -35,7 +35,7 @@ SOURCES = ("DummyData", "SyntheticData", "Input", "Data", "ImageData")
 def torch_runner(net, torch):
     """A function running forward + backward of ``net``'s graph in torch; parameters shaped as net's."""
     import torch.nn.functional as F
-    from layerforge.layers.conv import read_pair
+    from layerforge.layers.layer_param import read_pair
     from layerforge.layers.pooling import Pooling
 
     params = []

@@ -172,7 +172,7 @@ def _layerforge_run(net_name, batch, precision, iterations, smoke):
     from layerforge.net import Net
 
     from layerforge.solvers.cuda_graph import IterationGraphs
-    from layerforge.layers.conv import engines_settled
+    from layerforge.kernels.autotune import engines_settled
 
     graph = precision.endswith("-graph")
     if smoke:
@@ -443,7 +443,7 @@ def phase_data_train(smoke, feed, db, seconds):
         raise RuntimeError("no data set (data/set failed)")
     import yaml
     import layerforge
-    from layerforge.layers.conv import engines_settled
+    from layerforge.kernels.autotune import engines_settled
     from layerforge.layers.data import input_stats, reset_input_stats
 
     name, batch, crop = SMOKE_DATA_NET if smoke else DATA_NET

@@ -10,6 +10,14 @@ import os
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
+def mpi_world_size():
+    """The process count of the MPI job this process was started in (1 when not under mpiexec/srun)."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 1
+
+
 def local_ranks():
     """Ranks of this MPI job on this node (1 when not launched by mpiexec/srun)."""
     for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "PMI_SIZE"):

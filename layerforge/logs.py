@@ -135,3 +135,8 @@ def format_bytes(nbytes):
         if nbytes >= size:
             return f"{nbytes / size:,.1f} {unit}"
     return f"{int(nbytes)} B"
+
+
+def format_shape(shape):
+    """``(64, 3, 32, 32)`` -> ``64x3x32x32``; a 0-d blob (a loss) -> ``scalar``."""
+    return "x".join(map(str, shape)) if len(shape) else "scalar"

@@ -104,3 +104,58 @@ def test_a_room_on_no_level_fails(tmp_path):
 def test_each_form_of_import_is_resolved(tmp_path, statement, target):
     graph = graph_tool.import_graph(_plant(tmp_path, {**BASE, "layers/conv.py": statement + "\n"}))
     assert sorted(graph["layerforge.layers.conv"]) == ([target] if target else [])
+
+
+def test_a_command_imported_outside_the_command_line_fails(tmp_path):
+    commands = {"commands/__init__.py": "", "commands/draw.py": "def run(args):\n    pass\n",
+                "cli.py": "from .commands import draw\n"}  # the command line's table: allowed
+    assert _problems_with(tmp_path, commands) == []
+    found = _problems_with(tmp_path, {**commands, "pycaffe/__init__.py": "",
+                                      "pycaffe/draw.py": "def f():\n    from ..commands.draw import run\n"})
+    assert found == ["layerforge.pycaffe.draw (line 2) imports layerforge.commands.draw: a command is imported by "
+                     "the command line only; move what it shares below commands/"]
+
+
+SOLVER_ROOM = {"solvers/__init__.py": "", "solvers/solver.py": "class Solver:\n    def __init__(self):\n"
+               "        self.root = True\n        self.callbacks = []\n", "dataparallel/__init__.py": ""}
+
+
+@pytest.mark.parametrize("body, changed", [
+    ("def attach(solver, comm):\n    solver.root = comm.rank == 0\n", "solver.root"),
+    ("class Sync:\n    def hook(self):\n        self.solver.skip_update = True\n", "self.solver.skip_update"),
+    ("def attach(solver, fn):\n    solver.callbacks.insert(0, fn)\n", "solver.callbacks"),
+    ("def attach(solver):\n    setattr(solver, 'root', False)\n", "solver"),
+    ("def attach(worker_solver, h):\n    worker_solver.history[0] = h\n", "worker_solver.history"),
+    ("from ..solvers import get_solver\n\ndef run(path):\n    s = get_solver(path)\n    s.iter += 3\n", "s.iter"),
+])
+def test_a_solver_changed_outside_solvers_fails(tmp_path, body, changed):
+    found = _problems_with(tmp_path, {**SOLVER_ROOM, "dataparallel/mpi.py": body})
+    assert len(found) == 1
+    assert found[0].startswith("layerforge.dataparallel.mpi (line ") and found[0].endswith(
+        f" changes {changed}: a Solver is changed by solvers/ only; data parallelism acts through its seam "
+        "(Solver.add_seam)")
+
+
+def test_the_solver_s_own_room_and_what_it_offers_pass(tmp_path):
+    # solvers/ sets its own attributes; others call the solver's methods and change its net, not the solver
+    allowed = ("def attach(solver, seam, f):\n    solver.add_seam(seam)\n    solver.add_callback(f)\n"
+               "    solver.net.backward = f\n    solver.net.backward_hooks.append(f)\n    sp = solver.param\n")
+    assert _problems_with(tmp_path, {**SOLVER_ROOM, "dataparallel/mpi.py": allowed}) == []
+
+
+@pytest.mark.parametrize("definition, name", [
+    ("ENGINE_CHOICES = {'AUTO': ('IM2COL', 'IMPLICIT')}\n", "ENGINE_CHOICES"),
+    ("class AutoChoice:\n    pass\n", "AutoChoice"),
+    ("def settle_engines(net, one_pass):\n    pass\n", "settle_engines"),
+])
+def test_engine_selection_in_a_layer_module_fails(tmp_path, definition, name):
+    source = BASE["layers/conv.py"] + definition
+    found = _problems_with(tmp_path, {"layers/conv.py": source})
+    assert found == [f"layerforge.layers.conv (line 3) defines {name}: engine selection belongs in "
+                     "kernels/autotune.py"]
+
+
+def test_a_layer_may_use_the_engine_selection(tmp_path):
+    uses = BASE["layers/conv.py"] + ("from ..kernels.im2col import ENGINE_CHOICES\n\n\nclass Convolution:\n"
+                                     "    def _choose_engines(self):\n        return ENGINE_CHOICES\n")
+    assert _problems_with(tmp_path, {"layers/conv.py": uses}) == []

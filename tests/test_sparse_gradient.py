@@ -69,7 +69,7 @@ def test_data_parallel_exchange_sends_the_rows_embed_added(monkeypatch, aggregat
     from mpi4py import MPI
 
     from layerforge.comm import Communicator, CostParams
-    from layerforge.dataparallel.mpi import make_data_parallel
+    from layerforge.dataparallel.gradient_exchange import make_data_parallel
     from tests.solvers.test_sparse_update import embed_net
 
     from layerforge.solvers import get_solver
@@ -77,9 +77,9 @@ def test_data_parallel_exchange_sends_the_rows_embed_added(monkeypatch, aggregat
                          "sparse_aggregation": aggregation})
     solver.feed = lambda it, k: {"x": numpy.array([1.0, 1.0, 5.0, 2.0]), "label": numpy.array([0, 1, 2, 0])}
     comm = Communicator(MPI.COMM_SELF, groups=[0], cost_params=CostParams(1e-6, 1e-9, 1e-9, 1e-10))
-    exchange = make_data_parallel(solver, comm)
+    seams = make_data_parallel(solver, comm)
     table = solver.net.learnable_params[0]
-    assert exchange.buffer.size == sum(p.count for p in solver.net.learnable_params[1:])
+    assert seams.dense.buffer.size == sum(p.count for p in solver.net.learnable_params[1:])
 
     def no_dense(dense):
         raise AssertionError("the exchange read the dense table")
@@ -87,7 +87,7 @@ def test_data_parallel_exchange_sends_the_rows_embed_added(monkeypatch, aggregat
     monkeypatch.setattr(SparseGradient, "from_dense", classmethod(lambda cls, dense: no_dense(dense)))
     before = table.data.copy()
     solver.step(1)
-    assert solver.sparse_exchange.calls == 1
-    assert solver.sparse_exchange.paths[0] in ("allgather", "sharded")
+    assert seams.sparse.calls == 1
+    assert seams.sparse.paths[0] in ("allgather", "sharded")
     moved = numpy.flatnonzero((table.data != before).any(axis=1)).tolist()
     assert moved == [1, 2, 5]

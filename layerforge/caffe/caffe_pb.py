@@ -13,6 +13,15 @@ Top-level enums are ``EnumTypeWrapper`` objects (``Phase.Value("TEST")``) and th
 constants (``TRAIN``, ``TEST``), nested enums' values are class attributes (``PoolingParameter.MAX``),
 as in protoc's ``caffe_pb2``. Fields a file carries that the table lacks are kept by protobuf as unknown
 fields and written back unchanged. All reading and writing is the protobuf library's.
+
+Beside BVLC's messages the table holds what widely used Caffe forks add to their ``caffe.proto`` (``FORKS``,
+``FORK_MESSAGES``, ``FORK_ENUMS``, ``FORK_FIELDS``): SSD's detection messages, the BN and Upsample of SegNet
+and ENet, Fast R-CNN's ROIPooling. They are merged into the one package ``caffe`` as those forks' own builds
+have them, so a fork's caffemodel, LMDB record (``AnnotatedDatum``) or pycaffe script reads here. A fork field
+whose number (or name) BVLC or an earlier fork already uses in that message (SegNet's ``upsample_param = 137``
+is BVLC's ``embed_param``) cannot share the package: it is left out and listed in ``CLASHES``; a file of that
+fork carrying it reads it as an unknown field (or as the other field where the wire types agree).
+:func:`fork_of` names the fork a message or field comes from.
 """
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
@@ -176,7 +185,7 @@ MESSAGES = {
         ("axis", 2, "?", "int32", 1), ("concat_dim", 1, "?", "uint32", 1),
     ),
     "BatchNormParameter": (
-        ("use_global_stats", 1, "?", "bool"), ("moving_average_fraction", 2, "?", "float", 999.0),
+        ("use_global_stats", 1, "?", "bool"), ("moving_average_fraction", 2, "?", "float", 0.999),
         ("eps", 3, "?", "float", 1e-05),
     ),
     "BiasParameter": (
@@ -383,6 +392,354 @@ MESSAGES = {
         ("filler", 1, "?", "FillerParameter"), ("channel_shared", 2, "?", "bool", False),
     ),
 }
+
+# ---------------------------------------------------------------------------------------------
+# Caffe's forks: what each adds to BVLC's caffe.proto (transcribed from the fork's own caffe.proto)
+
+FORKS = {
+    "ssd": "weiliu89/caffe (branch ssd: SSD)",
+    "fast-rcnn": "rbgirshick/caffe-fast-rcnn (Fast/Faster R-CNN)",
+    "segnet": "alexgkendall/caffe-segnet (SegNet)",
+    "enet": "TimoSaemann/caffe-enet (ENet)",
+    "opencv": "OpenCV's caffe.proto (opencv/opencv, modules/dnn)",
+}
+
+# the layer types each fork registers beyond BVLC's (its REGISTER_LAYER_CLASS lines)
+FORK_LAYER_TYPES = {
+    "ssd": ("AnnotatedData", "DetectionEvaluate", "DetectionOutput", "MultiBoxLoss", "Normalize", "Permute",
+            "PriorBox", "SmoothL1Loss", "VideoData"),
+    "fast-rcnn": ("ROIPooling", "SmoothL1Loss"),
+    "segnet": ("BN", "DenseImageData", "Upsample"),
+    "enet": ("BN", "DenseImageData", "Upsample"),
+}
+
+FORK_ENUMS = {
+    "ssd": {
+        "EmitConstraint.EmitType": (("CENTER", 0), ("MIN_OVERLAP", 1)),
+        "AnnotatedDatum.AnnotationType": (("BBOX", 0),),
+        "ResizeParameter.Resize_mode": (("WARP", 1), ("FIT_SMALL_SIZE", 2), ("FIT_LARGE_SIZE_AND_PAD", 3)),
+        "ResizeParameter.Pad_mode": (("CONSTANT", 1), ("MIRRORED", 2), ("REPEAT_NEAREST", 3)),
+        "ResizeParameter.Interp_mode": (("LINEAR", 1), ("AREA", 2), ("NEAREST", 3), ("CUBIC", 4), ("LANCZOS4", 5)),
+        "MultiBoxLossParameter.LocLossType": (("L2", 0), ("SMOOTH_L1", 1)),
+        "MultiBoxLossParameter.ConfLossType": (("SOFTMAX", 0), ("LOGISTIC", 1)),
+        "MultiBoxLossParameter.MatchType": (("BIPARTITE", 0), ("PER_PREDICTION", 1)),
+        "MultiBoxLossParameter.MiningType": (("NONE", 0), ("MAX_NEGATIVE", 1), ("HARD_EXAMPLE", 2)),
+        "PriorBoxParameter.CodeType": (("CORNER", 1), ("CENTER_SIZE", 2), ("CORNER_SIZE", 3)),
+        "VideoDataParameter.VideoType": (("WEBCAM", 0), ("VIDEO", 1)),
+    },
+    "segnet": {"BNParameter.BNMode": (("LEARN", 0), ("INFERENCE", 1))},
+    "enet": {"BNParameter.BNMode": (("LEARN", 0), ("INFERENCE", 1))},
+}
+
+_DENSE_IMAGE_DATA = (
+    ("source", 1, "?", "string"), ("batch_size", 2, "?", "uint32"), ("rand_skip", 3, "?", "uint32", 0),
+    ("shuffle", 4, "?", "bool", False), ("new_height", 5, "?", "uint32", 0), ("new_width", 6, "?", "uint32", 0),
+    ("is_color", 7, "?", "bool", True), ("mean_file", 8, "?", "string"), ("root_folder", 9, "?", "string", ""),
+    ("mirror", 10, "?", "bool", False), ("crop_width", 11, "?", "uint32", 0), ("crop_height", 12, "?", "uint32", 0),
+)
+_BN = (
+    ("bn_mode", 3, "?", "BNMode", "LEARN"), ("scale_filler", 1, "?", "FillerParameter"),
+    ("shift_filler", 2, "?", "FillerParameter"),
+)
+_UPSAMPLE = (
+    ("scale", 1, "?", "uint32", 2), ("scale_h", 2, "?", "uint32"), ("scale_w", 3, "?", "uint32"),
+    ("pad_out_h", 4, "?", "bool", False), ("pad_out_w", 5, "?", "bool", False), ("upsample_h", 6, "?", "uint32"),
+    ("upsample_w", 7, "?", "uint32"),
+)
+
+FORK_MESSAGES = {
+    "ssd": {
+        "LabelMapItem": (
+            ("name", 1, "?", "string"), ("label", 2, "?", "int32"), ("display_name", 3, "?", "string"),
+        ),
+        "LabelMap": (
+            ("item", 1, "*", "LabelMapItem"),
+        ),
+        "Sampler": (
+            ("min_scale", 1, "?", "float", 1.0), ("max_scale", 2, "?", "float", 1.0),
+            ("min_aspect_ratio", 3, "?", "float", 1.0), ("max_aspect_ratio", 4, "?", "float", 1.0),
+        ),
+        "SampleConstraint": (
+            ("min_jaccard_overlap", 1, "?", "float"), ("max_jaccard_overlap", 2, "?", "float"),
+            ("min_sample_coverage", 3, "?", "float"), ("max_sample_coverage", 4, "?", "float"),
+            ("min_object_coverage", 5, "?", "float"), ("max_object_coverage", 6, "?", "float"),
+        ),
+        "BatchSampler": (
+            ("use_original_image", 1, "?", "bool", True), ("sampler", 2, "?", "Sampler"),
+            ("sample_constraint", 3, "?", "SampleConstraint"), ("max_sample", 4, "?", "uint32"),
+            ("max_trials", 5, "?", "uint32", 100),
+        ),
+        "EmitConstraint": (
+            ("emit_type", 1, "?", "EmitType", "CENTER"), ("emit_overlap", 2, "?", "float"),
+        ),
+        "NormalizedBBox": (
+            ("xmin", 1, "?", "float"), ("ymin", 2, "?", "float"), ("xmax", 3, "?", "float"), ("ymax", 4, "?", "float"),
+            ("label", 5, "?", "int32"), ("difficult", 6, "?", "bool"), ("score", 7, "?", "float"),
+            ("size", 8, "?", "float"),
+        ),
+        "Annotation": (
+            ("instance_id", 1, "?", "int32", 0), ("bbox", 2, "?", "NormalizedBBox"),
+        ),
+        "AnnotationGroup": (
+            ("group_label", 1, "?", "int32"), ("annotation", 2, "*", "Annotation"),
+        ),
+        "AnnotatedDatum": (
+            ("datum", 1, "?", "Datum"), ("type", 2, "?", "AnnotationType"),
+            ("annotation_group", 3, "*", "AnnotationGroup"),
+        ),
+        "ResizeParameter": (
+            ("prob", 1, "?", "float", 1.0), ("resize_mode", 2, "?", "Resize_mode", "WARP"),
+            ("height", 3, "?", "uint32", 0), ("width", 4, "?", "uint32", 0), ("height_scale", 8, "?", "uint32", 0),
+            ("width_scale", 9, "?", "uint32", 0), ("pad_mode", 5, "?", "Pad_mode", "CONSTANT"),
+            ("pad_value", 6, "*", "float"), ("interp_mode", 7, "*", "Interp_mode"),
+        ),
+        "SaltPepperParameter": (
+            ("fraction", 1, "?", "float", 0.0), ("value", 2, "*", "float"),
+        ),
+        "NoiseParameter": (
+            ("prob", 1, "?", "float", 0.0), ("hist_eq", 2, "?", "bool", False), ("inverse", 3, "?", "bool", False),
+            ("decolorize", 4, "?", "bool", False), ("gauss_blur", 5, "?", "bool", False),
+            ("jpeg", 6, "?", "float", -1.0), ("posterize", 7, "?", "bool", False), ("erode", 8, "?", "bool", False),
+            ("saltpepper", 9, "?", "bool", False), ("saltpepper_param", 10, "?", "SaltPepperParameter"),
+            ("clahe", 11, "?", "bool", False), ("convert_to_hsv", 12, "?", "bool", False),
+            ("convert_to_lab", 13, "?", "bool", False),
+        ),
+        "DistortionParameter": (
+            ("brightness_prob", 1, "?", "float", 0.0), ("brightness_delta", 2, "?", "float", 0.0),
+            ("contrast_prob", 3, "?", "float", 0.0), ("contrast_lower", 4, "?", "float", 0.0),
+            ("contrast_upper", 5, "?", "float", 0.0), ("hue_prob", 6, "?", "float", 0.0),
+            ("hue_delta", 7, "?", "float", 0.0), ("saturation_prob", 8, "?", "float", 0.0),
+            ("saturation_lower", 9, "?", "float", 0.0), ("saturation_upper", 10, "?", "float", 0.0),
+            ("random_order_prob", 11, "?", "float", 0.0),
+        ),
+        "ExpansionParameter": (
+            ("prob", 1, "?", "float", 1.0), ("max_expand_ratio", 2, "?", "float", 1.0),
+        ),
+        "AnnotatedDataParameter": (
+            ("batch_sampler", 1, "*", "BatchSampler"), ("label_map_file", 2, "?", "string"),
+            ("anno_type", 3, "?", "AnnotatedDatum.AnnotationType"),
+        ),
+        "DetectionEvaluateParameter": (
+            ("num_classes", 1, "?", "uint32"), ("background_label_id", 2, "?", "uint32", 0),
+            ("overlap_threshold", 3, "?", "float", 0.5), ("evaluate_difficult_gt", 4, "?", "bool", True),
+            ("name_size_file", 5, "?", "string"), ("resize_param", 6, "?", "ResizeParameter"),
+        ),
+        "NonMaximumSuppressionParameter": (
+            ("nms_threshold", 1, "?", "float", 0.3), ("top_k", 2, "?", "int32"), ("eta", 3, "?", "float", 1.0),
+        ),
+        "SaveOutputParameter": (
+            ("output_directory", 1, "?", "string"), ("output_name_prefix", 2, "?", "string"),
+            ("output_format", 3, "?", "string"), ("label_map_file", 4, "?", "string"),
+            ("name_size_file", 5, "?", "string"), ("num_test_image", 6, "?", "uint32"),
+            ("resize_param", 7, "?", "ResizeParameter"),
+        ),
+        "DetectionOutputParameter": (
+            ("num_classes", 1, "?", "uint32"), ("share_location", 2, "?", "bool", True),
+            ("background_label_id", 3, "?", "int32", 0), ("nms_param", 4, "?", "NonMaximumSuppressionParameter"),
+            ("save_output_param", 5, "?", "SaveOutputParameter"),
+            ("code_type", 6, "?", "PriorBoxParameter.CodeType", "CORNER"),
+            ("variance_encoded_in_target", 8, "?", "bool", False), ("keep_top_k", 7, "?", "int32", -1),
+            ("confidence_threshold", 9, "?", "float"), ("visualize", 10, "?", "bool", False),
+            ("visualize_threshold", 11, "?", "float"), ("save_file", 12, "?", "string"),
+        ),
+        "MultiBoxLossParameter": (
+            ("loc_loss_type", 1, "?", "LocLossType", "SMOOTH_L1"), ("conf_loss_type", 2, "?", "ConfLossType", "SOFTMAX"),
+            ("loc_weight", 3, "?", "float", 1.0), ("num_classes", 4, "?", "uint32"),
+            ("share_location", 5, "?", "bool", True), ("match_type", 6, "?", "MatchType", "PER_PREDICTION"),
+            ("overlap_threshold", 7, "?", "float", 0.5), ("use_prior_for_matching", 8, "?", "bool", True),
+            ("background_label_id", 9, "?", "uint32", 0), ("use_difficult_gt", 10, "?", "bool", True),
+            ("do_neg_mining", 11, "?", "bool"), ("neg_pos_ratio", 12, "?", "float", 3.0),
+            ("neg_overlap", 13, "?", "float", 0.5), ("code_type", 14, "?", "PriorBoxParameter.CodeType", "CORNER"),
+            ("encode_variance_in_target", 16, "?", "bool", False), ("map_object_to_agnostic", 17, "?", "bool", False),
+            ("ignore_cross_boundary_bbox", 18, "?", "bool", False), ("bp_inside", 19, "?", "bool", False),
+            ("mining_type", 20, "?", "MiningType", "MAX_NEGATIVE"),
+            ("nms_param", 21, "?", "NonMaximumSuppressionParameter"), ("sample_size", 22, "?", "int32", 64),
+            ("use_prior_for_nms", 23, "?", "bool", False),
+        ),
+        "NormalizeParameter": (
+            ("across_spatial", 1, "?", "bool", True), ("scale_filler", 2, "?", "FillerParameter"),
+            ("channel_shared", 3, "?", "bool", True), ("eps", 4, "?", "float", 1e-10),
+        ),
+        "PermuteParameter": (
+            ("order", 1, "*", "uint32"),
+        ),
+        "PriorBoxParameter": (
+            ("min_size", 1, "*", "float"), ("max_size", 2, "*", "float"), ("aspect_ratio", 3, "*", "float"),
+            ("flip", 4, "?", "bool", True), ("clip", 5, "?", "bool", False), ("variance", 6, "*", "float"),
+            ("img_size", 7, "?", "uint32"), ("img_h", 8, "?", "uint32"), ("img_w", 9, "?", "uint32"),
+            ("step", 10, "?", "float"), ("step_h", 11, "?", "float"), ("step_w", 12, "?", "float"),
+            ("offset", 13, "?", "float", 0.5),
+        ),
+        "VideoDataParameter": (
+            ("video_type", 1, "?", "VideoType", "WEBCAM"), ("device_id", 2, "?", "int32", 0),
+            ("video_file", 3, "?", "string"), ("skip_frames", 4, "?", "uint32", 0),
+        ),
+    },
+    "fast-rcnn": {
+        "ROIPoolingParameter": (
+            ("pooled_h", 1, "?", "uint32", 0), ("pooled_w", 2, "?", "uint32", 0), ("spatial_scale", 3, "?", "float", 1.0),
+        ),
+        "SmoothL1LossParameter": (
+            ("sigma", 1, "?", "float", 1.0),
+        ),
+    },
+    "segnet": {"BNParameter": _BN, "UpsampleParameter": _UPSAMPLE, "DenseImageDataParameter": _DENSE_IMAGE_DATA},
+    "enet": {"BNParameter": _BN, "UpsampleParameter": _UPSAMPLE,
+             "DenseImageDataParameter": _DENSE_IMAGE_DATA + (("label_divide_factor", 13, "?", "uint32", 1),)},
+}
+
+# fields a fork adds to messages of BVLC's
+FORK_FIELDS = {
+    "ssd": {
+        "LayerParameter": (
+            ("annotated_data_param", 200, "?", "AnnotatedDataParameter"),
+            ("multibox_loss_param", 201, "?", "MultiBoxLossParameter"),
+            ("permute_param", 202, "?", "PermuteParameter"), ("prior_box_param", 203, "?", "PriorBoxParameter"),
+            ("detection_output_param", 204, "?", "DetectionOutputParameter"),
+            ("detection_evaluate_param", 205, "?", "DetectionEvaluateParameter"),
+            ("norm_param", 206, "?", "NormalizeParameter"), ("video_data_param", 207, "?", "VideoDataParameter"),
+        ),
+        "TransformationParameter": (
+            ("crop_h", 11, "?", "uint32", 0), ("crop_w", 12, "?", "uint32", 0),
+            ("resize_param", 8, "?", "ResizeParameter"), ("noise_param", 9, "?", "NoiseParameter"),
+            ("distort_param", 13, "?", "DistortionParameter"), ("expand_param", 14, "?", "ExpansionParameter"),
+            ("emit_constraint", 10, "?", "EmitConstraint"),
+        ),
+        "SolverParameter": (
+            ("eval_type", 41, "?", "string", "classification"), ("ap_version", 42, "?", "string", "Integral"),
+            ("show_per_class_result", 44, "?", "bool", False), ("plateau_winsize", 43, "*", "int32"),
+        ),
+        "SolverState": (
+            ("minimum_loss", 5, "?", "float", 1e38), ("iter_last_event", 6, "?", "int32", 0),
+        ),
+    },
+    "fast-rcnn": {
+        "LayerParameter": (
+            ("roi_pooling_param", 8266711, "?", "ROIPoolingParameter"),
+            ("smooth_l1_loss_param", 8266712, "?", "SmoothL1LossParameter"),
+        ),
+        "DropoutParameter": (
+            ("scale_train", 2, "?", "bool", True),
+        ),
+    },
+    "segnet": {
+        "LayerParameter": (
+            ("bn_param", 45, "?", "BNParameter"), ("dense_image_data_param", 138, "?", "DenseImageDataParameter"),
+            ("upsample_param", 137, "?", "UpsampleParameter"),
+        ),
+        "LossParameter": (
+            ("weight_by_label_freqs", 3, "?", "bool", False), ("class_weighting", 4, "*", "float"),
+        ),
+        "DropoutParameter": (
+            ("sample_weights_test", 2, "?", "bool", False),
+        ),
+    },
+    "enet": {
+        "LayerParameter": (
+            ("upsample_param", 147, "?", "UpsampleParameter"), ("bn_param", 45, "?", "BNParameter"),
+            ("dense_image_data_param", 46, "?", "DenseImageDataParameter"),
+        ),
+        "LossParameter": (
+            ("normalization", 5, "?", "NormalizationMode", "VALID"), ("weight_by_label_freqs", 3, "?", "bool", False),
+            ("class_weighting", 4, "*", "float"),
+        ),
+        "DropoutParameter": (
+            ("sample_weights_test", 2, "?", "bool", False),
+        ),
+        "ImageDataParameter": (
+            ("label_divide_factor", 13, "?", "uint32", 1),
+        ),
+    },
+    "opencv": {
+        "PriorBoxParameter": (
+            ("offset_h", 14, "*", "float"), ("offset_w", 15, "*", "float"), ("width", 16, "*", "float"),
+            ("height", 17, "*", "float"),
+        ),
+        "DetectionOutputParameter": (
+            ("normalized_bbox", 10, "?", "bool", True), ("clip", 1000, "?", "bool", False),
+        ),
+        "BatchNormParameter": (
+            ("scale_bias", 7, "?", "bool", False),
+        ),
+    },
+}
+
+CLASHES = []   # (fork, message, field tuple, what it clashes with): fork fields left out of the table
+
+
+def _merge_fork_fields(fork, message, fields):
+    """Add a fork's ``fields`` to ``MESSAGES[message]``: the same definition again is kept once; a name or number
+    that is already another field's is a clash (left out, recorded in CLASHES)."""
+    present = MESSAGES[message]
+    by_name = {f[0]: f for f in present}
+    by_number = {f[1]: f for f in present}
+    added = []
+    for field in fields:
+        same = by_name.get(field[0])
+        if same is not None and same[1:4] == field[1:4]:
+            continue
+        other = same or by_number.get(field[1])
+        if other is not None:
+            CLASHES.append((fork, message, field, other))
+            continue
+        added.append(field)
+        by_name[field[0]], by_number[field[1]] = field, field
+    MESSAGES[message] = present + tuple(added)
+
+
+def _merge_forks():
+    for fork in FORKS:
+        for name, values in FORK_ENUMS.get(fork, {}).items():
+            if ENUMS.setdefault(name, values) != values:
+                raise AssertionError(f"caffe_pb: enum {name} of {fork} differs from the table's")
+        for name, fields in FORK_MESSAGES.get(fork, {}).items():
+            MESSAGES.setdefault(name, ())
+            _merge_fork_fields(fork, name, fields)
+        for name, fields in FORK_FIELDS.get(fork, {}).items():
+            _merge_fork_fields(fork, name, fields)
+
+
+_merge_forks()
+
+
+def fork_names(forks):
+    """``["segnet", "enet"]`` -> ``"alexgkendall/caffe-segnet (SegNet) and TimoSaemann/caffe-enet (ENet)"``."""
+    return " and ".join(FORKS[f] for f in forks)
+
+
+def forks_of_layer_type(layer_type):
+    """The forks (``FORKS`` keys) that register layer type ``layer_type``, in ``FORKS`` order."""
+    return [f for f in FORKS if layer_type in FORK_LAYER_TYPES.get(f, ())]
+
+
+def field_type(message, field):
+    """The message type name of ``message``'s ``field`` (``"LayerParameter"``, ``"norm_param"`` ->
+    ``"NormalizeParameter"``), a fork's field left out by a clash included; None for a scalar or unknown field."""
+    descriptor = POOL.FindMessageTypeByName(f"{PACKAGE}.{message}") if message in MESSAGES else None
+    found = descriptor.fields_by_name.get(field) if descriptor is not None else None
+    if found is not None:
+        return found.message_type.name if found.message_type is not None else None
+    for fork in FORKS:
+        for f in FORK_FIELDS.get(fork, {}).get(message, ()) + FORK_MESSAGES.get(fork, {}).get(message, ()):
+            if f[0] == field and f[3] in MESSAGES:
+                return f[3]
+    return None
+
+
+def fork_of(message, field=None):
+    """The forks (``FORKS`` keys) whose caffe.proto defines ``message`` (``field`` None) or its ``field``, in
+    ``FORKS`` order: ``fork_of("LayerParameter", "norm_param") == ["ssd"]``; an empty list for BVLC's own."""
+    found = []
+    for fork in FORKS:
+        if field is None:
+            defined = message in FORK_MESSAGES.get(fork, {}) or message in FORK_ENUMS.get(fork, {})
+        else:
+            fields = FORK_MESSAGES.get(fork, {}).get(message, ()) + FORK_FIELDS.get(fork, {}).get(message, ())
+            defined = any(f[0] == field for f in fields)
+        if defined:
+            found.append(fork)
+    return found
+
 
 _SCALARS = {
     "double": "TYPE_DOUBLE", "float": "TYPE_FLOAT", "int64": "TYPE_INT64", "uint64": "TYPE_UINT64",

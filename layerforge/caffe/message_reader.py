@@ -10,6 +10,7 @@ reads solvers layerforge/solvers/caffe_solver.py; docs/caffe-import.md is the us
 """
 from ..errors import ConfigError
 from ..schema import LineDict, LineList
+from . import caffe_pb
 from .prototxt import Message
 
 # Fields dropped whatever their value: they choose an implementation or a file format, not a result.
@@ -21,7 +22,6 @@ IGNORED = {
 
 # Fields accepted only with Caffe's default value (which is what layerforge does), rejected otherwise.
 DEFAULT_ONLY = {
-    "dropout": {"scale_train": True},
     "transform": {"force_color": False, "force_gray": False},
     "data": {"force_encoded_color": False},
     "param": {"share_mode": "STRICT"},
@@ -58,8 +58,9 @@ class MessageReader:
     def error(self, message, line, layer=None, layer_type=None, key=None):
         return ConfigError(message, self.path, line, layer, layer_type, key)
 
-    def block(self, msg, schema, scope, where=(None, None), prefix=""):
-        """``msg`` (a Message) -> LineDict of the keys of ``schema``; ``scope`` names the tables' entries."""
+    def block(self, msg, schema, scope, where=(None, None), prefix="", message=None):
+        """``msg`` (a Message) -> LineDict of the keys of ``schema``; ``scope`` names the tables' entries and
+        ``message`` the caffe_pb message it is (for the fork a field the schema lacks comes from)."""
         out = line_dict(msg.line)
         ignored = IGNORED["*"] | IGNORED.get(scope, set())
         defaults = DEFAULT_ONLY.get(scope, {})
@@ -75,21 +76,29 @@ class MessageReader:
                                      f"{shown(defaults[name])}, got {shown(bad[0].value)}", bad[0].line, *where, key)
                 continue
             if name not in schema:
-                raise self.error(f"Caffe field '{name}' has no layerforge equivalent", line, *where, key)
-            put(out, name, self.value(entries, schema[name], name, where, key), line)
+                raise self.no_equivalent(name, message, line, where, key)
+            put(out, name, self.value(entries, schema[name], name, where, key, message), line)
         return out
 
-    def value(self, entries, field, name, where, key):
+    def no_equivalent(self, name, message, line, where=(None, None), key=None):
+        """The error for Caffe field ``name`` of ``message`` (a caffe_pb message name) that layerforge lacks, naming
+        the Caffe fork the field comes from when it is a fork's."""
+        forks = caffe_pb.fork_of(message, name) if message else []
+        origin = f" (a field of {caffe_pb.fork_names(forks)})" if forks else ""
+        return self.error(f"Caffe field '{name}'{origin} has no layerforge equivalent", line, *where, key)
+
+    def value(self, entries, field, name, where, key, message=None):
         kind = field.kind
         for e in entries:
             if isinstance(e.value, Message) != (isinstance(kind, (dict, list)) or kind in ("shapes", "dims")):
                 what = "a message { ... }" if isinstance(e.value, Message) else f"the value {shown(e.value)}"
                 raise self.error(f"Caffe field '{name}' cannot be {what} here", e.line, *where, key)
+        sub = caffe_pb.field_type(message, name) if message else None
         if isinstance(kind, dict):
             self.singular(entries, where, key)
-            return self.block(entries[0].value, kind, name, where, key + ".")
+            return self.block(entries[0].value, kind, name, where, key + ".", sub)
         if isinstance(kind, list):
-            items = [self.block(e.value, kind[0], name, where, key + ".") for e in entries]
+            items = [self.block(e.value, kind[0], name, where, key + ".", sub) for e in entries]
             return items[0] if len(items) == 1 and name != "param" else line_list(items, entries[0].line)
         if kind in ("shapes", "dims"):
             if kind == "dims":

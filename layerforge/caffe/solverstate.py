@@ -108,7 +108,8 @@ def _read_hdf5_state(path):
 
 
 def restore(solver, path):
-    """Resume ``solver`` from a Caffe-format state: weights from ``learned_net``, iteration and history."""
+    """Resume ``solver`` from a Caffe-format state: weights from ``learned_net`` and history; returns the iteration
+    (the solver takes it)."""
     path = os.fspath(path)
     it, learned, history = read_state(path)
     if len(history) != len(solver.history):
@@ -124,4 +125,4 @@ def restore(solver, path):
         if not os.path.exists(learned):
             learned = os.path.join(os.path.dirname(path), os.path.basename(learned))
         solver.net.copy_from(learned)
-    solver.iter = it
+    return it

@@ -14,16 +14,13 @@ a ``.caffemodel`` or ``.caffemodel.h5``. docs/caffe-formats.md.
 import os
 import sys
 
-from ..caffe.prototxt import parse_file
 from ..caffe.caffemodel import caffemodel_arrays, hdf5_arrays, is_caffe_weights, save_caffemodel, save_hdf5
-from ..errors import ConfigError, LayerforgeError
+from ..errors import LayerforgeError
 from ..net.net import Net
-from ..net.netdef import load_net_def
 from ..npz import save_npz_atomic
-from ..solvers import SOLVER_REGISTRY, load_solver_param
-from ..solvers import caffe_solver
+from ..solvers.caffe_import import convert_file
 from ..solvers.caffe_solver import default_net_name
-from .yaml_text import to_yaml
+from ..yaml_text import to_yaml
 
 HELP = ("convert a Caffe net or solver .prototxt to layerforge YAML (unsupported layers or fields are errors), "
         "or weights between .caffemodel and .npz")
@@ -42,27 +39,6 @@ def add_arguments(parser):
     parser.add_argument("--net", metavar="YAML",
                         help="solver only: the converted net's YAML path, written into 'net:' / 'train_net:' "
                              "relative to the output file (default: the Caffe net's base name + .yaml)")
-
-
-def convert_message(msg, path=None, rename_net=None):
-    """A parsed Caffe prototxt (layerforge.caffe.prototxt.parse) -> ``(kind, mapping, notes)``, the mapping
-    checked by the loader of its kind, so an error names the prototxt's line; ConfigError on any problem."""
-    kind, mapping, notes = caffe_solver.convert_message(msg, path, rename_net)
-    try:
-        if kind == "net":
-            load_net_def(mapping, path)
-        else:
-            load_solver_param(mapping, SOLVER_REGISTRY)
-    except ConfigError as e:
-        key = (e.key or "").split(".")[0]
-        line = e.line if kind == "net" or not key else mapping.line_of(key)
-        raise ConfigError(e.message, path, line, e.layer, e.layer_type, e.key) from None
-    return kind, mapping, notes
-
-
-def convert_file(path, rename_net=None):
-    """Read a Caffe .prototxt (net or solver) -> ``(kind, mapping, notes)``, checked as :func:`convert_message`."""
-    return convert_message(parse_file(path), str(path), rename_net)
 
 
 def convert_weights(args):

@@ -23,7 +23,7 @@ def wants_parallel(args):
 
 
 def _with_comm(fn):
-    from ..dataparallel.mpi import mpi_world_size
+    from ..cores import mpi_world_size
 
     if mpi_world_size() <= 1:
         return fn(None)
@@ -36,32 +36,33 @@ def _with_comm(fn):
 def train_command(args, overrides):
     """``layerforge train --workers/--devices``; returns the exit code."""
     from ..dataparallel.cgdp import train_parallel
+    from ..solvers import SOLVER_REGISTRY, load_solver_param
 
     def go(comm):
-        with host_telemetry(args, overrides, comm) as wanted:
-            result = train_parallel(args.solver, workers=args.workers, devices=args.devices, sync=args.sync,
-                                    chunk_size=args.chunk_size, comm=comm, resume=args.snapshot, **wanted,
-                                    **overrides)
+        sp = load_solver_param(args.solver, SOLVER_REGISTRY, **overrides)  # read once, for every worker
+        with host_telemetry(args, sp, comm) as wanted:
+            result = train_parallel(sp, workers=args.workers, devices=args.devices, sync=args.sync,
+                                    chunk_size=args.chunk_size, comm=comm, resume=args.snapshot, **wanted)
         print_report(result.stats)
         return 0
 
     return _with_comm(go)
 
 
-def train_replicas(args, overrides, choice):
-    """``layerforge train`` on ``choice.replicas`` single-threaded replicas of a split batch (cpu_parallel
-    REPLICAS): to the user one process, with train's signals, progress bar, snapshots, trace and TensorBoard
-    scalars; returns the exit code."""
+def train_replicas(args, sp, choice):
+    """``layerforge train`` of the SolverParameter ``sp`` on ``choice.replicas`` single-threaded replicas of a split
+    batch (cpu_parallel REPLICAS): to the user one process, with train's signals, progress bar, snapshots, trace
+    and TensorBoard scalars; returns the exit code."""
     from ..dataparallel.cgdp import train_parallel
     from ..errors import LayerforgeError
     from ..logs import clear_cut_bar
 
     progress = None if args.no_progress else args.status_interval
     try:
-        with host_telemetry(args, overrides, None) as wanted:
-            result = train_parallel(args.solver, workers=choice.replicas, sync="host", split=True,
+        with host_telemetry(args, sp, None) as wanted:
+            result = train_parallel(sp, workers=choice.replicas, sync="host", split=True,
                                     resume=args.snapshot, progress=progress,
-                                    signal_effects=(args.sigint_effect, args.sighup_effect), **wanted, **overrides)
+                                    signal_effects=(args.sigint_effect, args.sighup_effect), **wanted)
     except (LayerforgeError, KeyboardInterrupt):
         if progress is not None:  # worker 0's bar, when another replica's error ended the job
             clear_cut_bar()
@@ -72,17 +73,14 @@ def train_replicas(args, overrides, choice):
 
 
 @contextlib.contextmanager
-def host_telemetry(args, overrides, comm, solver=None):
-    """The trace and TensorBoard scalars that ``--trace`` / ``--tensorboard`` (or the keys of ``solver``, a path or
-    dict, by default ``args.solver``) ask of a job of workers: this process records the host's spans (pid
-    1000 + node) and writes the file with every worker's part; worker 0 writes the scalars. Yields
-    ``train_parallel``'s ``trace`` and ``tensorboard``."""
+def host_telemetry(args, sp, comm):
+    """The trace and TensorBoard scalars that ``--trace`` / ``--tensorboard`` (or the keys of the SolverParameter
+    ``sp``) ask of a job of workers: this process records the host's spans (pid 1000 + node) and writes the file
+    with every worker's part; worker 0 writes the scalars. Yields ``train_parallel``'s ``trace`` and
+    ``tensorboard``."""
     from .. import trace
-    from ..solvers import SOLVER_REGISTRY
-    from ..solvers.param import load_solver_param
     from .trace import Telemetry, telemetry_wanted
 
-    sp = load_solver_param(args.solver if solver is None else solver, SOLVER_REGISTRY, **overrides)
     path, window, logdir = telemetry_wanted(args, sp)
     mpi_comm = comm.comm if comm is not None and comm.size > 1 else None
     if path:
@@ -100,14 +98,15 @@ def host_telemetry(args, overrides, comm, solver=None):
 def time_command(args):
     """``layerforge time --model NET --workers G``: Table 3 phases and Table 4 per-chunk times."""
     from ..dataparallel.cgdp import train_parallel
+    from ..solvers import SOLVER_REGISTRY, load_solver_param
 
     iterations = args.iterations + 1  # the first is the warm-up, left out of the means
-    solver = {"net": os.path.abspath(args.model), "base_lr": 0.001, "momentum": 0.9, "max_iter": iterations,
-              "snapshot_after_train": False}
+    sp = load_solver_param({"net": os.path.abspath(args.model), "base_lr": 0.001, "momentum": 0.9,
+                            "max_iter": iterations, "snapshot_after_train": False}, SOLVER_REGISTRY)
 
     def go(comm):
-        with host_telemetry(args, {}, comm, solver) as wanted:  # --trace: the workers' iterations, the host's sums
-            result = train_parallel(solver, workers=args.workers, devices=args.devices, sync=args.sync or "host",
+        with host_telemetry(args, sp, comm) as wanted:  # --trace: the workers' iterations, the host's sums
+            result = train_parallel(sp, workers=args.workers, devices=args.devices, sync=args.sync or "host",
                                     chunk_size=args.chunk_size or 1, comm=comm, iterations=iterations,
                                     batch=args.batch, log=False, **wanted)
         if args.json:

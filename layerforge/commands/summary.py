@@ -1,5 +1,5 @@
 """``layerforge summary NET.yaml``: one row per layer with top shapes, parameters and multiply-adds."""
-from ..logs import format_bytes
+from ..logs import format_bytes, format_shape
 from ..net.memory import memory_report
 from ..net.net import Net
 
@@ -60,11 +60,6 @@ def run(args):
           f"{format_bytes(report['activation_bytes'])}, parameters {format_bytes(report['param_bytes'])}, "
           f"layer buffers {format_bytes(report['layer_bytes'])}, total {format_bytes(report['peak_bytes'])}")
     return 0
-
-
-def format_shape(shape):
-    """``(64, 3, 32, 32)`` -> ``64x3x32x32``; a 0-d blob (a loss) -> ``scalar``."""
-    return "x".join(map(str, shape)) if len(shape) else "scalar"
 
 
 def print_table(header, rows, left=3):

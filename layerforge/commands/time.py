@@ -29,16 +29,17 @@ import time
 import numpy
 
 from . import add_decode_workers, apply_decode_workers
-from ..cores import local_rank
+from ..cores import local_rank, mpi_world_size
 from .. import trace
 from ..backend import Stopwatch, gpu_array_module, gpu_name, rank_device
-from ..layers.conv import settle_engines
+from ..kernels.autotune import settle_engines
 from ..layers.data import input_stats, reset_input_stats
 from ..errors import LayerforgeError
 from ..net.memory import layer_bytes
 from ..net.net import Net
 from ..net.netdef import load_net_def, set_batch_size
-from .summary import format_shape, print_table
+from ..logs import format_shape
+from .summary import print_table
 
 HELP = "time each layer's forward and backward passes and print a table with totals"
 
@@ -140,14 +141,14 @@ def time_exchange(net, comm, iterations, algorithm="auto", bucket_mb=4.0):
     import numpy
     from mpi4py import MPI
 
-    from ..dataparallel.mpi import GradientExchange, gradient_ready_after
+    from ..dataparallel.gradient_exchange import GradientExchange, gradient_ready_after
 
     params = net.learnable_params
     out = {}
     for mode, overlap in (("after", False), ("overlapped", True)):
         exchange = GradientExchange(params, comm, algorithm, bucket_bytes=int(bucket_mb * 2 ** 20),
                                     ready_after=gradient_ready_after(net, params), overlap=overlap)
-        net.backward_hooks.append(exchange.backward_step)
+        net.backward_hooks.append(exchange.layer_gradients_ready)
         try:
             for k in range(iterations + 1):  # the first one warms the buffers and the algorithm up
                 if k == 1:
@@ -155,13 +156,13 @@ def time_exchange(net, comm, iterations, algorithm="auto", bucket_mb=4.0):
                     comm.comm.Barrier()
                     t0 = time.perf_counter()
                 net.clear_param_diffs()
-                exchange.armed = overlap
+                exchange.before_pass(0)  # one pass per iteration: overlapped, its backward sends the buckets
                 net.forward()
                 net.backward()
-                exchange()
+                exchange.before_update()
             elapsed = time.perf_counter() - t0
         finally:
-            net.backward_hooks.remove(exchange.backward_step)
+            net.backward_hooks.remove(exchange.layer_gradients_ready)
         figures = numpy.array([elapsed, exchange.comm_seconds, exchange.exposed_seconds]) * 1000.0 / iterations
         comm.comm.Allreduce(MPI.IN_PLACE, figures, op=MPI.MAX)
         out[mode] = dict(zip(("iteration_ms", "comm_ms", "exposed_ms"), map(float, figures)))
@@ -190,18 +191,20 @@ def time_training(args, solver):
     runs them here (one process, or replicas: layerforge/dataparallel/cpu_parallel.py)."""
     from ..dataparallel import cpu_parallel
 
+    from ..solvers import SOLVER_REGISTRY, load_solver_param
+
     iterations, rates = args.iterations, {}
-    source = dict(TRAINING_SOLVER, net=os.path.abspath(args.model))
+    sp = load_solver_param(dict(TRAINING_SOLVER, net=os.path.abspath(args.model)), SOLVER_REGISTRY)
     setup = cpu_parallel.warm_up_replica if args.no_reuse else cpu_parallel.plan_and_warm_up_replica
 
     def measure(mode, replicas):
         if mode not in rates:
             rates[mode] = (cpu_parallel.threads_rate(solver, iterations, best=False) if mode == "THREADS" else
-                           cpu_parallel.replicas_rate(source, {}, replicas, iterations, args.batch, setup, best=False))
+                           cpu_parallel.replicas_rate(sp, replicas, iterations, args.batch, setup, best=False))
         return rates[mode]
 
     choice = cpu_parallel.Choice("THREADS", 1, "on a GPU") if solver.xp is not numpy else \
-        cpu_parallel.resolve(source, requested=args.cpu_parallel, measure=measure, batch=args.batch)
+        cpu_parallel.resolve(sp, requested=args.cpu_parallel, measure=measure, batch=args.batch)
     rate = measure(choice.mode, choice.replicas)
     training = {"cpu_parallel": choice.mode, "replicas": choice.replicas, "why": choice.why,
                 "iteration_ms": 1000.0 * solver.images_per_iteration() / rate, "images_per_second": rate}
@@ -249,7 +252,6 @@ def run(args):
     netdef = load_net_def(args.model)
     if args.batch is not None:
         set_batch_size(netdef, args.batch)
-    from ..dataparallel.mpi import mpi_world_size
     device = None if args.gpu is None else rank_device(args.gpu, local_rank() if mpi_world_size() > 1 else 0)
     xp = numpy if device is None else gpu_array_module(device, "--gpu")
     training = args.phase == "train" and mpi_world_size() <= 1

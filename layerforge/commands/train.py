@@ -61,9 +61,16 @@ def solver_overrides(args):
     return overrides
 
 
+def solver_param(args):
+    """The solver file of ``args`` with the command line's overrides, read once here and handed down."""
+    from ..solvers import SOLVER_REGISTRY, load_solver_param
+
+    return load_solver_param(args.solver, SOLVER_REGISTRY, **solver_overrides(args))
+
+
 def run(args):
     apply_decode_workers(args)
-    from ..dataparallel.mpi import mpi_world_size
+    from ..cores import mpi_world_size
     from .data_parallel import train_command, wants_parallel
 
     if wants_parallel(args):  # several workers/devices on this host (and MPI ranks as hosts)
@@ -73,51 +80,51 @@ def run(args):
     if mpi_world_size() > 1:
         from ..comm import launch_guard
 
-        with launch_guard() as mpi_comm:
-            return train(args, mpi_comm)
-    choice = cpu_choice(args)
+        with launch_guard() as mpi_comm:  # a bad solver file ends every rank: read inside
+            return train(args, solver_param(args), mpi_comm)
+    sp = solver_param(args)
+    choice = cpu_choice(args, sp)
     if choice is not None and choice.mode == "REPLICAS":
         from .data_parallel import train_replicas
 
-        return train_replicas(args, solver_overrides(args), choice)
-    return train(args)
+        return train_replicas(args, sp, choice)
+    return train(args, sp)
 
 
-def cpu_choice(args):
-    """The CPU configuration (layerforge/dataparallel/cpu_parallel.py), logged in one line; None on a GPU."""
+def cpu_choice(args, sp):
+    """The CPU configuration of the SolverParameter ``sp`` (layerforge/dataparallel/cpu_parallel.py), logged in one
+    line; None on a GPU."""
     from ..dataparallel.cpu_parallel import resolve
 
     setup_logging()
-    choice = resolve(args.solver, solver_overrides(args), getattr(args, "cpu_parallel", None), training=True,
+    choice = resolve(sp, requested=getattr(args, "cpu_parallel", None), training=True,
                      resume=getattr(args, "snapshot", None))
     if choice is not None and not choice.quiet:  # a short run, untimed, says nothing
         logging.getLogger("layerforge").info("%s", choice.describe())
     return choice
 
 
-def train(args, mpi_comm=None):
-    """Build the solver (data parallel over ``mpi_comm`` when given) and solve; returns the exit code."""
+def train(args, sp, mpi_comm=None):
+    """Build the solver of the SolverParameter ``sp`` (data parallel over ``mpi_comm`` when given) and solve;
+    returns the exit code."""
     from ..solvers import get_solver
 
     setup_logging()
-    overrides = solver_overrides(args)
     if mpi_comm is None:
-        solver = get_solver(args.solver, **overrides)
+        solver = get_solver(sp)
     else:
         from ..cores import local_rank
         from ..backend import rank_device
         from ..comm import Communicator
-        from ..dataparallel.mpi import config_digest, make_data_parallel
-        from ..solvers import SOLVER_REGISTRY
-        from ..solvers.param import load_solver_param
+        from ..dataparallel.gradient_exchange import config_digest, make_data_parallel
 
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         if rank != 0:
             logging.getLogger("layerforge").setLevel(logging.WARNING)  # rank 0 logs for the job
-        sp = load_solver_param(args.solver, SOLVER_REGISTRY, **overrides)
+        overrides = solver_overrides(args)
         if sp.solver_mode == "GPU":  # one GPU per rank of a node, from device_id on
             overrides["device_id"] = rank_device(sp.device_id, local_rank())
-        solver = get_solver(args.solver, shard=(rank, size), **overrides)
+        solver = get_solver(sp, shard=(rank, size), **overrides)
         comm = Communicator(mpi_comm, group_size=solver.param.group_size or None)
         make_data_parallel(solver, comm, digest=config_digest(solver.param, overrides))
     solver.check_memory()

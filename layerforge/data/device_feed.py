@@ -50,7 +50,7 @@ class DeviceFeed:
             arrays, extra = next(self.batches)
             self.finish(self.xp, arrays, extra, outs)
             return
-        if self.staged is None:
+        if self.staged is None and self.error is None:  # a read error already waiting is this call's
             self._stage()
         if self.error is not None:
             error, self.error = self.error, None

@@ -221,11 +221,12 @@ def choose(sp, layers, requested, measure, replicas=None, run=None, resume=None)
     return Choice(mode, replicas if mode == "REPLICAS" else 1, f"trial: {trial}")
 
 
-def resolve(solver, overrides=None, requested=None, measure=None, batch=None, training=False, resume=None):
+def resolve(source, overrides=None, requested=None, measure=None, batch=None, training=False, resume=None):
     """The configuration ``layerforge train --solver`` uses on a CPU (see the module docstring).
 
     Args:
-        solver: a solver YAML path or dict; overrides: solver key overrides (``max_iter=...``).
+        source: the solver: a SolverParameter (as train reads it once), or a YAML path or dict to read;
+            overrides: solver key overrides (``max_iter=...``).
         requested: the command line's ``--cpu-parallel``, overriding the solver's ``cpu_parallel``.
         measure: replaces the timed trial (tests: ``measure(mode, replicas) -> images/s``).
         batch: the batch size instead of the net's (``layerforge time --batch``).
@@ -236,10 +237,9 @@ def resolve(solver, overrides=None, requested=None, measure=None, batch=None, tr
     """
     from ..solvers.param import load_solver_param
     from ..solvers.solver import SOLVER_REGISTRY
-    from .mpi import mpi_world_size
+    from ..cores import mpi_world_size
 
-    overrides = dict(overrides or {})
-    sp = load_solver_param(solver, SOLVER_REGISTRY, **overrides)
+    sp = load_solver_param(source, SOLVER_REGISTRY, **dict(overrides or {}))
     requested = (requested or sp.cpu_parallel).upper()
     elsewhere = ("the solver runs on a GPU" if sp.solver_mode == "GPU" else
                  "under mpiexec every rank is one process" if mpi_world_size() > 1 else None)
@@ -251,7 +251,7 @@ def resolve(solver, overrides=None, requested=None, measure=None, batch=None, tr
     if measure is None:
         def measure(mode, replicas):
             log.info("CPU parallelism: timing %s for the choice (once per net, batch and machine)", mode)
-            return trial(solver, overrides, mode, replicas, batch=batch)
+            return trial(sp, mode, replicas, batch=batch)
     return choose(sp, train_layers(sp, batch), requested, measure, run=sp.max_iter if training else None,
                   resume=resume)
 
@@ -259,16 +259,15 @@ def resolve(solver, overrides=None, requested=None, measure=None, batch=None, tr
 # ------------------------------------------------------------------------------------------------------------
 # the timed trial
 
-def _quiet(overrides):
-    # a trial trains a throwaway copy: no display, testing or snapshots
-    return dict(overrides, display=0, test_interval=0, test_initialization=False, snapshot=0,
-                snapshot_after_train=False, max_iter=10 ** 9)
+# a trial trains a throwaway copy: no display, testing or snapshots
+QUIET = dict(display=0, test_interval=0, test_initialization=False, snapshot=0, snapshot_after_train=False,
+             max_iter=10 ** 9)
 
 
 def warm_up(solver, limit=20):
     """Iterations of ``solver`` until every AUTO convolution has chosen its engines (at least one); returns
     how many ran."""
-    from ..layers.conv import settle_engines
+    from ..kernels.autotune import settle_engines
 
     return settle_engines(solver.net, lambda k: solver.step(1), limit)
 
@@ -276,7 +275,7 @@ def warm_up(solver, limit=20):
 def warm_up_replica(g, solver, limit=20):
     """WorkerOptions.setup of a trial: forward-backward passes of replica ``g`` until its AUTO convolutions
     have chosen (before the replicas start exchanging), so the timed iterations use the choice."""
-    from ..layers.conv import settle_engines
+    from ..kernels.autotune import settle_engines
 
     net = solver.net
     settle_engines(net, lambda k: (net.forward(), net.backward()), limit)
@@ -289,20 +288,23 @@ def plan_and_warm_up_replica(g, solver):
     warm_up_replica(g, solver)
 
 
-def trial(solver, overrides, mode, replicas, iterations=TRIAL_ITERATIONS, batch=None):
+def trial(sp, mode, replicas, iterations=TRIAL_ITERATIONS, batch=None):
     """Images per second of full training iterations (forward, backward, exchange, update) of a throwaway
-    copy of ``solver`` in ``mode``: the fastest of ``iterations`` after the warm-up (as timeit does: other
-    work on the machine only ever slows an iteration down)."""
+    copy of the solver of the SolverParameter ``sp`` in ``mode``: the fastest of ``iterations`` after the warm-up
+    (as timeit does: other work on the machine only ever slows an iteration down)."""
+    from ..solvers import SOLVER_REGISTRY, load_solver_param
+
+    quiet = load_solver_param(sp, SOLVER_REGISTRY, **QUIET)
     if mode == "REPLICAS":
-        return replicas_rate(solver, _quiet(overrides), replicas, iterations, batch=batch)
+        return replicas_rate(quiet, replicas, iterations, batch=batch)
     from .cgdp.workers import build_solver
 
-    s = build_solver(solver, _quiet(overrides), batch)
+    solver = build_solver(quiet, {}, batch)
     try:
-        s.check_memory()
-        return threads_rate(s, iterations)
+        solver.check_memory()
+        return threads_rate(solver, iterations)
     finally:
-        close_data_layers(s)
+        close_data_layers(solver)
 
 
 def threads_rate(solver, iterations, best=True):
@@ -323,14 +325,14 @@ def iteration_times(solver, iterations):
     return times
 
 
-def replicas_rate(solver, overrides, replicas, iterations, batch=None, setup=warm_up_replica, best=True):
-    """Images per second of ``solver`` (a path or dict) trained by ``replicas`` replicas on a split batch (whole
-    batch ``batch`` when not None): the fastest (``best``) or the mean of ``iterations`` whole iterations, timed
-    between the ends of two iterations' exchanges, after a first one."""
+def replicas_rate(source, replicas, iterations, batch=None, setup=warm_up_replica, best=True):
+    """Images per second of the solver of ``source`` (a SolverParameter, or a path or dict) trained by ``replicas``
+    replicas on a split batch (whole batch ``batch`` when not None): the fastest (``best``) or the mean of
+    ``iterations`` whole iterations, timed between the ends of two iterations' exchanges, after a first one."""
     from .cgdp import train_parallel
 
-    result = train_parallel(solver, workers=replicas, sync="host", chunk_size=1, split=True, setup=setup,
-                            iterations=iterations + 1, batch=batch, log=False, **overrides)
+    result = train_parallel(source, workers=replicas, sync="host", chunk_size=1, split=True, setup=setup,
+                            iterations=iterations + 1, batch=batch, log=False)
     times = result.iteration_times[-iterations:] or [result.stats["phases_ms"]["iteration"] / 1000.0]  # no chunks
     seconds = min(times) if best else sum(times) / len(times)
     if not seconds > 0:

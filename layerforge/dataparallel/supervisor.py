@@ -39,7 +39,7 @@ def mpi_rank_from_env():
 
 def needs_supervisor():
     """True in a process that mpiexec started for a job of several ranks and that is not a child already."""
-    from .mpi import mpi_world_size
+    from ..cores import mpi_world_size
 
     return mpi_world_size() > 1 and os.environ.get(SUPERVISED) != "1"
 

@@ -28,7 +28,7 @@ depend on the batch it is in, bit for bit. A BLAS GEMM over the whole batch does
 blocking, edge kernels and thread split follow the matrix sizes: a row of ``x @ W.T`` changes in the last bits
 with the number of rows); one call of the same shape per sample does. Under the switch :func:`matmul_rows` makes
 one product per row and the convolution engines that are not invariant (``batch_invariant = False``) are left out
-of AUTO's choice (docs/performance.md, "Batch-invariant results").
+of AUTO's choice (autotune.candidate_engines; docs/performance.md, "Batch-invariant results").
 """
 import os
 

@@ -5,7 +5,7 @@ from ..backend import get_array_module
 from ..errors import ShapeError
 from .base import Field, Layer, register_layer
 from .loss import check_label_count, class_labels
-from .softmax import canonical_axis
+from .layer_param import canonical_axis
 
 
 @register_layer("Accuracy")

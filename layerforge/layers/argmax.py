@@ -4,7 +4,7 @@ import math
 from ..backend import get_array_module
 from ..errors import ShapeError
 from .base import Field, Layer, register_layer
-from .softmax import canonical_axis
+from .layer_param import canonical_axis
 
 
 @register_layer("ArgMax")

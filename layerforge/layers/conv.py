@@ -3,105 +3,19 @@ import logging
 
 import numpy
 
-from ..kernels import blas, engine_cache
+from ..kernels import engine_cache
 from .. import trace
 from ..backend import Stopwatch
 from ..errors import ShapeError
 from ..kernels.output_size import conv_output_size
 from ..kernels import winograd
+from ..kernels.autotune import ENGINE_CHOICES, WINOGRAD_ENGINES, AutoChoice, candidate_engines
 from ..kernels.implicit_gemm import ENGINES, NdIm2colConv, free_arenas
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
-from .softmax import canonical_axis
+from .layer_param import canonical_axis, read_pair
 
 logger = logging.getLogger("layerforge")
-
-
-def read_pair(lp, block, name, default=None):
-    """``(h, w)`` of a 2-D option written as ``name`` (one value or ``[h, w]``) or as ``<key>_h`` + ``<key>_w``.
-
-    ``<key>`` is ``kernel`` for ``kernel_size``, else ``name``. ``default`` (None: required) applies when
-    neither form is given. Raises the layer's ConfigError for mixed or incomplete forms, as Caffe does.
-    """
-    p = getattr(lp, block)
-    key = "kernel" if name == "kernel_size" else name
-    kh, kw = f"{key}_h", f"{key}_w"
-    if p.given(kh) or p.given(kw):
-        if p.given(name):
-            raise lp.error(f"give either {name} or {kh}/{kw}, not both", f"{block}.{kh}")
-        if not (p.given(kh) and p.given(kw)):
-            raise lp.error(f"give both {kh} and {kw}", f"{block}.{kh if not p.given(kh) else kw}")
-        return getattr(p, kh), getattr(p, kw)
-    values = getattr(p, name)
-    values = values if isinstance(values, list) else ([] if values is None else [values])
-    if not values:
-        if default is None:
-            raise lp.error(f"required: {name}, or {kh} and {kw}", f"{block}.{name}")
-        return default, default
-    if len(values) > 2:
-        raise lp.error(f"expected one value or [h, w] (2-D only), got {len(values)} values", f"{block}.{name}")
-    return values[0], values[-1]
-
-
-class AutoChoice:
-    """Times each engine over the first calls of one direction and keeps the fastest (swCaffe's per-layer choice).
-
-    Calls go round-robin over the engines: ``warmup`` rounds untimed (first-touch allocation of workspaces),
-    then ``trials`` timed rounds; the engine with the smallest time wins (the minimum is the figure least
-    disturbed by other work on the machine). Every call computes the full result with some engine, so the
-    choice can only change results by float rounding.
-    """
-
-    def __init__(self, names, warmup=1, trials=2):
-        self.names, self.warmup, self.trials = tuple(names), warmup, trials
-        self.calls, self.choice = 0, (self.names[0] if len(self.names) == 1 else None)
-        self.times = {name: [] for name in self.names}
-
-    def next(self):
-        return self.choice or self.names[self.calls % len(self.names)]
-
-    def record(self, name, seconds):
-        """Note one call's time; returns True when this call settled the choice."""
-        if self.choice is not None:
-            return False
-        if self.calls >= self.warmup * len(self.names):
-            self.times[name].append(seconds)
-        self.calls += 1
-        if self.calls < (self.warmup + self.trials) * len(self.names):
-            return False
-        self.choice = min(self.names, key=lambda k: min(self.times[k]))
-        return True
-
-
-# engine name in the config -> the engines it may run; DEFAULT (Caffe's CAFFE/DEFAULT after import) means AUTO
-# AUTO does not try IM2COL (or Winograd) where its column and output buffers (its tiles) would exceed this many bytes
-AUTO_WORKSPACE_LIMIT = 64 << 20
-# AUTO also tries WINOGRAD_F2 on eligible layers (3x3, stride 1, undilated): its float32 error is that of direct
-# convolution (within 2x, docs/performance.md). F(4,3)'s is 10-25x larger, so WINOGRAD runs only when named.
-ENGINE_CHOICES = {"AUTO": ("IM2COL", "IMPLICIT", "WINOGRAD_F2"), "DEFAULT": ("IM2COL", "IMPLICIT", "WINOGRAD_F2"),
-                  "IM2COL": ("IM2COL",), "IMPLICIT": ("IMPLICIT",), "WINOGRAD": ("WINOGRAD",),
-                  "WINOGRAD_F2": ("WINOGRAD_F2",)}
-WINOGRAD_ENGINES = ("WINOGRAD", "WINOGRAD_F2")
-# Winograd's transforms cost per input channel and save per channel pair: below this many input channels per
-# group it lost to the GEMM engines by 2-12x on every layer measured (docs/performance.md), so AUTO does not
-# spend its timing calls on it there
-AUTO_WINOGRAD_MIN_CHANNELS = 64
-
-
-def engines_settled(net):
-    """True once every AUTO convolution (or deconvolution) of ``net`` has chosen its engines."""
-    return all(None not in getattr(layer, "engine_choice", {}).values() for layer in net.layers)
-
-
-def settle_engines(net, one_pass, limit=20):
-    """Call ``one_pass(k)`` (k = 0, 1, ...: a forward-backward pass or a training iteration of ``net``) until every
-    AUTO convolution of ``net`` has chosen its engines, at least once and at most ``limit`` times; returns how
-    many passes ran. Timings taken before then would include AUTO's trials of every engine."""
-    passes = 0
-    while passes < 1 or (passes < limit and not engines_settled(net)):
-        one_pass(passes)
-        passes += 1
-    return passes
 
 
 @register_layer("Convolution")
@@ -308,18 +222,8 @@ class Convolution(Layer):
         if x_shape == self._tuned_shape:
             return
         self._tuned_shape = x_shape  # a new shape may favour the other engine: choose again
-        names = ENGINE_CHOICES[self.engine]
-        if len(names) > 1 and not (winograd.eligible(self.geometry)
-                                   and x_shape[1] // self.group >= AUTO_WINOGRAD_MIN_CHANNELS
-                                   and winograd.workspace_estimate(x_shape, y_shape[1], self.geometry, 2,
-                                                                   self.dtype.itemsize, compiled=self.xp is numpy)
-                                   <= AUTO_WORKSPACE_LIMIT):
-            names = tuple(k for k in names if k not in WINOGRAD_ENGINES)
-        if len(names) > 1 and self._im2col_bytes(x_shape, y_shape) > AUTO_WORKSPACE_LIMIT:
-            # like cuDNN's workspace limit: never allocate a huge column buffer to try it
-            names = tuple(k for k in names if k != "IM2COL")
-        if len(names) > 1 and blas.batch_invariant():  # AUTO chooses among the batch-invariant engines only
-            names = tuple(k for k in names if ENGINES[k].batch_invariant)
+        names = candidate_engines(self.engine, self.geometry, self.group, x_shape, y_shape, self.dtype.itemsize,
+                                  compiled=self.xp is numpy)
         self.engines = {name: ENGINES[name](self.geometry, self.group) for name in names}
         self.tuning = {d: AutoChoice(names) for d in ("forward", "backward")}
         self._stopwatch = Stopwatch(self.xp)  # device time on a GPU (CUDA events), the host clock on numpy
@@ -332,11 +236,6 @@ class Convolution(Layer):
                 self.set_state({"shape": list(x_shape), "choice": cached})
                 logger.info("%s '%s': forward engine %s, backward engine %s (from the engine cache %s)", self.type,
                             self.name, cached["forward"], cached["backward"], engine_cache.cache_path())
-
-    def _im2col_bytes(self, x_shape, y_shape):
-        kh, kw = self.geometry[:2]
-        n, c = x_shape[:2]
-        return self.dtype.itemsize * n * y_shape[2] * y_shape[3] * (c * kh * kw + y_shape[1])
 
     def get_state(self):
         """AUTO's engine choices and the bottom shape they were made for (a snapshot keeps them, so a resumed run

@@ -1,7 +1,7 @@
 """Crop: cut bottom[0] to bottom[1]'s size from ``axis`` on, at given offsets (Caffe's CropLayer)."""
 from ..errors import ShapeError
 from .base import Field, Layer, register_layer
-from .softmax import canonical_axis
+from .layer_param import canonical_axis
 
 
 @register_layer("Crop")

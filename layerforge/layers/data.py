@@ -58,9 +58,9 @@ def reset_input_stats(net):
 
 
 def input_display(net):
-    """A solver display hook (``solver.display_hooks.append(input_display(net))``): each display, the input
-    statistics of ``net`` since the previous one as one line, and a warning when the loop was input-bound;
-    None for a net without image data layers."""
+    """The input's line of the solver's train display, ``fn(seconds per iteration, iterations) -> line``: each
+    display, the input statistics of ``net`` since the previous one as one line, and a warning when the loop was
+    input-bound; None for a net without image data layers."""
     if not any(getattr(layer, "input_stats", None) is not None for layer in net.layers):
         return None
 

@@ -6,7 +6,7 @@ from ..kernels.im2col import col2im, col2im_nd, conv_output_shape, im2col, im2co
 from ..kernels.output_size import conv_output_size
 from .base import Field, register_layer
 from .conv import Convolution
-from .softmax import canonical_axis
+from .layer_param import canonical_axis
 
 
 @register_layer("Im2col")

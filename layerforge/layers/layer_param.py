@@ -2,9 +2,10 @@
 
 Caffe's LayerParameter: ``name``, ``type``, ``bottom``, ``top``, ``param``, ``loss_weight``, ``propagate_down``,
 ``include``/``exclude`` rules (``LAYER_KEYS``), and the parameter blocks of the type (each layer class's
-``param_blocks``). The net's own keys and the whole-net checks are in layerforge/net/netdef.py.
+``param_blocks``), and what layers share to read their parameters against a bottom (:func:`canonical_axis`,
+:func:`read_pair`). The net's own keys and the whole-net checks are in layerforge/net/netdef.py.
 """
-from ..errors import ConfigError
+from ..errors import ConfigError, ShapeError
 from ..schema import Context, Field, LineDict, suggest, validate_block, with_lines
 from .base import LAYER_REGISTRY
 
@@ -135,3 +136,36 @@ def layer_included(lp, phase, level=0, stages=()):
     if lp.include:
         return any(matches(r) for r in lp.include)
     return not any(matches(r) for r in lp.exclude)
+
+
+def canonical_axis(axis, ndim, key):
+    """Caffe's CanonicalAxisIndex: -1 is the last axis; out of range is a ShapeError about ``key``."""
+    if not -ndim <= axis < ndim:
+        raise ShapeError(f"axis {axis} is out of range for a bottom with {ndim} axes", key=key)
+    return axis % ndim
+
+
+def read_pair(lp, block, name, default=None):
+    """``(h, w)`` of a 2-D option written as ``name`` (one value or ``[h, w]``) or as ``<key>_h`` + ``<key>_w``.
+
+    ``<key>`` is ``kernel`` for ``kernel_size``, else ``name``. ``default`` (None: required) applies when
+    neither form is given. Raises the layer's ConfigError for mixed or incomplete forms, as Caffe does.
+    """
+    p = getattr(lp, block)
+    key = "kernel" if name == "kernel_size" else name
+    kh, kw = f"{key}_h", f"{key}_w"
+    if p.given(kh) or p.given(kw):
+        if p.given(name):
+            raise lp.error(f"give either {name} or {kh}/{kw}, not both", f"{block}.{kh}")
+        if not (p.given(kh) and p.given(kw)):
+            raise lp.error(f"give both {kh} and {kw}", f"{block}.{kh if not p.given(kh) else kw}")
+        return getattr(p, kh), getattr(p, kw)
+    values = getattr(p, name)
+    values = values if isinstance(values, list) else ([] if values is None else [values])
+    if not values:
+        if default is None:
+            raise lp.error(f"required: {name}, or {kh} and {kw}", f"{block}.{name}")
+        return default, default
+    if len(values) > 2:
+        raise lp.error(f"expected one value or [h, w] (2-D only), got {len(values)} values", f"{block}.{name}")
+    return values[0], values[-1]

@@ -8,7 +8,8 @@ from ..backend import get_array_module, to_numpy
 from ..errors import DataError, LabelError, ShapeError
 from ..kernels.softmax_loss import softmax_loss_backward, softmax_loss_forward
 from .base import LOSS, Field, Layer, register_layer
-from .softmax import canonical_axis, softmax
+from .layer_param import canonical_axis
+from .softmax import softmax
 
 # Caffe clamps probabilities at FLT_MIN (for float and double alike) so log() stays finite
 FLT_MIN = float(numpy.finfo(numpy.float32).tiny)

@@ -4,7 +4,7 @@ from ..errors import ShapeError
 from ..kernels import pooling as kernels
 from ..kernels.output_size import pooling_output_size
 from .base import Field, Layer, register_layer
-from .conv import read_pair
+from .layer_param import read_pair
 
 
 @register_layer("Pooling")
@@ -13,7 +13,8 @@ class Pooling(Layer):
 
     Shapes: bottom (N, C, H, W) -> top (N, C, Hout, Wout) with Caffe's
     ``Hout = ceil((H + 2 ph - kh) / sy) + 1`` (``round_mode: FLOOR`` takes the floor), minus one when the
-    last window would start in the bottom padding. MAX ignores padding; a second top receives Caffe's
+    last window would start in the bottom padding; a kernel larger than the bottom gives Caffe's shape too
+    (its windows clipped to the bottom), an error only where the formula leaves no output. MAX ignores padding; a second top receives Caffe's
     mask, the flat index ``h * W + w`` of each maximum. AVE sums the window and divides by its size
     clipped to the padded image (so padding counts). ``global_pooling`` takes the whole H x W plane.
     STOCHASTIC (no padding; Caffe's stochastic pooling) outputs in TRAIN one element of each window, drawn
@@ -77,13 +78,15 @@ class Pooling(Layer):
             raise ShapeError(f"Pooling needs a 4-D bottom (N, C, H, W), got shape {shape}", key="bottom")
         if self.global_pooling:
             self.kh, self.kw = shape[2:]
-        if self.kh > shape[2] + 2 * self.ph or self.kw > shape[3] + 2 * self.pw:
-            raise ShapeError(f"kernel {self.kh}x{self.kw} (pad {self.ph}x{self.pw}) is larger than "
-                             f"bottom shape {shape}",
-                             key="pooling.kernel_size")
         padded = self.ph > 0 or self.pw > 0  # Caffe clips both axes' last windows when either is padded
         self.out_h = pooling_output_size(shape[2], self.kh, self.sy, self.ph, self.ceil_mode, padded)
         self.out_w = pooling_output_size(shape[3], self.kw, self.sx, self.pw, self.ceil_mode, padded)
+        # a kernel larger than the bottom is no error in Caffe (OpenPose builds a 1x1 placeholder net first): the
+        # formula gives one window clipped to the bottom; only a formula giving no window at all is refused
+        if self.out_h < 1 or self.out_w < 1:
+            raise ShapeError(f"kernel {self.kh}x{self.kw} (pad {self.ph}x{self.pw}, stride {self.sy}x{self.sx}, "
+                             f"{self.layer_param.pooling.round_mode} rounding) leaves no output for bottom shape "
+                             f"{shape}", key="pooling.kernel_size")
         for t in top:
             t.reshape(shape[0], shape[1], self.out_h, self.out_w)
 

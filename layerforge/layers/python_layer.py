@@ -11,7 +11,21 @@ from ..errors import ConfigError, LayerforgeError
 from ..schema import REQUIRED
 from .base import Field, Layer, register_layer
 
-PHASES = {"TRAIN": 0, "TEST": 1}  # pycaffe's caffe.TRAIN, caffe.TEST
+
+
+class Phase(int):
+    """pycaffe's ``caffe.TRAIN`` (0) / ``caffe.TEST`` (1): an int whose ``str`` is its name, as Caffe's enum's
+    (py-faster-rcnn's layers look their settings up by ``str(self.phase)``)."""
+
+    def __str__(self):
+        return ("TRAIN", "TEST")[self]
+
+    __repr__ = __str__
+
+
+TRAIN, TEST = Phase(0), Phase(1)
+PHASES = {"TRAIN": TRAIN, "TEST": TEST}
+PATH_HINT = "export PYTHONPATH=$(python -m layerforge.pycaffe --python-path):$PYTHONPATH"
 _DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
@@ -33,8 +47,9 @@ class BlobVec(list):
 class PythonLayerBase:
     """Base class of the user's layers (pycaffe's ``caffe.Layer``).
 
-    Before ``setup`` the Python layer sets ``self.param_str`` (python.param_str), ``self.phase`` (0 TRAIN,
-    1 TEST, as pycaffe's caffe.TRAIN / caffe.TEST) and ``self.blobs`` (learnable parameters: add them with
+    Before ``setup`` the Python layer sets ``self.param_str`` (python.param_str; also ``self.param_str_``, the
+    name older pycaffe and py-faster-rcnn use), ``self.phase`` (:class:`Phase` TRAIN / TEST, 0 / 1, as pycaffe's
+    caffe.TRAIN / caffe.TEST) and ``self.blobs`` (learnable parameters: add them with
     ``self.blobs.add_blob(*shape)`` in ``setup``). Bottoms and tops are Blobs: ``.data``, ``.diff``,
     ``.reshape(*shape)``, ``.shape``, ``.count``, ``.num`` / ``.channels`` / ``.height`` / ``.width``.
     ``backward`` assigns bottom diffs and adds into parameter diffs.
@@ -42,7 +57,15 @@ class PythonLayerBase:
 
     def __init__(self, layer_param=None):
         self.layer_param = layer_param
-        self.param_str, self.phase, self.blobs = "", 0, BlobVec(numpy.float32, numpy)
+        self.param_str, self.phase, self.blobs = "", TRAIN, BlobVec(numpy.float32, numpy)
+
+    @property
+    def param_str_(self):
+        return self.param_str
+
+    @param_str_.setter
+    def param_str_(self, value):
+        self.param_str = value
 
     def setup(self, bottom, top):
         """Read ``self.param_str``, check bottoms, create ``self.blobs``."""
@@ -58,24 +81,29 @@ class PythonLayerBase:
 
 
 def import_layer_class(module, name, net_dir=None):
-    """The class ``name`` of module ``module``, imported from sys.path and then ``net_dir``; ValueError says why."""
+    """The class ``name`` of module ``module``; ValueError says why not.
+
+    The module is looked for where Caffe users keep it: on sys.path (the running script's folder, PYTHONPATH,
+    what the script added), then in ``net_dir`` (the net file's folder), then in the current directory; the
+    folders found this way stay on sys.path while the module imports its own neighbours.
+    """
     if not _DOTTED_NAME.match(module):
         raise ValueError(f"python.module '{module}' is not a module name (dotted identifiers)")
-    added = net_dir is not None and net_dir not in sys.path
-    if added:
-        sys.path.append(net_dir)
+    fallbacks = [d for d in dict.fromkeys([net_dir, os.getcwd()]) if d is not None and d not in sys.path]
+    sys.path.extend(fallbacks)
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name and (module == e.name or module.startswith(e.name + ".")):
-            where = f" or {net_dir}" if net_dir else ""
+            where = "".join(f", {d}" for d in fallbacks)
             raise ValueError(f"python.module '{module}' not found on sys.path{where}") from None
-        raise ValueError(f"importing python.module '{module}' raised {type(e).__name__}: {e}") from e
+        hint = f" (for layerforge's pycaffe as caffe: {PATH_HINT})" if e.name == "caffe" else ""
+        raise ValueError(f"importing python.module '{module}' raised {type(e).__name__}: {e}{hint}") from e
     except Exception as e:  # noqa: BLE001 - the user's module: any failure becomes one line naming it
         raise ValueError(f"importing python.module '{module}' raised {type(e).__name__}: {e}") from e
     finally:
-        if added:
-            sys.path.remove(net_dir)
+        for d in fallbacks:
+            sys.path.remove(d)
     cls = getattr(mod, name, None)
     if not isinstance(cls, type):
         raise ValueError(f"python.module '{module}' has no class '{name}'")
@@ -86,7 +114,7 @@ def import_layer_class(module, name, net_dir=None):
 class Python(Layer):
     """Runs the methods of ``python.layer``, a class of module ``python.module``.
 
-    The module is imported by name (sys.path, then the net file's folder), the class is instantiated with
+    The module is imported by name (sys.path, then the net file's folder, then the current directory), the class is instantiated with
     the layer parameter, ``param_str`` / ``phase`` / ``blobs`` are set (see PythonLayerBase), and Caffe's
     sequence calls ``setup(bottom, top)``, ``reshape(bottom, top)``, ``forward(bottom, top)`` and
     ``backward(top, propagate_down, bottom)`` on it. Any bottoms and tops; shapes are the class's to set.
@@ -99,7 +127,7 @@ class Python(Layer):
     num_top = (0, None)
     param_blocks = {
         "python": {
-            "module": Field("str", REQUIRED, doc="module to import (sys.path, then the net file's folder)"),
+            "module": Field("str", REQUIRED, doc="module to import (sys.path, the net file's folder, the current directory)"),
             "layer": Field("str", REQUIRED, doc="the class in the module (a caffe.Layer / PythonLayerBase)"),
             "param_str": Field("str", "", doc="handed to the instance as self.param_str before setup"),
             "share_in_parallel": Field("bool", False, doc="deprecated in Caffe; accepted and ignored"),
@@ -117,6 +145,7 @@ class Python(Layer):
         self.impl = self.call(cls, self.layer_param, what="creating")
         self.blobs = BlobVec(self.dtype, self.xp)
         self.impl.param_str, self.impl.phase, self.impl.blobs = p.param_str, PHASES[self.phase], self.blobs
+        self.impl.param_str_ = p.param_str
         self.call(self.impl.setup, bottom, top, what="setup")
 
     def call(self, method, *args, what):

@@ -3,7 +3,7 @@ import math
 
 from ..backend import get_array_module
 from .base import Field, Layer, register_layer
-from .softmax import canonical_axis
+from .layer_param import canonical_axis
 
 
 @register_layer("Reduction")

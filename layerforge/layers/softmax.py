@@ -1,14 +1,7 @@
 """Softmax over one axis, and the helpers SoftmaxWithLoss shares."""
 from ..backend import get_array_module
-from ..errors import ShapeError
 from .base import Field, Layer, register_layer
-
-
-def canonical_axis(axis, ndim, key):
-    """Caffe's CanonicalAxisIndex: -1 is the last axis; out of range is a ShapeError about ``key``."""
-    if not -ndim <= axis < ndim:
-        raise ShapeError(f"axis {axis} is out of range for a bottom with {ndim} axes", key=key)
-    return axis % ndim
+from .layer_param import canonical_axis
 
 
 def softmax(x, axis):

@@ -3,7 +3,7 @@ import math
 
 from ..schema import REQUIRED
 from .base import Field, Layer, register_layer
-from .softmax import canonical_axis
+from .layer_param import canonical_axis
 
 
 @register_layer("Tile")

@@ -3,6 +3,7 @@ in either format. layerforge/caffe/message_reader.py says how a message maps ont
 """
 import os
 
+from ..caffe import caffe_pb
 from ..caffe.message_reader import IGNORED, MessageReader, line_dict, line_list, put, shown
 from ..caffe.prototxt import Entry, Enum, Message, read_yaml_or_prototxt
 from ..data.transform import TRANSFORM
@@ -85,7 +86,7 @@ class NetConverter(MessageReader):
                 self.singular(entries, (None, None), name)
                 put(out, name, self.block(entries[0].value, _NET_STATE, "state", (None, None), "state."), line)
             else:
-                raise self.error(f"Caffe field '{name}' has no layerforge equivalent", line, key=name)
+                raise self.no_equivalent(name, "NetParameter", line, key=name)
         v1 = "layers" in msg
         layers = [self.layer(e.value, v1) for e in msg.all("layers" if v1 else "layer")]
         put(out, "layers", line_list(layers, msg.line_of("layers" if v1 else "layer")),
@@ -109,8 +110,10 @@ class NetConverter(MessageReader):
                 raise self.error(f"unknown V1 layer type {v1_name}", type_line, name, key="type")
         ltype = str(ltype)
         if ltype not in LAYER_REGISTRY:
-            raise self.error(f"unsupported layer type '{ltype}' (layerforge has no such layer)",
-                             type_line, name, ltype, "type")
+            forks = caffe_pb.forks_of_layer_type(ltype)
+            origin = f"a layer of {caffe_pb.fork_names(forks)} that layerforge lacks" if forks else \
+                "layerforge has no such layer"
+            raise self.error(f"unsupported layer type '{ltype}' ({origin})", type_line, name, ltype, "type")
         cls, where = LAYER_REGISTRY[ltype], (name, ltype)
         common, blocks, v1_params, moved = line_dict(msg.line), {}, {}, []
         for fname in msg.names():
@@ -130,7 +133,9 @@ class NetConverter(MessageReader):
                     raise self.error(f"'{fname}' must be a message {{ ... }}", line, *where, fname)
                 if block in cls.param_blocks:
                     sub = self.fork_fields(self.split_moved(sub, block, moved, where), block, where, fname + ".")
-                    blocks[block] = (self.block(sub, cls.param_blocks[block], block, where, fname + "."), line)
+                    message = caffe_pb.field_type("LayerParameter", fname)
+                    blocks[block] = (self.block(sub, cls.param_blocks[block], block, where, fname + ".", message),
+                                     line)
                 elif block == "transform" and ltype in TRANSFORM_IGNORED:
                     self.notes.append(f"line {line}: layer '{where[0]}' ({ltype}): transform_param dropped "
                                       f"({ltype} layers do not transform their data, in Caffe either)")
@@ -140,7 +145,7 @@ class NetConverter(MessageReader):
                 raise self.error("weights inside a net definition ('blobs') are not supported; load weights "
                                  "with net.copy_from", line, *where, fname)
             else:
-                raise self.error(f"Caffe field '{fname}' has no layerforge equivalent", line, *where, fname)
+                raise self.no_equivalent(fname, "LayerParameter", line, where, fname)
         for extra in moved:
             transform = blocks.setdefault("transform", (line_dict(extra.line), extra.line))[0]
             for key in extra:

@@ -5,11 +5,24 @@ written before it in the file (or, failing that, the last one: a bottom may refe
 these the layers are ordered (Kahn's algorithm, keeping the written order wherever the dependencies allow),
 and a Split layer is inserted after every top that has several readers, as Caffe does.
 """
+import typing
+
 from ..layers import LAYER_REGISTRY
 from ..layers.layer_param import LayerParameter
 from ..schema import suggest
 
 AUTOMATIC_TOP = "(automatic)"  # Caffe's name for the top a loss layer gets when it is written without one
+
+
+class LayerEntry(typing.NamedTuple):
+    """One layer of the net being built: its definition, its class, the blob versions it reads and writes (lists:
+    inserting a Split re-points a reader's bottom) and the loss weight of each top."""
+
+    param: LayerParameter
+    cls: type
+    bottoms: list
+    tops: list
+    loss_weights: list
 
 
 class BlobVersion:
@@ -105,7 +118,7 @@ def insert_splits(entries):
     whose outputs feed one reader each, so each reader's gradient is summed into the top's diff."""
     out = []
     for lp, cls, bvs, tvs, lw in entries:
-        out.append([lp, cls, bvs, tvs, lw])
+        out.append(LayerEntry(lp, cls, bvs, tvs, lw))
         for j, v in enumerate(tvs):
             loss_reader = lw[j] != 0
             if len(v.consumers) + loss_reader <= 1:
@@ -126,8 +139,8 @@ def insert_splits(entries):
                 c = consumers[k - loss_reader] if k >= loss_reader else None
                 if c is not None:
                     layer_k, bottom_j = c
-                    entries[layer_k][2][bottom_j] = sv
+                    entries[layer_k].bottoms[bottom_j] = sv
                     sv.consumers.append(c)
             v.consumers.append(("split", 0))
-            out.append([split_lp, LAYER_REGISTRY["Split"], [v], split_versions, weights])
+            out.append(LayerEntry(split_lp, LAYER_REGISTRY["Split"], [v], split_versions, weights))
     return out

@@ -92,7 +92,7 @@ class Net:
 
     def _build(self, resolved):
         # Count consumers of every version and the loss weight of every top.
-        entries = []  # (LayerParameter, layer class, [bottom versions], [top versions], [loss weights])
+        entries = []  # graph.LayerEntry per layer
         for lp, bottom_versions, top_versions in resolved:
             cls = LAYER_REGISTRY[lp.type]
             cls.check_blob_counts(lp, len(lp.bottom), len(top_versions))
@@ -101,7 +101,7 @@ class Net:
                 raise lp.error(f"has {len(weights)} loss weights for {len(top_versions)} tops", "loss_weight")
             if not weights:
                 weights = [cls.default_loss_weight if j == 0 else 0.0 for j in range(len(top_versions))]
-            entries.append([lp, cls, list(bottom_versions), list(top_versions), weights])
+            entries.append(graph.LayerEntry(lp, cls, list(bottom_versions), list(top_versions), weights))
         for k, (lp, cls, bvs, tvs, lw) in enumerate(entries):
             for j, v in enumerate(bvs):
                 v.consumers.append((k, j))
@@ -133,8 +133,8 @@ class Net:
         self._share_params()
         self._analyse_backward(entries)
         self.inputs = [v.name for (lp, cls, bvs, tvs, lw) in entries if lp.type == "Input" for v in tvs]
-        consumed = {id(v) for e in entries for v in e[2]}
-        self.outputs = [v.name for e in entries for v in e[3]
+        consumed = {id(v) for e in entries for v in e.bottoms}
+        self.outputs = [v.name for e in entries for v in e.tops
                         if id(v) not in consumed and not v.anonymous and self.blobs[v.name] is v.blob]
         self._layer_index = {layer.name: i for i, layer in enumerate(self.layers)}
         # BatchNorm + Scale (+ ReLU) in place run as one (layerforge.net.fusion): {member index: group}
@@ -404,14 +404,14 @@ class Net:
     def _record_of(self, i, bottom, position):
         """The data record behind element ``position`` of layer ``i``'s bottom ``bottom``, or None when no data
         layer that names its records produced it (through Split layers only)."""
-        version, blob = self._entries[i][2][bottom], self._bottom_vecs[i][bottom]
+        version, blob = self._entries[i].bottoms[bottom], self._bottom_vecs[i][bottom]
         while True:
-            k = next((k for k, e in enumerate(self._entries) if any(v is version for v in e[3])), None)
+            k = next((k for k, e in enumerate(self._entries) if any(v is version for v in e.tops)), None)
             if k is None:
                 return None
             if self.layers[k].type != "Split":
                 break
-            version = self._entries[k][2][0]
+            version = self._entries[k].bottoms[0]
         producer = self.layers[k]
         if not hasattr(producer, "record_of") or not hasattr(producer, "batch_position"):
             return None
@@ -473,10 +473,10 @@ class Net:
         return collections.OrderedDict((layer.name, layer) for layer in self.layers)
 
     def bottom_names(self, i):
-        return [v.name for v in self._entries[i][2]]
+        return [v.name for v in self._entries[i].bottoms]
 
     def top_names(self, i):
-        return [v.name for v in self._entries[i][3]]
+        return [v.name for v in self._entries[i].tops]
 
     def top_blobs(self, i):
         return self._top_vecs[i]

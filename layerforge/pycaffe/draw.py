@@ -1,18 +1,19 @@
 """pycaffe's ``caffe.draw``: a NetParameter message drawn as a graph (layers as boxes, blobs on the edges).
 
 The net is not built (its data need not exist): the drawing comes from the definition, as Caffe's does.
-Files go through Graphviz's ``dot`` when it is installed, through matplotlib otherwise (layerforge draw).
+Files go through Graphviz's ``dot`` when it is installed, through matplotlib otherwise (layerforge/net/drawing.py,
+which ``layerforge draw`` uses too).
 """
 import os
 import tempfile
 
-from ..commands.draw import definition_graph, render, to_dot
+from ..net.drawing import definition_graph, render, to_dot
 
 _PHASES = {None: "TRAIN", 0: "TRAIN", 1: "TEST"}
 
 
 def _graph(caffe_net, phase):
-    from ..commands.convert import convert_message
+    from ..solvers.caffe_import import convert_message
     from ..caffe.prototxt import parse
     from ..net.netdef import load_net_def
     from .net_spec import to_prototxt

@@ -3,7 +3,7 @@
 Where the two APIs differ, ``layerforge.Net`` keeps its documented behaviour and this view adapts:
 ``forward(start, end)`` returns the end layer's tops (layerforge returns the net outputs), ``backward``
 counts ``start``/``end`` from the top of the net down, ``top_names``/``bottom_names`` are ordered
-dicts, phases are pycaffe's ``TRAIN = 0``/``TEST = 1``, and a model file may be YAML or prototxt.
+dicts, phases are pycaffe's ``TRAIN = 0``/``TEST = 1`` (``str(caffe.TEST) == 'TEST'``), and a model file may be YAML or prototxt.
 """
 import collections
 import contextlib
@@ -11,11 +11,11 @@ import warnings
 
 import numpy
 
-from ..net import Net as _Net
 from ..errors import LayerforgeError
+from ..layers.python_layer import TEST, TRAIN  # 0 and 1, whose str() is their name (Caffe's enum)
+from ..net import Net as _Net
 from . import mode
 
-TRAIN, TEST = 0, 1
 _PHASES = {TRAIN: "train", TEST: "test", "train": "train", "test": "test", "TRAIN": "train", "TEST": "test"}
 
 

@@ -147,6 +147,23 @@ class NetSpec:
     def __getitem__(self, name):
         return self.tops[name]
 
+    # SSD's fork (weiliu89/caffe) adds these; its model_libs.py (VGGNetBody, CreateMultiBoxHead) uses them
+    def __delitem__(self, name):
+        del self.tops[name]
+
+    def keys(self):
+        """The names assigned so far, in order."""
+        return list(self.tops)
+
+    def vals(self):
+        """The tops assigned so far, in order."""
+        return list(self.tops.values())
+
+    def update(self, name, params):
+        """Add or change keyword parameters of the layer that makes top ``name``."""
+        top = self.tops[name]
+        (top if isinstance(top, Function) else top.fn).params.update(params)
+
     def to_proto(self):
         """A NetParameter of every layer the assigned tops need, named after the attributes."""
         names = {top: name for name, top in self.tops.items()}
@@ -190,8 +207,8 @@ def to_prototxt(net):
 
 def to_yaml(net, path="<NetSpec>"):
     """A NetParameter as layerforge's net YAML (through the prototxt converter)."""
-    from ..commands.convert import convert_message
-    from ..commands.yaml_text import to_yaml as mapping_to_yaml
+    from ..solvers.caffe_import import convert_message
+    from ..yaml_text import to_yaml as mapping_to_yaml
     from ..caffe.prototxt import parse
 
     return mapping_to_yaml(convert_message(parse(to_prototxt(net), path), path)[1])

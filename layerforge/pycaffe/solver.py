@@ -1,6 +1,7 @@
 """pycaffe's solvers (``caffe.SGDSolver(path)``, ``caffe.get_solver(path)``): views of layerforge's Solver."""
 from ..solvers import get_solver as _get_solver
 from ..solvers.param import learning_rate
+from ..solvers.seam import Seam
 from . import mode
 from .net import Net
 
@@ -26,6 +27,29 @@ class SolverParameter:
         return f"<caffe.SolverParameter of {self._sp.path or 'a mapping'}>"
 
 
+class _LaterRank(Seam):
+    """Rank r > 0 of ``caffe.solver_count()`` solvers: it trains silently (rank 0 displays, tests and snapshots)."""
+
+    root = False
+
+
+class _Callback(Seam):
+    """Caffe's Solver::Callback at the solver's seam: ``on_start()`` at the start of every iteration (after its test,
+    before the first forward pass) and ``on_gradients_ready()`` once the diffs hold the gradients summed over the
+    iter_size passes (after the display), before the update."""
+
+    def __init__(self, on_start, on_gradients_ready):
+        self.on_start, self.on_gradients_ready = on_start, on_gradients_ready
+
+    def before_pass(self, k):
+        if k == 0:
+            self.on_start()
+
+    def before_update(self):
+        self.on_gradients_ready()
+        return True
+
+
 class Solver:
     """A solver built from a prototxt or YAML solver file; ``type`` forces the update rule (SGDSolver...).
 
@@ -42,7 +66,7 @@ class Solver:
         overrides = dict(mode.solver_overrides(), **({"type": self.type} if self.type else {}))
         self.solver = _solver or _get_solver(solver_file, shard=mode.solver_shard(), **overrides)
         if _solver is None and mode.solver_rank() > 0:
-            self.solver.root = False
+            self.solver.add_seam(_LaterRank())
         self.net = Net(None, _net=self.solver.net)
         self.test_nets = [Net(None, _net=n) for n in self.solver.test_nets]
 
@@ -84,11 +108,10 @@ class Solver:
     def add_callback(self, on_start, on_gradients_ready=None):
         """Caffe's Solver::Callback: ``on_start()`` at the start of every iteration (after its test, before the
         forward passes) and ``on_gradients_ready()`` once the gradients are summed, before the update. One object
-        with both methods (a caffe.NCCL) may be given instead."""
+        with both methods (a caffe.NCCL) may be given instead. Callbacks act in the order they were added."""
         if on_gradients_ready is None:
             on_start, on_gradients_ready = on_start.on_start, on_start.on_gradients_ready
-        self.solver.pass_hooks.append(lambda solver, k: on_start() if k == 0 else None)
-        self.solver.gradient_hooks.append(lambda solver: on_gradients_ready())
+        self.solver.add_seam(_Callback(on_start, on_gradients_ready))
 
     def __repr__(self):
         return f"<caffe.{type(self).__name__} view of {self.solver!r}>"

@@ -8,6 +8,7 @@ docs/solvers.md describes the solver YAML, the update formulas, the lr policies 
 """
 from .keys import LR_POLICIES, SOLVER_KEYS
 from .param import SolverParameter, learning_rate, load_solver_param, policy_rate
+from .seam import Seam
 from .solver import SOLVER_REGISTRY, NonFiniteError, Solver, get_solver, register_solver
 
 # Importing a module registers its rules.
@@ -17,6 +18,6 @@ from .rmsprop import RMSPropSolver  # noqa: E402
 from .adadelta import AdaDeltaSolver  # noqa: E402
 from .adam import AdamSolver  # noqa: E402
 
-__all__ = ["Solver", "get_solver", "register_solver", "SOLVER_REGISTRY", "NonFiniteError", "SolverParameter",
+__all__ = ["Solver", "Seam", "get_solver", "register_solver", "SOLVER_REGISTRY", "NonFiniteError", "SolverParameter",
            "load_solver_param", "learning_rate", "policy_rate", "SOLVER_KEYS", "LR_POLICIES",
            "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver", "AdamSolver"]

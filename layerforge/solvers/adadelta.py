@@ -6,9 +6,9 @@ from .solver import Solver, register_solver
 class AdaDeltaSolver(Solver):
     """Rates from running means of squared gradients G and squared updates U (m = momentum, the decay)::
 
-        G = (1 - m) * g^2 + m * G                       (history[i])
+        G = (1 - m) * g^2 + m * G                       (state[0])
         u = g * sqrt((U + delta) / (G + delta))
-        U = (1 - m) * u^2 + m * U                       (history[n + i])
+        U = (1 - m) * u^2 + m * U                       (state[1])
         W = W - rate * lr_mult * u
 
     Caffe applies the learning rate after updating U; base_lr 1 gives Zeiler's original method.
@@ -16,12 +16,10 @@ class AdaDeltaSolver(Solver):
 
     history_per_param = 2
 
-    def compute_update(self, i, rate):
-        p = self.net.learnable_params[i]
-        n = len(self.net.learnable_params)
-        grad_sq, update_sq = self.history[i], self.history[n + i]
-        m, delta, g = self.param.momentum, self.param.delta, p.diff
+    def compute_update(self, param, state, rate):
+        grad_sq, update_sq = state
+        m, delta, g = self.param.momentum, self.param.delta, param.diff
         grad_sq[...] = (1.0 - m) * (g * g) + m * grad_sq
         u = g * self.xp.sqrt((update_sq + delta) / (grad_sq + delta))
         update_sq[...] = (1.0 - m) * (u * u) + m * update_sq
-        p.diff[...] = (rate * self.net.params_lr[i]) * u
+        param.diff[...] = rate * u

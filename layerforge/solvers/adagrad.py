@@ -3,7 +3,7 @@ from .solver import Solver, register_solver
 
 
 class SquaredGradientSolver(Solver):
-    """Rules that divide by the root of an accumulated squared gradient H (``history[i]``)::
+    """Rules that divide by the root of an accumulated squared gradient H (the state)::
 
         H = accumulate(H, g^2)                          (the rule's :meth:`accumulate`)
         W = W - rate * lr_mult * g / (sqrt(H) + delta)
@@ -19,11 +19,11 @@ class SquaredGradientSolver(Solver):
     def accumulate(self, h, g):
         raise NotImplementedError
 
-    def compute_update(self, i, rate):
-        p, h = self.net.learnable_params[i], self.history[i]
-        g = p.diff
+    def compute_update(self, param, state, rate):
+        (h,) = state
+        g = param.diff
         self.accumulate(h, g)
-        p.diff[...] = (rate * self.net.params_lr[i]) * g / (self.xp.sqrt(h) + self.param.delta)
+        param.diff[...] = rate * g / (self.xp.sqrt(h) + self.param.delta)
 
 
 @register_solver("AdaGrad")

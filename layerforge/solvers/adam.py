@@ -8,8 +8,8 @@ from .solver import Solver, register_solver
 class AdamSolver(Solver):
     """Bias-corrected moment estimates (beta1 = momentum, beta2 = momentum2, t = iter + 1)::
 
-        m = beta1 * m + (1 - beta1) * g                 (history[i])
-        v = beta2 * v + (1 - beta2) * g^2               (history[n + i])
+        m = beta1 * m + (1 - beta1) * g                 (state[0])
+        v = beta2 * v + (1 - beta2) * g^2               (state[1])
         W = W - rate * lr_mult * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + delta)
 
     As in Caffe, the correction multiplies the step and delta is added to the uncorrected sqrt(v).
@@ -24,13 +24,11 @@ class AdamSolver(Solver):
         if not sp.momentum2 < 1:
             raise sp.error(f"Adam's beta2 (momentum2) must be in [0, 1), got {sp.momentum2}", "momentum2")
 
-    def compute_update(self, i, rate):
-        p = self.net.learnable_params[i]
-        n = len(self.net.learnable_params)
-        m, v = self.history[i], self.history[n + i]
-        beta1, beta2, g = self.param.momentum, self.param.momentum2, p.diff
+    def compute_update(self, param, state, rate):
+        m, v = state
+        beta1, beta2, g = self.param.momentum, self.param.momentum2, param.diff
         t = self.iter + 1
         correction = math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
         m[...] = beta1 * m + (1.0 - beta1) * g
         v[...] = beta2 * v + (1.0 - beta2) * (g * g)
-        p.diff[...] = (rate * self.net.params_lr[i] * correction) * m / (self.xp.sqrt(v) + self.param.delta)
+        param.diff[...] = (rate * correction) * m / (self.xp.sqrt(v) + self.param.delta)

@@ -5,7 +5,7 @@ maps onto the schemas.
 import os
 
 from ..caffe.message_reader import IGNORED, line_dict, line_list, put
-from ..caffe.prototxt import Message, parse_file, read_yaml_or_prototxt
+from ..caffe.prototxt import Message, read_yaml_or_prototxt
 from ..errors import ConfigError
 from ..net.caffe_net import NET_FIELDS, NetConverter, as_list
 from .keys import SOLVER_KEYS, STATE
@@ -67,7 +67,7 @@ class CaffeConverter(NetConverter):
             elif name in SOLVER_KEYS:
                 put(out, name, self.value(entries, SOLVER_KEYS[name], name, where, name), line)
             else:
-                raise self.error(f"Caffe field '{name}' has no layerforge equivalent", line, key=name)
+                raise self.no_equivalent(name, "SolverParameter", line, key=name)
         if "base_lr" not in out:
             put(out, "base_lr", 0.0, None)  # Caffe's default; layerforge's own default is 0.01
             self.notes.append("base_lr is not given: Caffe's default 0 is written out")
@@ -103,17 +103,13 @@ def kind_of(msg):
                       msg.path, msg.line)
 
 
-def convert_message(msg, path=None, rename_net=None):
-    """A parsed file -> ``(kind, mapping, notes)``."""
+def message_to_mapping(msg, path=None, rename_net=None):
+    """A parsed file -> ``(kind, mapping, notes)``, the mapping not yet read by its loader (layerforge/solvers/
+    caffe_import.py checks it too)."""
     conv = CaffeConverter(path)
     kind = kind_of(msg)
     mapping = conv.net(msg) if kind == "net" else conv.solver(msg, rename_net)
     return kind, mapping, conv.notes
-
-
-def convert_file(path, rename_net=None):
-    """Read a Caffe .prototxt (net or solver) -> ``(kind, mapping, notes)``; ConfigError on any problem."""
-    return convert_message(parse_file(path), str(path), rename_net)
 
 
 def _keep_net_paths(old, key):
@@ -124,7 +120,7 @@ def read_solver_file(path):
     """A solver file (YAML, or a Caffe prototxt solver converted) -> its mapping, not yet validated; a converted
     mapping has ``caffe_format = True`` (its net paths are read as Caffe reads them, SolverParameter.resolve)."""
     def convert(msg, where):
-        mapping = convert_message(msg, where, _keep_net_paths)[1]
+        mapping = message_to_mapping(msg, where, _keep_net_paths)[1]
         mapping.caffe_format = True
         return mapping
 

@@ -75,11 +75,17 @@ class SolverParameter:
 
 
 def load_solver_param(source, registry, **overrides):
-    """A path to a solver YAML file, or a dict (+ key overrides) -> SolverParameter; ConfigError on problems."""
+    """A path to a solver YAML file, or a dict (+ key overrides) -> SolverParameter; ConfigError on problems.
+
+    A SolverParameter is not read again: it is returned as it is, or with ``overrides`` its keys (those of the
+    file and the overrides it was given) are checked again with the new ones.
+    """
+    caffe_paths = False  # a Caffe prototxt solver's net paths are read from the working directory (resolve)
     if isinstance(source, SolverParameter):
-        source = source.source if source.path is None else source.path
-    caffe_paths = False
-    if isinstance(source, (str, os.PathLike)):
+        if all(value is None for value in overrides.values()):
+            return source
+        path, mapping, caffe_paths = source.path, source.source, source.caffe_paths
+    elif isinstance(source, (str, os.PathLike)):
         path, mapping = str(source), read_solver_file(str(source))  # YAML, or a Caffe prototxt converted
         caffe_paths = getattr(mapping, "caffe_format", False)
     elif isinstance(source, dict):

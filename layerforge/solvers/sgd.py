@@ -7,15 +7,15 @@ class SGDSolver(Solver):
     """Momentum SGD (Caffe's sgd_solver.cpp), per parameter W with gradient g (after regularisation)::
 
         lr = rate * lr_mult
-        V  = momentum * V + lr * g          (history)
+        V  = momentum * V + lr * g          (state: V)
         W  = W - V
     """
 
-    def compute_update(self, i, rate):
-        p, v = self.net.learnable_params[i], self.history[i]
+    def compute_update(self, param, state, rate):
+        (v,) = state
         v *= self.param.momentum
-        v += (rate * self.net.params_lr[i]) * p.diff
-        p.diff[...] = v
+        v += rate * param.diff
+        param.diff[...] = v
 
 
 @register_solver("Nesterov")
@@ -23,14 +23,14 @@ class NesterovSolver(Solver):
     """Nesterov's accelerated gradient (Caffe's nesterov_solver.cpp)::
 
         lr = rate * lr_mult
-        V' = momentum * V + lr * g
+        V' = momentum * V + lr * g                        (state: V)
         W  = W - ((1 + momentum) * V' - momentum * V)     (step back, then over-step)
     """
 
-    def compute_update(self, i, rate):
-        p, v = self.net.learnable_params[i], self.history[i]
+    def compute_update(self, param, state, rate):
+        (v,) = state
         m = self.param.momentum
         previous = v.copy()
         v *= m
-        v += (rate * self.net.params_lr[i]) * p.diff
-        p.diff[...] = (1.0 + m) * v - m * previous
+        v += rate * param.diff
+        param.diff[...] = (1.0 + m) * v - m * previous

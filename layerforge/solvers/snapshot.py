@@ -27,8 +27,6 @@ def snapshot(solver):
 
     Returns the solver-state path (None on non-root ranks). Non-finite weights are never written.
     """
-    for hook in solver.snapshot_hooks:
-        hook(solver)
     base = f"{solver.snapshot_prefix}_iter_{solver.iter}"
     if not solver.root:  # rank (replica) 0 writes it: this one's report of a non-finite loss names it as 0's does
         fmt = solver.param.snapshot_format
@@ -100,7 +98,8 @@ def restore(solver, path):
     log.info("Restoring previous solver status from %s", path)
     from ..caffe import solverstate
     if solverstate.is_caffe_state(path):
-        return solverstate.restore(solver, path)
+        solver.iter = solverstate.restore(solver, path)
+        return None
     arrays = load_npz(path)
     if "iter" not in arrays or "learned_net" not in arrays:
         hint = ""

@@ -1,17 +1,28 @@
 """The solver loop (Caffe's Solver + SGDSolver): one fixed sequence per iteration; rules override compute_update.
 
-One iteration (:meth:`Solver.step`), in this order::
+One iteration (:meth:`Solver.step`), in this order; ``seam.x`` are the points where data parallelism acts
+(:class:`~layerforge.solvers.seam.Seam`, given with :meth:`Solver.add_seam`; one process alone: they do nothing)::
 
+    seam.start(iter) -> iter                              once, before the first iteration (after any restore)
     clear parameter diffs
-    test, when iter % test_interval == 0 (and iter > 0 or test_initialization)
-    iter_size x (feed inputs -> forward -> backward)      diffs accumulate; loss = mean of the passes
-    gradient_hooks                                        e.g. an allreduce across ranks
-    rate = learning_rate(iter)
-    clip: scale all diffs by c / ||g|| when the global L2 norm ||g|| > clip_gradients = c
-    normalise: diff /= iter_size
-    per parameter: regularise (diff += wd * decay_mult * w, or * sign(w) for L1), compute_update (the rule)
-    apply: data -= diff
-    iter += 1; callbacks(iteration, loss); snapshot when iter % snapshot == 0 or a signal asks
+    test, when iter % test_interval == 0 (and iter > 0 or test_initialization), on the root (every replica when
+        seam.shares_tests); per test pass: seam.agree(signal request); after the passes: seam.reduce_test
+    iter_size x (seam.before_pass(k) -> feed inputs -> forward -> backward, with seam.layer_gradients_ready(i)
+        after each layer's backward when seam.layer_hooks)                diffs accumulate
+    loss = seam.reduce_loss(mean loss of the passes); smoothed; displayed (the root, with seam.describe lines)
+    seam.before_update() -> update?                       e.g. the allreduce of the summed diffs
+    when update: (only the parameters of seam.update_share(), all when None)
+        rate = learning_rate(iter)
+        clip: scale all diffs by c / ||g|| when the global L2 norm ||g|| > clip_gradients = c
+        normalise: diff /= iter_size
+        per parameter: regularise (diff += wd * decay_mult * w, or * sign(w) for L1), compute_update (the rule)
+        apply: data -= diff
+    seam.after_update()
+    iter += 1; seam.end_iteration(iteration, loss); callbacks(iteration, loss)
+    request = seam.agree(signal request)
+    snapshot when iter % snapshot == 0 or the request says so: seam.before_snapshot(), the root writes,
+        seam.after_snapshot()
+    stop when the request says so
 
 Caffe clips the sum of the iter_size passes, before it normalises (SGDSolver::ApplyUpdate), and so does this
 loop; ``clip_after_normalize: true`` swaps the two, so that the clip threshold means the same for every
@@ -21,7 +32,6 @@ iter_size and ``iter_size: k`` with batch b stays equivalent to batch k*b even w
 parameter whose gradient came as rows (Embed), see :meth:`Solver.update_rows`.
 """
 import collections
-import contextlib
 import logging
 import math
 import os
@@ -33,14 +43,15 @@ from .. import backend, rng, trace
 from ..errors import LayerforgeError
 from ..net.net import Net
 from ..kernels import blas
-from ..layers.conv import engines_settled
+from ..kernels.autotune import engines_settled
 from ..layers.data import input_display
 from . import cuda_graph
 from ..kernels.threadpool import num_threads, parallel_for
 from ..npz import check_writable
 from ..registry import registrar
 from . import snapshot as snapshots
-from .param import SolverParameter, learning_rate, load_solver_param
+from .param import learning_rate, load_solver_param
+from .seam import Seams
 from .signals import signal_handlers
 
 log = logging.getLogger("layerforge")
@@ -70,15 +81,15 @@ class NonFiniteError(LayerforgeError):
     """The loss (or a parameter) became NaN or infinite; training stopped without a snapshot of the bad state."""
 
 
-class _Rows:
-    """Some rows of a parameter Blob, standing in for it while a rule updates only those rows."""
+class ParamArrays:
+    """What an update rule is handed of one learnable parameter: its ``data`` and ``diff``, the whole parameter's
+    arrays or views of one block of its elements, or the gathered rows that have a gradient (``sparse_update:
+    lazy``); ``diff`` holds the regularised gradient on entry and the step to subtract on return."""
 
-    def __init__(self, blob, diff, data):
-        self.diff, self.data, self.xp, self.dtype = diff, data, blob.xp, blob.dtype
+    __slots__ = ("data", "diff")
 
-    @property
-    def shape(self):
-        return self.data.shape
+    def __init__(self, data, diff):
+        self.data, self.diff = data, diff
 
 
 def _g(x):
@@ -94,24 +105,14 @@ class Solver:
 
     Attributes:
         net: the TRAIN net. test_nets: TEST nets, sharing the train net's parameter arrays.
-        iter: number of updates done. history: per-rule state arrays, Caffe's layout
-            (``history[k * n + i]`` is the k-th state of learnable parameter i, n parameters).
+        iter: number of updates done. state: the rule's state per learnable parameter (``state[i]``: its
+            ``history_per_param`` arrays); :attr:`history` lists them in Caffe's layout.
         feed: optional ``feed(iteration, pass_index) -> {input name: array}`` called before every train
             forward pass, for nets whose data come from Input layers (pycaffe users write ``net.blobs``).
-        gradient_hooks: ``fn(solver)`` run after the iter_size passes, before normalise/clip/update, with
-            the summed diffs in ``net.learnable_params[i].diff`` (data-parallel allreduce plugs in here).
         callbacks: ``fn(iteration, loss)`` run after each update (``iteration`` is the index of the
             iteration that just finished, ``loss`` its mean loss over the iter_size passes).
-        update_share: what of the learnable parameters this solver updates: None (all), or ``{index: rows}``,
-            rows a slice of the parameter's first axis or None (all of it); replicas whose parameters and
-            history live in one shared memory each update their share (the update is element-wise).
-        loss_reduce: ``fn(loss) -> loss`` run after the iter_size passes, before the loss is smoothed and
-            displayed: replicas of one batch make it (and the train outputs) the whole batch's.
-        root: False on non-root ranks: no display or snapshots there (and no testing unless test_reduce is set).
-        test_reduce: ``fn(sums, loss, n) -> (sums, loss, n)`` combining the summed test outputs of all ranks
-            (each rank tests its shard); when set, every rank tests.
-        agree_action: ``fn(action) -> action`` making all ranks act on the same signal request.
-        snapshot_hooks: ``fn(solver)`` run on every rank before a snapshot (e.g. checking ranks agree).
+        seam: the data-parallel seams given with :meth:`add_seam` (a :class:`~layerforge.solvers.seam.Seams`).
+        root: whether this replica displays, logs test scores and writes snapshots (the seam's say).
         test_scores: the mean outputs of the last test of each test net.
     """
 
@@ -119,8 +120,7 @@ class Solver:
     history_per_param = 1
 
     def __init__(self, param, shard=None, split=None, **overrides):
-        sp = param if isinstance(param, SolverParameter) and not overrides else \
-            load_solver_param(param, SOLVER_REGISTRY, **overrides)
+        sp = load_solver_param(param, SOLVER_REGISTRY, **overrides)  # a SolverParameter is not read again
         validate = getattr(type(self), "validate_params", None)
         if validate is not None:
             validate(sp)
@@ -144,24 +144,16 @@ class Solver:
             tn = Net(src, phase="test", dtype=dtype, xp=self.xp, shard=test_shard, **_net_state(st))
             tn.share_params_with(self.net)  # same layer name -> same data arrays: updates need no copying
             self.test_nets.append(tn)
-        n = len(self.net.learnable_params)
-        self.history = [self.xp.zeros_like(self.net.learnable_params[i].data)
-                        for _ in range(self.history_per_param) for i in range(n)]
+        # the rule's state, owned per parameter: history_per_param arrays of the parameter's shape each
+        self.state = [[self.xp.zeros_like(p.data) for _ in range(self.history_per_param)]
+                      for p in self.net.learnable_params]
         self.iter = 0
         self.losses = collections.deque(maxlen=sp.average_loss)
         self.smoothed_loss = 0.0
-        self.feed, self.gradient_hooks, self.callbacks = None, [], []
-        self.pass_hooks = []  # fn(solver, k) before forward-backward pass k of the iter_size passes
-        self.display_hooks = []  # fn(seconds per iteration, iterations) -> a line logged with the train display
-        input_line = input_display(self.net)  # input rate and waits of the image data layers, when it has some
-        if input_line is not None:
-            self.display_hooks.append(input_line)
+        self.feed, self.callbacks = None, []
+        self.seam, self._started = Seams(), False
+        self._input_line = input_display(self.net)  # input rate and waits of the image data layers, or None
         self.test_hooks = []  # fn(iteration, test net index, {output: mean value}) after each test pass
-        self.skip_update = False  # set by a gradient hook: this iteration makes no update (double buffering)
-        self.update_share = None
-        self.loss_reduce = None
-        self.root = True
-        self.test_reduce, self.agree_action, self.snapshot_hooks = None, None, []
         self.requested_early_exit = False
         self._lazy = {}  # sparse_update lazy: {parameter index: its SparseGradient} during apply_update
         self.last_snapshot = None
@@ -193,6 +185,19 @@ class Solver:
     def add_callback(self, fn):
         """Call ``fn(iteration, loss)`` after every update (see ``callbacks``)."""
         self.callbacks.append(fn)
+
+    def add_seam(self, seam):
+        """Let data parallelism act at the points of the loop through ``seam`` (a
+        :class:`~layerforge.solvers.seam.Seam`), after the seams added before it (the order is in this module's
+        docstring)."""
+        self.seam.add(seam)
+        if seam.layer_hooks:
+            self.net.backward_hooks.append(seam.layer_gradients_ready)
+
+    @property
+    def root(self):
+        """Whether this replica displays, logs test scores and writes snapshots (True for one process alone)."""
+        return self.seam.root
 
     def show_progress(self, interval):
         """Show a progress bar of the iterations (status lines every ``interval`` s when stderr is not a terminal),
@@ -230,6 +235,7 @@ class Solver:
 
     def step(self, iters):
         """Run ``iters`` iterations (fewer if a signal asks to stop)."""
+        self._start()
         if self._stream is None:
             return self._step(iters)
         # cuda_graph: every iteration on the graphs' stream, which does not wait for the legacy stream by itself:
@@ -241,32 +247,35 @@ class Solver:
         finally:
             self._stream.synchronize()
 
+    def _start(self):
+        if not self._started:  # the first iteration of this solver: the replicas agree where they start
+            self._started = True
+            self.iter = self.seam.start(self.iter)
+
     def _step(self, iters):
-        sp = self.param
+        sp, seam = self.param, self.seam
         stop_iter = self.iter + int(iters)
         self._timer, self._iter_last = time.perf_counter(), self.iter
         while self.iter < stop_iter:
             trace.iteration(self.iter)
             self.net.clear_param_diffs()
             if (sp.test_interval and self.iter % sp.test_interval == 0 and (self.iter > 0 or sp.test_initialization)
-                    and (self.root or self.test_reduce is not None)):
+                    and (seam.root or seam.shares_tests)):
                 self.test_all()
                 if self.requested_early_exit:
                     break
-            display = self.root and sp.display and self.iter % sp.display == 0
+            display = seam.root and sp.display and self.iter % sp.display == 0
             loss = sum(self._forward_backward(k) for k in range(sp.iter_size)) / sp.iter_size
-            if self.loss_reduce is not None:
-                loss = self.loss_reduce(loss)
+            loss = seam.reduce_loss(loss)
             self._update_smoothed_loss(loss)
             if display:
                 self._log_train()
-            self.skip_update = False
-            for hook in self.gradient_hooks:
-                hook(self)
-            if not self.skip_update:
+            if seam.before_update():
                 with trace.span("update", sp.type):
                     self.apply_update(display)
+            seam.after_update()
             self.iter += 1
+            seam.end_iteration(self.iter - 1, loss)
             for fn in self.callbacks:
                 fn(self.iter - 1, loss)
             request = self._requested_action()
@@ -294,6 +303,7 @@ class Solver:
         log.info("Learning Rate Policy: %s", sp.lr_policy.lower())
         if resume_file:
             self.restore(resume_file)
+        self._start()
         self.requested_early_exit = False
         with signal_handlers(self._pending, sigint_effect, sighup_effect):
             self.step(sp.max_iter - self.iter)
@@ -302,16 +312,15 @@ class Solver:
             if self.requested_early_exit:
                 log.info("Optimization stopped early.")
                 return
-            if (self.root or self.loss_reduce is not None) and sp.display and self.iter % sp.display == 0:
+            if (self.seam.root or self.seam.shares_loss) and sp.display and self.iter % sp.display == 0:
                 # Caffe's extra forward so the log shows the loss of the final weights (replicas of one batch:
                 # every replica, whose losses make the whole batch's)
                 self._feed(0)
                 self.net.forward()
-                loss = self.net.loss
-                self._update_smoothed_loss(loss if self.loss_reduce is None else self.loss_reduce(loss))
-                if self.root:
+                self._update_smoothed_loss(self.seam.reduce_loss(self.net.loss))
+                if self.seam.root:
                     log.info("Iteration %d, loss = %s", self.iter, _g(self.smoothed_loss))
-            if (self.root or self.test_reduce is not None) and sp.test_interval and self.iter % sp.test_interval == 0:
+            if (self.seam.root or self.seam.shares_tests) and sp.test_interval and self.iter % sp.test_interval == 0:
                 self.test_all()
         log.info("Optimization Done.")
 
@@ -320,11 +329,10 @@ class Solver:
             self.net.set_inputs(**self.feed(self.iter, k))
 
     def _forward_backward(self, k):
-        for hook in self.pass_hooks:
-            hook(self, k)
+        self.seam.before_pass(k)
         self._feed(k)
         if self.graphs is None and self._stream is not None and engines_settled(self.net):
-            reason = cuda_graph.body_refusal(self.net, self.param.iter_size)  # hooks may have come since
+            reason = cuda_graph.body_refusal(self.net, self.param.iter_size)  # seams may have come since
             if reason:
                 raise LayerforgeError(reason)
             self.graphs = cuda_graph.IterationGraphs(self.net)
@@ -353,9 +361,10 @@ class Solver:
         log.info("Iteration %d (%s iter/s, %ss/%d iters%s), loss = %s", self.iter, _g(per_s), _g(lapse), sp.display,
                  rate, _g(self.smoothed_loss))
         iters = self.iter - self._iter_last
-        for hook in self.display_hooks:
-            if iters:
-                log.info("    %s", hook(lapse / iters, iters))
+        if iters:
+            lines = [self._input_line(lapse / iters, iters)] if self._input_line is not None else []
+            for line in lines + self.seam.describe(lapse / iters, iters):
+                log.info("    %s", line)
         self._timer, self._iter_last = time.perf_counter(), self.iter
         weights = _output_weights(net)
         k = 0
@@ -403,8 +412,9 @@ class Solver:
             self.clip_gradients()
             self.normalize()
         params = self.net.learnable_params
-        share = dict.fromkeys(range(len(params))) if self.update_share is None else self.update_share
-        for i in self._lazy:  # swaps parameter and history slots for the call: on this thread only
+        share = self.seam.update_share()
+        share = dict.fromkeys(range(len(params))) if share is None else share
+        for i in self._lazy:
             if i in share:
                 self.update_rows(i, rate, self._lazy[i])
         # every other parameter's update is independent of the rest: whole parameters go to the kernel threads
@@ -417,34 +427,39 @@ class Solver:
         def update(lo, hi):
             for group in groups[lo:hi]:
                 for i in group:
-                    for part in _parts(params[i], share[i], block):
-                        with self._part_of(i, part):
-                            self.regularize(i)
-                            self.compute_update(i, rate)
-                            params[i].data -= params[i].diff
+                    for part, state in self._blocks(i, share[i], block):
+                        self._update(i, part, state, rate)
+                        part.data -= part.diff
         largest = max((params[i].count for group in groups for i in group), default=0)
         parallel_for(len(groups), update, work=largest if self.xp is numpy else 0)
 
-    @contextlib.contextmanager
-    def _part_of(self, i, part):
-        """Parameter ``i`` and its history slots seen as their elements ``part = (start, stop)`` (flat views; None:
-        all of them) within the block."""
-        if part is None:
-            yield
-            return
-        params, n = self.net.learnable_params, len(self.net.learnable_params)
-        p, slots = params[i], [k * n + i for k in range(self.history_per_param)]
-        full = [self.history[s] for s in slots]
-        cut = slice(*part)
-        params[i] = _Rows(p, p.diff.reshape(-1)[cut], p.data.reshape(-1)[cut])
-        for s, h in zip(slots, full):
-            self.history[s] = h.reshape(-1)[cut]
-        try:
-            yield
-        finally:
-            params[i] = p
-            for s, h in zip(slots, full):
-                self.history[s] = h
+    def _update(self, i, param, state, rate):
+        # regularise, then the rule: the step for parameter i (or its block or rows ``param``) is left in param.diff
+        self.regularize(param, self.param.weight_decay * self.net.params_weight_decay[i])
+        self.compute_update(param, state, rate * self.net.params_lr[i])
+
+    def _blocks(self, i, rows, block):
+        """``(ParamArrays, state)`` of parameter ``i`` (its ``rows``: a slice of the first axis, or None for all), one
+        block of ``block`` elements at a time (:func:`_parts`): flat views of the parameter and its state."""
+        p, state = self.net.learnable_params[i], self.state[i]
+        for part in _parts(p, rows, block):
+            if part is None:
+                yield ParamArrays(p.data, p.diff), state
+            else:
+                cut = slice(*part)
+                yield ParamArrays(p.data.reshape(-1)[cut], p.diff.reshape(-1)[cut]), [h.reshape(-1)[cut] for h in state]
+
+    @property
+    def history(self):
+        """The rule's state arrays in Caffe's layout (what a solver state file holds): ``history[k * n + i]`` is the
+        k-th state array of learnable parameter i, n parameters; the arrays themselves (a restore writes into them)."""
+        return [state[k] for k in range(self.history_per_param) for state in self.state]
+
+    def adopt_history(self, arrays):
+        """Keep the rule's state in ``arrays`` from now on (Caffe's layout, as :attr:`history`; the same shapes),
+        with the values they hold: CPU replicas train on one copy of it in shared memory."""
+        n = len(self.state)
+        self.state = [[arrays[k * n + i] for k in range(self.history_per_param)] for i in range(n)]
 
     def _lazy_rows(self):
         if self.param.sparse_update != "LAZY":
@@ -474,47 +489,39 @@ class Solver:
             for g in gradients:
                 g *= scale
 
-    def regularize(self, i):
-        decay = self.param.weight_decay * self.net.params_weight_decay[i]
+    def regularize(self, param, decay):
+        """Add the weight decay's gradient to ``param.diff`` (a :class:`ParamArrays`): ``decay * data`` (L2) or
+        ``decay * sign(data)`` (L1), ``decay`` being weight_decay x the parameter's decay_mult."""
         if not decay:
             return
-        p = self.net.learnable_params[i]
         if self.param.regularization_type == "L2":
-            p.diff += decay * p.data
+            param.diff += decay * param.data
         else:
-            p.diff += decay * self.xp.sign(p.data)
+            param.diff += decay * self.xp.sign(param.data)
 
     def update_rows(self, i, rate, grad):
         """``sparse_update: lazy`` for parameter ``i`` with the row gradient ``grad`` (a SparseGradient).
 
-        Only the rows ``grad.indices`` change: their weights, their history (momentum, Adam's moments, the
+        Only the rows ``grad.indices`` change: their weights, their state (momentum, Adam's moments, the
         squared-gradient sums) and their weight decay; every other row is left as it is, as if its gradient
         had not been computed (TensorFlow's LazyAdam, PyTorch's SparseAdam; Adam's t still counts every
         iteration). :meth:`regularize` and the rule's :meth:`compute_update` run unchanged on the gathered
-        rows: for the call, parameter ``i`` and its history slots hold only those rows; the results are
-        scattered back.
+        rows and their gathered state; the results are scattered back (the indices are unique).
         """
         p, idx = self.net.learnable_params[i], grad.indices
-        n = len(self.net.learnable_params)
-        slots = [k * n + i for k in range(self.history_per_param)]
-        full = [self.history[s] for s in slots]
-        rows = _Rows(p, grad.rows, p.data[idx])
-        params = self.net.learnable_params
-        params[i] = rows
-        for s, h in zip(slots, full):
-            self.history[s] = h[idx]
-        try:
-            self.regularize(i)
-            self.compute_update(i, rate)
-        finally:
-            params[i] = p
-            for s, h in zip(slots, full):
-                h[idx] = self.history[s]
-                self.history[s] = h
+        rows, state = ParamArrays(p.data[idx], grad.rows), [h[idx] for h in self.state[i]]
+        self._update(i, rows, state, rate)
+        for h, gathered in zip(self.state[i], state):
+            h[idx] = gathered
         p.data[idx] -= rows.diff
 
-    def compute_update(self, i, rate):
-        """Turn ``learnable_params[i].diff`` into the step to subtract; use ``rate * net.params_lr[i]``."""
+    def compute_update(self, param, state, rate):
+        """The rule: turn ``param.diff`` (a :class:`ParamArrays`, the regularised gradient) into the step to subtract,
+        in place, updating its ``state`` (the parameter's ``history_per_param`` arrays, of param's shape) in place.
+
+        ``rate`` is this parameter's learning rate: the iteration's rate x its ``lr_mult``. ``param`` and ``state``
+        may be a whole parameter, a block of its elements or its rows with a gradient: every rule is element-wise.
+        """
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------
@@ -548,8 +555,7 @@ class Solver:
             loss += net.loss
             values = [backend.to_numpy(net.blobs[name].data).astype(numpy.float64).reshape(-1) for name in net.outputs]
             sums = values if sums is None else [s + v for s, v in zip(sums, values)]
-        if self.test_reduce is not None:
-            sums, loss, n = self.test_reduce(sums, loss, n)
+        sums, loss, n = self.seam.reduce_test(sums, loss, n)
         if sp.test_compute_loss:
             log.info("Test loss: %s", _g(loss / n))
         weights, scores, idx = _output_weights(net), collections.OrderedDict(), 0
@@ -604,7 +610,10 @@ class Solver:
         Returns the solver-state path (None on non-root ranks). Non-finite weights are never written.
         """
         with trace.span("snapshot", f"iteration {self.iter}"):
-            return snapshots.snapshot(self)
+            self.seam.before_snapshot()
+            path = snapshots.snapshot(self)
+        self.seam.after_snapshot()
+        return path
 
     def state_arrays(self, learned_net=""):
         """The solver state as ``{name: array}`` (no pickles: JSON strings in 0-d arrays)."""
@@ -620,8 +629,7 @@ class Solver:
     # signals and non-finite values
 
     def _requested_action(self):
-        action = self._pending.pop(0)[1] if self._pending else "none"
-        return action if self.agree_action is None else self.agree_action(action)
+        return self.seam.agree(self._pending.pop(0)[1] if self._pending else "none")
 
     def non_finite_error(self, what, scan=True):
         # after the fact, an in-place chain (ip1 -> relu1 in place) shows its last writer's values under

@@ -11,7 +11,7 @@ from layerforge import Net
 from layerforge.caffe import caffe_pb
 from layerforge.caffe.caffemodel import (array_to_blob, blob_to_array, copy_trained_layers, net_to_proto, save_caffemodel,
                                          save_hdf5)
-from layerforge.commands.convert import convert_file
+from layerforge.solvers.caffe_import import convert_file
 from layerforge.commands import convert as convert_command
 from layerforge.errors import LayerforgeError
 
@@ -59,7 +59,8 @@ def test_messages_have_caffes_names_numbers_and_enums():
     assert caffe_pb.NetParameter.DESCRIPTOR.fields_by_name["layers"].number == 2
     assert caffe_pb.V1LayerParameter.DESCRIPTOR.fields_by_name["blobs"].number == 6
     assert [f.name for f in caffe_pb.SolverState.DESCRIPTOR.fields] == ["iter", "learned_net", "history",
-                                                                        "current_step"]
+                                                                        "current_step", "minimum_loss",
+                                                                        "iter_last_event"]  # the last two: SSD's
     assert (caffe_pb.TRAIN, caffe_pb.TEST, caffe_pb.Phase.Name(1)) == (0, 1, "TEST")
     assert caffe_pb.PoolingParameter.AVE == 1 and caffe_pb.V1LayerParameter.INNER_PRODUCT == 14
     assert caffe_pb.SolverParameter.BINARYPROTO == 1 and caffe_pb.NetState().phase == caffe_pb.TEST

@@ -16,8 +16,8 @@ import re
 import numpy
 import pytest
 
-from layerforge.commands.convert import convert_file, convert_message
-from layerforge.commands.yaml_text import to_yaml
+from layerforge.solvers.caffe_import import convert_file, convert_message
+from layerforge.yaml_text import to_yaml
 from layerforge.caffe.prototxt import parse, parse_file
 from layerforge.cli import main
 from layerforge.commands.summary import summarize
@@ -322,8 +322,8 @@ def test_engine_only_blocks_and_default_only_fields_are_dropped():
     layer = layer_of('layer { name: "s" type: "Sigmoid" bottom: "x" top: "x" sigmoid_param { engine: CUDNN } }')
     assert layer == {"name": "s", "type": "Sigmoid", "bottom": "x", "top": "x"}
     layer = layer_of('layer { name: "d" type: "Dropout" bottom: "x" top: "x" '
-                     'dropout_param { dropout_ratio: 0.3 scale_train: true } }')
-    assert layer["dropout"] == {"dropout_ratio": 0.3}
+                     'dropout_param { dropout_ratio: 0.3 scale_train: false } }')  # Fast R-CNN's field
+    assert layer["dropout"] == {"dropout_ratio": 0.3, "scale_train": False}
 
 
 def test_shapes_and_multiple_tops():
@@ -445,8 +445,21 @@ def test_v1_blobs_lr_weight_decay_and_param_names():
      '  kernel_size: 1\n  frobnicate: 3 } }', 4, "key 'convolution_param.frobnicate': Caffe field 'frobnicate' has "
                                                  "no layerforge equivalent"),
     ('layer { name: "d" type: "Dropout" bottom: "x" top: "x"\n dropout_param { dropout_ratio: 0.2\n'
-     '  scale_train: false } }', 3,
-     "key 'dropout_param.scale_train': Caffe field 'scale_train' is supported only with its default True, got False"),
+     '  sample_weights_test: true } }', 3,
+     "key 'dropout_param.sample_weights_test': Caffe field 'sample_weights_test' (a field of alexgkendall/caffe-segnet "
+     "(SegNet) and TimoSaemann/caffe-enet (ENet)) has no layerforge equivalent"),
+    ('layer { name: "l" type: "SoftmaxWithLoss" bottom: "x" bottom: "y" top: "l"\n loss_param {\n'
+     '  class_weighting: 0.5 } }', 3, "Caffe field 'class_weighting' (a field of alexgkendall/caffe-segnet (SegNet) "
+                                      "and TimoSaemann/caffe-enet (ENet)) has no layerforge equivalent"),
+    ('layer { name: "d" type: "Data" top: "d"\n data_param { source: "x" batch_size: 2 backend: LMDB }\n'
+     ' transform_param {\n  resize_param { height: 300 } } }', 4,
+     "key 'transform_param.resize_param': Caffe field 'resize_param' (a field of weiliu89/caffe (branch ssd: SSD)) "
+     "has no layerforge equivalent"),
+    ('layer { name: "b" type: "BatchNorm" bottom: "x" top: "x"\n batch_norm_param {\n'
+     '  scale_bias: true } }', 3, "Caffe field 'scale_bias' (a field of OpenCV's caffe.proto (opencv/opencv, "
+                                  "modules/dnn)) has no layerforge equivalent"),
+    ('layer {\n name: "v"\n type: "VideoData"\n}', 3, "layer 'v' (VideoData): key 'type': unsupported layer "
+     "type 'VideoData' (a layer of weiliu89/caffe (branch ssd: SSD) that layerforge lacks)"),
     ('layer { name: "c" type: "Convolution" bottom: "x" top: "c"\n convolution_param { num_output: 2 kernel_size: 1\n'
      '  weight_filler { type: "xavier"\n   foo: 1 } } }', 4, "key 'convolution_param.weight_filler.foo'"),
     ('layer { name: "r" type: "ReLU" bottom: "x" top: "x"\n pooling_param { pool: MAX } }', 2,

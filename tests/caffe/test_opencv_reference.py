@@ -95,15 +95,22 @@ def trained_looking(net, rng):
             bias.data[...] = rng.standard_normal(bias.shape) * 0.1
 
 
-def compare_with_opencv(text, opencv_path, tmp_path):
-    """Run the deploy net ``text`` in layerforge and OpenCV; assert every blob's final value agrees."""
+def compare_with_opencv(text, opencv_path, tmp_path, init=trained_looking, tolerance=1e-3, rows=(), inputs=None):
+    """Run the deploy net ``text`` in layerforge and OpenCV; assert every blob's final value agrees.
+
+    ``init(net, rng)`` gives the weights; a blob agrees when within ``tolerance`` of its largest magnitude
+    (relative too, at 1e-3); the blobs named in ``rows`` (detection lists, (1, 1, D, 7)) are compared as sets of
+    rows: OpenCV's all-zero padding rows dropped, both sorted. ``inputs``: {name: array}, default gaussian of the
+    net's input shapes (a different shape reshapes the net first, as OpenCV's setInput does).
+    """
     prototxt = tmp_path / "deploy.prototxt"
     prototxt.write_text(text)
     net = Net(str(prototxt), phase="test")
     rng = numpy.random.default_rng(0)
-    trained_looking(net, rng)
+    init(net, rng)
     save_caffemodel(net, tmp_path / "deploy.caffemodel")
-    inputs = {name: rng.standard_normal(net.blobs[name].shape).astype(numpy.float32) for name in net.inputs}
+    if inputs is None:
+        inputs = {name: rng.standard_normal(net.blobs[name].shape).astype(numpy.float32) for name in net.inputs}
     net.forward(**inputs)
     last_writer = {}  # blob -> the last layer writing it (in-place layers overwrite their bottom)
     for i, layer in enumerate(net.layers):
@@ -112,11 +119,23 @@ def compare_with_opencv(text, opencv_path, tmp_path):
     theirs = opencv_caffe.run(opencv_path, prototxt, tmp_path / "deploy.caffemodel", inputs,
                               list(last_writer.values()), tmp_path)
     for blob, layer in last_writer.items():
-        ours, reference = net.blobs[blob].data, theirs[layer].reshape(net.blobs[blob].shape)
-        scale = float(numpy.abs(reference).max()) or 1.0
-        numpy.testing.assert_allclose(ours, reference, rtol=1e-3, atol=1e-3 * scale, err_msg=f"blob '{blob}' "
-                                      f"(layer '{layer}')")
+        ours, reference = numpy.asarray(net.blobs[blob].data), theirs[layer]
+        if blob in rows:
+            ours, reference = sorted_rows(ours), sorted_rows(reference)
+            assert ours.shape == reference.shape, f"blob '{blob}': {len(ours)} detections, OpenCV {len(reference)}"
+        else:
+            reference = reference.reshape(ours.shape)
+        scale = float(numpy.abs(reference).max(initial=0.0)) or 1.0
+        numpy.testing.assert_allclose(ours, reference, rtol=min(tolerance, 1e-3), atol=tolerance * scale,
+                                      err_msg=f"blob '{blob}' (layer '{layer}')")
     return net
+
+
+def sorted_rows(detections):
+    """A (1, 1, D, 7) detection list as its rows sorted by image, label, score, box (OpenCV's zero rows dropped)."""
+    found = numpy.asarray(detections, dtype=numpy.float64).reshape(-1, 7)
+    found = found[numpy.abs(found).sum(axis=1) > 0]
+    return found[numpy.lexsort(found.T[::-1])]
 
 
 def bvlc_nets():

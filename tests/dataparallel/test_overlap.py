@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from layerforge.solvers import get_solver
+from layerforge.solvers.seam import Seam
 from tests.comm.mpirun import ROOT, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -91,15 +92,16 @@ def one_process_with_delayed_gradients(tmp, tag):
     solver = get_solver(str(write_solver(tmp, tag, TOTAL_BATCH, batch_norm=False)))
     stale = []
 
-    def delay(s):
-        fresh = [p.diff.copy() for p in s.net.learnable_params]
-        if not stale:
-            s.skip_update = True
-        else:
-            for p, g in zip(s.net.learnable_params, stale.pop()):
-                p.diff[...] = g
-        stale.append(fresh)
-    solver.gradient_hooks.append(delay)
+    class Delay(Seam):
+        def before_update(self):
+            fresh = [p.diff.copy() for p in solver.net.learnable_params]
+            update = bool(stale)  # the first iteration has no gradient to apply yet
+            if update:
+                for p, g in zip(solver.net.learnable_params, stale.pop()):
+                    p.diff[...] = g
+            stale.append(fresh)
+            return update
+    solver.add_seam(Delay())
     solver.solve()
     return weights(tmp, tag)
 

@@ -8,7 +8,7 @@ import numpy
 import pytest
 
 from layerforge import Net
-from layerforge.kernels import engine_cache
+from layerforge.kernels import autotune, engine_cache
 from layerforge.layers import conv
 from layerforge.solvers import get_solver
 
@@ -19,8 +19,8 @@ CONVS = ("conv1", "conv2")
 
 def prefer(monkeypatch, fast):
     """Make AUTO's timer report engine ``fast`` as the quicker one, whatever this machine measures."""
-    record = conv.AutoChoice.record
-    monkeypatch.setattr(conv.AutoChoice, "record",
+    record = autotune.AutoChoice.record
+    monkeypatch.setattr(autotune.AutoChoice, "record",
                         lambda self, name, seconds: record(self, name, 1.0 if name == fast else 2.0))
 
 

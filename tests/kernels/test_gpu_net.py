@@ -47,7 +47,7 @@ def run(path, xp, weights, data, label):
 
 
 def test_caffe_net_on_the_kernels_agrees(tmp_path, xp):
-    from layerforge.commands.convert import convert_file
+    from layerforge.solvers.caffe_import import convert_file
 
     path = tmp_path / "kernels.prototxt"
     path.write_text(PROTOTXT)

@@ -127,14 +127,14 @@ def test_deconvolution_runs_on_winograd(engine):
 def test_auto_skips_winograd_whose_tiles_exceed_the_workspace_limit(monkeypatch):
     from layerforge.blob import Blob
     from layerforge.kernels.winograd import workspace_estimate
-    from layerforge.layers import conv as conv_module
+    from layerforge.kernels import autotune
     x_shape = (2, 64, 8, 8)
     assert workspace_estimate(x_shape, 2, (3, 3, 1, 1, 1, 1, 1, 1), 2, 4) == 16 * 2 * 16 * (3 * 64 + 2 * 2) * 4
     # the CPU layer runs F(2,3)'s compiled transforms: one transformed array per side
     needed = workspace_estimate(x_shape, 2, (3, 3, 1, 1, 1, 1, 1, 1), 2, 4, compiled=True)  # the layer is float32
     assert needed == 16 * 2 * 16 * (64 + 2) * 4  # 4x4 tiles of 2x2 outputs, 16 per image
     for limit, tried in ((needed, True), (needed - 1, False)):  # (IM2COL's columns exceed both limits)
-        monkeypatch.setattr(conv_module, "AUTO_WORKSPACE_LIMIT", limit)
+        monkeypatch.setattr(autotune, "AUTO_WORKSPACE_LIMIT", limit)
         layer = conv("AUTO", kernel_size=3, pad=1)
         layer.setup([Blob(x_shape)], [Blob()])
         assert set(layer.tuning["forward"].names) == {"IMPLICIT"} | ({"WINOGRAD_F2"} if tried else set())

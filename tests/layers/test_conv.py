@@ -300,8 +300,8 @@ def test_engine_setting(engine, expected):
 
 
 def test_auto_skips_im2col_beyond_the_workspace_limit(monkeypatch):
-    from layerforge.layers import conv
-    monkeypatch.setattr(conv, "AUTO_WORKSPACE_LIMIT", 1000)
+    from layerforge.kernels import autotune
+    monkeypatch.setattr(autotune, "AUTO_WORKSPACE_LIMIT", 1000)
     layer = conv_layer(dtype=numpy.float32, num_output=4, kernel_size=3, stride=2)  # stride 2: no Winograd
     bottom, top = [make_blob(numpy.ones((2, 3, 8, 8)), numpy.float32)], [Blob()]
     layer.setup(bottom, top)

@@ -155,7 +155,7 @@ def test_force_nd_im2col_equals_the_2d_path():
 
 
 def test_v1_prototxt_with_3d_convolution_deconvolution_and_im2col_converts_and_runs(tmp_path):
-    from layerforge.commands.convert import convert_file
+    from layerforge.solvers.caffe_import import convert_file
 
     path = tmp_path / "net.prototxt"
     path.write_text("""name: "video"

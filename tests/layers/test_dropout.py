@@ -79,3 +79,15 @@ def test_gradient(shape):
 def test_ratio_out_of_range_is_a_config_error(ratio):
     with pytest.raises(ConfigError, match="dropout_ratio"):
         dropout(dropout_ratio=ratio)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_scale_train_false_scales_at_test_time(xp, in_place):
+    # Fast R-CNN's fork (its ZF net): TRAIN keeps the dropped-out values unscaled, TEST multiplies by 1 - p
+    x, gy = numpy.full((4, 50), 2.0), numpy.full((4, 50), 3.0)
+    y, gx = run(dropout("TEST", xp, dropout_ratio=0.25, scale_train=False), x, gy, xp, in_place)
+    numpy.testing.assert_allclose(y, 1.5)
+    numpy.testing.assert_allclose(gx, 2.25)
+    y, gx = run(dropout("TRAIN", xp, dropout_ratio=0.25, scale_train=False), x, gy, xp, in_place)
+    assert set(numpy.unique(y)) == {0.0, 2.0} and set(numpy.unique(gx)) == {0.0, 3.0}
+    numpy.testing.assert_array_equal(y == 0, gx == 0)

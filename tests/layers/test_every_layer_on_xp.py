@@ -32,6 +32,7 @@ CASES = {
     "AbsVal": ({}, [x(2, 3, 4)], 1),
     "Accuracy": ({"accuracy": {"top_k": 2}}, [x(6, 3), ("label3", (6,))], 1),
     "ArgMax": ({"argmax": {"top_k": 2, "out_max_val": True}}, [x(3, 5)], 1),
+    "BN": ({"bn": {"scale_filler": GAUSS, "shift_filler": GAUSS}}, [x(2, 3, 4, 4)], 3),
     "BNLL": ({}, [x(2, 3, 4)], 1),
     "BatchNorm": ({}, [x(3, 4, 3, 3)], 1),
     "BatchReindex": ({}, [x(4, 3), ("index4", (5,))], 1),
@@ -42,6 +43,9 @@ CASES = {
     "Convolution": ({"convolution": {"num_output": 4, "kernel_size": 3, "pad": 1, "weight_filler": GAUSS,
                                      "bias_filler": GAUSS}}, [x(2, 3, 6, 6)], 1),
     "Crop": ({"crop": {"axis": 2, "offset": [1]}}, [x(2, 3, 6, 6), ("shape", (2, 3, 4, 4))], 1),
+    "DetectionOutput": ({"detection_output": {"num_classes": 3, "code_type": "CENTER_SIZE", "keep_top_k": 5,
+                                              "nms_param": {"nms_threshold": 0.45, "top_k": 4}}},
+                        [x(2, 6 * 4), ("prob", (2, 6 * 3)), ("priors", (1, 2, 6 * 4))], 1),
     "Deconvolution": ({"convolution": {"num_output": 2, "kernel_size": 3, "stride": 2, "weight_filler": GAUSS,
                                        "bias_filler": GAUSS}}, [x(2, 3, 4, 4)], 1),
     "Dropout": ({"dropout": {"dropout_ratio": 0.3}}, [x(4, 5)], 1),
@@ -65,10 +69,17 @@ CASES = {
     "Log": ({"log": {"base": 2.0, "scale": 1.5}}, [("pos", (2, 3, 4))], 1),
     "MVN": ({}, [x(2, 3, 4, 4)], 1),
     "MultinomialLogisticLoss": ({}, [("prob", (4, 3)), ("label3", (4,))], 1),
+    "Normalize": ({"norm": {"across_spatial": False, "channel_shared": False, "scale_filler": GAUSS}},
+                  [x(2, 3, 2, 2)], 1),
     "PReLU": ({"prelu": {"filler": GAUSS}}, [x(2, 3, 4)], 1),
     "Parameter": ({"parameter": {"shape": [2, 3], "filler": GAUSS}}, [], 1),
+    "Permute": ({"permute": {"order": [0, 2, 3, 1]}}, [x(2, 3, 2, 4)], 1),
     "Pooling": ({"pooling": {"pool": "MAX", "kernel_size": 3, "stride": 2, "pad": 1}}, [x(2, 3, 7, 7)], 1),
     "Power": ({"power": {"power": 1.5, "scale": 0.7, "shift": 0.2}}, [("pos", (2, 3, 4))], 1),
+    "PriorBox": ({"prior_box": {"min_size": [4], "max_size": [9], "aspect_ratio": [2], "clip": True}},
+                 [("shape", (1, 2, 3, 2)), ("shape", (1, 3, 12, 8))], 1),
+    "ROIPooling": ({"roi_pooling": {"pooled_h": 2, "pooled_w": 3, "spatial_scale": 0.5}},
+                   [x(2, 3, 6, 8), ("rois", (3, 5))], 1),
     "RNN": ({"recurrent": {"num_output": 5, "weight_filler": GAUSS, "bias_filler": GAUSS}},
             [x(3, 2, 4), ("cont", (3, 2))], 1),
     "ReLU": ({"relu": {"negative_slope": 0.1}}, [x(2, 3, 4)], 1),
@@ -87,8 +98,9 @@ CASES = {
     "TanH": ({}, [x(2, 3, 4)], 1),
     "Threshold": ({"threshold": {"threshold": 0.1}}, [x(2, 3, 4)], 1),
     "Tile": ({"tile": {"axis": 1, "tiles": 2}}, [x(2, 3, 4)], 1),
+    "Upsample": ({"upsample": {"scale": 2}}, [x(2, 3, 2, 3), ("upmask", (2, 3, 2, 3))], 1),
 }
-NO_GRADIENT = {"label3", "index4", "index5", "binary", "cont", "shape"}
+NO_GRADIENT = {"label3", "index4", "index5", "binary", "cont", "shape", "priors", "rois", "upmask"}
 
 
 def values(kind, shape, r):
@@ -108,6 +120,18 @@ def values(kind, shape, r):
         v = numpy.ones(shape)
         v[0] = 0.0
         return v
+    if kind == "upmask":  # the mask of a 2x2 MAX pooling: one place in each 2x2 block of the doubled plane
+        n, c, h, w = shape
+        rows, cols = numpy.meshgrid(numpy.arange(h), numpy.arange(w), indexing="ij")
+        picks = r.integers(0, 2, (2,) + shape)
+        return ((2 * rows + picks[0]) * 2 * w + 2 * cols + picks[1]).astype(float)
+    if kind == "rois":  # [image, x1, y1, x2, y2] inside a 16x12 image of the first two
+        lo = r.uniform(0, 6, (shape[0], 2))
+        return numpy.concatenate([r.integers(0, 2, (shape[0], 1)), lo, lo + r.uniform(1, 8, (shape[0], 2))], axis=1)
+    if kind == "priors":  # normalized boxes and their variances, as PriorBox writes them
+        lo = r.uniform(0, 0.6, (shape[2] // 4, 2))
+        boxes = numpy.concatenate([lo, lo + r.uniform(0.1, 0.4, lo.shape)], axis=1)
+        return numpy.stack([boxes.reshape(-1), numpy.tile([0.1, 0.1, 0.2, 0.2], shape[2] // 4)])[None]
     if kind == "prob":
         e = numpy.exp(r.standard_normal(shape))
         return e / e.sum(axis=1, keepdims=True)

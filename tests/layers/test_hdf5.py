@@ -174,7 +174,7 @@ layers { name: "out" type: HDF5_OUTPUT bottom: "data" bottom: "label" hdf5_outpu
 
 
 def test_converter_notes_a_missing_hdf5_source(tmp_path, monkeypatch):
-    from layerforge.commands.convert import convert_file
+    from layerforge.solvers.caffe_import import convert_file
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "net.prototxt"
     path.write_text('layer { name: "in" type: "HDF5Data" top: "data" '

@@ -7,7 +7,7 @@ import pytest
 
 from layerforge import Net
 from layerforge.blob import Blob
-from layerforge.commands.convert import convert_file
+from layerforge.solvers.caffe_import import convert_file
 from layerforge.errors import ConfigError, DataError
 from layerforge.layers import create_layer
 from layerforge.layers.spp import FLT_MAX

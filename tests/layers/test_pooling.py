@@ -140,8 +140,26 @@ def test_config_errors(param, top, message):
 def test_shape_errors():
     with pytest.raises(ShapeError, match="4-D bottom"):
         pool_layer(kernel_size=2).setup([Blob((2, 3))], [Blob()])
-    with pytest.raises(ShapeError, match=r"larger than bottom shape \(1, 1, 3, 3\)"):
+    # Caffe's formula: ceil((3 - 5) / 1) + 1 = -1 windows
+    with pytest.raises(ShapeError, match=r"kernel 5x5 \(pad 0x0, stride 1x1, CEIL rounding\) leaves no output for "
+                                         r"bottom shape \(1, 1, 3, 3\)"):
         pool_layer(kernel_size=5).setup([Blob((1, 1, 3, 3))], [Blob()])
+    with pytest.raises(ShapeError, match="leaves no output"):  # floor((1 - 2) / 2) + 1 = 0
+        pool_layer(kernel_size=2, stride=2, round_mode="FLOOR").setup([Blob((1, 1, 1, 1))], [Blob()])
+
+
+@pytest.mark.parametrize("pool", ["MAX", "AVE"])
+def test_a_kernel_larger_than_the_bottom_gives_caffes_shape(xp, pool):
+    # OpenPose's placeholder net: a 1x1 image through 2x2/2 poolings; Caffe: ceil((1 - 2) / 2) + 1 = 1 window,
+    # clipped to the one element (AVE divides by the clipped window, as Caffe's pool_size without padding)
+    bottom, top = run(pool_layer(xp=xp, pool=pool, kernel_size=2, stride=2), numpy.full((1, 2, 1, 1), 3.0), xp=xp)
+    assert top[0].shape == (1, 2, 1, 1)
+    numpy.testing.assert_array_equal(to_numpy(top[0].data), 3.0)
+    # 3x2 under a 3x3/2 kernel: rows ceil(0 / 2) + 1 = 1, columns ceil(-1 / 2) + 1 = 1
+    x = numpy.arange(6.0).reshape(1, 1, 3, 2)
+    _, top = run(pool_layer(xp=xp, pool=pool, kernel_size=3, stride=2), x, xp=xp)
+    assert top[0].shape == (1, 1, 1, 1)
+    assert to_numpy(top[0].data).item() == (5.0 if pool == "MAX" else 2.5)
 
 
 def test_padding_on_one_axis_clips_both_axes_as_caffe():

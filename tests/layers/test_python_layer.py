@@ -309,3 +309,93 @@ def test_caffe_prototxt_with_hdf5_memory_and_python_layers_runs(module, tmp_path
         numpy.testing.assert_allclose(net.blobs["scaled"].data, 0.5 * w * rows, rtol=1e-12)
         assert net.loss == pytest.approx(((0.5 * w - 1) * rows).__pow__(2).sum() / 4)
     assert net.learnable_params == net.layer_dict["scale"].blobs
+
+
+# py-faster-rcnn's way: a package in the project's lib/ (put on sys.path by the user's script, as its
+# tools/_init_paths.py does), importing `caffe`, YAML in the old pycaffe's `param_str_`, settings looked up by
+# str(self.phase), and a sibling package of its own
+FASTER_RCNN_LIB = {
+    "fast_rcnn/__init__.py": "",
+    "fast_rcnn/config.py": "cfg = {'TRAIN': {'POST_NMS_TOP_N': 3}, 'TEST': {'POST_NMS_TOP_N': 2}}\n",
+    "rpn/__init__.py": "",
+    "rpn/proposal_layer.py": textwrap.dedent("""
+        import caffe
+        import numpy as np
+        import yaml
+        from fast_rcnn.config import cfg
+
+
+        class ProposalLayer(caffe.Layer):
+            def setup(self, bottom, top):
+                self._feat_stride = yaml.safe_load(self.param_str_)['feat_stride']
+                top[0].reshape(1, 5)
+
+            def forward(self, bottom, top):
+                n = cfg[str(self.phase)]['POST_NMS_TOP_N']
+                rois = np.zeros((n, 5), dtype=np.float32)
+                rois[:, 3:] = self._feat_stride
+                top[0].reshape(*rois.shape)
+                top[0].data[...] = rois
+
+            def backward(self, top, propagate_down, bottom):
+                pass
+
+            def reshape(self, bottom, top):
+                pass
+        """),
+}
+
+
+def test_a_faster_rcnn_style_proposal_layer_loads_from_the_projects_lib(tmp_path, monkeypatch):
+    import os
+
+    import layerforge.pycaffe
+    from layerforge.net import Net
+    for name, text in FASTER_RCNN_LIB.items():
+        (tmp_path / "lib" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "lib" / name).write_text(text)
+    # `import caffe` is layerforge's pycaffe (python -m layerforge.pycaffe --python-path)
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(layerforge.pycaffe.__file__), "python"))
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    path = net_file(tmp_path, """name: 'rpn'
+        layer { name: 'proposal' type: 'Python' top: 'rois'
+          python_param { module: 'rpn.proposal_layer' layer: 'ProposalLayer' param_str: "'feat_stride': 16" } }""")
+    try:
+        for phase, rows in (("test", 2), ("train", 3)):
+            rois = Net(path, phase=phase).forward()["rois"]
+            assert rois.shape == (rows, 5) and (rois[:, 3:] == 16).all()
+    finally:
+        for name in ("rpn.proposal_layer", "rpn", "fast_rcnn.config", "fast_rcnn", "caffe"):
+            sys.modules.pop(name, None)
+
+
+def test_phase_is_an_int_named_as_caffes_enum():
+    from layerforge.layers.python_layer import TEST, TRAIN
+    import layerforge.pycaffe as caffe
+    assert (caffe.TRAIN, caffe.TEST) == (0, 1) and (str(caffe.TRAIN), str(caffe.TEST)) == ("TRAIN", "TEST")
+    assert caffe.TEST is TEST and caffe.TRAIN is TRAIN
+
+
+def test_a_module_in_the_current_directory_is_found(tmp_path, monkeypatch):
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "cwd_layers.py").write_text(LAYERS)
+    monkeypatch.chdir(tmp_path / "here")
+    try:
+        layer = make("cwd_layers", "SimpleLayer")
+        y, _, _ = run_layer(layer, numpy.ones((1, 2)), numpy.ones((1, 2)))
+        assert y.tolist() == [[10.0, 10.0]] and str(tmp_path / "here") not in sys.path
+    finally:
+        sys.modules.pop("cwd_layers", None)
+
+
+def test_a_module_importing_caffe_says_how_to_get_layerforges(tmp_path, monkeypatch):
+    import importlib.util
+    if importlib.util.find_spec("caffe") is not None:
+        pytest.skip("a caffe module is importable here")
+    (tmp_path / "needs_caffe.py").write_text("import caffe\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    layer = create_layer({"name": "py", "type": "Python", "top": ["y"],
+                          "python": {"module": "needs_caffe", "layer": "X"}})
+    with pytest.raises(ConfigError, match=r"No module named 'caffe' \(for layerforge's pycaffe as caffe: export "
+                                          r"PYTHONPATH=\$\(python -m layerforge.pycaffe --python-path\)"):
+        layer.setup([], [Blob()])

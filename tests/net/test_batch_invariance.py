@@ -5,6 +5,7 @@ import pytest
 
 from layerforge import Net
 from layerforge.kernels import blas
+from layerforge.kernels.autotune import candidate_engines
 from layerforge.kernels.implicit_gemm import ENGINES
 
 
@@ -55,6 +56,15 @@ def test_an_images_outputs_do_not_depend_on_its_batch(invariant, engine):
 def test_auto_keeps_only_the_invariant_engines(invariant):
     net = Net(net_def(4, "AUTO"), phase="test")
     assert [sorted(layer.engines) for layer in net.layers if layer.type == "Convolution"] == [["IMPLICIT"]] * 2
+
+
+@pytest.mark.parametrize("switch, expected", [(False, ("IM2COL", "IMPLICIT", "WINOGRAD_F2")), (True, ("IMPLICIT",))])
+def test_the_autotuner_offers_only_invariant_engines_under_the_switch(monkeypatch, switch, expected):
+    monkeypatch.setitem(blas._BATCH_INVARIANT, "on", switch)
+    conv3x3 = (3, 3, 1, 1, 1, 1, 1, 1)  # Winograd-eligible, 64 channels: AUTO would time all three
+    assert candidate_engines("AUTO", conv3x3, 1, (2, 64, 8, 8), (2, 64, 8, 8), 4, compiled=True) == expected
+    assert candidate_engines("WINOGRAD_F2", conv3x3, 1, (2, 64, 8, 8), (2, 64, 8, 8), 4, compiled=True) == (
+        "WINOGRAD_F2",)  # a named engine is kept as named
 
 
 def test_engines_say_whether_they_are_invariant():

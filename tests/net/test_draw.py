@@ -1,11 +1,12 @@
-"""``layerforge draw``: DOT text with layers as boxes and blobs (with shapes) on edges."""
+"""The net drawn as a graph (layerforge/net/drawing.py, ``layerforge draw``): DOT text with layers as boxes and blobs
+(with shapes) on edges."""
 import pathlib
 import re
 
 import pytest
 
 from layerforge import cli
-from layerforge.commands import draw
+from layerforge.net import drawing
 from layerforge.errors import LayerforgeError
 from layerforge.net import Net
 
@@ -33,7 +34,7 @@ def edges(dot):
 
 
 def test_boxes_carry_type_and_given_parameters():
-    dot = draw.to_dot(Net(TINY, phase="test"))
+    dot = drawing.to_dot(Net(TINY, phase="test"))
     assert dot.startswith('digraph "tiny \\"net\\"" {')
     assert 'label="conv\\n(Convolution)\\nnum_output: 6  kernel_size: 5"' in dot
     assert 'label="ip\\n(InnerProduct)\\nnum_output: 10"' in dot
@@ -42,7 +43,7 @@ def test_boxes_carry_type_and_given_parameters():
 
 
 def test_edges_are_blobs_with_shapes_and_in_place_layers_chain():
-    e = edges(draw.to_dot(Net(TINY, phase="test")))
+    e = edges(drawing.to_dot(Net(TINY, phase="test")))
     assert e[("input", "conv")] == "data\\n4x1x12x12"
     assert e[("conv", "relu")] == "conv\\n4x6x8x8"
     assert e[("relu", "ip")] == "conv\\n4x6x8x8"     # ip reads the ReLU's value of blob conv
@@ -62,18 +63,18 @@ def test_zoo_net_block_names_and_batch_override(capsys):
 
 def test_dot_file_and_missing_graphviz(tmp_path, monkeypatch):
     net = Net(TINY, phase="test")
-    assert draw.render(net, str(tmp_path / "n.dot")) == str(tmp_path / "n.dot")
-    assert (tmp_path / "n.dot").read_text() == draw.to_dot(net)
-    monkeypatch.setattr(draw.shutil, "which", lambda name: None)  # no Graphviz: matplotlib draws it
-    draw.render(net, str(tmp_path / "n.svg"))
+    assert drawing.render(net, str(tmp_path / "n.dot")) == str(tmp_path / "n.dot")
+    assert (tmp_path / "n.dot").read_text() == drawing.to_dot(net)
+    monkeypatch.setattr(drawing.shutil, "which", lambda name: None)  # no Graphviz: matplotlib draws it
+    drawing.render(net, str(tmp_path / "n.svg"))
     svg = (tmp_path / "n.svg").read_text()
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
     for text in ("conv", "(Convolution)", "num_output: 6  kernel_size: 5", "4x6x8x8", "(SoftmaxWithLoss)"):
         assert text in svg, text
     with pytest.raises(LayerforgeError, match="--engine graphviz needs Graphviz's 'dot'"):
-        draw.render(net, str(tmp_path / "n.png"), engine="graphviz")
+        drawing.render(net, str(tmp_path / "n.png"), engine="graphviz")
     with pytest.raises(LayerforgeError, match="unknown output format '.jpg'"):
-        draw.render(net, str(tmp_path / "n.jpg"))
+        drawing.render(net, str(tmp_path / "n.jpg"))
 
 
 @pytest.mark.parametrize("rankdir", ["TB", "LR", "BT", "RL"])
@@ -82,7 +83,7 @@ def test_matplotlib_png_of_a_zoo_net(tmp_path, rankdir):
 
     path = tmp_path / f"cifar10_quick_{rankdir}.png"
     net = Net(str(ROOT / "configs/cifar10_quick_net.yaml"), phase="test")
-    draw.render(net, str(path), rankdir, engine="matplotlib")
+    drawing.render(net, str(path), rankdir, engine="matplotlib")
     image = matplotlib.image.imread(path)
     tall = image.shape[0] > image.shape[1]
     assert tall == (rankdir in ("TB", "BT"))   # ranks run down the page, or across it
@@ -100,7 +101,7 @@ def test_layout_ranks_edges_downwards_and_orders_by_neighbours():
     assert order_ranks(nodes, edges, rank) == [["a", "b"], ["c"], ["d"]]
 
 
-@pytest.mark.skipif(draw.shutil.which("dot") is None, reason="Graphviz is not installed")
+@pytest.mark.skipif(drawing.shutil.which("dot") is None, reason="Graphviz is not installed")
 def test_svg_through_graphviz(tmp_path):
-    draw.render(Net(TINY, phase="test"), str(tmp_path / "n.svg"), engine="graphviz")
+    drawing.render(Net(TINY, phase="test"), str(tmp_path / "n.svg"), engine="graphviz")
     assert "<svg" in (tmp_path / "n.svg").read_text()

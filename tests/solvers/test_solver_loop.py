@@ -10,6 +10,7 @@ import pytest
 
 from layerforge.npz import load_npz
 from layerforge.solvers import NonFiniteError, get_solver
+from layerforge.solvers.seam import Seam
 
 from . import dataset, fed_solver, linear_grads, linear_net
 
@@ -61,12 +62,14 @@ def test_gradient_hook_sees_summed_diffs_before_the_update():
     solver = fed_solver(x, y, 4, base_lr=0.1, iter_size=2)
     w = solver.net.learnable_params[0].data.copy()
 
-    def hook(s):
-        seen.append(s.net.learnable_params[0].diff.copy())
-        for p in s.net.learnable_params:
-            p.diff *= 2  # as if a second rank contributed the same gradient
+    class SecondRank(Seam):
+        def before_update(self):
+            seen.append(solver.net.learnable_params[0].diff.copy())
+            for p in solver.net.learnable_params:
+                p.diff *= 2  # as if a second rank contributed the same gradient
+            return True
 
-    solver.gradient_hooks.append(hook)
+    solver.add_seam(SecondRank())
     b = solver.net.learnable_params[1].data.copy()
     solver.step(1)
     gw = sum(linear_grads(w, b, x[i:i + 4], y[i:i + 4])[0] for i in (0, 4))

@@ -7,6 +7,7 @@ import numpy
 import pytest
 
 from layerforge.solvers import get_solver
+from layerforge.solvers.seam import Seam
 
 V, D, CLASSES = 9, 4, 3
 RULES = [("SGD", {"momentum": 0.9}), ("Nesterov", {"momentum": 0.9}), ("AdaGrad", {}),
@@ -98,8 +99,14 @@ def test_lazy_sgd_by_hand():
     batch, lr, m, wd = 4, 0.1, 0.9, 0.01
     s = solver(embed_net(batch), TWO_STEPS, type="SGD", sparse_update="lazy", momentum=m, weight_decay=wd, base_lr=lr)
     grads = []
-    s.gradient_hooks.append(lambda sv: grads.append((sv.net.learnable_params[0].sparse_diff().indices.copy(),
-                                                     sv.net.learnable_params[0].sparse_diff().rows.copy())))
+
+    class Record(Seam):
+        def before_update(self):
+            grad = s.net.learnable_params[0].sparse_diff()
+            grads.append((grad.indices.copy(), grad.rows.copy()))
+            return True
+
+    s.add_seam(Record())
     w = s.net.learnable_params[0].data.copy()
     v = numpy.zeros_like(w)
     s.step(2)

@@ -233,7 +233,8 @@ def test_copying_worker_records_copy_out_and_copy_back_between_backward_and_its_
     s = get_solver(solver(write_lmdb(tmp_path / "db"), 4, max_iter=3))
     units = param_units(s.net)
     slot = numpy.zeros(sum(u.size for u in units), s.net.dtype)
-    HostSync(s, Loopback(), slot, 1, CopyingMover(s.net.learnable_params, _param_offsets(s.net, units)), PhaseTimer())
+    s.add_seam(HostSync(s, Loopback(), slot, 1, CopyingMover(s.net.learnable_params, _param_offsets(s.net, units)),
+                        PhaseTimer()))
     trace.start(None, iterations=(1, 3))
     s.step(3)
     part = trace.stop()

@@ -18,10 +18,11 @@ __all__ = ["ChunkSearch", "Result", "WorkerOptions", "WorkerPool", "make_chunks"
            "parse_chunk_size", "run_parallel", "train_parallel"]
 
 
-def train_parallel(solver, workers=None, devices=None, sync=None, chunk_size=None, comm=None, iterations=None,
+def train_parallel(source, workers=None, devices=None, sync=None, chunk_size=None, comm=None, iterations=None,
                    batch=None, resume=None, log=True, split=False, setup=None, progress=None, signal_effects=None,
                    trace=None, tensorboard=None, **overrides):
-    """Train ``solver`` (a YAML path or dict) on several workers; returns a :class:`Result`.
+    """Train the solver of ``source`` (a YAML path, a dict or a SolverParameter) on several workers; returns a
+    :class:`Result`. The solver file is read here, once: the workers get the SolverParameter.
 
     Args:
         workers: number of CPU worker processes, or None with ``devices`` (GPU ids, one worker each).
@@ -45,7 +46,7 @@ def train_parallel(solver, workers=None, devices=None, sync=None, chunk_size=Non
         overrides["sync"] = sync.upper()
     if chunk_size is not None:
         overrides["chunk_size"] = str(chunk_size)
-    sp = load_solver_param(solver, SOLVER_REGISTRY, **overrides)
+    sp = load_solver_param(source, SOLVER_REGISTRY, **overrides)
     if devices is not None:
         devices = [int(d) for d in (devices.split(",") if isinstance(devices, str) else devices)]
         if workers is not None and workers != len(devices):
@@ -54,7 +55,7 @@ def train_parallel(solver, workers=None, devices=None, sync=None, chunk_size=Non
     if not workers:
         raise LayerforgeError("give the number of workers (--workers N) or the devices (--devices 0,1)")
     nodes, node = (comm.size, comm.rank) if comm is not None else (1, 0)
-    options = WorkerOptions(solver, overrides, sp.sync, sp.chunk_size, devices, batch, node, nodes,
+    options = WorkerOptions(sp, None, sp.sync, sp.chunk_size, devices, batch, node, nodes,
                             iterations, resume, log and node == 0, setup, split, progress, trace, tensorboard)
     search = (sp.chunk_search_interval, sp.chunk_search_step, sp.chunk_search_range)
     return run_parallel(int(workers), options, search=search, comm=comm, signal_effects=signal_effects)

@@ -5,10 +5,11 @@ run, the chunk is posted to the parent while the main thread goes on with the ne
 thread first moves the chunk's diffs into this worker's slot ``slots[g]`` (a second stream, pinned memory);
 a CPU replica's diffs *are* its slot (:meth:`~layerforge.dataparallel.cgdp.transfer.Mover.attach_diffs`), so there
 is nothing to copy. When the parent publishes the chunk, the slot holds the mean gradient: a GPU worker
-copies it back into its diffs, a CPU worker already has it. The solver's gradient hook (end of backward)
-waits only for the chunks still in flight; then every worker runs the same update on the same mean
-gradient (no parameter server). CPU replicas go further (:func:`share_state`): their parameters and update
-history are one copy in shared memory, and each replica updates only its share of the parameters.
+copies it back into its diffs, a CPU worker already has it. Before the update (the solver's seam,
+layerforge/solvers/seam.py) the worker waits only for the chunks still in flight; then every worker runs the
+same update on the same mean gradient (no parameter server). CPU replicas go further (:func:`share_state`):
+their parameters and update history are one copy in shared memory, and each replica updates only its share of
+the parameters (:class:`SharedUpdate`).
 
 Parent side (:class:`HostAccumulator`): when all G workers have posted chunk c, a host thread writes the
 mean of the G slots into every slot, block by block so that each value is read and written once
@@ -25,6 +26,7 @@ import time
 import numpy
 
 from ... import trace
+from ...solvers.seam import Seam
 from .chunks import ChunkSearch, make_chunks, param_units, units_from_sizes
 
 BLOCK_BYTES = 1 << 19  # the G slots' part of one block and the sum stay in a core's cache between passes
@@ -42,18 +44,13 @@ def _param_offsets(net, units):
 
 
 def share_state(solver, mover, params, history, g, G, barrier, timer):
-    """Make CPU replica ``g`` of ``G`` train on one shared copy of the parameters and of the update history.
+    """Make CPU replica ``g`` of ``G`` train on one shared copy of the parameters and of the update history;
+    returns its :class:`SharedUpdate`, the seam to give the solver.
 
     The parameters' data become views of ``params``, into which worker 0 first copies its own (the replicas'
     starting point), and the history arrays views of the rows of ``history`` (zeros, as a fresh history is; a
     resumed run restores into them); the test nets read the shared data too. Blobs that forward writes
-    (BatchNorm's running statistics, which every replica updates alike) stay each replica's. The replica updates
-    only its share of the parameters (:func:`update_shares`: the update's time and memory traffic split over the
-    replicas instead of repeated by each), with the mean gradient every slot
-    holds, so every parameter gets exactly one process's update. After its update each replica waits at
-    ``barrier`` for the others: no replica reads a parameter of the next iteration (or snapshots) while
-    another still writes it. Before the update nobody writes: every chunk has been combined, so every
-    replica has finished the backward passes that read the parameters.
+    (BatchNorm's running statistics, which every replica updates alike) stay each replica's.
     """
     net = solver.net
     if g == 0:
@@ -61,17 +58,30 @@ def share_state(solver, mover, params, history, g, G, barrier, timer):
     # what a layer's forward writes, not the update (BatchNorm's running statistics), stays each replica's own
     written = {id(b) for layer in net.layers if not layer.learnable for b in layer.blobs}
     mover.attach_params(params, keep={k for k, b in enumerate(net.learnable_params) if id(b) in written})
-    mover.attach_history(solver.history, history)
+    solver.adopt_history(mover.history_views(solver.history, history))
     for test_net in solver.test_nets:
         test_net.share_params_with(net)
-    solver.update_share = update_shares(net.learnable_params, G)[g]
+    return SharedUpdate(update_shares(net.learnable_params, G)[g], barrier, timer)
 
-    def wait_for_the_others(iteration, loss):
+
+class SharedUpdate(Seam):
+    """CPU replicas of one shared copy of the parameters: each updates only its ``share`` of them
+    (:func:`update_shares`: the update's time and memory traffic split over the replicas instead of repeated by
+    each), with the mean gradient every slot holds, so every parameter gets exactly one process's update. After its
+    update each replica waits at ``barrier`` for the others: no replica reads a parameter of the next iteration (or
+    snapshots) while another still writes it. Before the update nobody writes: every chunk has been combined, so
+    every replica has finished the backward passes that read the parameters."""
+
+    def __init__(self, share, barrier, timer):
+        self.share, self.barrier, self.timer = share, barrier, timer
+
+    def update_share(self):
+        return self.share
+
+    def end_iteration(self, iteration, loss):
         t0 = time.perf_counter()
-        barrier.wait()
-        timer.add("exchange", time.perf_counter() - t0)
-
-    solver.callbacks.insert(0, wait_for_the_others)
+        self.barrier.wait()
+        self.timer.add("exchange", time.perf_counter() - t0)
 
 
 def update_shares(params, G):
@@ -127,8 +137,10 @@ class ChunkedBackward:
         return out
 
 
-class HostSync:
-    """Worker side of host mode (see the module docstring); installs itself into ``solver``."""
+class HostSync(Seam):
+    """Worker side of host mode (see the module docstring): chunks leave during the last pass's backward (the
+    train net's backward is replaced by :class:`ChunkedBackward`), and before the update the worker waits for
+    the ones still in flight."""
 
     def __init__(self, solver, link, slot, chunk_size, mover, timer):
         self.solver, self.link, self.slot, self.mover, self.timer = solver, link, slot, mover, timer
@@ -144,7 +156,6 @@ class HostSync:
             self.outbox = queue.SimpleQueue()
             threading.Thread(target=self._copy_out, name="cgdp-copy-out", daemon=True).start()
         link.handlers["ready"] = self._ready
-        solver.gradient_hooks.append(self.wait)
 
     def _post(self, chunk, token):
         if self.copies:
@@ -179,8 +190,8 @@ class HostSync:
                 self.next_size = next_size
             self.cond.notify_all()
 
-    def wait(self, solver):
-        """Gradient hook: wait for the chunks still in flight, then switch layout if the search asked."""
+    def before_update(self):
+        """Wait for the chunks still in flight, then switch layout if the search asked."""
         t0 = time.perf_counter()
         with trace.wait("comm", what="chunks"), self.cond:
             while self.received < len(self.chunks):
@@ -195,6 +206,7 @@ class HostSync:
             self.chunks = make_chunks(self.units, self.size)
             self.backward.set_chunks(self.chunks)
         self.timer.chunk_size = self.size
+        return True
 
 
 class HostAccumulator:

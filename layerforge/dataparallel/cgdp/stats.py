@@ -8,11 +8,15 @@ Phases: ``forward``, ``backward`` (compute, including handing chunks to the copy
 import threading
 import time
 
+from ...solvers.seam import Seam
+
 PHASES = ("forward", "backward", "exchange", "update", "iteration")
 
 
-class PhaseTimer:
-    """Collects the phases of every iteration of one worker; :meth:`install` hooks it into a solver."""
+class PhaseTimer(Seam):
+    """Collects the phases of every iteration of one worker; :meth:`install` times the train net's forward passes,
+    and as the solver's last seam it sees the update between :meth:`before_update` and :meth:`after_update` and
+    the iteration's end (after the other seams' waits) at :meth:`end_iteration`."""
 
     def __init__(self):
         self.current = dict.fromkeys(PHASES, 0.0)
@@ -21,7 +25,7 @@ class PhaseTimer:
         self.chunk_size = None
         self.layer_backward = {}  # layer index -> seconds (chunked passes only)
         self.lock = threading.Lock()
-        self._hook_end = self._iter_start = None
+        self._exchange_end = self._iter_start = None
 
     def add(self, phase, seconds):
         self.current[phase] += seconds
@@ -33,7 +37,7 @@ class PhaseTimer:
             rec[1] += 1
 
     def install(self, solver):
-        """Time forward passes, the update (between the last gradient hook and the first callback), iterations."""
+        """Time the forward passes of ``solver``'s train net; returns the timer, the seam to add last."""
         net, plain = solver.net, solver.net.forward
 
         def forward(*args, **kwargs):
@@ -45,17 +49,16 @@ class PhaseTimer:
             return out
 
         net.forward = forward
-        solver.gradient_hooks.append(self._after_hooks)
-        solver.callbacks.insert(0, self._after_update)
-        solver.callbacks.append(self._end_iteration)
+        return self
 
-    def _after_hooks(self, solver):
-        self._hook_end = time.perf_counter()
+    def before_update(self):
+        self._exchange_end = time.perf_counter()  # the other seams' exchange is done
+        return True
 
-    def _after_update(self, iteration, loss):
-        self.add("update", time.perf_counter() - self._hook_end)
+    def after_update(self):
+        self.add("update", time.perf_counter() - self._exchange_end)
 
-    def _end_iteration(self, iteration, loss):
+    def end_iteration(self, iteration, loss):
         now = time.perf_counter()
         self.current["iteration"] = now - (self._iter_start or now)
         self.current["chunk_size"] = self.chunk_size

@@ -40,11 +40,14 @@ class Mover:
             if k not in keep:
                 p.data = flat[off:off + n].reshape(p.data.shape)
 
-    def attach_history(self, history, rows):
-        """Make every history array a view of its segment of ``rows``, whose values it takes (no copy)."""
+    def history_views(self, history, rows):
+        """Views of the segments of ``rows`` shaped as the solver's ``history`` arrays (Caffe's layout: row k holds
+        the k-th state array of every parameter), for the solver to keep its state in (no copy)."""
+        views = []
         for j, h in enumerate(history):
             off, n = self.offsets[j % len(self.params)]
-            history[j] = rows[j // len(self.params), off:off + n].reshape(h.shape)
+            views.append(rows[j // len(self.params), off:off + n].reshape(h.shape))
+        return views
 
     def _is_attached(self, flat):
         return self.attached is not None and flat.__array_interface__["data"][0] == self.attached

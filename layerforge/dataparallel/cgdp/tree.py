@@ -12,10 +12,13 @@ parameters in; the parent only relays "all posted" to worker 0 and "parameters r
 import time
 
 from ... import trace
+from ...solvers.seam import Seam
 
 
-class TreeSync:
-    """Worker side of tree mode; installs a gradient hook and a callback into ``solver``."""
+class TreeSync(Seam):
+    """Worker side of tree mode: before the update the gather (worker 0 sums every slot into its diffs and
+    updates alone; the others skip the update), at the end of the iteration the broadcast of worker 0's
+    parameters."""
 
     def __init__(self, solver, link, g, slots, params, mover, timer):
         self.solver, self.link, self.g, self.slots, self.params = solver, link, g, slots, params
@@ -23,10 +26,6 @@ class TreeSync:
         self.all = list(range(len(solver.net.learnable_params)))
         mover.attach_diffs(slots[g])  # CPU replicas: the gather needs no copy, the root reads the slots
         self._wrap_backward()
-        solver.gradient_hooks.append(self.reduce)
-        solver.callbacks.insert(0, self.broadcast)
-        if g != 0:
-            solver.apply_update = lambda display=False: None
 
     def _wrap_backward(self):
         net, timer, plain = self.solver.net, self.timer, self.solver.net.backward
@@ -39,7 +38,9 @@ class TreeSync:
 
         net.backward = backward
 
-    def reduce(self, solver):
+    def before_update(self):
+        """The gather: worker 0 adds the other slots into its diffs and averages; True on worker 0 alone."""
+        solver = self.solver
         t0 = time.perf_counter()
         with trace.wait("comm", "tree gather"):  # after backward: all of the exchange is exposed
             if self.g != 0:
@@ -53,8 +54,10 @@ class TreeSync:
                 if G > 1:
                     scale_diffs(params, 1.0 / G)
         self.timer.add("exchange", time.perf_counter() - t0)
+        return self.g == 0
 
-    def broadcast(self, iteration, loss):
+    def end_iteration(self, iteration, loss):
+        """The broadcast: worker 0 publishes its updated parameters, the others copy them in."""
         t0 = time.perf_counter()
         with trace.wait("comm", "tree broadcast"):
             if self.g == 0:

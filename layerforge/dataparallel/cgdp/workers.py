@@ -3,9 +3,13 @@
 Start-up: every worker builds the solver from the same solver file with its data shard
 (``rank = node * G + g``, ``world_size = nodes * G``) and sends ``hello`` (its parameter units); the parent
 creates the shared buffers (``slots`` G x P, ``acc`` P, ``params`` P), worker 0 copies its initial
-parameters into ``params`` and every other worker copies them in, so all replicas start identical. Then
-each worker trains with :class:`~layerforge.dataparallel.cgdp.host.HostSync` or
-:class:`~layerforge.dataparallel.cgdp.tree.TreeSync` installed, and finally copies its parameters into its slot so
+parameters into ``params`` and every other worker copies them in, so all replicas start identical (at the
+solver's start, :meth:`Worker.start`). Each worker trains with its seams given to the solver
+(layerforge/solvers/seam.py), in this order: the CPU replicas' :class:`~layerforge.dataparallel.cgdp.host.SharedUpdate`
+(one copy of the parameters), :class:`~layerforge.dataparallel.cgdp.host.HostSync` or
+:class:`~layerforge.dataparallel.cgdp.tree.TreeSync`, the :class:`Worker` (its place among the others: root,
+start, signal requests, whole snapshots), a split batch's :class:`MeanOutputs`, and last the
+:class:`~layerforge.dataparallel.cgdp.stats.PhaseTimer`. Finally it copies its parameters into its slot so
 the parent can check that the replicas agree; worker 0 then times the exchange's operations for the cost
 model (:func:`~layerforge.dataparallel.cgdp.cost_model.measure_rates`) while the others are gone.
 
@@ -25,6 +29,7 @@ import traceback
 from ... import trace
 from ...cores import THREAD_VARS
 from ...errors import LayerforgeError, out_of_memory
+from ...solvers.seam import Seam
 
 WORKER_THREADS_ENV = THREAD_VARS
 
@@ -33,13 +38,15 @@ class WorkerOptions:
     """What a worker needs besides its index (picklable for 'spawn').
 
     Args:
-        solver: a solver YAML path or dict; overrides: solver key overrides (``max_iter=...``).
+        source: the solver: a SolverParameter (read once, by the parent), or a YAML path or dict, read here;
+            overrides: solver key overrides (``max_iter=...``). Kept as ``solver_param``.
         sync: ``"HOST"`` or ``"TREE"``; chunk_size: int or ``"auto"``.
         devices: GPU ids per worker (None: CPU); batch: per-worker batch size override (or None).
         node, nodes: this host's index and the number of hosts (MPI ranks) for data sharding.
         iterations: run ``solver.step(iterations)`` instead of ``solve()`` (timing); resume: a solver state.
         log: whether worker 0 logs (glog format, to stdout).
-        setup: an importable ``fn(g, solver)`` each worker runs once its solver is built (instrumentation).
+        setup: an importable ``fn(g, solver)`` each worker runs once its solver is built, before it joins the others
+            (instrumentation, passes of the net: not solver iterations, which would start training alone).
         split: the net's batch is the whole host's: each of the G workers trains on 1/G of it (``Net(split=...)``,
             mathematically one process with the whole batch) instead of the net's batch per worker; ``batch``
             is then the whole batch too.
@@ -50,10 +57,13 @@ class WorkerOptions:
         tensorboard: worker 0 writes TensorBoard scalars of the whole job to this folder; None: not.
     """
 
-    def __init__(self, solver, overrides=None, sync="HOST", chunk_size=1, devices=None, batch=None,
+    def __init__(self, source, overrides=None, sync="HOST", chunk_size=1, devices=None, batch=None,
                  node=0, nodes=1, iterations=None, resume=None, log=True, setup=None, split=False, progress=None,
                  trace=None, tensorboard=None):
-        self.solver, self.overrides, self.sync, self.chunk_size = solver, dict(overrides or {}), sync, chunk_size
+        from ...solvers import SOLVER_REGISTRY, load_solver_param
+
+        self.solver_param = load_solver_param(source, SOLVER_REGISTRY, **dict(overrides or {}))
+        self.sync, self.chunk_size = sync, chunk_size
         self.devices, self.batch, self.node, self.nodes = devices, batch, node, nodes
         self.iterations, self.resume, self.log, self.setup = iterations, resume, log, setup
         self.split, self.progress = split, progress
@@ -103,8 +113,8 @@ class Link:
 class Shared:
     """What the G workers share besides the gradient buffers, made by the parent before they start (picklable
     only then): ``barrier`` (host mode's CPU replicas wait there after their share of the update), ``control``
-    (``[iteration to act after, effect code, each worker's iteration]``: signal requests, :func:`follow_requests`),
-    ``outputs`` (replicas of one batch: their train outputs, :func:`mean_outputs`) and ``statistics`` (their
+    (``[iteration to act after, effect code, each worker's iteration]``: signal requests, :meth:`Worker.agree`),
+    ``outputs`` (replicas of one batch: their train outputs, :class:`MeanOutputs`) and ``statistics`` (their
     BatchNorm sums, layerforge/dataparallel/cgdp/replica_sum.py)."""
 
     def __init__(self, ctx, G):
@@ -154,14 +164,11 @@ def _run_worker(g, G, options, link, shared):
         setup_logging()
     else:
         logging.getLogger("layerforge").setLevel(logging.WARNING)
-    overrides = dict(options.overrides)
-    if options.devices is not None:
-        overrides.update(solver_mode="GPU", device_id=int(options.devices[g]))
+    device = {} if options.devices is None else dict(solver_mode="GPU", device_id=int(options.devices[g]))
     rank, world = options.node * G + g, options.nodes * G
     split = (g, G) if options.split else None
-    solver = build_solver(options.solver, overrides, options.batch, shard=(rank, world), split=split)
+    solver = build_solver(options.solver_param, device, options.batch, shard=(rank, world), split=split)
     solver.check_memory(G)  # the G replicas of this host together, as one process checks its own
-    solver.root = rank == 0
     if options.setup is not None:
         options.setup(g, solver)
     if options.split:  # after the setup, whose passes (a warm-up) the replicas need not make alike
@@ -179,27 +186,17 @@ def _run_worker(g, G, options, link, shared):
     one_copy = options.sync == "HOST" and mover.host_memory
     timer = PhaseTimer()
     if one_copy:
-        share_state(solver, mover, params, buffers["history"], g, G, shared.barrier, timer)
+        solver.add_seam(share_state(solver, mover, params, buffers["history"], g, G, shared.barrier, timer))
     if options.sync == "HOST":
-        HostSync(solver, link, slots[g], options.chunk_size, mover, timer)
+        solver.add_seam(HostSync(solver, link, slots[g], options.chunk_size, mover, timer))
+    else:
+        solver.add_seam(TreeSync(solver, link, g, slots, params, mover, timer))
+    solver.add_seam(Worker(solver, g, rank, link, shared, mover, params, one_copy))
     if options.resume:  # every replica (one copy: each writes the same values into the one copy)
         solver.restore(options.resume)
-    if g == 0:
-        if not one_copy:
-            mover.params_to_host(params)
-        link.send(("initial", solver.iter))
-    _, start_iter = link.expect("start")
-    if g != 0:
-        if not one_copy:
-            mover.params_from_host(params)
-        solver.iter = start_iter
-    if options.sync != "HOST":
-        TreeSync(solver, link, g, slots, params, mover, timer)
-    timer.install(solver)
-    follow_requests(solver, g, shared.control)
-    whole_snapshots(solver, shared.barrier)
     if options.split:
-        mean_outputs(solver, g, G, shared.outputs, link)
+        solver.add_seam(MeanOutputs(solver, g, G, shared.outputs, link))
+    solver.add_seam(timer.install(solver))  # last: it times the update between the other seams' waits
     close_progress = solver.show_progress(options.progress) if options.progress is not None and g == 0 else None
     scalars = record(solver, g, G, options)
     try:
@@ -225,6 +222,45 @@ def _run_worker(g, G, options, link, shared):
     buffers.close()
 
 
+class Worker(Seam):
+    """Worker ``g`` (``rank`` of the job) among the others of its host, as a seam of its solver.
+
+    - Root: rank 0 displays, logs the tests and writes the snapshots.
+    - :meth:`start`: every replica starts from worker 0's parameters and iteration (worker 0 copies its parameters
+      into the shared ``params``, after any restore, and says its iteration; the parent answers every worker with
+      the iteration to start at, and the others copy the parameters in; one shared copy needs no copying).
+    - :meth:`end_iteration`: the worker publishes its iteration in ``control[2 + g]``; :meth:`agree` carries out the
+      request the parent writes into ``control[:2]`` (the iteration to act after, the effect's code) at exactly that
+      iteration, as every other worker does (:meth:`~layerforge.dataparallel.cgdp.pool.WorkerPool.request`).
+    - :meth:`after_snapshot`: every worker takes the snapshots after the same iterations and goes on only once
+      worker 0 has written it whole, as one process does: the snapshot a later error names is on disk.
+    """
+
+    def __init__(self, solver, g, rank, link, shared, mover, params, one_copy):
+        self.solver, self.g, self.link, self.mover, self.params = solver, g, link, mover, params
+        self.control, self.barrier, self.one_copy = shared.control, shared.barrier, one_copy
+        self.root = rank == 0
+
+    def start(self, iteration):
+        if self.g == 0:
+            if not self.one_copy:
+                self.mover.params_to_host(self.params)
+            self.link.send(("initial", iteration))
+        _, start_iter = self.link.expect("start")
+        if self.g != 0 and not self.one_copy:
+            self.mover.params_from_host(self.params)
+        return iteration if self.g == 0 else start_iter
+
+    def end_iteration(self, iteration, loss):
+        self.control[2 + self.g] = self.solver.iter
+
+    def agree(self, action):
+        return EFFECTS[self.control[1]] if self.control[0] == self.solver.iter else "none"
+
+    def after_snapshot(self):
+        self.barrier.wait()
+
+
 def record(solver, g, G, options):
     """Start worker ``g``'s trace (its part goes to the parent with "done") and, on worker 0, the job's TensorBoard
     scalars, as ``options`` ask; returns the ScalarWriter or None."""
@@ -239,16 +275,19 @@ def record(solver, g, G, options):
     return solver.write_scalars(options.tensorboard, images and images * workers)
 
 
-def build_solver(solver, overrides, batch=None, shard=None, split=None):
-    """``get_solver(solver, shard, split, **overrides)``, its net given batch ``batch`` when not None (``layerforge
-    time --batch``: the same solver over the net with another batch size)."""
+def build_solver(solver_param, overrides, batch=None, shard=None, split=None):
+    """``get_solver(solver_param, shard, split, **overrides)`` (``solver_param``: a SolverParameter, or a path or dict
+    to read), its net given batch ``batch`` when not None (``layerforge time --batch``: the same solver over the net
+    with another batch size)."""
+    import copy
+
     from ...net.netdef import load_net_def, set_batch_size
     from ...solvers import SOLVER_REGISTRY, get_solver
     from ...solvers.param import load_solver_param
 
     if batch is None:
-        return get_solver(solver, shard=shard, split=split, **overrides)
-    sp = load_solver_param(solver, SOLVER_REGISTRY, **overrides)
+        return get_solver(solver_param, shard=shard, split=split, **overrides)
+    sp = copy.copy(load_solver_param(solver_param, SOLVER_REGISTRY, **overrides))  # its net changes: not the caller's
     sp.net_param = set_batch_size(load_net_def(sp.train_net_source()), batch)
     sp.net = sp.train_net = sp.train_net_param = None
     return SOLVER_REGISTRY[sp.type](sp, shard=shard, split=split)
@@ -258,70 +297,52 @@ EFFECTS = ("none", "snapshot", "stop")  # the codes of control[1]
 OUTPUT_VALUES = 256  # train output values (losses, accuracies) replicas of one batch average for the display
 
 
-def mean_outputs(solver, g, G, outputs, link):
-    """Make replica ``g`` of one batch publish its loss and train outputs in its row of ``outputs`` (G rows of
-    ``[iteration + 1, loss, values...]``) every iteration, and worker 0 display, smooth and snapshot the mean of
+class MeanOutputs(Seam):
+    """Replica ``g`` of one batch publishes its loss and train outputs in its row of ``outputs`` (G rows of
+    ``[iteration + 1, loss, values...]``) every iteration, and worker 0 displays, smooths and snapshots the mean of
     the G rows: the whole batch's, since every replica's loss is normalised by its equal share of the batch.
     Worker 0 waits for the others' forward passes only; nobody overwrites a row before worker 0 has read it
-    (the next forward comes after the update, which waits for worker 0's chunks)."""
-    import logging
+    (the next forward comes after the update, which waits for worker 0's chunks). Train outputs of more than
+    :data:`OUTPUT_VALUES` values are not averaged (worker 0 shows its own, with a warning)."""
 
-    import numpy
+    shares_loss = True
 
-    net = solver.net
-    blobs = [net.blobs[name] for name in net.outputs]
-    count = sum(int(b.count) for b in blobs)
-    if count > OUTPUT_VALUES:
-        logging.getLogger("layerforge").warning("the train outputs hold %d values, more than the %d replicas "
-                                                "average: worker 0 shows its own", count, OUTPUT_VALUES)
-        return
-    width = 2 + OUTPUT_VALUES
-    table = numpy.frombuffer(outputs, dtype=numpy.float64).reshape(G, width)
+    def __init__(self, solver, g, G, outputs, link):
+        import logging
 
-    def reduce(loss):
-        row = table[g]
+        import numpy
+
+        self.solver, self.g, self.link = solver, g, link
+        net = solver.net
+        self.blobs = [net.blobs[name] for name in net.outputs]
+        self.count = sum(int(b.count) for b in self.blobs)
+        if self.count > OUTPUT_VALUES:
+            logging.getLogger("layerforge").warning("the train outputs hold %d values, more than the %d replicas "
+                                                    "average: worker 0 shows its own", self.count, OUTPUT_VALUES)
+            self.shares_loss = False
+            return
+        self.table = numpy.frombuffer(outputs, dtype=numpy.float64).reshape(G, 2 + OUTPUT_VALUES)
+
+    def reduce_loss(self, loss):
+        import numpy
+
+        if not self.shares_loss:
+            return loss
+        table, count, iteration = self.table, self.count, self.solver.iter
+        row = table[self.g]
         row[1] = loss
         if count:
-            row[2:2 + count] = numpy.concatenate([numpy.asarray(b.data, numpy.float64).reshape(-1) for b in blobs])
-        row[0] = solver.iter + 1  # written last: the row is complete
-        if g != 0:
+            row[2:2 + count] = numpy.concatenate([numpy.asarray(b.data, numpy.float64).reshape(-1) for b in self.blobs])
+        row[0] = iteration + 1  # written last: the row is complete
+        if self.g != 0:
             return loss
         with trace.wait("comm", what="train outputs"):  # the other replicas' forward passes
-            while (table[:, 0] < solver.iter + 1).any():
-                link.check()
+            while (table[:, 0] < iteration + 1).any():
+                self.link.check()
                 time.sleep(0.0002)
         mean = table[:, 1:2 + count].mean(axis=0)
         offset = 1
-        for b in blobs:
+        for b in self.blobs:
             b.data[...] = mean[offset:offset + b.count].reshape(b.shape)
             offset += b.count
         return float(mean[0])
-
-    solver.loss_reduce = reduce
-
-
-def follow_requests(solver, g, control):
-    """Make the replica publish its iteration in ``control[2 + g]`` and carry out the request the parent writes
-    into ``control[:2]`` (the iteration to act after, the effect's code) at exactly that iteration, as every
-    other replica does (:meth:`~layerforge.dataparallel.cgdp.pool.WorkerPool.request`)."""
-    def publish(iteration, loss):
-        control[2 + g] = solver.iter
-
-    def agree(action):
-        return EFFECTS[control[1]] if control[0] == solver.iter else "none"
-
-    solver.callbacks.append(publish)
-    solver.agree_action = agree
-
-
-def whole_snapshots(solver, barrier):
-    """Make the worker go on after a snapshot (every worker takes them after the same iterations) only once worker
-    0 has written it whole, as one process does: the snapshot a later error names is on disk."""
-    snapshot = solver.snapshot
-
-    def snapshot_then_wait():
-        path = snapshot()
-        barrier.wait()
-        return path
-
-    solver.snapshot = snapshot_then_wait

@@ -73,7 +73,7 @@ def die_on_worker_1(g, solver):
     import os
 
     if g == 1:
-        solver.callbacks.append(lambda iteration, loss: os._exit(7) if iteration == 1 else None)
+        solver.add_callback(lambda iteration, loss: os._exit(7) if iteration == 1 else None)
 
 
 def bad_record_on_worker_1(g, solver):
@@ -85,7 +85,7 @@ def bad_record_on_worker_1(g, solver):
             raise DataError("db: key '00000042': corrupted record")
 
     if g == 1:
-        solver.callbacks.append(fail)
+        solver.add_callback(fail)
 
 
 def bug_on_worker_1(g, solver):
@@ -96,7 +96,7 @@ def bug_on_worker_1(g, solver):
             raise RuntimeError("a bug\nover two lines")
 
     if g == 1:
-        solver.callbacks.append(crash)
+        solver.add_callback(crash)
 
 
 # a net of 3 layers with parameters on 4 samples of DummyData, for runs of `layerforge` commands

@@ -7,10 +7,13 @@ default; after it otherwise) and divided by P; then each rank normalises, clips,
 identically. P ranks x batch b therefore reach the parameters of one rank
 x batch P*b (ChainerMN / Parallax semantics): clipping sees the aggregated gradient, the update happens once.
 
-Also here: parameters broadcast from rank 0 at start, a configuration hash checked across ranks, a check
-that parameters still agree at every snapshot, test scores summed over the ranks' test shards, and signal
-requests agreed on so that every rank stops or snapshots at the same iteration.
+Also here: parameters broadcast from rank 0 at start, a configuration hash checked across ranks, and the ranks'
+agreement (:class:`RankAgreement`): a check that parameters still agree at every snapshot, test scores summed
+over the ranks' test shards, and signal requests agreed on so that every rank stops or snapshots at the same
+iteration. Each of these is a :class:`~layerforge.solvers.seam.Seam` that :func:`make_data_parallel` gives the
+solver.
 """
+import collections
 import contextlib
 import hashlib
 import json
@@ -22,32 +25,25 @@ import numpy
 
 from .. import backend, trace
 from ..errors import LayerforgeError
+from ..solvers.seam import Seam
 
 log = logging.getLogger("layerforge")
 
 _ACTIONS = ("none", "snapshot", "stop")
 
 
-def mpi_world_size():
-    """The process count of the MPI job this process was started in (1 when not under mpiexec/srun)."""
-    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 1
-
-
-class GradientExchange:
-    """The gradient hook: pack the learnable diffs into buckets, allreduce-average them, unpack.
+class GradientExchange(Seam):
+    """The dense gradient exchange: pack the learnable diffs into buckets, allreduce-average them, unpack.
 
     The packed buffer holds the parameters in the order backward finishes them (the last layer's first) and
     is cut into buckets of at most ``bucket_bytes``. Without overlap every bucket is packed and allreduced
-    after backward. With ``overlap`` (``allreduce_overlap: true``), :meth:`backward_step` runs after every
-    layer's backward (``net.backward_hooks``) during the last iter_size pass, and a bucket leaves as soon
-    as the layers that write its parameters are done: the project's algorithms on one communication thread
-    (one collective at a time, in the same bucket order on every rank), ``mpi`` as a non-blocking
-    ``Iallreduce`` posted by the training thread and driven by ``Testall`` after each later layer. The hook
-    after backward then waits only for what is still in flight. Both ways run the same allreduce calls on
-    the same buckets, so their results are bit-identical.
+    before the update (:meth:`before_update`). With ``overlap`` (``allreduce_overlap: true``),
+    :meth:`layer_gradients_ready` runs after every layer's backward during the last iter_size pass, and a
+    bucket leaves as soon as the layers that write its parameters are done: the project's algorithms on one
+    communication thread (one collective at a time, in the same bucket order on every rank), ``mpi`` as a
+    non-blocking ``Iallreduce`` posted by the training thread and driven by ``Testall`` after each later layer.
+    :meth:`before_update` then waits only for what is still in flight. Both ways run the same allreduce calls
+    on the same buckets, so their results are bit-identical.
 
     ``double_buffering`` (ChainerMN): the exchange of iteration t's gradients runs while iteration t + 1
     computes, and the update of iteration t + 1 uses them; iteration 0 makes no update (it only starts the
@@ -65,15 +61,16 @@ class GradientExchange:
             index of the layers holding it); None: all at the end (no overlap possible).
         names: per parameter, the name of the layer holding it (the trace names each bucket's layers).
         overlap, double_buffering: as above.
+        iter_size: the solver's passes per iteration (the last one's backward sends the buckets).
 
     Attributes:
-        seconds: wall time inside the exchange hooks, summed (packing, waiting, unpacking).
+        seconds: wall time inside before_update, summed (packing, waiting, unpacking).
         comm_seconds: time the allreduce calls themselves took, summed (on whichever thread ran them).
         exposed_seconds: time the training thread waited for communication after backward, summed.
     """
 
     def __init__(self, params, comm, algorithm="auto", bucket_bytes=0, fp16=False, ready_after=None,
-                 overlap=False, double_buffering=False, names=None):
+                 overlap=False, double_buffering=False, names=None, iter_size=1):
         params = list(params)
         names = list(names) if names is not None else [""] * len(params)
         ready_after = list(ready_after) if ready_after is not None else [0] * len(params)
@@ -81,7 +78,8 @@ class GradientExchange:
         self.params = [params[k] for k in order]
         self.ready_after = [ready_after[k] for k in order]
         self.comm, self.algorithm, self.fp16 = comm, algorithm, fp16
-        self.overlap, self.double_buffering = overlap, double_buffering
+        self.overlap, self.double_buffering, self.iter_size = overlap, double_buffering, iter_size
+        self.layer_hooks = overlap or double_buffering  # the buckets' sends and MPI's progress run per layer
         dtype = numpy.float16 if fp16 else (params[0].data.dtype if params else numpy.float32)
         self.offsets = numpy.cumsum([0] + [p.count for p in self.params])
         self.buffer = numpy.zeros(int(self.offsets[-1]), dtype)
@@ -148,7 +146,7 @@ class GradientExchange:
                 self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="layerforge-comm")
             self._pending.append(self._thread.submit(self._allreduce, k))
 
-    def backward_step(self, i):
+    def layer_gradients_ready(self, i):
         """After layer ``i``'s backward: send every bucket whose parameters are now final (when armed), and
         let MPI progress the non-blocking allreduces in flight."""
         while self.armed and self._launched < len(self.buckets) and self.bucket_ready[self._launched] >= i:
@@ -183,12 +181,15 @@ class GradientExchange:
         for p, lo, hi in zip(self.params, self.offsets[:-1], self.offsets[1:]):
             p.diff[...] = p.xp.asarray(self.buffer[lo:hi].reshape(p.shape), dtype=p.dtype)
 
-    # -- the solver's hooks ------------------------------------------------------------------------------
-    def __call__(self, solver=None):
+    # -- the seam ----------------------------------------------------------------------------------------
+    def before_update(self):
+        """Send what is left, wait, and leave the mean over the ranks in the diffs; False at double buffering's
+        first iteration (nothing exchanged yet to apply)."""
         t0 = time.perf_counter()
         self.armed = False
+        update = True
         if self.double_buffering:
-            self._swap_with_stale(solver)
+            update = self._swap_with_stale()
         else:
             comm_before = self.comm_seconds
             while self._launched < len(self.buckets):
@@ -200,15 +201,15 @@ class GradientExchange:
         self._launched = 0
         self.seconds += time.perf_counter() - t0
         self.calls += 1
+        return update
 
-    def _swap_with_stale(self, solver):
+    def _swap_with_stale(self):
         # this iteration's gradients go out now; the update applies the ones that went out last iteration
         fresh = [p.diff.copy() for p in self.params]
-        if self._stale is not None:
+        update = self._stale is not None  # iteration 0: nothing exchanged yet to apply
+        if update:
             self._finish()  # waits for last iteration's exchange and writes its mean into the diffs
-        elif solver is not None:
-            solver.skip_update = True  # iteration 0: nothing exchanged yet to apply
-        if self._stale is None:
+        else:
             for p in self.params:
                 p.diff[...] = 0
         self._stale = fresh
@@ -219,20 +220,21 @@ class GradientExchange:
             self._launch(k)
         for p, d in zip(self.params, saved):
             p.diff = d
+        return update
 
-    def before_pass(self, solver, k):
-        """Arm the backward hooks for the last of the iter_size passes."""
-        self.armed = self.overlap and k == solver.param.iter_size - 1
+    def before_pass(self, k):
+        """Arm the per-layer sends for the last of the iter_size passes."""
+        self.armed = self.overlap and k == self.iter_size - 1
 
     def describe(self, seconds_per_iter, iters):
-        """One log line: communication and its exposed part per iteration since the last call."""
+        """One display line: communication and its exposed part per iteration since the last call."""
         comm = (self.comm_seconds - getattr(self, "_logged_comm", 0.0)) / max(iters, 1)
         exposed = (self.exposed_seconds - getattr(self, "_logged_exposed", 0.0)) / max(iters, 1)
         self._logged_comm, self._logged_exposed = self.comm_seconds, self.exposed_seconds
         share = 100.0 * exposed / seconds_per_iter if seconds_per_iter else 0.0
         mode = "double buffering" if self.double_buffering else ("overlapped" if self.overlap else "after backward")
-        return (f"comm exposed {exposed * 1000:.3g} ms of {comm * 1000:.3g} ms per iteration "
-                f"({share:.3g}% of the iteration; {mode})")
+        return [f"comm exposed {exposed * 1000:.3g} ms of {comm * 1000:.3g} ms per iteration "
+                f"({share:.3g}% of the iteration; {mode})"]
 
 
 def holder_names(net, params):
@@ -250,9 +252,9 @@ def gradient_ready_after(net, params):
     return [first.get(id(p), 0) for p in params]
 
 
-class SparseGradientExchange:
-    """The gradient hook for parameters whose gradient comes as rows (Embed): each parameter's rows are summed
-    by a path of :mod:`layerforge.comm.sparse` and divided by P; the dense exchange leaves these out.
+class SparseGradientExchange(Seam):
+    """The exchange of the parameters whose gradient comes as rows (Embed), before the update: each parameter's rows
+    are summed by a path of :mod:`layerforge.comm.sparse` and divided by P; the dense exchange leaves these out.
 
     ``auto`` aggregates the first iteration by allgather, which tells every rank how many rows each rank
     had and how many the sum has; from that density the cost model (``predict_sparse``) picks the path
@@ -269,7 +271,7 @@ class SparseGradientExchange:
         self.paths = [None if algorithm == "auto" else algorithm for _ in self.params]
         self.seconds, self.calls = 0.0, 0
 
-    def __call__(self, solver=None):
+    def before_update(self):
         from ..comm.sparse import aggregate
         t0 = time.perf_counter()
         for k, p in enumerate(self.params):
@@ -282,6 +284,7 @@ class SparseGradientExchange:
             p.set_sparse_diff(summed)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
+        return True
 
     def _choose(self, k, p, grad, summed):
         from ..comm import cost_model
@@ -367,12 +370,54 @@ def parameters_digest(net):
     return hashlib.sha256(pack(trained).tobytes()).digest()
 
 
-def make_data_parallel(solver, comm, algorithm=None, digest=None):
-    """Attach data-parallel training over ``comm`` to a Solver built with ``shard=(comm.rank, comm.size)``.
+class RankAgreement(Seam):
+    """What keeps the ranks of one job one training run: rank 0 is the root (it displays and snapshots), every rank
+    tests its shard and the test outputs are summed over the ranks, every rank acts on the most drastic signal
+    request of any rank (stop > snapshot > none), and before a snapshot all ranks check that their parameters are
+    still the same.
 
-    Returns the :class:`GradientExchange` (its ``seconds`` tell the time spent communicating). Parameters
-    with row gradients (Embed) go through ``solver.sparse_exchange`` (a :class:`SparseGradientExchange`)
-    unless ``sparse_aggregation`` is ``dense``.
+    Args:
+        comm: a :class:`~layerforge.comm.Communicator`. solver: the rank's Solver (its net and iteration are read).
+    """
+
+    shares_tests = True
+
+    def __init__(self, comm, solver):
+        self.comm, self.solver = comm, solver
+        self.root = comm.rank == 0
+
+    def reduce_test(self, sums, loss, n):
+        flat = numpy.concatenate([numpy.asarray(s, numpy.float64).reshape(-1) for s in sums or []] + [[loss, n]])
+        self.comm.allreduce(flat, algorithm="mpi")
+        out, offset = [], 0
+        for s in sums or []:
+            out.append(flat[offset:offset + s.size].reshape(s.shape))
+            offset += s.size
+        return out, float(flat[-2]), int(round(flat[-1]))
+
+    def agree(self, action):
+        from mpi4py import MPI
+
+        code = numpy.array([_ACTIONS.index(action)], numpy.int32)
+        self.comm.comm.Allreduce(MPI.IN_PLACE, code, op=MPI.MAX)
+        return _ACTIONS[int(code[0])]
+
+    def before_snapshot(self):
+        check_same(self.comm, parameters_digest(self.solver.net), f"set of parameters at iteration {self.solver.iter}")
+
+
+class RankSeams(collections.namedtuple("RankSeams", "dense sparse ranks")):
+    """What :func:`make_data_parallel` gave a solver: the :class:`GradientExchange`, the
+    :class:`SparseGradientExchange` (None without row gradients) and the :class:`RankAgreement`."""
+
+
+def make_data_parallel(solver, comm, algorithm=None, digest=None):
+    """Train ``solver`` (built with ``shard=(comm.rank, comm.size)``) data parallel over ``comm``: check that the
+    ranks run one configuration (``digest``, :func:`config_digest`), broadcast rank 0's parameters, and give the
+    solver the seams of this module (:meth:`~layerforge.solvers.Solver.add_seam`) in the order they act.
+
+    Parameters with row gradients (Embed) go through a :class:`SparseGradientExchange` unless ``sparse_aggregation``
+    is ``dense``. Returns the :class:`RankSeams` (the exchanges' ``seconds`` tell the time spent communicating).
     """
     sp = solver.param
     if digest is not None:
@@ -386,41 +431,15 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
     exchange = GradientExchange(dense, comm, algorithm or sp.allreduce.lower(),
                                 bucket_bytes=int(sp.allreduce_bucket_mb * 2 ** 20), fp16=sp.allreduce_fp16,
                                 ready_after=gradient_ready_after(solver.net, dense), overlap=overlap,
-                                double_buffering=sp.double_buffering, names=holder_names(solver.net, dense))
-    if overlap or sp.double_buffering:
-        solver.net.backward_hooks.append(exchange.backward_step)
-        solver.pass_hooks.append(exchange.before_pass)
-    solver.display_hooks.append(exchange.describe)
-    solver.gradient_hooks.append(exchange)
-    solver.sparse_exchange = None
+                                double_buffering=sp.double_buffering, names=holder_names(solver.net, dense),
+                                iter_size=sp.iter_size)
+    solver.add_seam(exchange)
+    sparse = None
     if rows:
-        solver.sparse_exchange = SparseGradientExchange(rows, comm, sp.sparse_aggregation.lower(),
-                                                        algorithm or sp.allreduce.lower())
-        solver.gradient_hooks.append(solver.sparse_exchange)
-    solver.root = comm.rank == 0
-
-    def test_reduce(sums, loss, n):
-        flat = numpy.concatenate([numpy.asarray(s, numpy.float64).reshape(-1) for s in sums or []] + [[loss, n]])
-        comm.allreduce(flat, algorithm="mpi")
-        out, offset = [], 0
-        for s in sums or []:
-            out.append(flat[offset:offset + s.size].reshape(s.shape))
-            offset += s.size
-        return out, float(flat[-2]), int(round(flat[-1]))
-
-    def agree_action(action):
-        # the most drastic request of any rank wins: stop > snapshot > none
-        from mpi4py import MPI
-        code = numpy.array([_ACTIONS.index(action)], numpy.int32)
-        comm.comm.Allreduce(MPI.IN_PLACE, code, op=MPI.MAX)
-        return _ACTIONS[int(code[0])]
-
-    def check_agreement(_solver):
-        check_same(comm, parameters_digest(solver.net), f"set of parameters at iteration {solver.iter}")
-
-    solver.test_reduce = test_reduce if solver.test_nets else None
-    solver.agree_action = agree_action
-    solver.snapshot_hooks.append(check_agreement)
+        sparse = SparseGradientExchange(rows, comm, sp.sparse_aggregation.lower(), algorithm or sp.allreduce.lower())
+        solver.add_seam(sparse)
+    ranks = RankAgreement(comm, solver)
+    solver.add_seam(ranks)
     mode = ("double buffering (updates use the previous iteration's gradients)" if sp.double_buffering else
             "overlapped with backward" if overlap else "after backward")
     log.info("Data parallel over %d ranks (%d node group(s)): allreduce %s, %d gradient values in %d bucket(s)%s, %s",
@@ -428,6 +447,5 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
              ", float16 payload" if exchange.fp16 else "", mode)
     if rows:
         log.info("%d parameter(s) with row gradients (%s) left out of the allreduce: sparse aggregation %s",
-                 len(rows), ", ".join(p.name or "?" for p in rows), solver.sparse_exchange.algorithm)
-    return exchange
-
+                 len(rows), ", ".join(p.name or "?" for p in rows), sparse.algorithm)
+    return RankSeams(exchange, sparse, ranks)

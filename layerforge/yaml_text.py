@@ -1,5 +1,5 @@
 """layerforge's YAML as a person would write it: block style for the file and the layer list, flow style for
-values that fit a line. ``layerforge convert`` and ``layerforge expand`` write their output with it."""
+values that fit a line. ``layerforge convert`` and pycaffe's ``NetSpec.to_yaml`` write their output with it."""
 import math
 import re
 import textwrap

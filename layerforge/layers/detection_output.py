@@ -1,0 +1,129 @@
+"""DetectionOutput: SSD's decoding and per-class NMS into a detection list (weiliu89/caffe branch ssd)."""
+import logging
+
+import numpy
+
+from ..errors import ShapeError
+from ..kernels import bbox
+from .base import Field, Layer, register_layer
+
+log = logging.getLogger("layerforge")
+
+NMS = {
+    "nms_threshold": Field("float", 0.3, min=0.0, doc="suppress a box overlapping a kept one by more than this"),
+    "top_k": Field("int", None, doc="candidates per class, highest scores first (default: all)"),
+    "eta": Field("float", 1.0, doc="adaptive NMS: the threshold is multiplied by eta after each kept box (0 < eta <= 1)"),
+}
+
+RESIZE = {
+    "prob": Field("float", 1.0), "resize_mode": Field("enum", "WARP", choices=("WARP", "FIT_SMALL_SIZE",
+                                                                               "FIT_LARGE_SIZE_AND_PAD")),
+    "height": Field("int", 0, min=0), "width": Field("int", 0, min=0),
+    "height_scale": Field("int", 0, min=0), "width_scale": Field("int", 0, min=0),
+    "pad_mode": Field("enum", "CONSTANT", choices=("CONSTANT", "MIRRORED", "REPEAT_NEAREST")),
+    "pad_value": Field("floats", []),
+    "interp_mode": Field("strs", []),
+}
+
+SAVE_OUTPUT = {
+    "output_directory": Field("str", "", doc="where the fork writes result files (layerforge writes none)"),
+    "output_name_prefix": Field("str", ""), "output_format": Field("str", ""),
+    "label_map_file": Field("str", ""), "name_size_file": Field("str", ""),
+    "num_test_image": Field("int", None, min=0), "resize_param": Field(RESIZE),
+}
+
+
+@register_layer("DetectionOutput")
+class DetectionOutput(Layer):
+    """Detections of each image: location predictions decoded against the priors, per-class NMS, the best kept.
+
+    Bottoms: loc (N, P L 4) offsets of the P priors (L = 1 with ``share_location``, else ``num_classes``), conf
+    (N, P C) class confidences (after a softmax), priors (1, 2, P 4) from PriorBox (boxes, then variances); an
+    optional fourth bottom, the image, serves the fork's ``visualize`` only.
+    Each class other than ``background_label_id`` keeps the boxes :func:`layerforge.kernels.bbox.detections`
+    keeps (scores above ``confidence_threshold``, NMS with ``nms_param``), then the image keeps its best
+    ``keep_top_k``. Decoding follows ``code_type`` and ``variance_encoded_in_target``; ``clip`` (OpenCV's field)
+    clamps the decoded boxes to [0, 1] before NMS.
+
+    Top: (1, 1, D, 7), one row ``[image, label, score, xmin, ymin, xmax, ymax]`` per detection, by image, then
+    label, then score; with no detection at all, one row ``[i, -1, -1, -1, -1, -1, -1]`` per image i (the fork's).
+    Its size follows the data. No gradient. The fork's ``save_output_param`` (VOC / COCO result files) and
+    ``visualize`` (a window drawing the detections) are read but not acted on; a layer asking for either logs
+    a warning saying so.
+    """
+
+    param_blocks = {"detection_output": {
+        "num_classes": Field("int", None, min=1, doc="number of classes, background included; required"),
+        "share_location": Field("bool", True, doc="one box per prior for all classes; false: one per class"),
+        "background_label_id": Field("int", 0, doc="the class that yields no detections (-1: none)"),
+        "nms_param": Field(NMS, doc="per class: nms_threshold (0.3), top_k (all), eta (1: fixed threshold)"),
+        "save_output_param": Field(SAVE_OUTPUT, doc="the fork's result files (read, not written: a warning says so)"),
+        "code_type": Field("enum", "CORNER", choices=bbox.CODE_TYPES, doc="how the offsets encode boxes"),
+        "variance_encoded_in_target": Field("bool", False, doc="the offsets already include the variances"),
+        "keep_top_k": Field("int", -1, doc="detections kept per image after NMS (-1: all)"),
+        "confidence_threshold": Field("float", None, doc="only scores above this count (default: all)"),
+        "visualize": Field("bool", False, doc="the fork's display of the detections (no effect here)"),
+        "visualize_threshold": Field("float", None, doc="the fork's display threshold (no effect here)"),
+        "save_file": Field("str", "", doc="the fork's video of the display (no effect here)"),
+        "clip": Field("bool", False, doc="OpenCV's field: clamp the decoded boxes to [0, 1]"),
+    }}
+    num_bottom = (3, 4)  # a fourth, the image, is for the fork's visualize
+    has_backward = False
+    backward_reads = ()
+    capturable = False  # the top's size follows the data
+
+    @classmethod
+    def validate_params(cls, lp):
+        p = lp.detection_output
+        if p.num_classes is None:
+            raise lp.error("required: num_classes", "detection_output.num_classes")
+        if not 0 < p.nms_param.eta <= 1:
+            raise lp.error(f"eta must be in (0, 1], got {p.nms_param.eta}", "detection_output.nms_param.eta")
+
+    def allow_force_backward(self, bottom_index):
+        return False
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.detection_output
+        if p.save_output_param.output_directory or p.visualize:
+            log.warning("layer '%s' (DetectionOutput): %s is not done by layerforge (the top holds the detections)",
+                        self.name, "writing result files to save_output_param.output_directory"
+                        if p.save_output_param.output_directory else "visualize (drawing the detections)")
+
+    def reshape(self, bottom, top):
+        p = self.layer_param.detection_output
+        loc_classes = 1 if p.share_location else p.num_classes
+        self.num_priors = bottom[2].shape[2] // 4 if len(bottom[2].shape) > 2 else 0
+        n = bottom[0].shape[0]
+        for i, per_prior, what in ((0, loc_classes * 4, "location"), (1, p.num_classes, "confidence")):
+            if bottom[i].shape[0] != n or bottom[i].count != n * self.num_priors * per_prior:
+                hint = ("; twice the priors' count: TextBoxes' fork repeats every prior half a cell lower (give its "
+                        "PriorBox layers OpenCV's offset_w: [0.5, 0.5] and offset_h: [0.5, 1.0])"
+                        if bottom[i].count == 2 * n * self.num_priors * per_prior else "")
+                raise ShapeError(f"{what} predictions of shape {bottom[i].shape} do not fit {self.num_priors} priors "
+                                 f"x {per_prior} per image{hint}", key=f"bottom[{i}]")
+        top[0].reshape(1, 1, 1, 7)
+
+    def forward(self, bottom, top):
+        p, xp = self.layer_param.detection_output, self.xp
+        n, priors = bottom[0].shape[0], bottom[2].data[0].reshape(2, self.num_priors, 4)
+        offsets = bottom[0].data.reshape(n, self.num_priors, -1, 4).transpose(0, 2, 1, 3)  # (N, L, P, 4)
+        boxes = bbox.decode_bbox(priors[0], priors[1], p.code_type, p.variance_encoded_in_target, offsets, p.clip)
+        scores = bottom[1].data.reshape(n, self.num_priors, p.num_classes).transpose(0, 2, 1)  # (N, C, P)
+        threshold = -numpy.inf if p.confidence_threshold is None else p.confidence_threshold
+        top_k = -1 if p.nms_param.top_k is None else p.nms_param.top_k
+        rows = []
+        for i in range(n):
+            found = bbox.detections(boxes[i], scores[i], p.background_label_id, p.nms_param.nms_threshold, threshold,
+                                    p.nms_param.eta, top_k, p.keep_top_k)
+            rows.append(numpy.concatenate([numpy.full((len(found), 1), i, found.dtype), found], axis=1))
+        found = numpy.concatenate(rows)
+        if not len(found):
+            found = numpy.full((n, 7), -1, found.dtype)
+            found[:, 0] = numpy.arange(n)
+        top[0].reshape(1, 1, len(found), 7)
+        top[0].data[...] = xp.asarray(found.reshape(top[0].shape), dtype=top[0].dtype)
+
+    def backward(self, top, propagate_down, bottom):
+        if any(propagate_down):
+            raise NotImplementedError("DetectionOutput has no backward")

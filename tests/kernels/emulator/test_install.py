@@ -1,0 +1,50 @@
+"""The switch: LAYERFORGE_EMULATED_GPU=1 puts the emulator in place of cupy at ``import layerforge``, over an
+installed cupy, and in every process that inherits the variable."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from layerforge.kernels.cuda.emulator import install
+
+CODE = """
+import sys
+import cupy  # the real one first, when installed
+import layerforge
+import cupy, cupy_backends.cuda.libs.cublas as cublas
+from cupy.cuda import nccl
+from layerforge.backend import gpu_array_module
+xp = gpu_array_module(1)
+print(cupy.__version__, xp is cupy, cupy.cuda.Device().id, cupy.cuda.runtime.getDeviceCount(), nccl.available,
+      type(cupy.ones(2)).__module__)
+"""
+
+
+def run(env):
+    return subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, **env), cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                              os.path.dirname(os.path.abspath(__file__))))))
+
+
+def test_the_variable_installs_the_emulator_over_a_real_cupy():
+    proc = run({install.ENV: "1", "LAYERFORGE_EMULATED_GPU_DEVICES": "3"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [install.VERSION, "True", "1", "3", "True", "cupy"]
+
+
+def test_installed_puts_the_previous_modules_back():
+    before = {k: v for k, v in sys.modules.items() if k.split(".")[0] in install.PREFIXES}
+    with install.installed() as cupy:
+        import cupy.cuda.nccl
+        assert sys.modules["cupy"] is cupy and install.is_installed() and cupy.cuda.nccl.available
+        with pytest.raises(ModuleNotFoundError, match="not part of the emulated cupy"):
+            import cupy.linalg  # noqa: F401
+    assert {k: v for k, v in sys.modules.items() if k.split(".")[0] in install.PREFIXES} == before
+
+
+def test_a_cpu_run_under_the_variable_never_imports_cupy():
+    code = "import sys, layerforge, numpy; layerforge.Net; print('cupy' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, **{install.ENV: "1"}))
+    assert proc.returncode == 0 and proc.stdout.split() == ["False"], proc.stderr[-2000:]

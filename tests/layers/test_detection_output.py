@@ -1,0 +1,136 @@
+"""DetectionOutput (SSD's fork) on the vectors of the fork's test_detection_output_layer.cpp: 2 images, 4 priors
+of a 2x2 grid, 2 classes, NMS threshold 0.1."""
+import logging
+
+import numpy
+import pytest
+
+from layerforge.backend import to_numpy
+from layerforge.blob import Blob
+from layerforge.errors import ConfigError, ShapeError
+from layerforge.layers import create_layer
+
+NUM, PRIORS, CLASSES = 2, 4, 2
+
+
+def bottoms(share_location, xp):
+    priors = []
+    for h in range(2):
+        for w in range(2):
+            cx, cy = (w + 0.5) * 0.5, (h + 0.5) * 0.5
+            priors += [cx - 0.15, cy - 0.15, cx + 0.15, cy + 0.15]
+    prior = numpy.array([priors, [0.1] * 16]).reshape(1, 2, 16, 1)
+    conf = numpy.array([[j * 0.2 if i % 2 == c % 2 else 1 - j * 0.2 for j in range(PRIORS) for c in range(CLASSES)]
+                        for i in range(NUM)])
+    loc_classes = 1 if share_location else CLASSES
+    loc = numpy.array([[(-1 if s % 2 else 1) * (i + c / 2 + 0.5)
+                        for h in range(2) for w in range(2) for c in range(loc_classes) for s in (w, h, w, h)]
+                       for i in range(NUM)])
+    blobs = []
+    for a in (loc, conf, prior):
+        b = Blob(a.shape, numpy.float32, xp)
+        b.data[...] = xp.asarray(a)
+        blobs.append(b)
+    return blobs
+
+
+def detect(xp, share_location=True, background=0, top_k=None, **extra):
+    nms = {"nms_threshold": 0.1} if top_k is None else {"nms_threshold": 0.1, "top_k": top_k}
+    block = dict({"num_classes": CLASSES, "share_location": share_location, "background_label_id": background,
+                  "nms_param": nms}, **extra)
+    layer = create_layer({"type": "DetectionOutput", "bottom": ["loc", "conf", "prior"], "top": "det",
+                          "detection_output": block}, dtype=numpy.float32, xp=xp)
+    bottom, top = bottoms(share_location, xp), Blob((), numpy.float32, xp)
+    layer.setup(bottom, [top])
+    assert top.shape == (1, 1, 1, 7)
+    layer.forward(bottom, [top])
+    return to_numpy(top.data)
+
+
+def check(top, rows):
+    expected = numpy.array([[float(v) for v in row.split()] for row in rows])
+    assert top.shape == (1, 1, len(rows), 7)
+    numpy.testing.assert_array_equal(top[0, 0, :, :2], expected[:, :2])
+    numpy.testing.assert_allclose(top[0, 0, :, 2:], expected[:, 2:], atol=1e-6)
+
+
+def test_share_location(xp):
+    check(detect(xp), ["0 1 1.0 0.15 0.15 0.45 0.45", "0 1 0.8 0.55 0.15 0.85 0.45", "0 1 0.6 0.15 0.55 0.45 0.85",
+                       "0 1 0.4 0.55 0.55 0.85 0.85", "1 1 0.6 0.45 0.45 0.75 0.75", "1 1 0.0 0.25 0.25 0.55 0.55"])
+
+
+def test_share_location_top_k(xp):
+    check(detect(xp, top_k=2), ["0 1 1.0 0.15 0.15 0.45 0.45", "0 1 0.8 0.55 0.15 0.85 0.45",
+                                "1 1 0.6 0.45 0.45 0.75 0.75"])
+
+
+NO_SHARE = ["0 0 0.6 0.55 0.55 0.85 0.85", "0 0 0.4 0.15 0.55 0.45 0.85", "0 0 0.2 0.55 0.15 0.85 0.45",
+            "0 0 0.0 0.15 0.15 0.45 0.45", "0 1 1.0 0.20 0.20 0.50 0.50", "0 1 0.8 0.50 0.20 0.80 0.50",
+            "0 1 0.6 0.20 0.50 0.50 0.80", "0 1 0.4 0.50 0.50 0.80 0.80", "1 0 1.0 0.25 0.25 0.55 0.55",
+            "1 0 0.4 0.45 0.45 0.75 0.75", "1 1 0.6 0.40 0.40 0.70 0.70"]
+
+
+def test_no_share_location(xp):
+    check(detect(xp, share_location=False, background=-1), NO_SHARE)
+
+
+def test_no_share_location_top_k(xp):
+    check(detect(xp, share_location=False, background=-1, top_k=2),
+          [NO_SHARE[i] for i in (0, 1, 4, 5, 8, 10)])
+
+
+def test_no_share_location_background_0(xp):
+    check(detect(xp, share_location=False), NO_SHARE[4:8] + NO_SHARE[10:])
+
+
+def test_no_share_location_background_0_top_k(xp):
+    check(detect(xp, share_location=False, top_k=2), [NO_SHARE[i] for i in (4, 5, 10)])
+
+
+def test_keep_top_k_and_confidence_threshold(xp):
+    # the share_location case keeps 6; keep_top_k 3 keeps each image's best 3, the threshold drops score 0.0
+    check(detect(xp, keep_top_k=3), ["0 1 1.0 0.15 0.15 0.45 0.45", "0 1 0.8 0.55 0.15 0.85 0.45",
+                                     "0 1 0.6 0.15 0.55 0.45 0.85", "1 1 0.6 0.45 0.45 0.75 0.75",
+                                     "1 1 0.0 0.25 0.25 0.55 0.55"])
+    check(detect(xp, confidence_threshold=0.5), ["0 1 1.0 0.15 0.15 0.45 0.45", "0 1 0.8 0.55 0.15 0.85 0.45",
+                                                 "0 1 0.6 0.15 0.55 0.45 0.85", "1 1 0.6 0.45 0.45 0.75 0.75"])
+
+
+def test_a_fourth_bottom_the_image_is_accepted():
+    layer = create_layer({"type": "DetectionOutput", "bottom": ["loc", "conf", "prior", "image"], "top": "det",
+                          "detection_output": {"num_classes": CLASSES, "nms_param": {"nms_threshold": 0.1}}})
+    bottom, top = bottoms(True, numpy) + [Blob((2, 3, 8, 8))], Blob(())
+    layer.setup(bottom, [top])
+    layer.forward(bottom, [top])
+    check(top.data, ["0 1 1.0 0.15 0.15 0.45 0.45", "0 1 0.8 0.55 0.15 0.85 0.45", "0 1 0.6 0.15 0.55 0.45 0.85",
+                     "0 1 0.4 0.55 0.55 0.85 0.85", "1 1 0.6 0.45 0.45 0.75 0.75", "1 1 0.0 0.25 0.25 0.55 0.55"])
+
+
+def test_no_detection_gives_one_row_per_image(xp):
+    check(detect(xp, confidence_threshold=2.0), ["0 -1 -1 -1 -1 -1 -1", "1 -1 -1 -1 -1 -1 -1"])
+
+
+def test_variance_in_target_and_clip(xp):
+    # offsets of +-0.5 and more taken as they are: boxes leave the image unless clipped (OpenCV's clip)
+    unclipped = detect(xp, variance_encoded_in_target=True, confidence_threshold=0.5)
+    assert unclipped[0, 0, :, 3:].min() < 0
+    clipped = detect(xp, variance_encoded_in_target=True, confidence_threshold=0.5, clip=True)
+    assert clipped[0, 0, :, 3:].min() >= 0 and clipped[0, 0, :, 3:].max() <= 1 and (clipped[0, 0, :, 3:] == 0).any()
+
+
+def test_save_output_warns_that_no_files_are_written(caplog):
+    with caplog.at_level(logging.WARNING, logger="layerforge"):
+        detect(numpy, save_output_param={"output_directory": "results", "output_format": "VOC"})
+    assert "save_output_param.output_directory" in caplog.text
+
+
+def test_bad_inputs():
+    with pytest.raises(ConfigError, match="required: num_classes"):
+        create_layer({"type": "DetectionOutput", "bottom": ["a", "b", "c"], "top": "d", "detection_output": {}})
+    with pytest.raises(ConfigError, match="eta must be in"):
+        create_layer({"type": "DetectionOutput", "bottom": ["a", "b", "c"], "top": "d",
+                      "detection_output": {"num_classes": 2, "nms_param": {"eta": 1.5}}})
+    layer = create_layer({"type": "DetectionOutput", "bottom": ["a", "b", "c"], "top": "d",
+                          "detection_output": {"num_classes": 3}})
+    with pytest.raises(ShapeError, match="confidence predictions"):
+        layer.setup(bottoms(True, numpy), [Blob(())])
