@@ -58,6 +58,16 @@ def test_a_caffe_solvers_nets_are_read_relative_to_the_working_directory(caffe_r
     assert "from_root" in layer_names(caffe.get_solver("examples/mnist/solver.prototxt"))
 
 
+def test_a_parsed_caffe_solver_keeps_caffes_rule_when_checked_again_with_overrides(caffe_root):
+    from layerforge.solvers.param import load_solver_param
+    from layerforge.solvers.solver import SOLVER_REGISTRY
+
+    parsed = load_solver_param("examples/mnist/solver.prototxt", SOLVER_REGISTRY, solver_mode="CPU")  # read once
+    solver = layerforge.get_solver(parsed, max_iter=5)  # the command line's flow: the parameter, new overrides
+    assert solver.param.max_iter == 5 and solver.param.caffe_paths
+    assert "from_root" in layer_names(solver)
+
+
 def test_a_caffe_solvers_net_found_only_beside_the_solver_is_used_and_said(caffe_root, monkeypatch, caplog):
     elsewhere = caffe_root / "elsewhere"
     elsewhere.mkdir()
