@@ -232,6 +232,7 @@ class Blob:
         """Give the blob a new shape; memory is reallocated only when the element count changes.
 
         Accepts ``reshape(2, 3)`` or ``reshape((2, 3))``. Contents are unspecified after a size change.
+        Returns None, as Caffe's Blob.reshape does.
         """
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
@@ -239,7 +240,7 @@ class Blob:
         if any(s < 0 for s in shape):
             raise ValueError(f"negative dimension in shape {shape}")
         if shape == self.data.shape:
-            return self
+            return
         size = int(numpy.prod(shape, dtype=numpy.int64))
         if size == self.data.size:
             self._flush()
@@ -250,7 +251,6 @@ class Blob:
             self._data = self._diff = None  # the old arrays are freed before the new ones count against memory
             self._data = zeros_checked(shape, self.dtype, self.xp)
             self._diff = zeros_checked(shape, self.dtype, self.xp, "the gradient of a blob")
-        return self
 
     def share_data(self, other):
         """Use ``other``'s data array (same storage), as Caffe's ShareData does for in-place views."""

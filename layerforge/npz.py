@@ -22,6 +22,7 @@ def write_atomic(path, write):
     except OSError as e:
         raise LayerforgeError(f"{path}: cannot write here: {e.strerror} ({e.filename})") from None
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets what open() would give, as Caffe's do
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -39,6 +40,20 @@ def write_atomic(path, write):
             raise LayerforgeError(f"{path}: cannot write: {e.strerror or e}; any earlier file at this path is "
                                   f"intact") from None
         raise
+
+
+def _umask():
+    """The process's umask, read from /proc where it can be (setting it to read it back would race other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def check_writable(folder, what):

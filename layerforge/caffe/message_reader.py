@@ -17,7 +17,7 @@ from .prototxt import Message
 IGNORED = {
     "*": {"engine"},                                     # CAFFE / CUDNN implementations compute the same function
     "net": {"debug_info"},                               # logging only
-    "solver": {"debug_info", "snapshot_diff", "layer_wise_reduce"},
+    "solver": {"debug_info", "snapshot_diff"},
 }
 
 # Fields accepted only with Caffe's default value (which is what layerforge does), rejected otherwise.

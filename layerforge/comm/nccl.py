@@ -63,11 +63,26 @@ def allreduce_nccl(comm, sendbuf, recvbuf=None):
     dev = out if isinstance(out, cupy.ndarray) else cupy.asarray(out)
     in_place = sendbuf is out or not hasattr(sendbuf, "dtype")  # also MPI.IN_PLACE
     src = dev if in_place else cupy.asarray(sendbuf)
-    kind = {numpy.dtype(numpy.float16): nccl.NCCL_FLOAT16, numpy.dtype(numpy.float32): nccl.NCCL_FLOAT32,
-            numpy.dtype(numpy.float64): nccl.NCCL_FLOAT64}[numpy.dtype(out.dtype)]
     stream = cupy.cuda.get_current_stream()
-    _nccl_comm(comm).allReduce(src.data.ptr, dev.data.ptr, dev.size, kind, nccl.NCCL_SUM, stream.ptr)
+    _nccl_comm(comm).allReduce(src.data.ptr, dev.data.ptr, dev.size, _nccl_type(out.dtype), nccl.NCCL_SUM, stream.ptr)
     stream.synchronize()
     if dev is not out:
         out[...] = dev.get()
     return out
+
+
+def broadcast_nccl(comm, buf, root=0):
+    """``ncclBcast`` of the device array ``buf`` from rank ``root`` to every rank, in place, on the current stream."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    _nccl_comm(comm).bcast(buf.data.ptr, buf.size, _nccl_type(buf.dtype), root, stream.ptr)
+    stream.synchronize()
+    return buf
+
+
+def _nccl_type(dtype):
+    from cupy.cuda import nccl
+
+    return {numpy.dtype(numpy.float16): nccl.NCCL_FLOAT16, numpy.dtype(numpy.float32): nccl.NCCL_FLOAT32,
+            numpy.dtype(numpy.float64): nccl.NCCL_FLOAT64}[numpy.dtype(dtype)]

@@ -3,7 +3,8 @@
 have settled (:func:`settle_engines`). The choices persist in snapshots and in the on-disk cache beside this module
 (engine_cache.py); the engines themselves are implicit_gemm.py's and winograd.py's.
 """
-from . import winograd
+from . import blas, winograd
+from .implicit_gemm import ENGINES
 
 
 class AutoChoice:
@@ -82,7 +83,9 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
     AUTO leaves out WINOGRAD_F2 where it does not apply, where there are fewer than
     :data:`AUTO_WINOGRAD_MIN_CHANNELS` input channels per group, or where its tiles would exceed
     :data:`AUTO_WORKSPACE_LIMIT` (``compiled``: the CPU's compiled transforms); and IM2COL where its column buffer
-    would (like cuDNN's workspace limit: a huge column buffer is never allocated just to try it).
+    would (like cuDNN's workspace limit: a huge column buffer is never allocated just to try it). Under
+    :func:`blas.batch_invariant <layerforge.kernels.blas.batch_invariant>` AUTO times only the engines whose
+    results do not depend on the batch (``batch_invariant`` of the engine classes, implicit_gemm.ENGINES).
     """
     names = ENGINE_CHOICES[engine]
     if len(names) > 1 and not (winograd.eligible(geometry)
@@ -92,4 +95,6 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
         names = tuple(k for k in names if k not in WINOGRAD_ENGINES)
     if len(names) > 1 and im2col_bytes(x_shape, y_shape, geometry[:2], itemsize) > AUTO_WORKSPACE_LIMIT:
         names = tuple(k for k in names if k != "IM2COL")
+    if len(names) > 1 and blas.batch_invariant():
+        names = tuple(k for k in names if ENGINES[k].batch_invariant)
     return names

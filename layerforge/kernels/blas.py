@@ -22,6 +22,13 @@ wrappers (present with numpy on most installs, not a requirement) take beta = 1 
 without them, or for cupy arrays, the plain expression runs. So does any c under ``MIN_BYTES``: SciPy
 links its own OpenBLAS with its own thread pool, and two pools on two cores cost more than a small
 temporary (LeNet's ip1 backward went from 1 to 9 ms with both pools at 2 threads).
+
+Batch invariance (:func:`set_batch_invariant` or ``LAYERFORGE_BATCH_INVARIANT=1``): one sample's results do not
+depend on the batch it is in, bit for bit. A BLAS GEMM over the whole batch does not promise that (OpenBLAS's
+blocking, edge kernels and thread split follow the matrix sizes: a row of ``x @ W.T`` changes in the last bits
+with the number of rows); one call of the same shape per sample does. Under the switch :func:`matmul_rows` makes
+one product per row and the convolution engines that are not invariant (``batch_invariant = False``) are left out
+of AUTO's choice (autotune.candidate_engines; docs/performance.md, "Batch-invariant results").
 """
 import os
 
@@ -63,6 +70,31 @@ def gemm_precision():
     if _PRECISION["gemm"] is None:
         set_gemm_precision(os.environ.get("LAYERFORGE_GEMM_PRECISION", "fp32") or "fp32")
     return _PRECISION["gemm"]
+
+
+_BATCH_INVARIANT = {"on": None}
+
+
+def set_batch_invariant(flag):
+    """Make (True) or stop making (False) every later product of the layers batch-invariant (see above)."""
+    _BATCH_INVARIANT["on"] = bool(flag)
+
+
+def batch_invariant():
+    """Whether results must not depend on the batch (``LAYERFORGE_BATCH_INVARIANT`` until set, default off)."""
+    if _BATCH_INVARIANT["on"] is None:
+        set_batch_invariant(os.environ.get("LAYERFORGE_BATCH_INVARIANT", "0").strip().lower() not in ("", "0", "false"))
+    return _BATCH_INVARIANT["on"]
+
+
+def matmul_rows(a, b, out):
+    """``out = a @ b`` for a (m, k), b (k, n): one product for the whole of ``a``, or, under :func:`batch_invariant`,
+    one product of the same (1, k) x (k, n) shape per row, so that a row's result is the same in any batch."""
+    if not batch_invariant():
+        return matmul(a, b, out=out)
+    for i in range(a.shape[0]):
+        matmul(a[i:i + 1], b, out=out[i:i + 1])
+    return out
 
 
 def round_to_bfloat16(x):

@@ -64,6 +64,7 @@ def _arena(xp, role, shape, dtype):
 
 class _GemmConv:
     name = None
+    batch_invariant = False  # True: an image's result does not depend on the batch (blas.batch_invariant)
 
     def __init__(self, geometry, group):
         self.geometry, self.group = tuple(geometry), group
@@ -185,6 +186,8 @@ class ImplicitGemmConv(_GemmConv):
     """Implicit GEMM: per-tile lowering into a workspace of at most ``budget`` bytes, batched per image."""
 
     name = "IMPLICIT"
+    # one GEMM of the same shape per image (its tiles never mix images' columns): invariant on the CPU
+    batch_invariant = True
 
     def __init__(self, geometry, group, budget=None):
         super().__init__(geometry, group)

@@ -65,11 +65,15 @@ def eligible(geometry):
 class WinogradConv:
     """The engine: ``forward`` / ``backward`` as the GEMM engines of kernels.implicit_gemm (same arguments).
 
+    Not batch-invariant (``batch_invariant = False``): its GEMMs run over the tiles of the whole batch.
+
     Args:
         geometry: ``(kh, kw, sy, sx, ph, pw, dy, dx)``, which must be :func:`eligible`.
         group: convolution groups.
         tile: output tile size m (2 or 4).
     """
+
+    batch_invariant = False
 
     def __init__(self, geometry, group, tile=4):
         if not eligible(geometry):

@@ -2,7 +2,7 @@
 import math
 
 from ..errors import ShapeError
-from ..kernels.blas import add_matmul, matmul
+from ..kernels.blas import add_matmul, matmul, matmul_rows
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
 
@@ -58,7 +58,7 @@ class InnerProduct(Layer):
 
     def forward(self, bottom, top):
         y = top[0].data.reshape(self.m, self.num_output)
-        matmul(bottom[0].data.reshape(self.m, self.k), self._weight_nk(self.blobs[0].data).T, out=y)
+        matmul_rows(bottom[0].data.reshape(self.m, self.k), self._weight_nk(self.blobs[0].data).T, y)
         if self.bias_term:
             y += self.blobs[1].data
 

@@ -141,6 +141,9 @@ class Net:
         self._fused = fusion.batch_norm_groups(self) if self.netdef.fuse_batch_norm else {}
         # fn(i) after layer i's step of backward (run or skipped), e.g. to send gradients that are final
         self.backward_hooks = []
+        # fn(i) around layer i's forward, and before its step of backward (Caffe's Net callbacks, pycaffe's
+        # net.before_forward / after_forward / before_backward; after_backward is backward_hooks)
+        self.before_forward_hooks, self.after_forward_hooks, self.before_backward_hooks = [], [], []
 
     def _setup_layer(self, layer, bottom, top, bottom_versions):
         lp = layer.layer_param
@@ -329,7 +332,11 @@ class Net:
         for group in cut:
             group.ran_fused = False
         for i in range(lo, hi + 1):
+            for hook in self.before_forward_hooks:
+                hook(i)
             loss += self.forward_layer(i, fuse=self._fused.get(i) not in cut)
+            for hook in self.after_forward_hooks:
+                hook(i)
         self.loss = loss
         return {name: self.blobs[name].data for name in self.outputs}
 
@@ -387,6 +394,8 @@ class Net:
             if group and not lo <= group.first <= group.last <= hi:
                 group.unfuse()  # a range that cuts a fused group runs its layers' own backward
         for i in range(hi, lo - 1, -1):
+            for hook in self.before_backward_hooks:
+                hook(i)
             self.backward_layer(i)
             for hook in self.backward_hooks:
                 hook(i)

@@ -94,19 +94,29 @@ class Transformer:
         self.input_scale[name] = scale
 
 
+# skimage's rgb2gray weights (ITU-R BT.709 luma), which pycaffe's load_image applies through skimage.io.imread
+RGB_TO_GRAY = (0.2125, 0.7154, 0.0721)
+
+
 def load_image(filename, color=True):
-    """An image file as float32 in [0, 1]: (H, W, 3) RGB, or (H, W, 1) with ``color=False``."""
+    """An image file as float32 in [0, 1]: (H, W, 3) RGB, or (H, W, 1) grey with ``color=False``.
+
+    Grey from a colour file is skimage's ``rgb2gray`` of the RGB floats, as pycaffe computes it (pure red 200 ->
+    0.2125 * 200 / 255 = 0.1667), not OpenCV's BT.601 grey.
+    """
     from ..data.images import decode_image
 
     try:
         data = numpy.fromfile(filename, dtype=numpy.uint8)
     except OSError as e:
         raise LayerforgeError(f"{filename}: cannot read the image: {e.strerror}") from None
-    image = decode_image(data, color, filename)
+    image = decode_image(data, True, filename)
     if image is None:
         raise LayerforgeError(f"{filename}: cannot read the image (missing, or not an image)")
-    image = image.transpose(1, 2, 0).astype(numpy.float32) / 255.0
-    return image[:, :, ::-1].copy() if color else image  # OpenCV's BGR -> pycaffe's RGB
+    rgb = image[::-1].transpose(1, 2, 0) / 255.0  # OpenCV's BGR (C, H, W) -> pycaffe's RGB (H, W, C), float64
+    if color:
+        return rgb.astype(numpy.float32)
+    return (rgb @ numpy.array(RGB_TO_GRAY))[:, :, None].astype(numpy.float32)
 
 
 def resize_image(image, new_dims, interp_order=1):

@@ -1,11 +1,12 @@
-"""pycaffe's global mode: CPU or GPU (and which device) for the nets and solvers made after it is set."""
+"""pycaffe's global state (Caffe's ``Caffe`` singleton): CPU or GPU mode and the device, the random seed, and the
+solver count and rank of one-process-per-GPU training (python/train.py), for the nets and solvers made after it."""
 import numpy
 
 from .. import rng
 from ..backend import gpu_array_module
 from ..errors import LayerforgeError
 
-_mode = {"gpu": False, "device": 0}
+_mode = {"gpu": False, "device": 0, "solver_count": 1, "solver_rank": 0, "multiprocess": False}
 
 
 def set_mode_cpu():
@@ -34,35 +35,40 @@ def array_module():
 
 
 def solver_overrides():
-    """The solver keys that the global mode sets."""
-    return {"solver_mode": "GPU", "device_id": _mode["device"]} if _mode["gpu"] else {}
+    """The solver keys that the global mode sets: pycaffe's solvers follow set_mode_cpu()/set_mode_gpu(), never the
+    file's ``solver_mode`` (only Caffe's command-line tool reads that)."""
+    return {"solver_mode": "GPU", "device_id": _mode["device"]} if _mode["gpu"] else {"solver_mode": "CPU"}
 
 
-def has_nccl():
-    """True when NCCL can be used here (cupy built with NCCL and a CUDA device)."""
-    from ..comm import nccl
-
-    return nccl.available()
+def solver_count():
+    """How many solvers train together (one per process or GPU); 1 unless :func:`set_solver_count` said more."""
+    return _mode["solver_count"]
 
 
-class NCCL:
-    """pycaffe's NCCL handle. ``NCCL.new_uid()`` makes a unique id (bytes) as Caffe's does.
+def set_solver_count(count):
+    """Solvers made from now on are one of ``count``: their data layers read only their rank's share of the
+    records (layerforge's data-parallel shard, as Caffe's data layers split the records between solvers)."""
+    _mode["solver_count"] = int(count)
 
-    Caffe's multi-GPU Python training (one process per GPU, ``NCCL(solver, uid)`` as a solver callback) is
-    done in layerforge by ``layerforge train --devices 0,1,...`` or ``mpiexec`` with ``allreduce: nccl``;
-    constructing this handle says so.
-    """
 
-    @staticmethod
-    def new_uid():
-        if not has_nccl():
-            raise LayerforgeError("caffe.NCCL.new_uid(): NCCL is not available (needs cupy with NCCL and a "
-                                  "CUDA device); check caffe.has_nccl() first")
-        from cupy.cuda import nccl
+def solver_rank():
+    """This process's solver among :func:`solver_count` (0 is the root: it alone displays, tests and snapshots)."""
+    return _mode["solver_rank"]
 
-        from ..comm.nccl import unique_id_bytes
-        return unique_id_bytes(nccl.get_unique_id())
 
-    def __init__(self, solver, uid):
-        raise LayerforgeError("caffe.NCCL(solver, uid): multi-GPU training runs through `layerforge train "
-                              "--devices 0,1,...` or mpiexec with `allreduce: nccl` (docs/distributed.md)")
+def set_solver_rank(rank):
+    _mode["solver_rank"] = int(rank)
+
+
+def multiprocess():
+    return _mode["multiprocess"]
+
+
+def set_multiprocess(value):
+    """Say that the solvers run one per process (python/train.py), as Caffe's flag does; NCCL(...) sets it too."""
+    _mode["multiprocess"] = bool(value)
+
+
+def solver_shard():
+    """``(rank, count)`` for layerforge's ``get_solver(shard=...)`` when several solvers train together, else None."""
+    return (_mode["solver_rank"], _mode["solver_count"]) if _mode["solver_count"] > 1 else None

@@ -39,6 +39,11 @@ def phase_name(phase):
     return _PHASES[phase]
 
 
+def _as_layer_callback(fn):
+    """A callable of the layer index: ``fn`` itself, or the ``run`` of a Caffe Net::Callback object (caffe.NCCL)."""
+    return fn if callable(fn) else fn.run
+
+
 class Net:
     """``caffe.Net(model, phase, level=0, stages=None, weights=None)`` or the legacy ``(model, weights, phase)``.
 
@@ -83,6 +88,62 @@ class Net:
     @property
     def _layer_names(self):
         return [layer.name for layer in self.net.layers]
+
+    # Caffe's C++ accessors, which pycaffe's Python properties are made of (and scripts use directly)
+    @property
+    def _blob_names(self):
+        return list(self.net.blobs)
+
+    @property
+    def _blobs(self):
+        return list(self.net.blobs.values())
+
+    @property
+    def _blob_loss_weights(self):
+        return list(self.blob_loss_weights.values())
+
+    @property
+    def _inputs(self):
+        """Indices into ``_blobs`` of the net inputs."""
+        return [self._blob_names.index(name) for name in self.net.inputs]
+
+    @property
+    def _outputs(self):
+        return [self._blob_names.index(name) for name in self.net.outputs]
+
+    def _bottom_ids(self, i):
+        """Indices into ``_blobs`` of layer ``i``'s bottoms."""
+        names = self._blob_names
+        return [names.index(name) for name in self.net.bottom_names(i)]
+
+    def _top_ids(self, i):
+        names = self._blob_names
+        return [names.index(name) for name in self.net.top_names(i)]
+
+    def _forward(self, start, end):
+        """Layers ``start``..``end`` (indices, inclusive) forward; returns their loss (Caffe's ForwardFromTo)."""
+        with user_exceptions():
+            self.net.forward(start=int(start), end=int(end))
+        return self.net.loss
+
+    def _backward(self, start, end):
+        """Layers ``start`` down to ``end`` (indices, start >= end) backward (Caffe's BackwardFromTo)."""
+        with user_exceptions():
+            self.net.backward(start=int(end), end=int(start))
+
+    # Caffe's Net callbacks: fn(layer index) around each layer's forward and backward step
+    def before_forward(self, fn):
+        self.net.before_forward_hooks.append(_as_layer_callback(fn))
+
+    def after_forward(self, fn):
+        self.net.after_forward_hooks.append(_as_layer_callback(fn))
+
+    def before_backward(self, fn):
+        self.net.before_backward_hooks.append(_as_layer_callback(fn))
+
+    def after_backward(self, fn):
+        """``fn(layer index)`` after each layer's step of backward, or a caffe.NCCL (its layer-wise exchange)."""
+        self.net.backward_hooks.append(_as_layer_callback(fn))
 
     @property
     def layer_dict(self):
@@ -244,12 +305,15 @@ class Net:
 
     def set_input_arrays(self, data, labels):
         """Hand arrays to the net's MemoryData layer (Caffe's Reset): data (N, C, H, W), labels (N,)."""
+        labels = numpy.asarray(labels)
+        self._set_input_arrays(numpy.ascontiguousarray(data, numpy.float32),
+                               numpy.ascontiguousarray(labels.reshape(len(labels)), numpy.float32))
+
+    def _set_input_arrays(self, data, labels):
         layers = [layer for layer in self.net.layers if layer.type == "MemoryData"]
         if not layers:
             raise LayerforgeError("set_input_arrays needs a MemoryData layer; this net has none")
-        labels = numpy.asarray(labels)
-        layers[0].reset(numpy.ascontiguousarray(data, numpy.float32),
-                        numpy.ascontiguousarray(labels.reshape(len(labels)), numpy.float32))
+        layers[0].reset(data, numpy.asarray(labels).reshape(len(labels)))
 
     def __repr__(self):
         return f"<caffe.Net view of {self.net!r}>"

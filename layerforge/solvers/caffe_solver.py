@@ -61,6 +61,9 @@ class CaffeConverter(NetConverter):
                 value = self.value(entries, SOLVER_KEYS[name], name, where, name)
                 renamed = [self.rename(v, name, rename_net) for v in as_list(value, line)]
                 put(out, name, renamed[0] if name != "test_net" else line_list(renamed, line), line)
+            elif name == "layer_wise_reduce":  # Caffe's "overlap compute and communication" is allreduce_overlap
+                put(out, "allreduce_overlap", self.value(entries, SOLVER_KEYS["allreduce_overlap"], name, where, name),
+                    line)
             elif name in SOLVER_KEYS:
                 put(out, name, self.value(entries, SOLVER_KEYS[name], name, where, name), line)
             else:
@@ -114,8 +117,14 @@ def _keep_net_paths(old, key):
 
 
 def read_solver_file(path):
-    """A solver file (YAML, or a Caffe prototxt solver converted) -> its mapping, not yet validated."""
-    return read_yaml_or_prototxt(path, lambda msg, where: message_to_mapping(msg, where, _keep_net_paths)[1])
+    """A solver file (YAML, or a Caffe prototxt solver converted) -> its mapping, not yet validated; a converted
+    mapping has ``caffe_format = True`` (its net paths are read as Caffe reads them, SolverParameter.resolve)."""
+    def convert(msg, where):
+        mapping = message_to_mapping(msg, where, _keep_net_paths)[1]
+        mapping.caffe_format = True
+        return mapping
+
+    return read_yaml_or_prototxt(path, convert)
 
 
 def read_config_file(path):

@@ -4,6 +4,7 @@ Caffe's SolverParameter semantics; docs/solvers.md lists every key. Errors are o
 with file, line and key, as for net definitions (``solver.yaml:4: key 'lr_polcy': unknown key; did you
 mean 'lr_policy'?``).
 """
+import logging
 import math
 import os
 
@@ -16,14 +17,17 @@ from .keys import INLINE_KEYS, SOLVER_KEYS
 class SolverParameter:
     """A validated solver: one attribute per key of ``SOLVER_KEYS`` plus ``path`` (the file, or None).
 
-    ``net``/``train_net``/``test_net`` paths are resolved against the solver file's directory.
+    ``net``/``train_net``/``test_net`` paths of a YAML solver are resolved against the solver file's directory;
+    those of a Caffe prototxt solver (``caffe_paths``) against the working directory, as Caffe does (see resolve).
     ``lr_policy``, ``regularization_type``, ``solver_mode``, ``dtype``, ``gemm_precision``, ``allreduce``, ``sync``,
     ``sparse_update`` and ``sparse_aggregation`` are upper-case; ``type`` is the registered spelling (``"Adam"``).
     """
 
-    def __init__(self, params, path, source):
+    def __init__(self, params, path, source, caffe_paths=False):
         self.__dict__.update(params.as_dict())
         self._params, self.path, self.source = params, path, source
+        self.caffe_paths = caffe_paths
+        self._said = set()  # the net paths found beside the solver, already said in a log line
 
     def given(self, key):
         return self._params.given(key)
@@ -36,10 +40,23 @@ class SolverParameter:
                            key=key)
 
     def resolve(self, path):
-        """A net path from the file, relative to the solver file's directory."""
+        """A net path from the file: relative to the solver file's directory in a YAML solver (the net is part of
+        its definition); relative to the working directory in a Caffe prototxt solver, as Caffe reads it
+        (``net: "examples/mnist/lenet_train_test.prototxt"``, run from the Caffe root). When a Caffe solver's
+        net is not there but is beside the solver file, that one is used, and a log line says so."""
         if path is None or self.path is None or os.path.isabs(path):
             return path
-        return os.path.join(os.path.dirname(os.path.abspath(self.path)), path)
+        beside = os.path.join(os.path.dirname(os.path.abspath(self.path)), path)
+        if not self.caffe_paths:
+            return beside
+        if os.path.exists(path) or not os.path.exists(beside):
+            return path
+        if path not in self._said:
+            self._said.add(path)
+            logging.getLogger("layerforge").warning(
+                "%s: net '%s' is not in the working directory %s; using the one beside the solver file, %s",
+                self.path, path, os.getcwd(), beside)
+        return beside
 
     def inline_net(self, definition):
         """An inline net (a dict from this file) as a NetParameter whose errors name this file; else unchanged."""
@@ -63,12 +80,14 @@ def load_solver_param(source, registry, **overrides):
     A SolverParameter is not read again: it is returned as it is, or with ``overrides`` its keys (those of the
     file and the overrides it was given) are checked again with the new ones.
     """
+    caffe_paths = False  # a Caffe prototxt solver's net paths are read from the working directory (resolve)
     if isinstance(source, SolverParameter):
         if all(value is None for value in overrides.values()):
             return source
-        path, mapping = source.path, source.source
+        path, mapping, caffe_paths = source.path, source.source, source.caffe_paths
     elif isinstance(source, (str, os.PathLike)):
         path, mapping = str(source), read_solver_file(str(source))  # YAML, or a Caffe prototxt converted
+        caffe_paths = getattr(mapping, "caffe_format", False)
     elif isinstance(source, dict):
         path, mapping = None, with_lines(source if isinstance(source, LineDict) else dict(source))
     else:
@@ -98,7 +117,7 @@ def load_solver_param(source, registry, **overrides):
     checked.__dict__.update(net_param=merged.get("net_param"), train_net_param=merged.get("train_net_param"),
                             test_net_param=[tnp] if isinstance(tnp, dict) else list(tnp))
     checked._given = frozenset(merged)
-    sp = SolverParameter(checked, path, merged)
+    sp = SolverParameter(checked, path, merged, caffe_paths)
     _check(sp, registry)
     return sp
 

@@ -174,7 +174,16 @@ class Solver:
 
     @staticmethod
     def _array_module(sp):
-        return backend.gpu_array_module(sp.device_id, "solver_mode GPU") if sp.solver_mode == "GPU" else numpy
+        if sp.solver_mode != "GPU":
+            return numpy
+        try:
+            return backend.gpu_array_module(sp.device_id, "solver_mode GPU")
+        except LayerforgeError as e:
+            if sp.line_of("solver_mode") is None:  # GPU asked for by an override (--gpu N), not by the file
+                raise
+            # Caffe's stock solver files say GPU: name the way to run them on this machine
+            raise sp.error(f"{e}; `layerforge train --cpu` (or solver_mode: CPU) trains on the CPU",
+                           "solver_mode") from None
 
     def add_callback(self, fn):
         """Call ``fn(iteration, loss)`` after every update (see ``callbacks``)."""

@@ -121,3 +121,66 @@ def test_nccl_handles_follow_availability():
             caffe.NCCL.new_uid()
     with pytest.raises(caffe.LayerforgeError, match="--devices"):
         caffe.NCCL(None, b"")
+
+
+# the first lines of a Caffe checkout's python/caffe/__init__.py and pycaffe.py
+CAFFES_INIT = "from .pycaffe import Net, SGDSolver\nfrom ._caffe import init_log, log\n"
+CAFFES_PYCAFFE = "from ._caffe import Net, SGDSolver\n"
+NOTEBOOK_START = ("import sys\ncaffe_root = {root!r} + '/'\nsys.path.insert(0, caffe_root + 'python')\n"
+                  "import caffe\nfrom caffe import layers as L\nfrom caffe.proto import caffe_pb2\n"
+                  "import layerforge.pycaffe\nprint(caffe is layerforge.pycaffe, getattr(caffe, 'BUILT', False))\n")
+
+
+def caffe_checkout(tmp_path, built=False):
+    """A Caffe checkout's python/caffe package, with or without the _caffe extension Caffe's build makes."""
+    package = tmp_path / "caffe" / "python" / "caffe"
+    package.mkdir(parents=True)
+    if built:  # stands for a compiled Caffe: its package imports fine
+        (package / "_caffe.so").write_bytes(b"")
+        (package / "__init__.py").write_text("BUILT = True\n")
+    else:
+        (package / "__init__.py").write_text(CAFFES_INIT)
+        (package / "pycaffe.py").write_text(CAFFES_PYCAFFE)
+    return str(tmp_path / "caffe")
+
+
+def run_notebook_start(root, env):
+    return subprocess.run([sys.executable, "-c", NOTEBOOK_START.format(root=root)], capture_output=True, text=True,
+                          env=env, cwd=root)
+
+
+def test_without_the_hook_a_caffe_checkouts_python_folder_fails_as_in_the_issue(tmp_path):
+    out = run_notebook_start(caffe_checkout(tmp_path), dict(os.environ))
+    assert out.returncode != 0 and "No module named 'caffe._caffe'" in out.stderr
+
+
+def test_python_path_step_replaces_an_unbuilt_caffe_checkout_put_ahead_on_the_path(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([python_path(), os.environ.get("PYTHONPATH", "")]))
+    out = run_notebook_start(caffe_checkout(tmp_path), env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False"]
+
+
+def test_python_path_step_leaves_a_built_caffe_alone(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([python_path(), os.environ.get("PYTHONPATH", "")]))
+    out = run_notebook_start(caffe_checkout(tmp_path, built=True), env)
+    assert out.returncode != 0 and "cannot import name 'layers' from 'caffe'" in out.stderr  # the "built" one ran
+
+
+def test_installed_hook_works_without_pythonpath(tmp_path):
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    subprocess.run([sys.executable, "-m", "layerforge.pycaffe", "--install-hook", "--site-dir", str(site_dir)],
+                   check=True, capture_output=True)
+    pth = site_dir / "layerforge-caffe.pth"
+    assert pth.read_text().splitlines()[0] == python_path()
+    root = caffe_checkout(tmp_path)
+    # a site-packages folder's .pth files run at interpreter start; site.addsitedir runs them the same way
+    code = f"import site; site.addsitedir({str(site_dir)!r})\n" + NOTEBOOK_START.format(root=root)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(caffe.__file__))))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False"]
+    subprocess.run([sys.executable, "-m", "layerforge.pycaffe", "--remove-hook", "--site-dir", str(site_dir)],
+                   check=True, capture_output=True)
+    assert not pth.exists()

@@ -62,6 +62,32 @@ def test_load_image_is_rgb_in_unit_range(tmp_path):
         caffe.io.load_image(str(tmp_path / "missing.png"))
 
 
+@pytest.mark.parametrize("bgr, grey", [((0, 0, 200), 0.2125 * 200 / 255), ((0, 200, 0), 0.7154 * 200 / 255),
+                                       ((200, 0, 0), 0.0721 * 200 / 255), ((10, 20, 30), (0.2125 * 30 + 0.7154 * 20
+                                                                                          + 0.0721 * 10) / 255)])
+def test_load_image_grey_is_skimages_rgb2gray(tmp_path, bgr, grey):
+    import cv2
+
+    path = str(tmp_path / "colour.png")
+    cv2.imwrite(path, numpy.full((3, 4, 3), bgr, numpy.uint8))
+    image = caffe.io.load_image(path, color=False)  # pycaffe: skimage.io.imread(as_grey=True), BT.709 weights
+    assert image.shape == (3, 4, 1) and image.dtype == numpy.float32
+    numpy.testing.assert_allclose(image, grey, rtol=1e-6)
+    if bgr == (0, 0, 200):
+        assert round(float(image[0, 0, 0]), 4) == 0.1667  # pure red 200, as Caffe gives it
+
+
+def test_load_image_of_a_grey_file(tmp_path):
+    import cv2
+
+    path = str(tmp_path / "grey.png")
+    cv2.imwrite(path, numpy.full((3, 4), 51, numpy.uint8))
+    numpy.testing.assert_allclose(caffe.io.load_image(path, color=False), 0.2, rtol=1e-6)
+    colour = caffe.io.load_image(path)
+    assert colour.shape == (3, 4, 3)
+    numpy.testing.assert_allclose(colour, 0.2, rtol=1e-6)
+
+
 def test_resize_image_keeps_channels_and_constant_images():
     image = numpy.full((4, 6, 5), 0.25, numpy.float32)
     out = caffe.io.resize_image(image, (8, 3))

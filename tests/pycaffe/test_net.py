@@ -220,3 +220,18 @@ def test_saved_weights_are_a_caffemodel(net, tmp_path):
     conv = [layer for layer in proto.layer if layer.name == "conv"][0]
     assert list(conv.blobs[0].shape.dim) == [11, 2, 2, 2]
     numpy.testing.assert_allclose(numpy.array(conv.blobs[0].data).reshape(11, 2, 2, 2), net.params["conv"][0].data)
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_saved_weights_honour_the_umask(net, tmp_path, umask, mode):
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        net.save(str(tmp_path / "w.caffemodel"))
+        net.save_hdf5(str(tmp_path / "w.h5"))
+    finally:
+        os.umask(old)
+    for name in ("w.caffemodel", "w.h5"):
+        assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == mode, name

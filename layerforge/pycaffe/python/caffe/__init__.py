@@ -5,15 +5,16 @@ Caffe is used from Python by putting ``caffe/python`` on PYTHONPATH; the same st
     export PYTHONPATH=$(python -m layerforge.pycaffe --python-path):$PYTHONPATH
 
 after which ``import caffe`` (and ``caffe.proto.caffe_pb2``, ``caffe.io``, ``caffe.draw``, ``caffe.net_spec``,
-``caffe.coord_map``, ``caffe.pycaffe``) are layerforge.pycaffe and its modules: the same module objects, so
+``caffe.coord_map``, ``caffe.classifier``, ``caffe.detector``, ``caffe.pycaffe``) are layerforge.pycaffe and its modules: the same module objects, so
 ``caffe.Net is layerforge.pycaffe.Net``. Nothing is installed under the name ``caffe`` by default, so a
-real Caffe on the path is never shadowed.
+real Caffe on the path is never shadowed; a Caffe checkout's uncompiled ``python/`` put ahead of this folder is
+(layerforge_caffe_finder.py).
 """
 import importlib
 import sys
 
 _pycaffe = importlib.import_module("layerforge.pycaffe")
-for _name in ("proto", "proto.caffe_pb2", "io", "draw", "net_spec", "coord_map"):
+for _name in ("proto", "proto.caffe_pb2", "io", "draw", "net_spec", "coord_map", "classifier", "detector"):
     sys.modules[f"caffe.{_name}"] = importlib.import_module(f"layerforge.pycaffe.{_name}")
 sys.modules["caffe.pycaffe"] = _pycaffe  # Caffe's module of Net/Solver helpers; here they are the package's
 _pycaffe.pycaffe = _pycaffe

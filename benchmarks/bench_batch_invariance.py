@@ -1,0 +1,92 @@
+"""Batch-invariant results (``LAYERFORGE_BATCH_INVARIANT=1``): what they cost, and whether results move with the batch.
+
+    python benchmarks/bench_batch_invariance.py [--nets lenet,alexnet] [--repeat 5] [--threads 2]
+
+For each net of bench_train.py (Input layers, random weights) and each batch: the time of one forward pass
+(inference) and of one forward + backward pass (training) with the switch off (the default: AUTO picks among all
+convolution engines, InnerProduct runs one GEMM over the batch) and on (AUTO among the batch-invariant engines
+only, InnerProduct one product per sample), side by side in one run, each mode in its own subprocess (the switch
+is read when a net is built), and the largest |output of one image alone - the same image's output in the batch|
+over the net's last layer before the loss in each mode. Times are the minimum of ``--repeat`` passes after AUTO
+has settled its engines (the least disturbed figure on a shared machine).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BATCHES = {"lenet": (1, 64), "alexnet": (1, 10)}
+
+
+def child(net_name, batch, repeat):
+    sys.path.insert(0, ROOT)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import numpy
+
+    from bench_train import NETS, layerforge_def
+    from layerforge import Net
+    from layerforge.layers.conv import settle_engines
+
+    nodes, shape = NETS[net_name]()[1], NETS[net_name]()[0]
+    # TEST phase: Dropout passes its input through (a TRAIN net draws other masks for another batch); the
+    # "train" figure is forward + backward of that net
+    net = Net(layerforge_def(nodes, batch, shape), phase="test")
+    single = Net(layerforge_def(nodes, 1, shape), phase="test")
+    single.share_params_with(net)
+    rs = numpy.random.RandomState(0)
+    net.blobs["data"].data[...] = rs.rand(*net.blobs["data"].shape) * 255 - 128
+    net.blobs["label"].data[...] = rs.randint(shape[2], size=batch)
+    settle_engines(net, lambda k: net.forward_backward())
+    settle_engines(single, lambda k: single.forward_backward())
+    out = nodes[-1][0]
+    for_one, for_batch = [], []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        net.forward()
+        for_one.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        net.forward_backward()
+        for_batch.append(time.perf_counter() - t)
+    net.forward()
+    batched = net.blobs[out].data.copy()
+    worst = 0.0
+    for i in range(min(batch, 4)):
+        single.blobs["data"].data[...] = net.blobs["data"].data[i:i + 1]
+        single.forward()
+        worst = max(worst, float(numpy.abs(single.blobs[out].data[0] - batched[i]).max()))
+    engines = sorted({f"{k}:{v}" for layer in net.layers for k, v in getattr(layer, "engine_choice", {}).items()})
+    print(json.dumps({"forward": min(for_one), "train": min(for_batch), "diff": worst, "engines": engines}))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nets", default="lenet,alexnet")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child[0], int(args.child[1]), int(args.child[2]))
+    print(f"{'net':8} {'batch':>5} | {'forward ms off':>14} {'on':>8} {'cost':>7} | {'train ms off':>12} {'on':>8} "
+          f"{'cost':>7} | {'max |alone - in batch| off':>26} {'on':>8}")
+    for net_name in args.nets.split(","):
+        for batch in BATCHES[net_name]:
+            result = {}
+            for mode in ("0", "1"):
+                env = dict(os.environ, LAYERFORGE_BATCH_INVARIANT=mode, OPENBLAS_NUM_THREADS=str(args.threads),
+                           OMP_NUM_THREADS=str(args.threads))
+                proc = subprocess.run([sys.executable, __file__, "--child", net_name, str(batch), str(args.repeat)],
+                                      capture_output=True, text=True, env=env, check=True)
+                result[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+            off, on = result["0"], result["1"]
+            print(f"{net_name:8} {batch:5d} | {off['forward'] * 1e3:14.2f} {on['forward'] * 1e3:8.2f} "
+                  f"{on['forward'] / off['forward'] - 1:+7.1%} | {off['train'] * 1e3:12.2f} {on['train'] * 1e3:8.2f} "
+                  f"{on['train'] / off['train'] - 1:+7.1%} | {off['diff']:26.3g} {on['diff']:8.3g}")
+            print(f"{'':14} engines off: {' '.join(off['engines'])}\n{'':14} engines on:  {' '.join(on['engines'])}")
+
+
+if __name__ == "__main__":
+    main()
