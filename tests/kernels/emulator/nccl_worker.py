@@ -29,4 +29,6 @@ assert (b.get() == 11).all(), b.get()
 grads = numpy.full(5, rank + 1.0, numpy.float32)  # layerforge's allreduce, host buffer in and out
 lf_nccl.allreduce_nccl(Communicator(comm), grads)
 assert (grads == sum(r + 1 for r in range(size))).all(), grads
-print(f"ok {rank}", flush=True)
+ranks = comm.gather(rank, root=0)  # one line from rank 0: hydra may interleave two ranks' output mid-line
+if rank == 0:
+    print("ok", *sorted(ranks), flush=True)
