@@ -12,7 +12,6 @@ import pytest
 
 from layerforge.backend import to_numpy
 from layerforge.net import Net
-from tests.conftest import BACKENDS
 from tests.test_cli import ROOT
 
 PROTOTXT = """name: "kernels"
@@ -67,7 +66,6 @@ def test_caffe_net_on_the_kernels_agrees(tmp_path, xp):
             numpy.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=name)
 
 
-@pytest.mark.skipif("cupy" not in BACKENDS, reason="needs cupy and a CUDA device")
 def test_time_on_the_gpu_reports_device_times():
     proc = subprocess.run([sys.executable, "-m", "layerforge", "time", "--model", "configs/lenet.yaml", "--gpu", "0",
                            "--iterations", "3", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
@@ -89,7 +87,6 @@ def lenet():
     return str(ROOT / "configs" / "lenet_solver.yaml")
 
 
-@pytest.mark.skipif("cupy" not in BACKENDS, reason="needs cupy and a CUDA device")
 @pytest.mark.parametrize("make", [lenet, small_resnet])
 def test_twenty_iterations_on_the_gpu_follow_the_cpu(make):
     from layerforge import get_solver

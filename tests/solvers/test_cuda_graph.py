@@ -9,7 +9,6 @@ import pytest
 from layerforge import Net, get_solver, rng
 from layerforge.errors import ConfigError
 from layerforge.solvers.cuda_graph import IterationGraphs, body_range, body_refusal, refusal
-from tests.conftest import BACKENDS
 from tests.net.test_fusion import resnet_block
 
 
@@ -80,7 +79,6 @@ def test_refusals_are_one_line_naming_the_key_or_the_layer():
     assert body_refusal(Net(net_def(), phase="TRAIN"), 2).startswith("cuda_graph needs iter_size 1")
 
 
-@pytest.mark.skipif("cupy" not in BACKENDS, reason="needs cupy and a CUDA device")
 @pytest.mark.parametrize("source", ["lenet", "resnet block"])
 def test_training_with_graphs_on_the_device_equals_training_without(source):
     from tests.test_cli import ROOT
