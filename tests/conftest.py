@@ -1,25 +1,74 @@
+"""The backends of the tests: numpy, and cupy on a real device where one is present, else on the emulated device.
+
+Without a device, the emulated CUDA device (layerforge/kernels/cuda/emulator, docs/gpu.md) is installed in this
+process for the whole session, through its own API: ``import cupy`` gives the emulator, so every GPU test runs
+(``xp`` fixture's ``cupy`` case, ``solver_mode: GPU``, ``Net(..., xp=cupy)``). ``LAYERFORGE_EMULATED_GPU=1`` is set
+for the session too, so the processes tests start (``layerforge ... --gpu 0``, CGDP's workers, ``mpiexec`` ranks)
+find the same device. A test of what a GPU request does where there is no device takes the :func:`no_gpu` fixture.
+"""
+import os
+
 import numpy
 import pytest
 
 from layerforge import rng
+from layerforge.kernels.cuda.emulator import install as emulator
+from layerforge.kernels.cuda.emulator.kernel_runner import BUILD_DIR_ENV
 
-BACKENDS = ["numpy"]
-try:  # cupy runs the same bodies on a device when one is present
-    import cupy
 
-    cupy.cuda.runtime.getDeviceCount()
-    BACKENDS.append("cupy")
-except Exception:  # noqa: BLE001 - no cupy, no driver or no device: CPU only
-    pass
+def _real_device():
+    if emulator.is_installed():  # LAYERFORGE_EMULATED_GPU=1 in the environment: the emulator is cupy already
+        return False
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - no cupy, no driver or no device
+        return False
+
+
+REAL_GPU = _real_device()  # a real cupy with a CUDA device: the cupy cases run there
+EMULATED_GPU = not REAL_GPU
+if EMULATED_GPU:
+    emulator.install()
+    os.environ[emulator.ENV] = "1"
+BACKENDS = ["numpy", "cupy"]
 
 
 @pytest.fixture(params=BACKENDS)
 def xp(request):
-    """The array module a test body runs on: numpy, and cupy where a device is present."""
+    """The array module a test body runs on: numpy, and cupy (a real device, or the emulated one)."""
     if request.param == "cupy":
         import cupy
-        return cupy
-    return numpy
+        yield cupy
+        cupy.cuda.Device(0).use()  # a test that made another device current does not leave it so
+        return
+    yield numpy
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """The world without a device, for tests of what a GPU request does there: the emulator is uninstalled for the
+    test (``import cupy`` finds the installed cupy, which finds no device, or none) and subprocesses do not ask for
+    it. Skips where a real device is present."""
+    if REAL_GPU:
+        pytest.skip("a GPU is present here")
+    monkeypatch.delenv(emulator.ENV, raising=False)
+    with emulator.uninstalled():
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _emulated_kernel_builds(tmp_path_factory):
+    """The emulated device's compiled kernels are shared by every test of the session and its subprocesses (the
+    engine cache below is per test): each kernel compiles once, as in a cold CI run. A build directory given in
+    the environment (to keep builds between sessions) is used as it is."""
+    if os.environ.get(BUILD_DIR_ENV):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(BUILD_DIR_ENV, str(tmp_path_factory.mktemp("emulated_gpu_build")))
+        yield
 
 
 @pytest.fixture(autouse=True)

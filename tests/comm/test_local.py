@@ -100,9 +100,7 @@ def test_calibration_is_cached(tmp_path, monkeypatch):
     assert cost_model.load_or_calibrate(comm, str(path)) == first
 
 
-def test_nccl_imports_without_cupy_and_refuses():
-    if nccl.available():
-        pytest.skip("cupy with NCCL is present")
+def test_nccl_imports_without_cupy_and_refuses(no_gpu):
     with pytest.raises(RuntimeError, match="cupy"):
         nccl.allreduce_nccl(Communicator(MPI.COMM_SELF), numpy.zeros(3, numpy.float32))
 
@@ -177,7 +175,6 @@ def test_nccl_id_goes_to_the_communicator_in_the_form_cupy_takes(monkeypatch, ve
     assert nccl.unique_id_bytes(uid) == nccl.unique_id_bytes(raw_id) and len(nccl.unique_id_bytes(uid)) == 128
 
 
-@pytest.mark.skipif(not nccl.available(), reason="needs cupy with NCCL and a CUDA device")
 def test_nccl_allreduce_on_one_rank_on_the_device():
     import cupy
     comm = Communicator(MPI.COMM_SELF)

@@ -102,17 +102,7 @@ def test_pycaffe_ignores_the_files_solver_mode(caffe_root, set_mode):
     assert solver.iter == 2
 
 
-def no_gpu():
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() == 0
-    except Exception:  # noqa: BLE001 - no cupy, or no driver
-        return True
-
-
-@pytest.mark.skipif(not no_gpu(), reason="a GPU is present here: the file's GPU mode would work")
-def test_the_command_line_obeys_solver_mode_and_names_the_override(caffe_root):
+def test_the_command_line_obeys_solver_mode_and_names_the_override(caffe_root, no_gpu):
     def train(*extra):
         return subprocess.run([sys.executable, "-m", "layerforge", "train", "--solver",
                                "examples/mnist/solver.prototxt", "--no-progress", *extra],

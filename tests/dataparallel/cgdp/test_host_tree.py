@@ -10,7 +10,6 @@ from layerforge.errors import LayerforgeError
 from layerforge.dataparallel.cgdp import WorkerOptions, WorkerPool, train_parallel
 from layerforge.solvers import get_solver
 
-from tests.conftest import BACKENDS
 
 from .helpers import (bad_record_on_worker_1, bug_on_worker_1, die_on_worker_1, flat_params, report_threads, solver,
                       write_lmdb)
@@ -142,7 +141,6 @@ def test_two_nodes_of_two_workers_match_one_worker_with_the_whole_batch(source, 
             numpy.testing.assert_allclose(row, expected, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.skipif("cupy" not in BACKENDS, reason="needs cupy and a CUDA device")
 @pytest.mark.parametrize("sync", ["host", "tree"])
 def test_two_workers_sharing_one_gpu_match_one_cpu_worker_with_the_whole_batch(source, sync):
     """``--devices 0,0``: the cupy mover's copy stream, events and pinned buffers carry the exchange."""

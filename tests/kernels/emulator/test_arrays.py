@@ -40,6 +40,10 @@ def test_scalars_are_operands_and_host_arrays_are_not_fill_values(cupy):
         a[...] = host()
     a[...] = numpy.float32(3)
     assert float(a[1, 2]) == 3.0
+    # a scatter takes host values, as cupy's (they are copied to the device first)
+    a[[0, 2]] = host()[:2]
+    a[a > 100] = numpy.zeros(0, numpy.float32)
+    numpy.testing.assert_array_equal(a.get()[[0, 2]], host()[:2])
 
 
 def test_get_asnumpy_and_asarray_are_the_crossings(cupy):

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from layerforge.kernels.cuda.emulator import install
+from tests.conftest import REAL_GPU
 
 CODE = """
 import sys
@@ -48,3 +49,15 @@ def test_a_cpu_run_under_the_variable_never_imports_cupy():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, **{install.ENV: "1"}))
     assert proc.returncode == 0 and proc.stdout.split() == ["False"], proc.stderr[-2000:]
+
+
+def test_uninstalled_shows_the_world_without_the_emulator_and_puts_it_back():
+    with install.installed() as emulated:
+        with install.uninstalled():
+            assert not install.is_installed()
+            import cupy
+            assert cupy is not emulated and cupy.__version__ != install.VERSION  # the installed cupy (or none)
+            if not REAL_GPU:
+                with pytest.raises(Exception):  # noqa: B017 - no device here: whatever the real cupy raises
+                    cupy.cuda.runtime.getDeviceCount()
+        assert install.is_installed() and sys.modules["cupy"] is emulated

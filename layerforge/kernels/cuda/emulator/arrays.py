@@ -337,9 +337,14 @@ class ndarray(streams.DeviceData):
 
     def __setitem__(self, key, value):
         key = _index(key)
-        if isinstance(value, numpy.ndarray) and value.ndim > 0:
+        if _has_array(key) and isinstance(value, (numpy.ndarray, list)):
+            # a scatter (integer-array or mask index) takes host values: cupy copies them to the device first
+            # (_routines_indexing.pyx, _scatter_op_single and _scatter_op_mask_single: core.array(value));
+            # only a plain view refuses them, filling from them (gh-2079)
+            value = to_device(value, dtype=self.dtype)
+        elif isinstance(value, numpy.ndarray) and value.ndim > 0:
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
-        if not isinstance(value, numpy.ndarray):
+        elif not isinstance(value, numpy.ndarray):
             operand(value)
         run_in_place(operator.setitem, self, key, value, name="setitem")
 

@@ -214,15 +214,38 @@ def is_installed():
 
 
 @contextlib.contextmanager
-def installed():
-    """The emulated cupy for the block; the modules and the import hooks of before (none, or a real cupy) after."""
+def _restoring():
+    """The cupy modules and the import hook as they were before the block, after it."""
     before, hooked = _ours(), is_installed()
     try:
-        install()
-        yield importlib.import_module("cupy")
+        yield
     finally:
-        if not hooked:
+        if hooked and not is_installed():
+            sys.meta_path.insert(0, _Finder)
+        if not hooked and is_installed():
             sys.meta_path.remove(_Finder)
         for name in _ours():
             del sys.modules[name]
         sys.modules.update(before)
+
+
+@contextlib.contextmanager
+def installed():
+    """The emulated cupy for the block; the modules and the import hooks of before (none, or a real cupy) after."""
+    with _restoring():
+        install()
+        yield importlib.import_module("cupy")
+
+
+@contextlib.contextmanager
+def uninstalled():
+    """The world without the emulator for the block: no import hook, no emulated module in ``sys.modules``, so
+    ``import cupy`` finds the installed cupy (or none); the emulator and its modules are back after. For tests
+    of what happens where there is no device, in a process that has the emulator installed."""
+    with _restoring():
+        if is_installed():
+            sys.meta_path.remove(_Finder)
+        for name, module in _ours().items():
+            if module is _modules().get(name):
+                del sys.modules[name]
+        yield

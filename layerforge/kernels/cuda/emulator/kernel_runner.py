@@ -31,7 +31,7 @@ global memory, an access past an allocation or a ``__shared__`` array) is a :cla
 report's first lines.
 
 Compiled modules are memoised per process and kept in ``$LAYERFORGE_CACHE_DIR/emulated_gpu`` (the cache
-directory of :mod:`layerforge.kernels.engine_cache`), keyed by a hash of the text, the options, the
+directory of :mod:`layerforge.kernels.engine_cache`; ``$LAYERFORGE_EMULATED_GPU_BUILD_DIR`` names another), keyed by a hash of the text, the options, the
 sanitizer, the compiler's version and the emulator's own sources.
 """
 import copy
@@ -58,6 +58,7 @@ SOURCES = ("cuda_runtime.h", "runner_abi.h", "runner_runtime.cpp", "runner_drive
 SANITIZER_ENV = "LAYERFORGE_EMULATED_GPU_SANITIZER"
 THREADS_ENV = "LAYERFORGE_EMULATED_GPU_THREADS"
 CXX_ENV = "LAYERFORGE_EMULATED_GPU_CXX"
+BUILD_DIR_ENV = "LAYERFORGE_EMULATED_GPU_BUILD_DIR"
 SANITIZERS = ("thread", "address")
 
 # the device's limits (compute capability 9.0, without the opt-in to more than 48 KiB of shared memory)
@@ -166,12 +167,14 @@ _process_dir = None
 
 
 def artifact_dir():
-    """Where compiled artifacts live: ``$LAYERFORGE_CACHE_DIR/emulated_gpu``, or a directory of this process
-    when the cache is off."""
+    """Where compiled artifacts live: ``$LAYERFORGE_EMULATED_GPU_BUILD_DIR`` when set (the tests share one per
+    session while every test gets an engine cache of its own), else ``$LAYERFORGE_CACHE_DIR/emulated_gpu``, or
+    a directory of this process when the cache is off."""
     global _process_dir
     root = cache_dir()
-    if root is not None:
-        path = Path(root) / "emulated_gpu"
+    given = os.environ.get(BUILD_DIR_ENV)
+    if given or root is not None:
+        path = Path(given) if given else Path(root) / "emulated_gpu"
         try:
             path.mkdir(parents=True, exist_ok=True)
             return path
