@@ -108,7 +108,7 @@ def phase_info(smoke):
 def phase_tests(smoke):
     targets = ["tests/kernels/test_lrn.py"] if smoke else [
         "tests/kernels", "tests/layers", "tests/data/test_device_feed.py", "tests/test_backend.py",
-        "tests/dataparallel/cgdp/test_host_tree.py::test_two_workers_sharing_one_gpu_match_one_cpu_worker_with_the_whole_batch"]
+        "tests/dataparallel/cgdp/test_host_tree.py::test_two_gpu_workers_match_one_cpu_worker_with_the_whole_batch"]
     import importlib.util
     if not smoke and importlib.util.find_spec("xdist"):  # the device image has pytest-xdist: 16 cores
         targets += ["-n", "8"]
