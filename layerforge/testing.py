@@ -10,7 +10,7 @@
 import numpy
 
 from . import rng
-from .backend import to_numpy
+from .backend import get_array_module, to_numpy
 from .blob import Blob
 
 
@@ -71,11 +71,11 @@ def check_gradient(layer, bottom, top, check_bottom=None, check_params=True, ste
         layer.forward(bottom, top)
         if R is None:
             R = [weights_rng.standard_normal(t.shape) for t in top]
-        return float(sum(numpy.sum(numpy.asarray(t.data, dtype=numpy.float64) * r) for t, r in zip(top, R)))
+        return float(sum(numpy.sum(to_numpy(t.data).astype(numpy.float64) * r) for t, r in zip(top, R)))
 
     objective()
     for t, r in zip(top, R):
-        t.diff[...] = r
+        t.diff[...] = get_array_module(t.diff).asarray(r)
     for b in bottom:
         b.diff[...] = 0
     for p in layer.blobs:
@@ -84,7 +84,7 @@ def check_gradient(layer, bottom, top, check_bottom=None, check_params=True, ste
     targets = [(f"bottom[{i}]", bottom[i]) for i in checks]
     if check_params:
         targets += [(f"param[{j}]", p) for j, p in enumerate(layer.blobs)]
-    analytic = [numpy.array(blob.diff, dtype=numpy.float64, copy=True) for _, blob in targets]
+    analytic = [to_numpy(blob.diff).astype(numpy.float64) for _, blob in targets]
     pick = numpy.random.default_rng(seed + 1)
     checked = 0
     for (label, blob), grad in zip(targets, analytic):

@@ -15,6 +15,7 @@ from ..errors import LayerforgeError
 from ..layers.python_layer import TEST, TRAIN  # 0 and 1, whose str() is their name (Caffe's enum)
 from ..net import Net as _Net
 from . import mode
+from .blob import BlobView, LayerView, after_sync, on_device, synced, views
 
 _PHASES = {TRAIN: "train", TEST: "test", "train": "train", "test": "test", "TRAIN": "train", "TEST": "test"}
 
@@ -73,16 +74,22 @@ class Net:
     # -- the graph -------------------------------------------------------------------------------
     @property
     def blobs(self):
-        """OrderedDict {blob name: Blob}, inputs to outputs (Split layers' blobs included, as in Caffe)."""
+        """OrderedDict {blob name: Blob}, inputs to outputs (Split layers' blobs included, as in Caffe); on a GPU,
+        views whose ``data`` and ``diff`` are host copies (pycaffe/blob.py)."""
+        if on_device(self.net):
+            return collections.OrderedDict((n, BlobView(b)) for n, b in self.net.blobs.items())
         return self.net.blobs
 
     @property
     def params(self):
         """OrderedDict {layer name: [Blob, ...]} of layers with parameters (weights, then bias)."""
-        return collections.OrderedDict((n, list(b)) for n, b in self.net.params.items())
+        wrap = views if on_device(self.net) else list
+        return collections.OrderedDict((n, wrap(b)) for n, b in self.net.params.items())
 
     @property
     def layers(self):
+        if on_device(self.net):
+            return [LayerView(layer) for layer in self.net.layers]
         return list(self.net.layers)
 
     @property
@@ -96,7 +103,7 @@ class Net:
 
     @property
     def _blobs(self):
-        return list(self.net.blobs.values())
+        return list(self.blobs.values())
 
     @property
     def _blob_loss_weights(self):
@@ -120,12 +127,14 @@ class Net:
         names = self._blob_names
         return [names.index(name) for name in self.net.top_names(i)]
 
+    @synced
     def _forward(self, start, end):
         """Layers ``start``..``end`` (indices, inclusive) forward; returns their loss (Caffe's ForwardFromTo)."""
         with user_exceptions():
             self.net.forward(start=int(start), end=int(end))
         return self.net.loss
 
+    @synced
     def _backward(self, start, end):
         """Layers ``start`` down to ``end`` (indices, start >= end) backward (Caffe's BackwardFromTo)."""
         with user_exceptions():
@@ -133,20 +142,22 @@ class Net:
 
     # Caffe's Net callbacks: fn(layer index) around each layer's forward and backward step
     def before_forward(self, fn):
-        self.net.before_forward_hooks.append(_as_layer_callback(fn))
+        self.net.before_forward_hooks.append(after_sync(_as_layer_callback(fn)))
 
     def after_forward(self, fn):
-        self.net.after_forward_hooks.append(_as_layer_callback(fn))
+        self.net.after_forward_hooks.append(after_sync(_as_layer_callback(fn)))
 
     def before_backward(self, fn):
-        self.net.before_backward_hooks.append(_as_layer_callback(fn))
+        self.net.before_backward_hooks.append(after_sync(_as_layer_callback(fn)))
 
     def after_backward(self, fn):
         """``fn(layer index)`` after each layer's step of backward, or a caffe.NCCL (its layer-wise exchange)."""
-        self.net.backward_hooks.append(_as_layer_callback(fn))
+        self.net.backward_hooks.append(after_sync(_as_layer_callback(fn)))
 
     @property
     def layer_dict(self):
+        if on_device(self.net):
+            return collections.OrderedDict((n, LayerView(layer)) for n, layer in self.net.layer_dict.items())
         return self.net.layer_dict
 
     @property
@@ -176,6 +187,7 @@ class Net:
         return weights
 
     # -- passes ----------------------------------------------------------------------------------
+    @synced
     def forward(self, blobs=None, start=None, end=None, **kwargs):
         """Run layers ``start``..``end`` (names, inclusive) after copying input arrays ``kwargs``.
 
@@ -187,8 +199,10 @@ class Net:
         with user_exceptions():
             self.net.forward(start=start, end=end)
         names = (self.top_names[end] if end is not None else self.outputs) + list(blobs or [])
-        return {name: self.net.blobs[name].data for name in names}
+        shown = self.blobs
+        return {name: shown[name].data for name in names}
 
+    @synced
     def backward(self, diffs=None, start=None, end=None, **kwargs):
         """Back-propagate from layer ``start`` down to ``end`` (names, inclusive) after copying output diffs.
 
@@ -198,7 +212,8 @@ class Net:
         with user_exceptions():
             self.net.backward(start=end, end=start)  # layerforge's range runs bottom-up; backward walks it down
         names = (self.bottom_names[end] if end is not None else self.inputs) + list(diffs or [])
-        return {name: self.net.blobs[name].diff for name in names}
+        shown = self.blobs
+        return {name: shown[name].diff for name in names}
 
     def _put(self, arrays, names, field):
         """Copy ``arrays`` into the ``field`` ("data"/"diff") of blobs ``names``: all of them, batch-sized."""
@@ -210,7 +225,8 @@ class Net:
             blob = self.net.blobs[name]
             if array.shape[0] != blob.shape[0]:
                 raise LayerforgeError(f"'{name}' is given {array.shape[0]} items; the batch size is {blob.shape[0]}")
-            getattr(blob, field)[...] = array
+            target = getattr(blob, field)
+            target[...] = self.net.xp.asarray(array)  # a host array, copied to the device where the blob lives
 
     def forward_all(self, blobs=None, **kwargs):
         """Forward over inputs of any length, in batches (the last one zero-padded); outputs cut to length."""
@@ -254,6 +270,7 @@ class Net:
             out = {name: v[:n] for name, v in out.items()}
         return out
 
+    @synced
     def reshape(self):
         """Propagate changed input blob shapes through every layer (Caffe's Net::Reshape)."""
         with user_exceptions():
@@ -263,10 +280,12 @@ class Net:
     def _shapes_of_inputs(self):
         return [self.net.blobs[name].shape for name in self.net.inputs]
 
+    @synced
     def clear_param_diffs(self):
         self.net.clear_param_diffs()
 
     # -- weights ---------------------------------------------------------------------------------
+    @synced
     def copy_from(self, weights):
         """Copy weights by layer name from a .caffemodel, Caffe HDF5 or .npz file, whatever its name
         (layers absent from the file keep theirs)."""
@@ -281,22 +300,26 @@ class Net:
         else:
             copy_trained_layers(self.net, weights)
 
+    @synced
     def share_with(self, other):
         """Use ``other``'s parameter blobs (same storage) for every layer of the same name (Caffe's ShareTrainedLayersWith)."""
         self.net.share_params_with(other.net if isinstance(other, Net) else other)
 
+    @synced
     def save(self, path):
         """Write the weights as a .caffemodel (Caffe's NetParameter with each layer's blobs)."""
         from ..caffe.caffemodel import save_caffemodel
 
         save_caffemodel(self.net, path)
 
+    @synced
     def save_hdf5(self, path):
         """Write the weights in Caffe's HDF5 layout (``/data/<layer>/<i>``)."""
         from ..caffe.caffemodel import save_hdf5
 
         save_hdf5(self.net, path)
 
+    @synced
     def load_hdf5(self, path):
         """Read weights written by :meth:`save_hdf5` (or Caffe's Net::ToHDF5)."""
         from ..caffe.caffemodel import copy_from_hdf5
@@ -309,6 +332,7 @@ class Net:
         self._set_input_arrays(numpy.ascontiguousarray(data, numpy.float32),
                                numpy.ascontiguousarray(labels.reshape(len(labels)), numpy.float32))
 
+    @synced
     def _set_input_arrays(self, data, labels):
         layers = [layer for layer in self.net.layers if layer.type == "MemoryData"]
         if not layers:

@@ -3,6 +3,7 @@ from ..solvers import get_solver as _get_solver
 from ..solvers.param import learning_rate
 from ..solvers.seam import Seam
 from . import mode
+from .blob import after_sync, synced
 from .net import Net
 
 
@@ -83,21 +84,26 @@ class Solver:
         """The learning rate of the current iteration (Caffe's SGDSolver::GetLearningRate)."""
         return learning_rate(self.solver.param, self.solver.iter)
 
+    @synced
     def step(self, iters):
         """Run ``iters`` training iterations (tests and snapshots as the solver file says)."""
         self.solver.step(iters)
 
+    @synced
     def solve(self, resume_file=None):
         """Train to ``max_iter`` (resuming from a solver state when given)."""
         self.solver.solve(resume_file=resume_file)
 
+    @synced
     def apply_update(self):
         """One update from the current parameter diffs (learning rate, normalisation, clipping, regularisation)."""
         self.solver.apply_update()
 
+    @synced
     def snapshot(self):
         return self.solver.snapshot()
 
+    @synced
     def restore(self, state_file):
         self.solver.restore(state_file)
 
@@ -111,7 +117,7 @@ class Solver:
         with both methods (a caffe.NCCL) may be given instead. Callbacks act in the order they were added."""
         if on_gradients_ready is None:
             on_start, on_gradients_ready = on_start.on_start, on_start.on_gradients_ready
-        self.solver.add_seam(_Callback(on_start, on_gradients_ready))
+        self.solver.add_seam(_Callback(after_sync(on_start), after_sync(on_gradients_ready)))
 
     def __repr__(self):
         return f"<caffe.{type(self).__name__} view of {self.solver!r}>"

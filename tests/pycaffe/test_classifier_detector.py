@@ -10,6 +10,8 @@ import pytest
 import layerforge.pycaffe as caffe
 
 SIZE, CLASSES = 8, 4
+pytestmark = pytest.mark.usefixtures("caffe_mode")  # every test in CPU mode and in GPU mode
+
 DEPLOY = f"""name: 'tiny'
 input: 'data' input_shape {{ dim: 1 dim: 3 dim: {SIZE} dim: {SIZE} }}
 layer {{ name: 'ip' type: 'InnerProduct' bottom: 'data' top: 'ip'

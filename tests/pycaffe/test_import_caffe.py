@@ -119,6 +119,10 @@ def test_nccl_handles_follow_availability():
     else:
         with pytest.raises(caffe.LayerforgeError, match="NCCL is not available"):
             caffe.NCCL.new_uid()
+
+
+def test_nccl_without_a_device_names_the_alternative(no_gpu):
+    assert not caffe.has_nccl()
     with pytest.raises(caffe.LayerforgeError, match="--devices"):
         caffe.NCCL(None, b"")
 

@@ -7,6 +7,8 @@ import pytest
 import layerforge.pycaffe as caffe
 from layerforge.errors import LayerforgeError
 
+pytestmark = pytest.mark.usefixtures("caffe_mode")  # every test in CPU mode and in GPU mode
+
 NUM_OUTPUT = 13
 
 
@@ -59,6 +61,9 @@ def test_forward_backward_and_clear_diffs(net):
     diff = net.params["conv"][0].diff
     assert diff.max() > 0
     net.clear_param_diffs()
+    # on a GPU a kept array shows the device's values once its blob is read again (Caffe's SyncedMemory); on the
+    # CPU it is the blob's own array
+    assert (net.params["conv"][0].diff == 0).all()
     assert (diff == 0).all()
 
 

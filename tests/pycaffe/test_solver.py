@@ -6,6 +6,8 @@ import layerforge.pycaffe as caffe
 
 from .test_net import NUM_OUTPUT, simple_net_file
 
+pytestmark = pytest.mark.usefixtures("caffe_mode")  # every test in CPU mode and in GPU mode
+
 
 @pytest.fixture
 def solver(tmp_path, monkeypatch):
@@ -38,7 +40,9 @@ def test_apply_update_is_one_sgd_step(solver):
     data[...] = 0
     net.layers[1].blobs[0].diff[...] = 1
     solver.apply_update()
-    # base_lr 0.01, weight decay 0.0005 on zero weights adds nothing, no momentum history yet
+    # base_lr 0.01, weight decay 0.0005 on zero weights adds nothing, no momentum history yet (on a GPU a kept array
+    # shows the device's values once its blob is read again, as Caffe's)
+    numpy.testing.assert_allclose(net.layers[1].blobs[0].data, -0.01, atol=1e-7)
     numpy.testing.assert_allclose(data, -0.01, atol=1e-7)
     assert solver.iter == 0  # Caffe's ApplyUpdate does not count an iteration
 
