@@ -13,6 +13,8 @@ import sys
 import numpy
 import pytest
 
+from tests.devices import needs_two_gpus
+
 from .notebooks import HERE, pycaffe_env
 
 PYTHON = sys.executable
@@ -118,6 +120,7 @@ solver_mode: GPU
 """
 
 
+@needs_two_gpus
 @pytest.mark.parametrize("layer_wise, timing", [(True, True), (False, False)])
 def test_train_py_on_two_gpus_trains_as_one_process_with_the_whole_batch(caffe_root, layer_wise, timing):
     """python/train.py --gpus 0 1: a process per GPU (the emulated devices where there is none), caffe.NCCL's

@@ -10,6 +10,7 @@ import yaml
 
 from layerforge.data.lmdb_io import LMDBWriter, encode_record, record_key
 from tests.comm.mpirun import ROOT, run_mpi
+from tests.devices import needs_two_gpus
 
 pytestmark = pytest.mark.mpi
 
@@ -95,6 +96,7 @@ def test_p_ranks_equal_one_rank_with_total_batch(reference, p, algorithm):
     assert f"Data parallel over {p} ranks" in proc.stderr
 
 
+@needs_two_gpus
 def test_two_ranks_on_gpus_with_nccl_equal_one_rank_with_total_batch(reference):
     """``--gpu 0`` under mpiexec: rank r trains on GPU r (the emulated devices where there is none) and the
     gradients are summed by NCCL, overlapped with backward, on the device."""

@@ -12,6 +12,7 @@ import yaml
 from layerforge.solvers import get_solver
 from layerforge.solvers.seam import Seam
 from tests.comm.mpirun import ROOT, run_mpi
+from tests.devices import needs_two_gpus
 
 pytestmark = pytest.mark.mpi
 
@@ -80,7 +81,8 @@ def train(tmp, p, tag, batch_norm=True, gpu=False, **keys):
 
 
 @pytest.mark.parametrize("p,algorithm,gpu", [(2, "recursive", False), (3, "ring", False), (2, "mpi", False),
-                                             (3, "hierarchical", False), (2, "nccl", True)])
+                                             (3, "hierarchical", False),
+                                             pytest.param(2, "nccl", True, marks=needs_two_gpus)])
 def test_overlapped_exchange_gives_the_same_bits(db, p, algorithm, gpu):
     after, log_after = train(db, p, f"after_{p}_{algorithm}", gpu=gpu, allreduce=algorithm.upper(),
                              allreduce_overlap=False)

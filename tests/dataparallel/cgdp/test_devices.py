@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from layerforge.solvers import get_solver
+from tests.devices import two_devices
 from tests.test_cli import ROOT
 
 from .helpers import net, solver, write_lmdb
@@ -41,7 +42,7 @@ def files(tmp_path_factory):
 
 def test_train_on_two_devices_with_host_sync_is_one_process_with_the_whole_batch(files):
     d, reference = files
-    proc = layerforge("train", "--solver", "solver.yaml", "--devices", "0,1", "--sync", "host", "--chunk-size", 1,
+    proc = layerforge("train", "--solver", "solver.yaml", "--devices", two_devices(), "--sync", "host", "--chunk-size", 1,
                       "--no-progress", cwd=d)
     assert "Data parallel: 2 workers, sync host, chunk_size 1" in proc.stdout + proc.stderr
     with numpy.load(d / "out" / f"s_iter_{ITERS}.npz") as snapshot:
@@ -53,7 +54,7 @@ def test_train_on_two_devices_with_host_sync_is_one_process_with_the_whole_batch
 
 def test_time_on_two_devices_times_the_copies_to_and_from_the_device(files):
     d, _ = files
-    timing = json.loads(layerforge("time", "--model", "net.yaml", "--devices", "0,1", "--iterations", 2, "--json",
+    timing = json.loads(layerforge("time", "--model", "net.yaml", "--devices", two_devices(), "--iterations", 2, "--json",
                                    cwd=d).stdout)
     assert timing["G"] == 2 and timing["sync"] == "HOST"
     # a GPU worker's chunks are copied out of its diffs and back (CPU workers' diffs are their slots: 0 there)

@@ -10,6 +10,7 @@ from layerforge.errors import LayerforgeError
 from layerforge.dataparallel.cgdp import WorkerOptions, WorkerPool, train_parallel
 from layerforge.solvers import get_solver
 from tests.conftest import EMULATED_GPU
+from tests.devices import two_devices
 
 from .helpers import (bad_record_on_worker_1, bug_on_worker_1, die_on_worker_1, flat_params, report_threads, solver,
                       write_lmdb)
@@ -141,7 +142,7 @@ def test_two_nodes_of_two_workers_match_one_worker_with_the_whole_batch(source, 
             numpy.testing.assert_allclose(row, expected, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("sync,devices,graph", [("host", "0,0", False), ("tree", "0,1", True)])
+@pytest.mark.parametrize("sync,devices,graph", [("host", "0,0", False), ("tree", two_devices(), True)])
 def test_two_gpu_workers_match_one_cpu_worker_with_the_whole_batch(source, sync, devices, graph, monkeypatch):
     """``--devices 0,0`` (two workers sharing one GPU) and ``0,1``: the cupy mover's copy stream, events and pinned
     buffers carry the exchange; in tree mode each worker replays its net's body from CUDA graphs. On the emulated
@@ -164,7 +165,7 @@ def test_two_gpu_workers_match_one_cpu_worker_with_the_whole_batch(source, sync,
 def test_cuda_graphs_are_refused_in_host_mode_in_one_line(source):
     """A replayed backward would post no chunk: every worker would wait for the chunks forever."""
     with pytest.raises(LayerforgeError, match="key 'cuda_graph': cuda_graph cannot record sync host's backward") as e:
-        train_parallel(solver(source, 4, ITERS, cuda_graph=True), devices="0,1", sync="host", log=False)
+        train_parallel(solver(source, 4, ITERS, cuda_graph=True), devices=two_devices(), sync="host", log=False)
     assert "\n" not in str(e.value)
 
 
