@@ -305,6 +305,9 @@ class Solver:
             check_writable(os.path.dirname(os.path.abspath(self.snapshot_prefix)),
                            f"{sp.path or 'solver'}: snapshot_prefix '{self.snapshot_prefix}'")
         log.info("Solving %s", self.net.name)
+        if self.xp is not numpy:  # Caffe's "GPU 0: <name>" line: which device trains
+            device = self.xp.cuda.Device().id
+            log.info("Using GPU %d: %s", device, backend.gpu_name(device))
         log.info("Learning Rate Policy: %s", sp.lr_policy.lower())
         if resume_file:
             self.restore(resume_file)

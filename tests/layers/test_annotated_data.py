@@ -49,13 +49,13 @@ def fill(path, unique_pixel, unique_annotation, rich, shapes=None):
     return str(path)
 
 
-def layer(source, phase="TRAIN", batch=NUM, transform=None, annotated=None, **data):
+def layer(source, phase="TRAIN", batch=NUM, transform=None, annotated=None, xp=numpy, **data):
     definition = {"type": "AnnotatedData", "top": ["data", "label"],
                   "data": dict({"source": source, "batch_size": batch, "shuffle": False, "decode_workers": 1,
                                 "prefetch": 1}, **data),
                   "transform": transform or {}, "annotated_data": annotated or {}}
-    lay = create_layer(definition, phase=phase, dtype=numpy.float64)
-    top = [Blob((1,), numpy.float64), Blob((1,), numpy.float64)]
+    lay = create_layer(definition, phase=phase, dtype=numpy.float64, xp=xp)
+    top = [Blob((1,), numpy.float64, xp), Blob((1,), numpy.float64, xp)]
     lay.setup([], top)
     return lay, top
 
@@ -68,9 +68,9 @@ def fork_rows(i, unique_annotation, image=None):
 
 @pytest.mark.parametrize("unique_pixel", [False, True])
 @pytest.mark.parametrize("unique_annotation", [False, True])
-def test_read(tmp_path, unique_pixel, unique_annotation):
+def test_read(tmp_path, unique_pixel, unique_annotation, xp):
     source = fill(tmp_path / "db", unique_pixel, unique_annotation, True)
-    lay, top = layer(source, transform={"scale": 3})
+    lay, top = layer(source, transform={"scale": 3}, xp=xp)
     assert top[0].shape == (NUM, CHANNELS, HEIGHT, WIDTH) and top[1].shape == (1, 1, 1, 8)
     expected = [row for i in range(NUM) for row in fork_rows(i, unique_annotation)]
     for _ in range(3):  # batches wrap around the six records
@@ -83,8 +83,8 @@ def test_read(tmp_path, unique_pixel, unique_annotation):
     lay.close()
 
 
-def test_read_labels_without_rich_annotation(tmp_path):
-    lay, top = layer(fill(tmp_path / "db", True, False, False))
+def test_read_labels_without_rich_annotation(tmp_path, xp):
+    lay, top = layer(fill(tmp_path / "db", True, False, False), xp=xp)
     assert top[1].shape == (NUM,)
     lay.forward([], top)
     numpy.testing.assert_array_equal(to_numpy(top[1].data), numpy.arange(NUM))
