@@ -1,6 +1,7 @@
 """The whole GPU check in one device call of under 10 minutes: install, GPU tests, LeNet, nets, data, convs.
 
     python benchmarks/gpu_suite.py                  # on the device machine (one call; see docs/gpu.md)
+    python benchmarks/gpu_suite.py --emulated       # here: the device code of every phase, small, on the emulated GPU
     python benchmarks/gpu_suite.py --cpu-smoke      # here: the same orchestration on numpy, in seconds
 
 Phases, in order, each in its own subprocess with its own time box (a phase that fails or runs out of
@@ -42,7 +43,10 @@ Writes ``benchmarks/results/gpu-<device>-<yyyymmdd>.json`` (``--out`` folder) wi
 ``pipeline_img_s``, ``feed_matches``, ...; docs/gpu.md), ``convs`` and ``phases`` (seconds and error of each),
 and prints a summary line last.
 ``--cpu-smoke`` runs every phase small on numpy / torch CPU (no install), to test the orchestration; its data
-phase: 32 JPEGs of 64 x 48 and CIFAR-10 quick at batch 8, crop 32, two iterations.
+phase: 32 JPEGs of 64 x 48 and CIFAR-10 quick at batch 8, crop 32, two iterations. ``--emulated`` runs the same small
+settings through every phase's device code (cupy, CUDA events, graphs, the device data feed) on layerforge's emulated
+CUDA device (its children get ``LAYERFORGE_EMULATED_GPU=1``), without PyTorch (its CUDA cannot be emulated, and
+``--cpu-smoke`` runs its CPU code): it checks that the code runs; its figures mean nothing.
 """
 import argparse
 import datetime
@@ -60,9 +64,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-# phase -> (time box in seconds on the device, in --cpu-smoke)
-BOXES = {"install": (40, 5), "info": (20, 30), "tests": (150, 60), "lenet": (50, 60), "nets": (170, 60),
-         "data": (75, 90), "convs": (55, 60)}
+MODES = ("device", "cpu-smoke", "emulated")
+# phase -> time box in seconds in each of MODES
+BOXES = {"install": (40, 5, 5), "info": (20, 30, 30), "tests": (150, 60, 90), "lenet": (50, 60, 120),
+         "nets": (170, 60, 180), "data": (75, 90, 150), "convs": (55, 60, 90)}
 NET_RUNS = [("resnet50", 64), ("alexnet", 256), ("vgg16", 32)]
 SMOKE_NET_RUNS = [("lenet", 8)]
 # the data phase: (images, width, height, classes) of its JPEG set, and (zoo net, batch, crop) it trains
@@ -72,14 +77,33 @@ DATA_FEEDS = ("lmdb", "synthetic")
 PRECISIONS = ("fp32", "tf32")
 RESERVE = 10  # seconds kept for writing the results
 STARTED = time.perf_counter()  # this process's start (phase boxes count from the child's start)
+EMULATOR_ENV = "LAYERFORGE_EMULATED_GPU"  # what turns the emulated device on (layerforge/kernels/cuda/emulator)
+
+
+class Mode:
+    """How the suite runs (one of MODES): on a GPU ("device"), small on numpy ("cpu-smoke"), or small through the
+    device code on the emulated GPU ("emulated")."""
+
+    def __init__(self, name):
+        if name not in MODES:
+            raise ValueError(f"mode {name!r}: one of {', '.join(MODES)}")
+        self.name = name
+        self.small = name != "device"  # the smoke sizes
+        self.gpu = name != "cpu-smoke"  # layerforge on cupy (a device or the emulated one)
+        self.cuda = name == "device"  # torch on CUDA
+        self.torch = name != "emulated"  # the PyTorch figures beside layerforge's (on its CPU in cpu-smoke)
+
+    def env(self):
+        """The environment of a phase's child process."""
+        return dict(os.environ, **({EMULATOR_ENV: "1"} if self.name == "emulated" else {}))
 
 
 # --------------------------------------------------------------------------------------------------
 # phases: each runs in a child process and returns a JSON-able dict
 
-def phase_install(smoke):
-    if smoke:
-        return {"skipped": "cpu smoke"}
+def phase_install(mode):
+    if mode.small:
+        return {"skipped": mode.name}
     steps = []
     wheels = sorted(glob.glob(os.path.join(ROOT, ".whl", "*.whl")))
     if wheels:
@@ -94,30 +118,34 @@ def phase_install(smoke):
     return {"wheels": [os.path.basename(w) for w in wheels]}
 
 
-def phase_info(smoke):
-    import torch
-    info = {"torch": torch.__version__, "cupy": None, "device": "cpu-smoke" if smoke else None}
-    if not smoke:
+def phase_info(mode):
+    info = {"torch": None, "cupy": None, "device": None if mode.gpu else "cpu-smoke"}
+    if mode.torch:
+        import torch
+        info["torch"] = torch.__version__
+    if mode.gpu:
+        from layerforge.backend import gpu_name  # first: layerforge puts the emulated device in cupy's place
+
         import cupy
         info["cupy"] = cupy.__version__
-        from layerforge.backend import gpu_name
         info["device"] = gpu_name(0)
     return info
 
 
-def phase_tests(smoke):
-    targets = ["tests/kernels/test_lrn.py"] if smoke else [
+def phase_tests(mode):
+    small = {"cpu-smoke": ["tests/kernels/test_lrn.py"], "emulated": ["tests/data/test_device_feed.py"]}
+    targets = small[mode.name] if mode.small else [
         "tests/kernels", "tests/layers", "tests/data/test_device_feed.py", "tests/test_backend.py",
-        "tests/dataparallel/cgdp/test_host_tree.py::test_two_workers_sharing_one_gpu_match_one_cpu_worker_with_the_whole_batch"]
+        "tests/dataparallel/cgdp/test_host_tree.py::test_two_gpu_workers_match_one_cpu_worker_with_the_whole_batch"]
     import importlib.util
-    if not smoke and importlib.util.find_spec("xdist"):  # the device image has pytest-xdist: 16 cores
+    if not mode.small and importlib.util.find_spec("xdist"):  # the device image has pytest-xdist: 16 cores
         targets += ["-n", "8"]
     if importlib.util.find_spec("pytest_timeout"):
         targets += ["--timeout", "60"]
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "junit.xml")
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                               *targets], capture_output=True, text=True, cwd=ROOT)
+                               *targets], capture_output=True, text=True, cwd=ROOT, env=mode.env())
         counts = {"tests_passed": 0, "tests_failed": 0, "tests_skipped": 0}
         if os.path.exists(report):
             for suite in ET.parse(report).getroot().iter("testsuite"):
@@ -132,19 +160,29 @@ def phase_tests(smoke):
     return counts
 
 
-def phase_lenet(smoke, seconds_left):
-    """LeNet's solver on the GPU in chunks of 50 iterations, stopping early when its time box runs short."""
+def phase_lenet(mode, seconds_left):
+    """LeNet's solver on the GPU in chunks of 50 iterations, stopping early when its time box runs short (small:
+    6 iterations of batch 8, one test batch of 8)."""
     import layerforge
+    import yaml
     overrides = dict(snapshot_after_train=False, test_interval=0, display=0)
-    if smoke:
-        overrides.update(max_iter=20, test_iter=[1])
-    else:
+    if mode.gpu:
         overrides.update(solver_mode="GPU", device_id=0)
-    solver = layerforge.get_solver(os.path.join(ROOT, "configs", "lenet_solver.yaml"), **overrides)
+    source = os.path.join(ROOT, "configs", "lenet_solver.yaml")
+    if mode.small:
+        with open(source) as f:
+            source = {k: v for k, v in yaml.safe_load(f).items() if k != "net"}
+        with open(os.path.join(ROOT, "configs", "lenet.yaml")) as f:
+            source["net_param"] = yaml.safe_load(f)
+        for layer in source["net_param"]["layers"]:
+            if layer["type"] == "Data":
+                layer["data"]["batch_size"] = 8
+        overrides.update(max_iter=6, test_iter=[1])
+    solver = layerforge.get_solver(source, **overrides)
     from layerforge import trace
     trace_path = os.path.join(tempfile.mkdtemp(), "lenet-trace.json")
-    # iterations 10-14 traced: NVTX ranges (Nsight) and device spans (CUDA events) on a GPU
-    trace.start(trace_path, (10, 15), xp=solver.xp, device_spans=not smoke)
+    # iterations 10-14 (3-4 when small) traced: NVTX ranges (Nsight) and device spans (CUDA events) on a GPU
+    trace.start(trace_path, (3, 5) if mode.small else (10, 15), xp=solver.xp, device_spans=mode.gpu)
     t0 = time.perf_counter()
     stop = STARTED + 0.75 * seconds_left  # the box counts from process start; leave time for the test pass
     while solver.iter < solver.param.max_iter and time.perf_counter() < stop:
@@ -166,7 +204,7 @@ def _sync(xp):
         xp.cuda.Device().synchronize()
 
 
-def _layerforge_run(net_name, batch, precision, iterations, smoke):
+def _layerforge_run(net_name, batch, precision, iterations, mode):
     import numpy
     from bench_train import NETS, layerforge_def
     from layerforge.net import Net
@@ -175,7 +213,7 @@ def _layerforge_run(net_name, batch, precision, iterations, smoke):
     from layerforge.kernels.autotune import engines_settled
 
     graph = precision.endswith("-graph")
-    if smoke:
+    if not mode.gpu:
         xp = numpy
     else:
         import cupy as xp
@@ -210,7 +248,7 @@ def _layerforge_run(net_name, batch, precision, iterations, smoke):
         if k >= 1 and engines_settled(net):
             break
     if graph:  # recorded at the first step (a stand-in recorder on numpy), replayed by the timed ones
-        graphs = IterationGraphs(net, record=(lambda fn: fn) if smoke else None)
+        graphs = IterationGraphs(net, record=None if mode.gpu else (lambda fn: fn))
         step()
     _sync(xp)
     t0 = time.perf_counter()
@@ -224,12 +262,12 @@ def _layerforge_run(net_name, batch, precision, iterations, smoke):
     return batch / seconds, peak / 2 ** 20
 
 
-def _torch_run(net_name, batch, precision, iterations, smoke):
+def _torch_run(net_name, batch, precision, iterations, mode):
     import torch
     from bench_train import NETS, torch_module
 
-    device = "cpu" if smoke else "cuda"
-    if not smoke:
+    device = "cuda" if mode.cuda else "cpu"
+    if mode.cuda:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
         torch.cuda.reset_peak_memory_stats()
     shape, nodes = NETS[net_name]()
@@ -246,47 +284,50 @@ def _torch_run(net_name, batch, precision, iterations, smoke):
 
     for _ in range(2):
         step()
-    sync = (lambda: None) if smoke else torch.cuda.synchronize
+    sync = torch.cuda.synchronize if mode.cuda else (lambda: None)
     sync()
     t0 = time.perf_counter()
     for _ in range(iterations):
         step()
     sync()
     seconds = (time.perf_counter() - t0) / iterations
-    peak = 0 if smoke else torch.cuda.max_memory_allocated()
+    peak = torch.cuda.max_memory_allocated() if mode.cuda else 0
     return batch / seconds, peak / 2 ** 20
 
 
-def phase_net(smoke, framework, net, batch, precision):
+def phase_net(mode, framework, net, batch, precision):
     """One (framework, net, precision) run, in its own process so that device memory starts empty."""
-    iterations = 1 if smoke else 5
+    iterations = 1 if mode.small else 5
     run = _layerforge_run if framework == "layerforge" else _torch_run
-    img_s, peak_mib = run(net, batch, precision, iterations, smoke)
+    img_s, peak_mib = run(net, batch, precision, iterations, mode)
     return {"img_s": img_s, "peak_mib": peak_mib}
 
 
-def phase_convs(smoke):
+def phase_convs(mode):
     import numpy
-    import torch
     from bench_conv import conv_shapes
     from layerforge.kernels.output_size import conv_output_size
     from layerforge.kernels.implicit_gemm import ENGINES
     from layerforge.kernels.winograd import eligible
 
-    batch, repeat = (1, 1) if smoke else (32, 5)
-    if smoke:
-        import numpy as xp
-        shapes = dict(list(conv_shapes("lenet").items())[:1])
-        device = "cpu"
-    else:
+    batch, repeat = (1, 1) if mode.small else (32, 5)
+    if mode.gpu:
         import cupy as xp
+    else:
+        import numpy as xp
+    if mode.small:
+        shapes = dict(list(conv_shapes("lenet").items())[:1])
+    else:
         shapes = {**conv_shapes("resnet50"), **conv_shapes("vgg16")}
-        device = "cuda"
+    device = "cuda" if mode.cuda else "cpu"
+    if mode.torch:
+        import torch
+    if mode.cuda:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
 
     def timed(fn):
         fn()
-        if smoke:
+        if not mode.gpu:
             t0 = time.perf_counter()
             for _ in range(repeat):
                 fn()
@@ -316,11 +357,12 @@ def phase_convs(smoke):
             row[name + "_gflop_s"] = flops / timed(lambda: engine.forward(x, W, b, y)) / 1e9
             engine.release()
         row["AUTO_engine"], row["AUTO_gflop_s"] = auto_forward(xp, x, (cout, k, stride, pad, group), flops, timed)
-        xt, Wt, bt = (torch.as_tensor(numpy.asarray(a.get() if hasattr(a, "get") else a), device=device)
-                      for a in (x, W, b))
-        with torch.no_grad():
-            row["torch_gflop_s"] = flops / timed(
-                lambda: torch.nn.functional.conv2d(xt, Wt, bt, stride, pad, 1, group)) / 1e9
+        if mode.torch:
+            xt, Wt, bt = (torch.as_tensor(numpy.asarray(a.get() if hasattr(a, "get") else a), device=device)
+                          for a in (x, W, b))
+            with torch.no_grad():
+                row["torch_gflop_s"] = flops / timed(
+                    lambda: torch.nn.functional.conv2d(xt, Wt, bt, stride, pad, 1, group)) / 1e9
         rows.append(row)
     return {"convs": rows}
 
@@ -349,14 +391,14 @@ def auto_forward(xp, x, conv, flops, timed):
 # --------------------------------------------------------------------------------------------------
 # the data pipeline: JPEG records decoded by the workers, uint8 crops to the device, against synthetic data
 
-def phase_data_set(smoke, scratch):
+def phase_data_set(mode, scratch):
     """The ImageNet-like encoded-JPEG Datum LMDB (bench_data's), made once under ``scratch`` (None: ``gpu_suite``
     in layerforge's data folder, gitignored)."""
     from bench_data import make_set
     from layerforge.data import data_dir
 
     scratch = scratch or os.path.join(data_dir(), "gpu_suite")
-    count, width, height, classes = SMOKE_DATA_SET if smoke else DATA_SET
+    count, width, height, classes = SMOKE_DATA_SET if mode.small else DATA_SET
     t0 = time.perf_counter()
     db, jpeg_bytes = make_set(os.path.join(scratch, f"{count}-{width}x{height}"), count, height, width,
                               os.cpu_count(), classes)
@@ -370,7 +412,7 @@ def data_layer(db, batch, transform, **data):
             "data": {"source": db, "batch_size": batch, **data}}
 
 
-def phase_data_check(smoke, db):
+def phase_data_check(mode, db):
     """The Data layer's tops on the device (uint8 crops copied over, mean and scale applied there) against the
     same batches finished on the host by numpy, for a mean_value with a scale and for a mean_file (cropped and
     mirrored with each image): equal to float rounding. Both layers draw their batches from one seed."""
@@ -382,12 +424,12 @@ def phase_data_check(smoke, db):
     from layerforge.blob import Blob
     from layerforge.layers import create_layer
 
-    if smoke:
-        xp = numpy
-    else:
+    if mode.gpu:
         import cupy as xp
-    _, width, height, _ = SMOKE_DATA_SET if smoke else DATA_SET
-    crop, batches = (SMOKE_DATA_NET if smoke else DATA_NET)[2], 3
+    else:
+        xp = numpy
+    _, width, height, _ = SMOKE_DATA_SET if mode.small else DATA_SET
+    crop, batches = (SMOKE_DATA_NET if mode.small else DATA_NET)[2], 3
     mean_file = os.path.join(os.path.dirname(db), "mean.npy")
     numpy.save(mean_file, numpy.random.default_rng(0).uniform(0, 255, (3, height, width)).astype(numpy.float32))
     transforms = {"mean_value": {"crop_size": crop, "mirror": True, "mean_value": list(MEAN), "scale": 0.017},
@@ -434,7 +476,7 @@ def zoo_data_net(name, db, batch, crop):
     return net
 
 
-def phase_data_train(smoke, feed, db, seconds):
+def phase_data_train(mode, feed, db, seconds):
     """The zoo net (ResNet-50, batch 64) trained by its solver's rule on the GPU, fed by the Data layer over the
     LMDB (``feed`` "lmdb", the `real` stage) or by the zoo's SyntheticData ("synthetic"): images/s, the host time
     the data layer's forward takes per iteration and, for the LMDB, its InputStats over the timed iterations
@@ -446,13 +488,13 @@ def phase_data_train(smoke, feed, db, seconds):
     from layerforge.kernels.autotune import engines_settled
     from layerforge.layers.data import input_stats, reset_input_stats
 
-    name, batch, crop = SMOKE_DATA_NET if smoke else DATA_NET
+    name, batch, crop = SMOKE_DATA_NET if mode.small else DATA_NET
     with open(os.path.join(ROOT, "configs", f"{name}.yaml")) as f:
         rule = {k: v for k, v in yaml.safe_load(f).items() if k in ("type", "base_lr", "momentum", "weight_decay")}
     solver = layerforge.get_solver({
         **rule, "net_param": zoo_data_net(name, db, batch, crop), "lr_policy": "fixed", "max_iter": 10 ** 6,
         "display": 0, "snapshot": 0, "snapshot_after_train": False, "test_interval": 0, "random_seed": 0,
-        "solver_mode": "CPU" if smoke else "GPU", "device_id": 0,
+        "solver_mode": "GPU" if mode.gpu else "CPU", "device_id": 0,
         "train_state": {"stage": ["real"] if feed == "lmdb" else []}})
     net, xp = solver.net, solver.xp
     layer = net.layers[0]
@@ -466,7 +508,7 @@ def phase_data_train(smoke, feed, db, seconds):
 
     layer.forward = timed_forward
     stop = STARTED + 0.85 * seconds  # the box counts from process start
-    warmup, (least, most) = 0, ((1, 1) if smoke else (3, 12))
+    warmup, (least, most) = 0, ((1, 1) if mode.small else (3, 12))
     while warmup < most and (warmup < least or time.perf_counter() < STARTED + 0.5 * seconds):
         solver.step(1)  # kernel compilation, AUTO's engine trials, the memory pool, the workers' first batches
         warmup += 1
@@ -475,7 +517,7 @@ def phase_data_train(smoke, feed, db, seconds):
     _sync(xp)
     reset_input_stats(net)
     spent[0], iterations, t0 = 0.0, 0, time.perf_counter()
-    while iterations < (2 if smoke else 40) and (iterations < 2 or time.perf_counter() < stop - 5):
+    while iterations < (2 if mode.small else 40) and (iterations < 2 or time.perf_counter() < stop - 5):
         solver.step(1)
         iterations += 1
     _sync(xp)
@@ -490,7 +532,7 @@ def phase_data_train(smoke, feed, db, seconds):
         for _ in range(layer.prefetch):  # the batches made ahead while the net computed: the clock starts after
             forward([], top)
         drained, t0 = 0, time.perf_counter()
-        while drained < (2 if smoke else 60) and time.perf_counter() < stop:
+        while drained < (2 if mode.small else 60) and time.perf_counter() < stop:
             forward([], top)
             drained += 1
         _sync(xp)
@@ -502,14 +544,14 @@ def phase_data_train(smoke, feed, db, seconds):
 # --------------------------------------------------------------------------------------------------
 # orchestration
 
-def data_phases(phase, end, smoke, scratch):
+def data_phases(phase, end, mode, scratch):
     """The data phase's steps in turn, sharing the seconds left until ``end``: the set, the feed check, the
     training runs (``DATA_FEEDS``). Returns the results' ``data_pipeline``."""
     def left():
         return end - time.monotonic()
 
     made = phase("data", "data/set", (scratch,), 0.5 * left(), "data_set")
-    net, batch, crop = SMOKE_DATA_NET if smoke else DATA_NET
+    net, batch, crop = SMOKE_DATA_NET if mode.small else DATA_NET
     out = {k: made.get(k) for k in ("images", "image_size", "jpeg_kib", "set_seconds")}
     out.update(net=net, batch=batch, crop=crop)
     out.update(phase("data", "data/check", (made.get("db"),), 0.25 * left(), "data_check"))
@@ -526,14 +568,17 @@ def data_phases(phase, end, smoke, scratch):
     return out
 
 
-def run_phase(name, args, timeout, smoke):
-    """Run phase ``name`` (with ``args``) in a child process under ``timeout`` seconds: ``(result, error)``."""
+def run_phase(name, args, timeout, mode):
+    """Run phase ``name`` (with ``args``) in a child process under ``timeout`` seconds, in ``mode`` (a :class:`Mode`
+    or its name): ``(result, error)``."""
+    mode = mode if isinstance(mode, Mode) else Mode(mode)
     with tempfile.TemporaryDirectory() as tmp:
         result_file = os.path.join(tmp, "result.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--phase", name, "--phase-args", json.dumps(args),
-               "--result", result_file] + (["--cpu-smoke"] if smoke else [])
+               "--result", result_file, "--mode", mode.name]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1, timeout), cwd=ROOT)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1, timeout), cwd=ROOT,
+                                  env=mode.env())
         except subprocess.TimeoutExpired:
             return None, f"timed out after {timeout:.0f} s"
         if proc.returncode or not os.path.exists(result_file):
@@ -548,7 +593,7 @@ def child(args):
     fn = {"install": phase_install, "info": phase_info, "tests": phase_tests, "lenet": phase_lenet,
           "net": phase_net, "data_set": phase_data_set, "data_check": phase_data_check,
           "data_train": phase_data_train, "convs": phase_convs}[args.phase]
-    result = fn(args.cpu_smoke, *phase_args)
+    result = fn(Mode(args.mode), *phase_args)
     with open(args.result, "w") as f:
         json.dump(result, f)
 
@@ -557,17 +602,19 @@ def slug(text):
     return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "unknown"
 
 
-def suite(out_dir, budget, smoke, log=print, scratch=None):
-    """Run every phase within ``budget`` seconds; write and return the results dict and its path. The data phase
-    makes its JPEG set under ``scratch`` (None: ``gpu_suite`` in layerforge's data folder, gitignored)."""
+def suite(out_dir, budget, mode="device", log=print, scratch=None):
+    """Run every phase within ``budget`` seconds in ``mode`` (one of MODES); write and return the results dict and
+    its path. The data phase makes its JPEG set under ``scratch`` (None: ``gpu_suite`` in layerforge's data folder,
+    gitignored)."""
+    mode = Mode(mode)
     deadline = time.monotonic() + budget
     results = {"device": None, "cupy": None, "torch": None, "tests_passed": 0, "tests_failed": 0,
                "lenet_accuracy": None, "lenet_seconds": None, "nets": [], "data_pipeline": {}, "convs": [],
-               "phases": {},
-               "cpu_smoke": smoke, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+               "phases": {}, "mode": mode.name, "cpu_smoke": mode.name == "cpu-smoke",
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
     def box(name):
-        return min(BOXES[name][1 if smoke else 0], deadline - time.monotonic() - RESERVE)
+        return min(BOXES[name][MODES.index(mode.name)], deadline - time.monotonic() - RESERVE)
 
     def phase(name, key=None, args=(), timeout=None, child=None):
         """Run child phase ``child`` (default ``name``) in ``timeout`` seconds (default: ``name``'s box), recorded
@@ -577,7 +624,7 @@ def suite(out_dir, budget, smoke, log=print, scratch=None):
         if timeout <= 1:
             result, error = None, "no time left"
         else:
-            result, error = run_phase(child or name, list(args), timeout, smoke)
+            result, error = run_phase(child or name, list(args), timeout, mode)
         seconds = time.monotonic() - t0
         results["phases"][key or name] = {"seconds": round(seconds, 1), "error": error}
         log(f"[{key or name}] {seconds:6.1f} s  " + ("ok" if error is None else "ERROR " + error.splitlines()[-1][:200]))
@@ -590,10 +637,11 @@ def suite(out_dir, budget, smoke, log=print, scratch=None):
                                           "summary") if k in tests})
     results.update(phase("lenet", args=(box("lenet"),)))
     nets_end = time.monotonic() + box("nets")
-    runs = [(net, batch, precision, framework) for net, batch in (SMOKE_NET_RUNS if smoke else NET_RUNS)
-            for precision in PRECISIONS for framework in ("layerforge", "torch")]
+    frameworks = ("layerforge", "torch") if mode.torch else ("layerforge",)
+    runs = [(net, batch, precision, framework) for net, batch in (SMOKE_NET_RUNS if mode.small else NET_RUNS)
+            for precision in PRECISIONS for framework in frameworks]
     # with and without CUDA graphs: layerforge's fp32 iteration with its body replayed from a recorded graph
-    runs += [(net, batch, "fp32-graph", "layerforge") for net, batch in (SMOKE_NET_RUNS if smoke else NET_RUNS)]
+    runs += [(net, batch, "fp32-graph", "layerforge") for net, batch in (SMOKE_NET_RUNS if mode.small else NET_RUNS)]
     rows = {}
     for i, (net, batch, precision, framework) in enumerate(runs):
         share = (nets_end - time.monotonic()) / (len(runs) - i)  # what is left, shared by the runs to go
@@ -602,7 +650,7 @@ def suite(out_dir, budget, smoke, log=print, scratch=None):
         row[f"{framework}_img_s"] = r.get("img_s")
         row[f"{framework}_peak_mib"] = r.get("peak_mib")
     results["nets"] = list(rows.values())
-    results["data_pipeline"] = data_phases(phase, time.monotonic() + box("data"), smoke, scratch)
+    results["data_pipeline"] = data_phases(phase, time.monotonic() + box("data"), mode, scratch)
     results.update(phase("convs"))
     os.makedirs(out_dir, exist_ok=True)
     day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
@@ -635,9 +683,14 @@ def main(argv=None):
     parser.add_argument("--budget", type=float, default=570, help="seconds for the whole suite")
     parser.add_argument("--scratch", default=None,
                         help="folder for the data phase's JPEG set and LMDB (default: data/gpu_suite, gitignored)")
-    parser.add_argument("--cpu-smoke", "--dry-run", action="store_true", dest="cpu_smoke",
-                        help="every phase small, on numpy and torch CPU, no install")
+    small = parser.add_mutually_exclusive_group()
+    small.add_argument("--cpu-smoke", "--dry-run", action="store_true", dest="cpu_smoke",
+                       help="every phase small, on numpy and torch CPU, no install")
+    small.add_argument("--emulated", action="store_true",
+                       help="every phase small, through its device code on layerforge's emulated GPU (torch on its "
+                            "CPU), no install: checks that the code runs; its figures mean nothing")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=MODES, default="device", help=argparse.SUPPRESS)
     parser.add_argument("--phase-args", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -645,7 +698,8 @@ def main(argv=None):
         child(args)
         return 0
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    suite(args.out, args.budget, args.cpu_smoke, log=lambda line: print(line, flush=True), scratch=args.scratch)
+    mode = "cpu-smoke" if args.cpu_smoke else "emulated" if args.emulated else "device"
+    suite(args.out, args.budget, mode, log=lambda line: print(line, flush=True), scratch=args.scratch)
     return 0
 
 

@@ -18,7 +18,7 @@ from ..errors import LayerforgeError
 
 def abort(reason, code=1, comm=None, details=None):
     """Print ``rank R: reason`` (then ``details``, e.g. a traceback) and abort ``comm`` (default COMM_WORLD) with
-    exit ``code``.
+    exit ``code``; never returns.
 
     The one line goes first: MPI_Abort can kill the job before mpiexec has forwarded everything a rank wrote
     last (seen at 4 ranks on 2 busy cores), and the line is what the user needs.
@@ -32,6 +32,9 @@ def abort(reason, code=1, comm=None, details=None):
         print(details, file=sys.stderr, end="", flush=True)
     _read_by_the_launcher(sys.stderr)
     comm.Abort(code)
+    # MPI_Abort can return, when the job is already being ended by another rank's abort (seen with two ranks failing
+    # at once): this rank must not go on (the guard would print the error again, with a traceback)
+    os._exit(code)
 
 
 def _read_by_the_launcher(stream, timeout=2.0):

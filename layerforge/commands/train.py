@@ -150,11 +150,12 @@ def train(args, sp, mpi_comm=None, requests=()):
 
             note_under_mpiexec(sp)
         overrides = solver_overrides(args)
+        digest = config_digest(sp, overrides)  # the job's configuration, before each rank picks its own device
         if sp.solver_mode == "GPU":  # one GPU per rank of a node, from device_id on
             overrides["device_id"] = rank_device(sp.device_id, local_rank())
         solver = get_solver(sp, shard=(rank, size), **overrides)
         comm = Communicator(mpi_comm, group_size=solver.param.group_size or None)
-        make_data_parallel(solver, comm, digest=config_digest(solver.param, overrides))
+        make_data_parallel(solver, comm, digest=digest)
     solver.check_memory()
     recording = start_telemetry(args, solver, mpi_comm)
     close_progress = solver.show_progress(args.status_interval) if solver.root and not args.no_progress else None

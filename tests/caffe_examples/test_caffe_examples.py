@@ -13,6 +13,8 @@ import sys
 import numpy
 import pytest
 
+from tests.devices import needs_two_gpus
+
 from .notebooks import HERE, pycaffe_env
 
 PYTHON = sys.executable
@@ -93,3 +95,63 @@ def test_linreg_with_its_python_loss_layer(caffe_root):
     out = run(["-c", code], caffe_root)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("linreg ok")
+
+
+TRAIN_NET = """name: 'n'
+layer {{ type: 'Data' name: 'data' top: 'data' top: 'label' include {{ phase: TRAIN }}
+  transform_param {{ scale: 0.0039 }}
+  data_param {{ source: 'db' backend: LMDB batch_size: {batch} }} }}
+layer {{ type: 'Convolution' name: 'conv' bottom: 'data' top: 'conv'
+  convolution_param {{ num_output: 4 kernel_size: 3 weight_filler {{ type: 'gaussian' std: 0.1 }} }} }}
+layer {{ type: 'InnerProduct' name: 'ip' bottom: 'conv' top: 'ip'
+  inner_product_param {{ num_output: 3 weight_filler {{ type: 'gaussian' std: 0.1 }} }} }}
+layer {{ type: 'SoftmaxWithLoss' name: 'loss' bottom: 'ip' bottom: 'label' top: 'loss' }}
+"""
+TRAIN_SOLVER = """net: "net{batch}.prototxt"
+base_lr: 0.1
+momentum: 0.9
+max_iter: 3
+display: 1
+snapshot: 3
+random_seed: 5
+snapshot_prefix: "out{batch}/s"
+layer_wise_reduce: {layer_wise}
+solver_mode: GPU
+"""
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("layer_wise, timing", [(True, True), (False, False)])
+def test_train_py_on_two_gpus_trains_as_one_process_with_the_whole_batch(caffe_root, layer_wise, timing):
+    """python/train.py --gpus 0 1: a process per GPU (the emulated devices where there is none), caffe.NCCL's
+    broadcast and gradient averaging (layer by layer with layer_wise_reduce, Caffe's default, else after backward),
+    each reading its share of the LMDB: rank 0's snapshot is one CPU process's with the whole batch."""
+    import layerforge.pycaffe as caffe
+    from layerforge.data.lmdb_io import LMDBWriter
+
+    g = numpy.random.default_rng(0)
+    with LMDBWriter(str(caffe_root / "db")) as w:
+        for i in range(48):
+            w.add(g.integers(0, 256, (3, 5, 5), dtype=numpy.uint8), i % 3)
+    for batch in (4, 8):
+        (caffe_root / f"net{batch}.prototxt").write_text(TRAIN_NET.format(batch=batch))
+        (caffe_root / f"solver{batch}.prototxt").write_text(TRAIN_SOLVER.format(batch=batch,
+                                                                                  layer_wise=str(layer_wise).lower()))
+    out = run(["python/train.py", "--solver", "solver4.prototxt", "--gpus", "0", "1"] + (["--timing"] * timing),
+              caffe_root, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Using devices [0, 1]" in out.stderr
+    assert ("allreduce: " in out.stderr) is timing  # rank 0's timing table (before_forward ... callbacks, Timer)
+    cwd = os.getcwd()
+    try:
+        os.chdir(caffe_root)  # Caffe resolves the solver's paths from the working directory
+        caffe.set_mode_cpu()
+        reference = caffe.SGDSolver("solver8.prototxt")
+        reference.step(3)
+        trained = caffe.Net("net4.prototxt", caffe.TRAIN, weights="out4/s_iter_3.caffemodel")
+    finally:
+        os.chdir(cwd)
+    for name, blobs in reference.net.params.items():
+        for k, blob in enumerate(blobs):
+            numpy.testing.assert_allclose(trained.params[name][k].data, blob.data, rtol=1e-5, atol=1e-6,
+                                          err_msg=f"{name}/{k}")

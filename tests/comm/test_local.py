@@ -111,6 +111,24 @@ def test_launch_guard_reraises_on_one_rank():
             raise ValueError("boom")
 
 
+def test_abort_ends_the_rank_even_when_mpi_abort_returns():
+    """MPI_Abort returned on a rank whose peer was aborting the job too (two ranks refusing a solver file at once), and
+    the guard went on to print the error a second time, with a traceback."""
+    import subprocess
+    import sys
+
+    from tests.test_cli import ROOT
+
+    code = ("from layerforge.comm import abort\n"
+            "class Rank1:\n"
+            "    def Get_rank(self): return 1\n"
+            "    def Abort(self, code): pass  # returns, as MPI_Abort did\n"
+            "abort('error: a bad key', 2, Rank1())\n"
+            "print('went on')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", "rank 1: error: a bad key\n")
+
+
 def test_parse_size():
     assert [bench_allreduce.parse_size(s) for s in ("1K", "1M", "100M", "512", "1.5K")] == \
         [1024, 1 << 20, 100 << 20, 512, 1536]

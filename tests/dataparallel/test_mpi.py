@@ -10,6 +10,7 @@ import yaml
 
 from layerforge.data.lmdb_io import LMDBWriter, encode_record, record_key
 from tests.comm.mpirun import ROOT, run_mpi
+from tests.devices import needs_two_gpus
 
 pytestmark = pytest.mark.mpi
 
@@ -93,6 +94,22 @@ def test_p_ranks_equal_one_rank_with_total_batch(reference, p, algorithm):
     assert proc.stderr.count("Optimization Done.") == 1
     assert scores_in(proc.stderr) == scores_in(reference_log) != []
     assert f"Data parallel over {p} ranks" in proc.stderr
+
+
+@needs_two_gpus
+def test_two_ranks_on_gpus_with_nccl_equal_one_rank_with_total_batch(reference):
+    """``--gpu 0`` under mpiexec: rank r trains on GPU r (the emulated devices where there is none) and the
+    gradients are summed by NCCL, overlapped with backward, on the device."""
+    tmp, expected, reference_log = reference
+    solver = write_configs(tmp, TOTAL_BATCH // 2, tmp / "train_db", tmp / "test_db")
+    proc = run_mpi(2, ["-m", "layerforge", "train", "--solver", str(solver), "--gpu", "0", "--allreduce", "nccl"],
+                   timeout=180)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    got = final_weights(tmp, TOTAL_BATCH // 2)
+    for key in expected:
+        numpy.testing.assert_allclose(got[key], expected[key], rtol=1e-9, atol=1e-12, err_msg=key)
+    assert "Data parallel over 2 ranks" in proc.stderr and "allreduce nccl" in proc.stderr
+    assert scores_in(proc.stderr) == scores_in(reference_log) != []
 
 
 def test_bad_record_on_one_rank_ends_the_job(tmp_path):

@@ -12,6 +12,7 @@ import yaml
 from layerforge.solvers import get_solver
 from layerforge.solvers.seam import Seam
 from tests.comm.mpirun import ROOT, run_mpi
+from tests.devices import needs_two_gpus
 
 pytestmark = pytest.mark.mpi
 
@@ -69,17 +70,24 @@ def db(tmp_path_factory):
     return tmp
 
 
-def train(tmp, p, tag, batch_norm=True, **keys):
+def train(tmp, p, tag, batch_norm=True, gpu=False, **keys):
+    """``mpiexec -n p layerforge train`` (``--gpu 0`` when ``gpu``: a device per rank, the emulated ones where there
+    is none); rank 0's final weights and the log."""
     solver = write_solver(tmp, tag, TOTAL_BATCH // p, batch_norm=batch_norm, **keys)
-    proc = run_mpi(p, ["-m", "layerforge", "train", "--solver", str(solver)], timeout=180)
+    on_device = ["--gpu", "0"] if gpu else []
+    proc = run_mpi(p, ["-m", "layerforge", "train", "--solver", str(solver), *on_device], timeout=180)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     return weights(tmp, tag), proc.stderr
 
 
-@pytest.mark.parametrize("p,algorithm", [(2, "recursive"), (3, "ring"), (2, "mpi"), (3, "hierarchical")])
-def test_overlapped_exchange_gives_the_same_bits(db, p, algorithm):
-    after, log_after = train(db, p, f"after_{p}_{algorithm}", allreduce=algorithm.upper(), allreduce_overlap=False)
-    over, log_over = train(db, p, f"over_{p}_{algorithm}", allreduce=algorithm.upper(), allreduce_overlap=True)
+@pytest.mark.parametrize("p,algorithm,gpu", [(2, "recursive", False), (3, "ring", False), (2, "mpi", False),
+                                             (3, "hierarchical", False),
+                                             pytest.param(2, "nccl", True, marks=needs_two_gpus)])
+def test_overlapped_exchange_gives_the_same_bits(db, p, algorithm, gpu):
+    after, log_after = train(db, p, f"after_{p}_{algorithm}", gpu=gpu, allreduce=algorithm.upper(),
+                             allreduce_overlap=False)
+    over, log_over = train(db, p, f"over_{p}_{algorithm}", gpu=gpu, allreduce=algorithm.upper(),
+                           allreduce_overlap=True)
     assert "overlapped with backward" in log_over and "after backward" in log_after
     assert "comm exposed" in log_over
     assert sorted(over) == sorted(after)

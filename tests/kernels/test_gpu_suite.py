@@ -1,10 +1,14 @@
 """benchmarks/gpu_suite.py's orchestration, on the CPU: phases in child processes, time boxes, failures recorded.
 
-The device run itself cannot happen here; ``--cpu-smoke`` runs the same phases small on numpy.
+The device run itself cannot happen here; ``--cpu-smoke`` runs the same phases small on numpy, and ``--emulated``
+runs every phase's device code small on the emulated GPU.
 """
+import glob
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -23,33 +27,33 @@ NET_KEYS = {"net", "batch", "precision", "layerforge_img_s", "torch_img_s", "lay
 
 
 def test_a_real_phase_runs_in_a_child_process():
-    result, error = gpu_suite.run_phase("net", ["layerforge", "lenet", 4, "fp32"], 60, smoke=True)
+    result, error = gpu_suite.run_phase("net", ["layerforge", "lenet", 4, "fp32"], 60, mode="cpu-smoke")
     assert error is None and result["img_s"] > 0
 
 
 def test_the_data_phases_run_small_in_child_processes(tmp_path):
     """--cpu-smoke's data phase: the JPEG set, the device feed against the host finish (both numpy here), and the
     zoo net (CIFAR-10 quick) fed by the LMDB and by its synthetic default."""
-    made, error = gpu_suite.run_phase("data_set", [str(tmp_path)], 60, smoke=True)
+    made, error = gpu_suite.run_phase("data_set", [str(tmp_path)], 60, mode="cpu-smoke")
     assert error is None and os.path.exists(os.path.join(made["db"], "data.mdb")) and made["images"] == 32
-    check, error = gpu_suite.run_phase("data_check", [made["db"]], 60, smoke=True)
+    check, error = gpu_suite.run_phase("data_check", [made["db"]], 60, mode="cpu-smoke")
     assert error is None and check["feed_matches"] and check["feed_max_rel_diff"] == {"mean_value": 0, "mean_file": 0}
-    lmdb, error = gpu_suite.run_phase("data_train", ["lmdb", made["db"], 60], 60, smoke=True)
+    lmdb, error = gpu_suite.run_phase("data_train", ["lmdb", made["db"], 60], 60, mode="cpu-smoke")
     assert error is None and lmdb["img_s"] > 0 and lmdb["pipeline_img_s"] > 0 and lmdb["input"]["batches"] == 2
     assert lmdb["input_bound"] in (True, False) and lmdb["wait_ms"] >= 0
-    synthetic, error = gpu_suite.run_phase("data_train", ["synthetic", made["db"], 60], 60, smoke=True)
+    synthetic, error = gpu_suite.run_phase("data_train", ["synthetic", made["db"], 60], 60, mode="cpu-smoke")
     assert error is None and synthetic["img_s"] > 0 and "input" not in synthetic
 
 
 def test_a_phase_past_its_box_is_stopped():
-    result, error = gpu_suite.run_phase("tests", [], 0.5, smoke=True)
+    result, error = gpu_suite.run_phase("tests", [], 0.5, mode="cpu-smoke")
     assert result is None and error.startswith("timed out after")
 
 
 def test_suite_writes_every_key_and_goes_on_past_failures(tmp_path, monkeypatch):
     calls = []
 
-    def fake(name, args, timeout, smoke):
+    def fake(name, args, timeout, mode):
         calls.append((name, args, timeout))
         if name == "lenet":
             return None, "exit 1: RuntimeError: boom"
@@ -66,7 +70,7 @@ def test_suite_writes_every_key_and_goes_on_past_failures(tmp_path, monkeypatch)
 
     monkeypatch.setattr(gpu_suite, "run_phase", fake)
     lines = []
-    results, path = gpu_suite.suite(str(tmp_path), budget=100, smoke=False, log=lines.append)
+    results, path = gpu_suite.suite(str(tmp_path), budget=100, mode="device", log=lines.append)
     assert os.path.basename(path).startswith("gpu-fake-gpu-80gb-") and path.endswith(".json")
     written = json.load(open(path))
     assert KEYS <= set(written) and written == json.loads(json.dumps(results))
@@ -94,5 +98,30 @@ def test_suite_writes_every_key_and_goes_on_past_failures(tmp_path, monkeypatch)
 
 def test_no_time_left_is_recorded_not_run(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_suite, "run_phase", lambda *a: pytest.fail("ran a phase with no time left"))
-    results, _ = gpu_suite.suite(str(tmp_path), budget=5, smoke=False, log=lambda line: None)
+    results, _ = gpu_suite.suite(str(tmp_path), budget=5, mode="device", log=lambda line: None)
     assert {p["error"] for p in results["phases"].values()} == {"no time left"}
+
+
+def test_the_emulated_suite_runs_every_phase_through_its_device_code(tmp_path):
+    """``--emulated``: the whole suite at the smallest settings, each phase's device code (cupy, cuBLAS precisions, CUDA
+    events, NVTX and device trace spans, a CUDA graph, the device data feed, the engines) on the emulated GPU. Its
+    figures mean nothing; every phase must run without an error."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"), "--emulated", "--out",
+                           str(tmp_path), "--scratch", str(tmp_path / "scratch")], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [path] = glob.glob(str(tmp_path / "gpu-*.json"))
+    results = json.load(open(path))
+    assert {name: p["error"] for name, p in results["phases"].items()} == {name: None for name in results["phases"]}
+    assert results["mode"] == "emulated" and results["device"].startswith("Emulated CUDA device")
+    assert results["cupy"].endswith("+layerforge.emulator") and results["torch"] is None  # no PyTorch CUDA here
+    assert results["tests_failed"] == 0 and results["tests_passed"] > 0
+    assert results["lenet_iterations"] == 6 and results["lenet_accuracy"] is not None
+    assert results["trace_nvtx"] and results["trace_device_spans"] > 0  # CUDA events around the traced layers
+    assert [(r["precision"], r["layerforge_img_s"] > 0) for r in results["nets"]] == [
+        ("fp32", True), ("tf32", True), ("fp32-graph", True)]
+    data = results["data_pipeline"]
+    assert data["feed_matches"] and data["lmdb_img_s"] > 0 and data["synthetic_img_s"] > 0
+    assert data["pipeline_img_s"] > 0 and data["input_bound"] in (True, False)
+    [conv] = results["convs"]
+    assert conv["IM2COL_gflop_s"] > 0 and conv["IMPLICIT_gflop_s"] > 0 and conv["AUTO_engine"] in ("IM2COL", "IMPLICIT")

@@ -123,6 +123,29 @@ def test_state_restore_gives_identical_batches(tmp_path, prefetch, xp):
     layer.close(), resumed.close()
 
 
+def test_the_device_finish_gives_the_hosts_tops(tmp_path):
+    """On a device the uint8 crops cross on DeviceFeed's stream and the mean file and scale are applied there:
+    the tops are the host's, batch after batch (the same random crops and mirrors from one seed)."""
+    import cupy
+
+    g = numpy.random.default_rng(5)
+    with LMDBWriter(tmp_path / "db") as w:
+        for i in range(12):
+            w.add(g.integers(0, 256, (3, 6, 7), dtype=numpy.uint8), i % 10)
+    numpy.save(tmp_path / "mean.npy", g.uniform(0, 255, (3, 6, 7)).astype(numpy.float32))
+    transform = {"crop_size": 4, "mirror": True, "mean_file": str(tmp_path / "mean.npy"), "scale": 0.25}
+    batches = []
+    for module in (numpy, cupy):
+        rng.seed(3)
+        layer, top = data_layer(str(tmp_path / "db"), transform=transform, xp=module, prefetch=2)
+        batches.append(take(layer, top, 4))
+        layer.close()
+    for (host, host_labels), (device, device_labels) in zip(*batches):
+        numpy.testing.assert_allclose(device, host, rtol=1e-6, atol=1e-6)
+        numpy.testing.assert_array_equal(device_labels, host_labels)
+    assert len({batch.tobytes() for batch, _ in batches[0]}) == 4  # and they were different batches
+
+
 def test_state_is_json_able(tmp_path):
     import json
     layer, top = data_layer(write_db(tmp_path / "db"))

@@ -79,32 +79,90 @@ def test_refusals_are_one_line_naming_the_key_or_the_layer():
     assert body_refusal(Net(net_def(), phase="TRAIN"), 2).startswith("cuda_graph needs iter_size 1")
 
 
-@pytest.mark.parametrize("source", ["lenet", "resnet block"])
-def test_training_with_graphs_on_the_device_equals_training_without(source):
+def pinned(net, engine="IM2COL"):
+    """``net`` (a dict) with every convolution's engine set: AUTO's trial passes would run other engines in a first
+    run than in a second that finds its choices in the engine cache, and the comparisons below would see that."""
+    for layer in net["layers"]:
+        if layer["type"] == "Convolution":
+            layer["convolution"]["engine"] = engine
+    return net
+
+
+def device_solver(source, **keys):
+    """A GPU solver of ``source``: "lenet" (configs/lenet_solver.yaml and its net) or "resnet block"."""
+    import yaml
+
     from tests.test_cli import ROOT
 
-    def make(graph):
-        # float64: the eager run times AUTO's engines (IMPLICIT's filter gradient adds with atomics, in no fixed
-        # order) while the graphed one takes its choices from the engine cache, and in float32 Adam turns such
-        # last-bit differences into visible ones within 12 iterations (docs/gpu.md, "LeNet on both devices")
-        common = dict(solver_mode="GPU", max_iter=12, average_loss=12, display=0, test_interval=0, snapshot=0,
-                      snapshot_after_train=False, cuda_graph=graph, dtype="float64")
-        if source == "lenet":
-            return get_solver(str(ROOT / "configs" / "lenet_solver.yaml"), **common)
-        return get_solver(dict(net_param=net_def(), base_lr=0.1, momentum=0.9, random_seed=2, **common))
+    common = dict(solver_mode="GPU", average_loss=12, display=0, test_interval=0, snapshot=0,
+                  snapshot_after_train=False, **keys)
+    if source == "lenet":
+        solver = yaml.safe_load((ROOT / "configs" / "lenet_solver.yaml").read_text())
+        solver.pop("net")
+        return get_solver(dict(solver, net_param=pinned(yaml.safe_load((ROOT / "configs" / "lenet.yaml").read_text())),
+                               **common))
+    return get_solver(dict(net_param=pinned(net_def()), base_lr=0.1, momentum=0.9, random_seed=2, **common))
 
+
+def assert_same_training(graphed, eager):
+    numpy.testing.assert_allclose(list(graphed.losses), list(eager.losses), rtol=1e-6)
+    for name, blobs in eager.net.params.items():
+        for a, b in zip(blobs, graphed.net.params[name]):
+            numpy.testing.assert_allclose(b.data.get(), a.data.get(), rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("source, iterations", [("lenet", 4), ("resnet block", 12)])
+def test_training_with_graphs_on_the_device_equals_training_without(source, iterations):
     runs = []
     for graph in (False, True):
-        solver = make(graph)
+        solver = device_solver(source, max_iter=iterations, cuda_graph=graph)
         solver.solve()
         runs.append(solver)
     eager, graphed = runs
     assert graphed.graphs is not None and graphed.graphs.failed is None
     assert graphed.graphs.forward_graph is not None and graphed.graphs.backward_graph is not None
-    numpy.testing.assert_allclose(list(graphed.losses), list(eager.losses), rtol=1e-6)
-    for name, blobs in eager.net.params.items():
-        for a, b in zip(blobs, graphed.net.params[name]):
-            numpy.testing.assert_allclose(b.data.get(), a.data.get(), rtol=1e-5, atol=1e-7, err_msg=name)
+    assert_same_training(graphed, eager)
+
+
+@pytest.mark.parametrize("host_side, error", [
+    ("read", "RuntimeError: the current stream is capturing, so D2H transfers are disallowed"),  # cupy's own check
+    ("synchronize", "cudaErrorStreamCaptureUnsupported"),  # CUDA's
+])
+def test_a_host_synchronisation_in_the_body_ends_the_recording_and_training_goes_on_eagerly(caplog, monkeypatch,
+                                                                                            host_side, error):
+    """A body layer that reads a device value on the host, or waits for its stream: the real capture refuses it,
+    the recording ends naming the layer, and the iterations run eagerly with the eager run's results."""
+    from layerforge.layers.neuron import ReLU
+
+    relu_forward = ReLU.forward
+
+    def forward(self, bottom, top):
+        relu_forward(self, bottom, top)
+        if host_side == "read":
+            float(top[0].data.sum())
+        else:
+            self.xp.cuda.get_current_stream().synchronize()
+
+    monkeypatch.setattr(ReLU, "forward", forward)
+    eager = device_solver("resnet block", max_iter=4)
+    eager.solve()
+    graphed = device_solver("resnet block", max_iter=4, cuda_graph=True)
+    graphed.solve()
+    assert graphed.graphs is not None and graphed.graphs.forward_graph is None
+    # the block's other ReLUs run fused with their BatchNorm and Scale: res_relu, after the Eltwise, is the one
+    assert graphed.graphs.failed.startswith("layer 'res_relu' (ReLU): ") and error in graphed.graphs.failed
+    assert caplog.text.count("training goes on without graphs") == 1
+    assert_same_training(graphed, eager)
+
+
+@pytest.mark.parametrize("keys, message", [
+    (dict(net_param=net_def(dropout=True)), "cuda_graph: layer 'drop' (Dropout) cannot be recorded once and replayed"),
+    (dict(net_param=net_def(), iter_size=2), "cuda_graph needs iter_size 1"),
+])
+def test_the_device_refuses_what_cannot_be_recorded_in_one_line(keys, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
+        get_solver(dict(solver_mode="GPU", cuda_graph=True, max_iter=1, **keys))
+    assert "\n" not in str(e.value) and e.value.key == "cuda_graph"
 
 
 def test_a_moved_array_makes_the_graphs_record_again():

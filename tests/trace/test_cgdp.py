@@ -11,7 +11,6 @@ import threading
 import numpy
 import pytest
 
-from layerforge.dataparallel.cgdp.transfer import Mover
 from layerforge.trace import load_trace, summarize
 from layerforge.trace.summary import compute_threads, names, spans
 from tests.dataparallel.cgdp.helpers import SMALL_NET as NET
@@ -192,15 +191,6 @@ def test_two_nodes_record_their_workers_hosts_and_network_chunks(tmp_path):
     assert {e["args"]["iter"] for pid in range(4) for e in events[pid]["backward"]} == set(WINDOW)
 
 
-class CopyingMover(Mover):
-    """A CPU mover that copies as a GPU worker's does (its diffs are not its slot): the copy-out thread runs."""
-
-    host_memory = False
-
-    def attach_diffs(self, flat):
-        return False
-
-
 class Loopback:
     """The parent of one worker (G = 1: the mean is the chunk): each posted chunk comes back "ready" on a thread
     named as a worker's receiver."""
@@ -222,22 +212,31 @@ class Loopback:
         pass
 
 
-def test_copying_worker_records_copy_out_and_copy_back_between_backward_and_its_wait(tmp_path):
+def test_a_gpu_worker_records_copy_out_and_copy_back_between_backward_and_its_wait(tmp_path):
+    """A worker on a device (the emulated one without a GPU): its CupyMover copies each chunk out on its copy stream
+    into the pinned slot and back, on the host threads the trace names."""
     from layerforge import trace
     from layerforge.dataparallel.cgdp.chunks import param_units
     from layerforge.dataparallel.cgdp.host import HostSync, _param_offsets
     from layerforge.dataparallel.cgdp.stats import PhaseTimer
+    from layerforge.dataparallel.cgdp.transfer import CupyMover, make_mover
     from layerforge.solvers import get_solver
-    from tests.dataparallel.cgdp.helpers import solver, write_lmdb
+    from tests.dataparallel.cgdp.helpers import flat_params, solver, write_lmdb
 
-    s = get_solver(solver(write_lmdb(tmp_path / "db"), 4, max_iter=3))
+    db = write_lmdb(tmp_path / "db")
+    s = get_solver(solver(db, 4, max_iter=3, solver_mode="GPU"))
     units = param_units(s.net)
     slot = numpy.zeros(sum(u.size for u in units), s.net.dtype)
-    s.add_seam(HostSync(s, Loopback(), slot, 1, CopyingMover(s.net.learnable_params, _param_offsets(s.net, units)),
-                        PhaseTimer()))
+    mover = make_mover(s.net, _param_offsets(s.net, units), (slot,))
+    assert isinstance(mover, CupyMover) and not mover.attach_diffs(slot)
+    s.add_seam(HostSync(s, Loopback(), slot, 1, mover, PhaseTimer()))
     trace.start(None, iterations=(1, 3))
     s.step(3)
     part = trace.stop()
+    mover.close()
+    reference = get_solver(solver(db, 4, max_iter=3))  # one CPU worker: the chunks came back as they went
+    reference.step(3)
+    numpy.testing.assert_allclose(flat_params(s), flat_params(reference), rtol=1e-10, atol=1e-12)
     rows = {key: row for key, (_, row) in part["threads"].items()}
     events = [dict(zip(("cat", "name", "ts", "dur", "row", "iter", "args"), e)) for e in part["events"]]
     for e in events:

@@ -143,6 +143,9 @@ class HostSync(Seam):
     the ones still in flight."""
 
     def __init__(self, solver, link, slot, chunk_size, mover, timer):
+        if solver.param.cuda_graph:  # a replayed backward would post no chunk, and every worker would wait for them
+            raise solver.param.error("cuda_graph cannot record sync host's backward (each chunk leaves from inside it, "
+                                     "layer by layer): use sync tree, or cuda_graph: false", "cuda_graph")
         self.solver, self.link, self.slot, self.mover, self.timer = solver, link, slot, mover, timer
         self.units = param_units(solver.net)
         self.size = 1 if chunk_size == "auto" else chunk_size  # auto starts the search at 1, as the host does

@@ -61,11 +61,14 @@ def solver(source, batch, max_iter=4, frozen=False, **keys):
 
 
 def flat_params(solver):
-    """The learnable parameters of a solver's net, flattened in the workers' layout (backward order)."""
+    """The learnable parameters of a solver's net (on the host or a device), flattened in the workers' layout
+    (backward order), as a numpy array."""
+    from layerforge.backend import to_numpy
     from layerforge.dataparallel.cgdp.chunks import param_units
 
     net = solver.net
-    return numpy.concatenate([net.learnable_params[k].data.ravel() for u in param_units(net) for k in u.params])
+    return numpy.concatenate([to_numpy(net.learnable_params[k].data).ravel() for u in param_units(net)
+                              for k in u.params])
 
 
 def die_on_worker_1(g, solver):

@@ -9,7 +9,8 @@ import pytest
 from layerforge.errors import LayerforgeError
 from layerforge.dataparallel.cgdp import WorkerOptions, WorkerPool, train_parallel
 from layerforge.solvers import get_solver
-
+from tests.conftest import EMULATED_GPU
+from tests.devices import two_devices
 
 from .helpers import (bad_record_on_worker_1, bug_on_worker_1, die_on_worker_1, flat_params, report_threads, solver,
                       write_lmdb)
@@ -141,16 +142,31 @@ def test_two_nodes_of_two_workers_match_one_worker_with_the_whole_batch(source, 
             numpy.testing.assert_allclose(row, expected, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("sync", ["host", "tree"])
-def test_two_workers_sharing_one_gpu_match_one_cpu_worker_with_the_whole_batch(source, sync):
-    """``--devices 0,0``: the cupy mover's copy stream, events and pinned buffers carry the exchange."""
+@pytest.mark.parametrize("sync,devices,graph", [("host", "0,0", False), ("tree", two_devices(), True)])
+def test_two_gpu_workers_match_one_cpu_worker_with_the_whole_batch(source, sync, devices, graph, monkeypatch):
+    """``--devices 0,0`` (two workers sharing one GPU) and ``0,1``: the cupy mover's copy stream, events and pinned
+    buffers carry the exchange; in tree mode each worker replays its net's body from CUDA graphs. On the emulated
+    device the workers get it because this process has it installed (not through the environment)."""
+    from layerforge.kernels.cuda.emulator import install as emulator
+
+    if EMULATED_GPU:
+        monkeypatch.delenv(emulator.ENV)
     expected = reference(source, 8)
-    result = train_parallel(solver(source, 4, ITERS), devices="0,0", sync=sync, chunk_size=1, log=False)
+    d = solver(source, 4, ITERS, cuda_graph=graph)
+    d["net_param"]["layers"][1]["convolution"]["engine"] = "IM2COL"  # no AUTO trials: recorded at the first iteration
+    result = train_parallel(d, devices=devices, sync=sync, chunk_size=1, log=False)
     assert result.iter == ITERS
     numpy.testing.assert_allclose(result.params[0], expected, rtol=1e-9, atol=1e-11)
     numpy.testing.assert_array_equal(result.params[1], result.params[0])
     phases = result.stats["phases_ms"]
     assert phases["iteration"] > 0 and 0 <= phases["exchange"] < phases["iteration"]  # the exposed exchange
+
+
+def test_cuda_graphs_are_refused_in_host_mode_in_one_line(source):
+    """A replayed backward would post no chunk: every worker would wait for the chunks forever."""
+    with pytest.raises(LayerforgeError, match="key 'cuda_graph': cuda_graph cannot record sync host's backward") as e:
+        train_parallel(solver(source, 4, ITERS, cuda_graph=True), devices=two_devices(), sync="host", log=False)
+    assert "\n" not in str(e.value)
 
 
 class _Param:
