@@ -44,6 +44,25 @@ except ImportError:  # pragma: no cover - scipy is optional
 MIN_BYTES = 32 << 20
 
 
+def add_matmul_nt(c, a, b):
+    """``c += a @ b^T`` (b given untransposed: the last two axes swapped), batched as :func:`add_matmul`: a
+    convolution's filter gradient ``gW += gy col^T`` (gy (..., Cout, P), col (..., K, P)).
+
+    On numpy the product is formed as ``(b @ a^T)^T`` where ``b`` has more rows than ``a`` and the summed axis
+    is at least twice as long: OpenBLAS's kernels run such a product (both operands' inner axis contiguous)
+    15-40% faster with the longer side first on this project's AVX-512 machine (ResNet-50's 3x3 filter gradients,
+    K = 9 Cin >= Cout: 156 -> 217 GFLOP/s), and slower the other way (a 1x1 filter that widens 64 -> 256
+    channels); the transposed add of the (K, Cout) result costs more than that saves where the summed axis is
+    short (14 x 14 images). Both orders sum the same products; only the rounding of the sums over P may differ.
+    """
+    rows, summed = b.shape[-2], b.shape[-1]
+    if get_array_module(c, a, b) is numpy and a.shape[-2] < rows and summed >= 2 * rows:
+        # c^T (a view) += b @ a^T: through add_matmul, so the precision switch and the in-place GEMM apply alike
+        add_matmul(c.swapaxes(-1, -2), b, a.swapaxes(-1, -2))
+        return c
+    return add_matmul(c, a, b.swapaxes(-1, -2))
+
+
 def _fortran_operand(x):
     # (array to pass, transpose flag) so that the BLAS sees x without copying it
     if x.flags.f_contiguous:

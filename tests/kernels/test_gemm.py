@@ -60,6 +60,24 @@ def test_add_matmul_accumulates_under_the_precision(precision):
     numpy.testing.assert_allclose(blas.add_matmul(c, a, b), want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("shapes", [
+    ((64, 3000), (576, 3000)),  # a filter gradient gy col^T, K > Cout, long P: formed as (col gy^T)^T
+    ((256, 3000), (64, 3000)),  # a widening 1x1 filter: as written
+    ((64, 196), (576, 196)),  # a short P: as written
+    ((2, 8, 300), (2, 40, 300)),  # batched over groups
+])
+@pytest.mark.parametrize("name", ["fp32", "bf16"])
+def test_add_matmul_nt_is_c_plus_a_times_b_transposed(precision, shapes, name):
+    precision(name)
+    a, b = rand(shapes[0], 1), rand(shapes[1], 2)
+    c = rand(a.shape[:-1] + (b.shape[-2],), 3)
+    rounded = blas.round_to_bfloat16 if name == "bf16" else (lambda v: v)
+    want = c.astype(numpy.float64) + rounded(a).astype(numpy.float64) @ rounded(b).astype(numpy.float64).swapaxes(-1, -2)
+    got = blas.add_matmul_nt(c, a, b)
+    assert got is c
+    numpy.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-3)
+
+
 def test_float64_is_never_rounded(precision):
     precision("bf16")
     a, b = rand((5, 6), 1, numpy.float64), rand((6, 7), 2, numpy.float64)
