@@ -148,6 +148,10 @@ def main():
     args = parser.parse_args()
     if args.child:
         return child(args)
+    sys.path.insert(0, HERE)
+    import bench_train
+
+    print("\n".join(bench_train.machine_report(args.threads)[1]))
     for net in args.nets.split(","):
         lf = measure("layerforge", net, args.iterations, args.threads, args.replicas)
         pt = measure("torch", net, args.iterations, args.threads)

@@ -212,6 +212,8 @@ def test_auto_times_both_once_and_remembers_the_faster(source, cache):
 
     other = Timer(threads=99.0, replicas=1.0)  # another batch is another key: timed again
     assert choose(solver(source, 8), timer=other).mode == "THREADS" and len(other.calls) == 2
+    bf16 = Timer(threads=99.0, replicas=1.0)  # so is another GEMM precision
+    assert choose(dict(d, gemm_precision="BF16"), timer=bf16).mode == "THREADS" and len(bf16.calls) == 2
 
 
 def test_a_failing_replicas_trial_leaves_one_process_and_no_choice(source, cache, caplog):
