@@ -9,7 +9,10 @@ environment variable ``LAYERFORGE_GEMM_PRECISION`` (read at the first product):
 - ``fp16`` / ``bf16``: the operands are rounded to half / bfloat16 (round to nearest even) and the
   products accumulated in fp32; results and storage stay fp32. On a GPU this is cuBLAS's
   ``CUBLAS_COMPUTE_32F_FAST_16F`` / ``_FAST_16BF`` (which may also choose TF32, never less than the
-  16-bit format); on numpy the rounding is done here, so a CPU run shows the same numerics.
+  16-bit format); on numpy the rounding is done here, so a CPU run shows the same numerics. On a CPU with
+  AVX512_BF16, bf16 products of float32 matrices run on bfloat16 operands in kernels/bf16_gemm.py (VDPBF16PS,
+  up to twice the fp32 rate: the same rounded operands and fp32 sums, in another order, denormals flushed);
+  elsewhere the rounded operands go to the fp32 GEMM.
 
 On a GPU every product goes to cuBLAS's ``gemmStridedBatchedEx`` through ``kernels/cuda/gemm.py``: cupy's
 own batched matmul ignores its compute-type setting, so strict fp32 and TF32 hold for the batched
@@ -35,6 +38,7 @@ import os
 import numpy
 
 from ..backend import get_array_module
+from . import bf16_gemm
 
 try:
     from scipy.linalg import blas as _blas
@@ -116,6 +120,12 @@ def matmul_rows(a, b, out):
     return out
 
 
+def _bf16_kernel(a, b):
+    """Whether ``a @ b`` goes to kernels/bf16_gemm.py: bf16 precision, float32 matrices, a CPU with AVX512_BF16."""
+    return (gemm_precision() == "bf16" and a.dtype == numpy.float32 and b.dtype == numpy.float32 and a.ndim >= 2
+            and b.ndim >= 2 and bf16_gemm.available())
+
+
 def round_to_bfloat16(x):
     """float32 ``x`` rounded to the nearest bfloat16 (ties to even), as float32; NaN stays NaN."""
     u = numpy.ascontiguousarray(x, dtype=numpy.float32).view(numpy.uint32)
@@ -139,6 +149,8 @@ def matmul(a, b, out=None):
     if get_array_module(a, b) is not numpy:
         from .cuda.gemm import gemm_gpu
         return gemm_gpu(a, b, out, gemm_precision())
+    if _bf16_kernel(a, b):
+        return bf16_gemm.matmul(a, b, out)
     a, b = _operands(a, b)
     return numpy.matmul(a, b, out=out)
 
@@ -149,6 +161,9 @@ def add_matmul(c, a, b):
     if get_array_module(c, a, b) is not numpy:
         from .cuda.gemm import gemm_gpu
         return gemm_gpu(a, b, c, gemm_precision(), accumulate=True)
+    if _bf16_kernel(a, b) and c.dtype == numpy.float32 and c.shape == numpy.broadcast_shapes(
+            c.shape, a.shape[:-1] + b.shape[-1:]):
+        return bf16_gemm.matmul(a, b, c, accumulate=True)
     a, b = _operands(a, b)
     gemm = None
     if _blas is not None and c.ndim == 2 and c.nbytes >= MIN_BYTES and c.flags.c_contiguous:
