@@ -155,26 +155,30 @@ def matmul(a, b, out=None):
     return numpy.matmul(a, b, out=out)
 
 
-def add_matmul(c, a, b):
+def add_matmul(c, a, b, overwrite=False):
     """``c += a @ b`` (2-D, or batched as :func:`matmul`) for arrays of one float dtype, under the precision
-    switch; returns c."""
+    switch; with ``overwrite``, ``c = a @ b`` through the same path (c's old values never read: a weight gradient
+    whose zeros were deferred, Blob.diff_to_overwrite); returns c."""
     if get_array_module(c, a, b) is not numpy:
         from .cuda.gemm import gemm_gpu
-        return gemm_gpu(a, b, c, gemm_precision(), accumulate=True)
+        return gemm_gpu(a, b, c, gemm_precision(), accumulate=not overwrite)
     if _bf16_kernel(a, b) and c.dtype == numpy.float32 and c.shape == numpy.broadcast_shapes(
             c.shape, a.shape[:-1] + b.shape[-1:]):
-        return bf16_gemm.matmul(a, b, c, accumulate=True)
+        return bf16_gemm.matmul(a, b, c, accumulate=not overwrite)
     a, b = _operands(a, b)
     gemm = None
     if _blas is not None and c.ndim == 2 and c.nbytes >= MIN_BYTES and c.flags.c_contiguous:
         gemm = {numpy.dtype(numpy.float32): _blas.sgemm, numpy.dtype(numpy.float64): _blas.dgemm}.get(c.dtype)
     if gemm is None or a.dtype != c.dtype or b.dtype != c.dtype:
-        c += a @ b
+        if overwrite:
+            numpy.matmul(a, b, out=c)
+        else:
+            c += a @ b
         return c
     # c (m, n) in C order is c.T (n, m) in Fortran order, and c.T += b.T @ a.T
     p, ta = _fortran_operand(b.T)
     q, tb = _fortran_operand(a.T)
-    out = gemm(1.0, p, q, beta=1.0, c=c.T, trans_a=ta, trans_b=tb, overwrite_c=1)
+    out = gemm(1.0, p, q, beta=0.0 if overwrite else 1.0, c=c.T, trans_a=ta, trans_b=tb, overwrite_c=1)
     if not numpy.shares_memory(out, c):
         c[...] = out.T
     return c

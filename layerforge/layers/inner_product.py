@@ -67,11 +67,8 @@ class InnerProduct(Layer):
         gy = top[0].diff.reshape(self.m, self.num_output)
         x = bottom[0].data.reshape(self.m, self.k)
         a, b = (x.T, gy) if self.transpose else (gy.T, x)
-        diff, overwrite = self.blobs[0].diff_to_overwrite()
-        if overwrite:  # the net deferred clearing it: written once, no zeros written and read back
-            matmul(a, b, out=diff)
-        else:
-            add_matmul(diff, a, b)
+        diff, overwrite = self.blobs[0].diff_to_overwrite()  # the net deferred its zeros: written, not added
+        add_matmul(diff, a, b, overwrite=overwrite)
         if self.bias_term:
             self.blobs[1].diff += gy.sum(axis=0)
         if propagate_down[0]:

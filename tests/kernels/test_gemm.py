@@ -293,3 +293,12 @@ def test_the_solver_key_sets_the_switch(precision):
     precision("fp32")
     get_solver(dict(net_param=resnet_block(False), gemm_precision="bf16", max_iter=1, display=0))
     assert blas.gemm_precision() == "bf16"
+
+
+@pytest.mark.parametrize("shape", [(30, 20, 10), (2048, 8, 4096)])  # the second through SciPy's in-place GEMM
+def test_add_matmul_overwrite_never_reads_c(shape):
+    m, k, n = shape
+    a, b = rand((k, m), 1).T, rand((k, n), 2)
+    c = numpy.full((m, n), numpy.nan, numpy.float32)
+    blas.add_matmul(c, a, b, overwrite=True)
+    numpy.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
