@@ -33,6 +33,10 @@ LAYER_KIND = {"Convolution": "convolution", "BatchNorm": "batch norm + scale + r
 # aten operator -> (kind, pass)
 TORCH_KIND = {
     "aten::mkldnn_convolution": ("convolution", "forward"), "aten::convolution_backward": ("convolution", "backward"),
+    # what one thread (or a shape oneDNN does not take) runs instead: im2col + GEMM
+    "aten::_slow_conv2d_forward": ("convolution", "forward"),
+    "aten::_slow_conv2d_backward": ("convolution", "backward"),
+    "aten::add_": ("eltwise / split", "backward"),  # autograd's sum of a blob's gradients (Caffe's Split)
     "aten::native_batch_norm": ("batch norm + scale + relu", "forward"),
     "aten::native_batch_norm_backward": ("batch norm + scale + relu", "backward"),
     "aten::clamp_min": ("batch norm + scale + relu", "forward"), "aten::relu": ("batch norm + scale + relu", "forward"),
@@ -148,6 +152,10 @@ def main():
     args = parser.parse_args()
     if args.child:
         return child(args)
+    sys.path.insert(0, HERE)
+    import bench_train
+
+    print("\n".join(bench_train.machine_report(args.threads)[1]))
     for net in args.nets.split(","):
         lf = measure("layerforge", net, args.iterations, args.threads, args.replicas)
         pt = measure("torch", net, args.iterations, args.threads)

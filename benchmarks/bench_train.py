@@ -1,7 +1,7 @@
 """Training images/s (forward + backward + SGD update) in layerforge and in PyTorch CPU, side by side.
 
     python benchmarks/bench_train.py [--nets lenet,alexnet,resnet50,vgg16] [--iterations 3] [--threads 2]
-                                     [--cpu-parallel AUTO|THREADS|REPLICAS]
+                                     [--cpu-parallel AUTO|THREADS|REPLICAS] [--precision fp32|bf16]
 
 Each net is described once below as a list of nodes; the same list builds a layerforge net (a dict
 with Input, Convolution, BatchNorm + Scale, ...) and a PyTorch module, so both run the same
@@ -16,6 +16,16 @@ layerforge runs in its default configuration, the one ``layerforge train`` uses 
 core on batch / cores; AUTO's choice is made, or taken from its cache, in a subprocess of its own before the timed
 rounds, so its trial is never timed or counted); ``--cpu-parallel`` forces one. PyTorch runs with ``--threads``
 intra-op threads on the same batch.
+
+``--precision bf16``: layerforge with ``gemm_precision: BF16`` (every float32 product on bfloat16 operands, fp32
+accumulation: layerforge/kernels/blas.py), PyTorch under ``torch.autocast("cpu", dtype=torch.bfloat16)``.
+
+Before the table the benchmark prints what the figures depend on (:func:`describe_machine`, measured in a
+subprocess with the benchmark's environment): the CPU and its vector extensions, the BLAS library numpy uses and
+its kernel architecture (threadpoolctl), whether OPENBLAS_CORETYPE pins it, PyTorch's CPU capability, and the
+machine's SGEMM rate (numpy, 2048^3, ``--threads`` threads): the limit that each net's training FLOP rate is
+given as a fraction of (``lf % SGEMM``: 3 x the forward pass's FLOPs, :func:`forward_flops`, per second of a
+training iteration, over that rate).
 
 Every (framework, net) round runs in its own subprocess; ``--rounds`` alternate the two so that contention hits both
 alike. Warm-up iterations run first (layerforge: until every AUTO convolution has settled its engines), then
@@ -204,22 +214,46 @@ def torch_module(nodes, shape):
 # --------------------------------------------------------------------------------------------------
 # one framework, one net (run in a subprocess)
 
+def forward_flops(net_name, batch):
+    """FLOPs of one forward pass (2 per multiply-add) of the convolutions and inner products of ``net_name``."""
+    (c, size, _), nodes = NETS[net_name]()
+    channels, spatial, macs = {"data": c}, {"data": size}, 0
+    for name, op, bottoms, p in nodes:
+        cin, s_in = channels[bottoms[0]], spatial[bottoms[0]]
+        cout, s_out = cin, s_in
+        if op == "conv":
+            cout, k, stride, pad = p["cout"], p["k"], p.get("s", 1), p.get("p", 0)
+            s_out = (s_in + 2 * pad - k) // stride + 1
+            macs += batch * cout * s_out * s_out * cin // p.get("g", 1) * k * k
+        elif op == "maxpool":
+            s_out = -(-(s_in - p["k"]) // p["s"]) + 1
+        elif op == "ip":
+            cout, s_out = p["cout"], 1
+            macs += batch * cin * s_in * s_in * cout
+        elif op == "avepool":
+            s_out = 1
+        channels[name], spatial[name] = cout, s_out
+    return 2 * macs
+
+
 SOLVER = {"type": "SGD", "base_lr": 1e-3, "lr_policy": "fixed", "momentum": 0.9, "weight_decay": 5e-4,
           "max_iter": 10 ** 6, "dtype": "float32", "snapshot_after_train": False}
 
 
-def layerforge_solver_dict(net_name, fuse_batch_norm=True, batch=None):
-    """The SGD solver (momentum, weight decay) of the benchmark, over the layerforge net (Input layers)."""
+def layerforge_solver_dict(net_name, fuse_batch_norm=True, batch=None, precision="fp32"):
+    """The SGD solver (momentum, weight decay) of the benchmark, over the layerforge net (Input layers); products
+    on bfloat16 operands with ``precision`` bf16."""
     shape, nodes = NETS[net_name]()
-    return dict(SOLVER, net_param=layerforge_def(nodes, batch or BATCH[net_name], shape, fuse_batch_norm))
+    extra = {"gemm_precision": "BF16"} if precision == "bf16" else {}
+    return dict(SOLVER, net_param=layerforge_def(nodes, batch or BATCH[net_name], shape, fuse_batch_norm), **extra)
 
 
-def layerforge_solver(net_name, fuse_batch_norm=True, batch=None):
+def layerforge_solver(net_name, fuse_batch_norm=True, batch=None, precision="fp32"):
     """The benchmark's solver in this process, with planned memory and the random data (bench_breakdown.py)."""
     sys.path.insert(0, ROOT)
     from layerforge.solvers import get_solver
 
-    solver = get_solver(layerforge_solver_dict(net_name, fuse_batch_norm, batch))
+    solver = get_solver(layerforge_solver_dict(net_name, fuse_batch_norm, batch, precision))
     solver.net.optimize_memory()
     fill_inputs(solver.net)
     return solver
@@ -249,28 +283,29 @@ def replica_setup(g, solver):
     warm_up_replica(g, solver)
 
 
-def choose_layerforge(net_name, requested, fuse_batch_norm=True):
+def choose_layerforge(net_name, requested, fuse_batch_norm=True, precision="fp32"):
     """The configuration layerforge train would use (AUTO: from the cache, or a trial stored there)."""
     sys.path.insert(0, ROOT)
     from layerforge.dataparallel.cpu_parallel import resolve
 
-    choice = resolve(layerforge_solver_dict(net_name, fuse_batch_norm), requested=requested)
+    choice = resolve(layerforge_solver_dict(net_name, fuse_batch_norm, precision=precision), requested=requested)
     return {"mode": choice.mode, "replicas": choice.replicas, "why": choice.why}
 
 
-def run_layerforge(net_name, iterations, mode, replicas, fuse_batch_norm=True):
+def run_layerforge(net_name, iterations, mode, replicas, fuse_batch_norm=True, precision="fp32"):
     sys.path.insert(0, ROOT)
     if mode == "REPLICAS":
         from layerforge.dataparallel.cgdp import train_parallel
 
-        result = train_parallel(layerforge_solver_dict(net_name, fuse_batch_norm), workers=replicas, sync="host",
+        result = train_parallel(layerforge_solver_dict(net_name, fuse_batch_norm, precision=precision),
+                                workers=replicas, sync="host",
                                 chunk_size=1, split=True, setup=replica_setup, iterations=iterations + 1,
                                 log=False)
         times = result.iteration_times[-iterations:]  # between the ends of two iterations' exchanges
         return {"times": times, "mode": mode, "replicas": replicas}
     from layerforge.dataparallel.cpu_parallel import iteration_times, warm_up
 
-    solver = layerforge_solver(net_name, fuse_batch_norm)
+    solver = layerforge_solver(net_name, fuse_batch_norm, precision=precision)
     net = solver.net
     convs = [layer for layer in net.layers if hasattr(layer, "engine_choice")]
     warm = warm_up(solver, limit=10)
@@ -280,7 +315,7 @@ def run_layerforge(net_name, iterations, mode, replicas, fuse_batch_norm=True):
             "counted_peak_bytes": net.memory_report()["peak_bytes"], "engines": engines}
 
 
-def run_torch(net_name, iterations, threads):
+def run_torch(net_name, iterations, threads, precision="fp32"):
     import torch
     torch.set_num_threads(threads)
     shape, nodes = NETS[net_name]()
@@ -294,7 +329,8 @@ def run_torch(net_name, iterations, threads):
 
     def step():
         opt.zero_grad(set_to_none=False)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
 
@@ -307,13 +343,66 @@ def run_torch(net_name, iterations, threads):
     return {"times": times, "warmup": 1}
 
 
+def describe_machine(threads):
+    """What the figures depend on, measured in this process (run it with the benchmark's environment): the CPU
+    model and vector extensions, the BLAS libraries with their kernel architecture (threadpoolctl), the OpenBLAS
+    pin, PyTorch's CPU capability, and the SGEMM rate (GFLOP/s, numpy float32 2048^3, best of 5)."""
+    import numpy
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    model, flags = "?", []
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and model == "?":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = line.split(":", 1)[1].split()
+    vector = sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))
+    blas = [f"{i.get('internal_api')} {i.get('version')} ({i.get('prefix')}), kernel {i.get('architecture')}, "
+            f"{i.get('num_threads')} threads" for i in threadpool_info() if i.get("user_api") == "blas"]
+    a = numpy.random.default_rng(0).standard_normal((2048, 2048)).astype(numpy.float32)
+    out, best = numpy.empty_like(a), float("inf")
+    with threadpool_limits(threads, "blas"):
+        numpy.matmul(a, a, out=out)
+        for _ in range(5):
+            t0 = time.perf_counter()
+            numpy.matmul(a, a, out=out)
+            best = min(best, time.perf_counter() - t0)
+    try:
+        import torch
+        torch_cpu = f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}"
+    except ImportError:
+        torch_cpu = "torch not installed"
+    pins = {v: os.environ[v] for v in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if v in os.environ}
+    return {"cpu": model, "cores": os.cpu_count(), "vector_extensions": vector, "blas": blas,
+            "openblas_pin": pins or None, "numpy": numpy.__version__, "torch": torch_cpu,
+            "sgemm_gflops": 2 * 2048 ** 3 / best / 1e9, "threads": threads}
+
+
+def machine_report(threads):
+    """(:func:`describe_machine`'s dict, the lines to print above a table), measured in a subprocess with
+    ``threads`` BLAS threads."""
+    env = dict(os.environ, **{v: str(threads) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "machine", "--threads", str(threads)],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    machine = json.loads(out.strip().splitlines()[-1])
+    return machine, [
+        f"CPU: {machine['cpu']}, {machine['cores']} cores; vector extensions: {' '.join(machine['vector_extensions'])}",
+        f"BLAS: {'; '.join(machine['blas'])}; OpenBLAS pin: {machine['openblas_pin'] or 'none'}; "
+        f"numpy {machine['numpy']}; {machine['torch']}",
+        f"SGEMM limit (numpy float32 2048^3, {threads} threads): {machine['sgemm_gflops']:.0f} GFLOP/s"]
+
+
 def child(args):
     if args.child == "choose":
-        result = choose_layerforge(args.net, args.cpu_parallel, not args.no_fuse)
+        result = choose_layerforge(args.net, args.cpu_parallel, not args.no_fuse, args.precision)
     elif args.child == "layerforge":
-        result = run_layerforge(args.net, args.iterations, args.mode, args.replicas, not args.no_fuse)
+        result = run_layerforge(args.net, args.iterations, args.mode, args.replicas, not args.no_fuse,
+                                args.precision)
+    elif args.child == "machine":
+        result = describe_machine(args.threads)
     else:
-        result = run_torch(args.net, args.iterations, args.threads)
+        result = run_torch(args.net, args.iterations, args.threads, args.precision)
     print(json.dumps(result))
 
 
@@ -387,7 +476,8 @@ def measure(framework, net, args, mode=None, replicas=1):
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads))
     command = [sys.executable, os.path.abspath(__file__), "--child", framework, "--net", net,
-               "--iterations", str(args.iterations), "--threads", str(threads)] + ["--no-fuse"] * args.no_fuse
+               "--iterations", str(args.iterations), "--threads", str(threads), "--precision", args.precision] + \
+        ["--no-fuse"] * args.no_fuse
     if framework == "layerforge":
         command += ["--mode", mode, "--replicas", str(replicas)]
     if framework == "choose":
@@ -418,7 +508,9 @@ def main():
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--no-fuse", action="store_true",
                         help="layerforge nets with fuse_batch_norm: false (BatchNorm, Scale, ReLU one by one)")
-    parser.add_argument("--child", choices=("layerforge", "torch", "choose"), help=argparse.SUPPRESS)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="bf16: layerforge's gemm_precision BF16 against PyTorch's bfloat16 autocast")
+    parser.add_argument("--child", choices=("layerforge", "torch", "choose", "machine"), help=argparse.SUPPRESS)
     parser.add_argument("--net", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--replicas", type=int, default=1, help=argparse.SUPPRESS)
@@ -426,10 +518,13 @@ def main():
     if args.child:
         return child(args)
     rows = []
+    machine, lines = machine_report(args.threads)
+    print("\n".join(lines) + f"; precision {args.precision}")
     print(f"load average before: {os.getloadavg()}")
     print("| net | batch | layerforge configuration | lf img/s median (best) | torch img/s median (best) "
-          "| lf / torch img/s median (best) | lf peak MiB | torch peak MiB | lf / torch peak | load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| lf / torch img/s median (best) | lf peak MiB | torch peak MiB | lf / torch peak | GFLOP / iter "
+          "| lf % SGEMM | torch % SGEMM | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for net in args.nets.split(","):
         choice = measure("choose", net, args)
         runs = {"layerforge": [], "torch": []}
@@ -445,20 +540,24 @@ def main():
         tc_peak = max(r["peak_bytes"] for r in runs["torch"])
         load = os.getloadavg()
         config = "THREADS" if choice["mode"] == "THREADS" else f"REPLICAS x{choice['replicas']}"
+        flops = 3 * forward_flops(net, b)  # a training iteration: forward, and backward's two products
+        limit = machine["sgemm_gflops"] * 1e9
         row = {"net": net, "batch": b, "choice": choice, "layerforge_runs": runs["layerforge"],
                "torch_runs": runs["torch"], "layerforge_images_per_second": lf, "torch_images_per_second": tc,
                "ratio": lf / tc, "ratio_best": lf_best / tc_best, "layerforge_peak_bytes": lf_peak,
-               "torch_peak_bytes": tc_peak, "load": load}
+               "torch_peak_bytes": tc_peak, "load": load, "flops_per_iteration": flops,
+               "layerforge_sgemm_fraction": flops * lf / b / limit, "torch_sgemm_fraction": flops * tc / b / limit}
         rows.append(row)
         print(f"| {net} | {b} | {config} | {lf:.2f} ({lf_best:.2f}) | {tc:.2f} ({tc_best:.2f}) "
               f"| {lf / tc:.2f} ({lf_best / tc_best:.2f}) | {lf_peak / 2**20:.0f} | {tc_peak / 2**20:.0f} "
-              f"| {lf_peak / tc_peak:.2f} | {load[0]:.2f} |", flush=True)
+              f"| {lf_peak / tc_peak:.2f} | {flops / 1e9:.1f} | {100 * row['layerforge_sgemm_fraction']:.0f}% "
+              f"| {100 * row['torch_sgemm_fraction']:.0f}% | {load[0]:.2f} |", flush=True)
     print(f"load average after: {os.getloadavg()}")
     for row in rows:
         print(f"{row['net']}: layerforge {row['choice']['mode']} ({row['choice']['why']})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"machine": machine, "precision": args.precision, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

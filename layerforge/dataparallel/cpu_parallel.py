@@ -165,15 +165,17 @@ def resume_refusal(path, replicas):
 
 
 def choice_key(sp, layers, replicas):
-    """What a choice was timed for: the TRAIN layers as written (a digest), the batch, dtype, rule and R."""
+    """What a choice was timed for: the TRAIN layers as written (a digest), the batch, dtype, rule and R, and the
+    GEMM precision where it is not fp32 (bfloat16 operands change what each configuration costs)."""
     from ..net.netdef import batch_sizes
 
     written = json.dumps([lp.source for lp in layers], sort_keys=True, default=str)
     digest = hashlib.sha256(written.encode()).hexdigest()[:16]
     sizes = batch_sizes(layers)
     batch = sizes[0][2] if sizes else 0
+    precision = (sp.gemm_precision or os.environ.get("LAYERFORGE_GEMM_PRECISION") or "fp32").lower()
     return (f"layers={digest}|batch={batch}|iter_size={sp.iter_size}|{sp.dtype.lower()}|solver={sp.type}"
-            f"|replicas={replicas}")
+            f"|replicas={replicas}" + (f"|gemm_precision={precision}" if precision != "fp32" else ""))
 
 
 def choose(sp, layers, requested, measure, replicas=None, run=None, resume=None):

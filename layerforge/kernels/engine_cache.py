@@ -6,7 +6,9 @@ The cache is one JSON file, ``$LAYERFORGE_CACHE_DIR/conv_engines.json`` (default
 
 - The machine key names what makes one engine faster than another on this computer: the backend (``cpu``, or
   ``gpu`` with the device name and compute capability), the CPU model, the core count, the BLAS/OpenMP thread
-  setting, and the numpy, BLAS and cupy/CUDA versions.
+  setting, the variables that pin OpenBLAS's kernels (``OPENBLAS_CORETYPE``: Haswell's kernels on an AVX-512
+  CPU halve SGEMM's rate, and so change which engine wins), the GEMM precision where it is not fp32 (bf16 runs
+  other kernels: kernels/bf16_gemm.py), and the numpy, BLAS and cupy/CUDA versions.
 - The layer key names the convolution: layer type, input and output shapes, weight shape, kernel, stride, pad,
   dilation, groups, dtype, and the engine set AUTO chose among (a new engine in the set times them all again).
 
@@ -27,12 +29,14 @@ import numpy
 
 from ..errors import LayerforgeError
 from ..npz import write_atomic
+from .blas import gemm_precision
 
 logger = logging.getLogger("layerforge")
 
 CACHE_DIR_ENV = "LAYERFORGE_CACHE_DIR"
 FILE_NAME = "conv_engines.json"
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+BLAS_KERNEL_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # a pinned kernel architecture or cache size
 _warned = set()  # cache files already warned about: one line per bad file, not one per layer
 
 
@@ -132,7 +136,10 @@ def machine_key(xp):
     except (AttributeError, KeyError, TypeError):
         blas = "unknown-blas"
     threads = ",".join(f"{v}={os.environ[v]}" for v in THREAD_VARS if v in os.environ) or "threads=default"
-    parts = [_cpu_model(), f"cores={os.cpu_count()}", threads, f"numpy-{numpy.__version__}", blas]
+    pinned = [f"{v}={os.environ[v]}" for v in BLAS_KERNEL_VARS if os.environ.get(v)]  # absent where not pinned
+    precision = [] if gemm_precision() == "fp32" else [f"gemm_precision={gemm_precision()}"]  # other kernels
+    parts = [_cpu_model(), f"cores={os.cpu_count()}", threads] + pinned + precision + [f"numpy-{numpy.__version__}",
+                                                                                        blas]
     return "|".join((_gpu(xp.cuda.Device().id) if xp is not numpy else ("cpu",)) + tuple(parts))
 
 

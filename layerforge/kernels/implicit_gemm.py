@@ -33,7 +33,7 @@ import math
 import numpy
 
 from ..backend import get_array_module
-from .blas import add_matmul, matmul
+from .blas import add_matmul_nt, matmul
 from .im2col import col2im_nd, col2im_tile, im2col_nd, im2col_tile
 from .output_size import conv_output_size
 from .threadpool import elementwise, host_work, parallel_for
@@ -165,7 +165,7 @@ class Im2colConv(_GemmConv):
             gb += gyt.reshape(g * cog, -1) @ xp.ones(gyt.shape[-1], dtype=gy.dtype)
         if gW is not None:
             col = self._columns(x, W)
-            add_matmul(gW.reshape(g, cog, kg), gyt, col.transpose(0, 2, 1))
+            add_matmul_nt(gW.reshape(g, cog, kg), gyt, col)
         else:  # the data gradient alone (a transposed convolution's forward): x's values are not read
             col = self._buffer(xp, "col", (c, kh, kw, out_h, out_w, n), x.dtype).reshape(g, kg, -1)
         if gx is None:
@@ -263,13 +263,9 @@ class ImplicitGemmConv(_GemmConv):
             else:
                 gyt = self._buffer(xp, "y", (nb, g, cog, pt), x.dtype)
                 gyt.reshape(nb, g * cog, r1 - r0, out_w)[...] = gy[n0:n1, :, r0:r1]
-            if gW is None:
-                pass
-            elif nb * g * cog * kg * x.itemsize <= self.budget:
-                gW4 += matmul(gyt, col.transpose(0, 1, 3, 2)).sum(axis=0)
-            else:  # one image at a time keeps the partial products within the budget
+            if gW is not None:  # one image at a time: no partial products to hold and sum
                 for k in range(nb):
-                    add_matmul(gW4, gyt[k], col[k].transpose(0, 2, 1))
+                    add_matmul_nt(gW4, gyt[k], col[k])
             if gx is not None and self.pointwise:
                 matmul(Wg.transpose(0, 2, 1), gyt, out=gx[n0:n1].reshape(nb, g, kg, pt))
             elif gx is not None:
@@ -315,7 +311,7 @@ class NdIm2colConv:
             gb += gyt.reshape(g * cog, -1).sum(axis=1)
         if gW is not None:
             col = im2col_nd(x, *self.geometry).reshape(g, kg, -1)
-            add_matmul(gW.reshape(g, cog, kg), gyt, col.transpose(0, 2, 1))
+            add_matmul_nt(gW.reshape(g, cog, kg), gyt, col)
         if gx is not None:
             kernel, stride, pad, dilation = self.geometry
             cols = matmul(W.reshape(g, cog, kg).transpose(0, 2, 1), gyt)

@@ -30,6 +30,9 @@ class Layer:
         default_loss_weight: loss weight of top 0 when the YAML gives none (1 for loss layers).
         backward_reads: which of ``"bottom"`` / ``"top"`` data backward reads (lets the net free the rest).
         has_backward: False for layers that never propagate (data, Accuracy).
+        overwrites_param_diffs: indices of ``self.blobs`` whose diff backward writes whole, as the first of the
+            pass's writers, when told so by ``Blob.diff_to_overwrite`` (InnerProduct's weights): the net then
+            does not clear them before the iteration (``Net.clear_param_diffs``).
         learnable: False when ``self.blobs`` hold running statistics rather than weights (BatchNorm):
             the net gives them lr_mult 0 and does not count them as learnable parameters.
         capturable: False when replaying a recorded forward/backward (a CUDA graph, ``cuda_graph``) would not
@@ -48,6 +51,7 @@ class Layer:
     default_loss_weight = 0.0
     backward_reads = ("bottom", "top")
     has_backward = True
+    overwrites_param_diffs = ()
     learnable = True
     capturable = True
     batch_split = None

@@ -25,6 +25,7 @@ class InnerProduct(Layer):
         "transpose": Field("bool", False, doc="store W as (K, N) instead of (N, K)"),
     }}
     backward_reads = ("bottom",)
+    overwrites_param_diffs = (0,)  # gW written by one GEMM (beta = 0) when the net has not cleared it
 
     def _axis(self, shape):
         axis = self.layer_param.inner_product.axis
@@ -65,10 +66,9 @@ class InnerProduct(Layer):
     def backward(self, top, propagate_down, bottom):
         gy = top[0].diff.reshape(self.m, self.num_output)
         x = bottom[0].data.reshape(self.m, self.k)
-        if self.transpose:
-            add_matmul(self.blobs[0].diff, x.T, gy)
-        else:
-            add_matmul(self.blobs[0].diff, gy.T, x)
+        a, b = (x.T, gy) if self.transpose else (gy.T, x)
+        diff, overwrite = self.blobs[0].diff_to_overwrite()  # the net deferred its zeros: written, not added
+        add_matmul(diff, a, b, overwrite=overwrite)
         if self.bias_term:
             self.blobs[1].diff += gy.sum(axis=0)
         if propagate_down[0]:

@@ -132,6 +132,7 @@ class Net:
         self._entries = entries
         self._share_params()
         self._analyse_backward(entries)
+        self._overwritten_diffs = self._whole_diff_writers()
         self.inputs = [v.name for (lp, cls, bvs, tvs, lw) in entries if lp.type == "Input" for v in tvs]
         consumed = {id(v) for e in entries for v in e.bottoms}
         self.outputs = [v.name for e in entries for v in e.tops
@@ -462,8 +463,21 @@ class Net:
         return self.loss
 
     def clear_param_diffs(self):
+        """Zero every learnable parameter's diff (the gradients accumulate from here). A parameter that only one
+        layer uses, a layer that runs backward and writes that diff whole (``Layer.overwrites_param_diffs``:
+        InnerProduct's weights) gets its zeros deferred instead (``Blob.defer_clear_diff``): the layer's backward
+        writes it without reading it, and anything that reads it first sees zeros."""
         for blob in self.learnable_params:
-            blob.clear_diff()
+            if id(blob) in self._overwritten_diffs:
+                blob.defer_clear_diff()
+            else:
+                blob.clear_diff()
+
+    def _whole_diff_writers(self):
+        """``{id(blob)}`` of the parameters :meth:`clear_param_diffs` defers (see there)."""
+        users = collections.Counter(id(b) for layer in self.layers for b in layer.blobs)
+        return {id(layer.blobs[k]) for i, layer in enumerate(self.layers) if self.layer_need_backward[i]
+                for k in layer.overwrites_param_diffs if users[id(layer.blobs[k])] == 1}
 
     # ------------------------------------------------------------------------------------------
     # introspection

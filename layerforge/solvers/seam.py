@@ -79,6 +79,12 @@ class Seam:
         rows}``, rows a slice of the parameter's first axis or None (all of it)."""
         return None
 
+    def combine_gradient(self, i, part):
+        """In the update, right before the values ``part`` of learnable parameter ``i`` are updated (``(start,
+        stop)`` of its flattened values, within this replica's share, or None for all of it): make their diff what
+        the update must use. Replicas that combine their gradients there (CPU replicas: the mean of their slots,
+        a block at a time, while the update has the block in the cache) do it here; after :meth:`before_update`."""
+
     def after_update(self):
         """Right after this replica's update (or after the update it did not make)."""
 
@@ -168,6 +174,10 @@ class Seams(Seam):
         if len(shares) > 1:
             raise ValueError("two seams name the part of the parameters this replica updates")
         return shares[0] if shares else None
+
+    def combine_gradient(self, i, part):
+        for s in self.seams:
+            s.combine_gradient(i, part)
 
     def after_update(self):
         for s in self.seams:

@@ -16,8 +16,8 @@ One iteration (:meth:`Solver.step`), in this order; ``seam.x`` are the points wh
         rate = learning_rate(iter)
         clip: scale all diffs by c / ||g|| when the global L2 norm ||g|| > clip_gradients = c
         normalise: diff /= iter_size
-        per parameter: regularise (diff += wd * decay_mult * w, or * sign(w) for L1), compute_update (the rule)
-        apply: data -= diff
+        per parameter, a block at a time on the host: seam.combine_gradient(i, block), regularise (diff += wd *
+            decay_mult * w, or * sign(w) for L1), compute_update (the rule), apply: data -= diff
     seam.after_update()
     iter += 1; seam.end_iteration(iteration, loss); callbacks(iteration, loss)
     request = seam.agree(signal request)
@@ -452,6 +452,7 @@ class Solver:
         block of ``block`` elements at a time (:func:`_parts`): flat views of the parameter and its state."""
         p, state = self.net.learnable_params[i], self.state[i]
         for part in _parts(p, rows, block):
+            self.seam.combine_gradient(i, part)
             if part is None:
                 yield ParamArrays(p.data, p.diff), state
             else:

@@ -50,19 +50,23 @@ BN_CHAIN = ({"name": "bn", "type": "BatchNorm", "bottom": "pool", "top": "pool"}
             {"name": "bn_relu", "type": "ReLU", "bottom": "pool", "top": "pool"})
 
 
-@pytest.mark.parametrize("replicas,iter_size,rule,extra,fuse", [
-    (2, 1, "SGD", (), True),
-    (3, 2, "Adam", (), True),
-    (2, 1, "SGD", BN_CHAIN, True),  # BatchNorm + Scale + ReLU fused: the whole batch's statistics
-    (3, 1, "SGD", BN_CHAIN, False),  # one by one
+@pytest.mark.parametrize("replicas,iter_size,rule,extra,fuse,clip", [
+    (2, 1, "SGD", (), True, -1),
+    (3, 2, "Adam", (), True, -1),  # iter_size 2: the host makes the mean
+    (2, 1, "SGD", BN_CHAIN, True, -1),  # BatchNorm + Scale + ReLU fused: the whole batch's statistics
+    (3, 1, "SGD", BN_CHAIN, False, -1),  # one by one
+    (2, 1, "SGD", (), True, 0.05),  # clipping takes the mean's global norm: the host makes the mean
 ])
-def test_replicas_train_as_one_process_with_the_whole_batch(source, replicas, iter_size, rule, extra, fuse):
-    d = solver(source, 12, iter_size=iter_size, type=rule, extra=extra)
+def test_replicas_train_as_one_process_with_the_whole_batch(source, replicas, iter_size, rule, extra, fuse, clip):
+    d = solver(source, 12, iter_size=iter_size, type=rule, extra=extra, clip_gradients=clip)
     d["net_param"]["fuse_batch_norm"] = fuse
     one = get_solver(d)
     one.solve()
     result = train_parallel(d, workers=replicas, sync="host", split=True, log=False)
     assert result.iter == 6
+    # the replicas make the mean of their shares in their update, unless the update needs all of it
+    host_mean = any(name.startswith("accumulate:") for name in result.stats["chunks_ms"])
+    assert host_mean == (iter_size > 1 or clip > 0)
     expected = flat_params(one)
     assert not numpy.allclose(expected, flat_params(get_solver(d)))  # training moved the weights
     for row in result.params:  # one shared copy of the parameters: every replica ends with it
@@ -208,6 +212,8 @@ def test_auto_times_both_once_and_remembers_the_faster(source, cache):
 
     other = Timer(threads=99.0, replicas=1.0)  # another batch is another key: timed again
     assert choose(solver(source, 8), timer=other).mode == "THREADS" and len(other.calls) == 2
+    bf16 = Timer(threads=99.0, replicas=1.0)  # so is another GEMM precision
+    assert choose(dict(d, gemm_precision="BF16"), timer=bf16).mode == "THREADS" and len(bf16.calls) == 2
 
 
 def test_a_failing_replicas_trial_leaves_one_process_and_no_choice(source, cache, caplog):

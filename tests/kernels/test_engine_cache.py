@@ -166,3 +166,17 @@ def test_the_machine_key_follows_the_thread_setting(monkeypatch):
     one = engine_cache.machine_key(numpy)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert engine_cache.machine_key(numpy) != one and one.startswith("cpu|")
+
+
+def test_the_machine_key_follows_a_pinned_blas_kernel(monkeypatch):
+    """Choices timed with OpenBLAS's kernels pinned (OPENBLAS_CORETYPE=Haswell on an AVX-512 CPU: half the SGEMM
+    rate) are not taken for a run without the pin, nor the other way round."""
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    monkeypatch.delenv("OPENBLAS_L2_SIZE", raising=False)
+    free = engine_cache.machine_key(numpy)
+    assert "OPENBLAS_CORETYPE" not in free
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    pinned = engine_cache.machine_key(numpy)
+    assert pinned != free and "OPENBLAS_CORETYPE=Haswell" in pinned
+    monkeypatch.setenv("OPENBLAS_L2_SIZE", "512")
+    assert engine_cache.machine_key(numpy) not in (free, pinned)

@@ -57,7 +57,26 @@ def test_add_matmul_accumulates_under_the_precision(precision):
     precision("bf16")
     a, b, c = rand((30, 20), 1), rand((20, 10), 2), rand((30, 10), 3)
     want = c + blas.round_to_bfloat16(a) @ blas.round_to_bfloat16(b)
-    numpy.testing.assert_allclose(blas.add_matmul(c, a, b), want, rtol=1e-6)
+    # the same products; the AVX512_BF16 kernel (kernels/bf16_gemm.py) sums them in another order
+    numpy.testing.assert_allclose(blas.add_matmul(c, a, b), want, rtol=1e-6, atol=1e-6 * numpy.abs(want).max())
+
+
+@pytest.mark.parametrize("shapes", [
+    ((64, 3000), (576, 3000)),  # a filter gradient gy col^T, K > Cout, long P: formed as (col gy^T)^T
+    ((256, 3000), (64, 3000)),  # a widening 1x1 filter: as written
+    ((64, 196), (576, 196)),  # a short P: as written
+    ((2, 8, 300), (2, 40, 300)),  # batched over groups
+])
+@pytest.mark.parametrize("name", ["fp32", "bf16"])
+def test_add_matmul_nt_is_c_plus_a_times_b_transposed(precision, shapes, name):
+    precision(name)
+    a, b = rand(shapes[0], 1), rand(shapes[1], 2)
+    c = rand(a.shape[:-1] + (b.shape[-2],), 3)
+    rounded = blas.round_to_bfloat16 if name == "bf16" else (lambda v: v)
+    want = c.astype(numpy.float64) + rounded(a).astype(numpy.float64) @ rounded(b).astype(numpy.float64).swapaxes(-1, -2)
+    got = blas.add_matmul_nt(c, a, b)
+    assert got is c
+    numpy.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-3)
 
 
 def test_float64_is_never_rounded(precision):
@@ -230,11 +249,18 @@ LAYERS = {
 }
 
 
+@pytest.mark.parametrize("kernel", [False, True], ids=["emulated", "avx512_bf16"])
 @pytest.mark.parametrize("kind", list(LAYERS))
-def test_a_layer_under_bf16_computes_on_bfloat16_operands(precision, kind):
+def test_a_layer_under_bf16_computes_on_bfloat16_operands(precision, kind, kernel, monkeypatch):
     """Rounding commutes with lowering: under bf16 a layer's output is, bit for bit, the fp32 output of the
-    bfloat16-rounded input and weights (the same GEMMs on the same operands)."""
+    bfloat16-rounded input and weights (the same GEMMs on the same operands); with the AVX512_BF16 kernel
+    (kernels/bf16_gemm.py), to the rounding of the same sums in another order."""
     from layerforge.blob import Blob
+    from layerforge.kernels import bf16_gemm
+
+    if kernel and not bf16_gemm.available():
+        pytest.skip("no AVX512_BF16 on this CPU")
+    monkeypatch.setattr(bf16_gemm, "available", lambda: kernel)
     from layerforge.layers import create_layer
     from layerforge.testing import make_blob
 
@@ -253,7 +279,10 @@ def test_a_layer_under_bf16_computes_on_bfloat16_operands(precision, kind):
     w, y_bf16 = forward("bf16", x)
     _, y_rounded = forward("fp32", blas.round_to_bfloat16(x), blas.round_to_bfloat16(w))
     _, y_fp32 = forward("fp32", x, w)
-    numpy.testing.assert_array_equal(y_bf16, y_rounded)
+    if kernel:
+        numpy.testing.assert_allclose(y_bf16, y_rounded, rtol=1e-6, atol=1e-6 * numpy.abs(y_rounded).max())
+    else:
+        numpy.testing.assert_array_equal(y_bf16, y_rounded)
     assert not numpy.array_equal(y_bf16, y_fp32)
 
 
@@ -264,3 +293,12 @@ def test_the_solver_key_sets_the_switch(precision):
     precision("fp32")
     get_solver(dict(net_param=resnet_block(False), gemm_precision="bf16", max_iter=1, display=0))
     assert blas.gemm_precision() == "bf16"
+
+
+@pytest.mark.parametrize("shape", [(30, 20, 10), (2048, 8, 4096)])  # the second through SciPy's in-place GEMM
+def test_add_matmul_overwrite_never_reads_c(shape):
+    m, k, n = shape
+    a, b = rand((k, m), 1).T, rand((k, n), 2)
+    c = numpy.full((m, n), numpy.nan, numpy.float32)
+    blas.add_matmul(c, a, b, overwrite=True)
+    numpy.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)

@@ -269,3 +269,40 @@ def test_forward_unknown_input_is_an_error():
     net = layerforge.Net(mlp())
     with pytest.raises(LayerforgeError, match="'ip1' is not an input of net 'mlp'"):
         net.forward(ip1=numpy.zeros((4, 5)))
+
+
+def test_fully_connected_weight_gradients_are_written_whole_not_cleared_first():
+    """clear_param_diffs defers the zeros of InnerProduct's weight diffs (their backward writes them whole with
+    one GEMM): after a stale value, one pass gives the pass's gradient, two passes the sum, a read before any
+    backward gives zeros; a weight two layers share, and a frozen layer's (no backward), are cleared at once."""
+    net = layerforge.Net(mlp(), dtype="float64")
+    w1, w2 = net.layer_dict["ip1"].blobs[0], net.layer_dict["ip2"].blobs[0]
+    assert net._overwritten_diffs == {id(w1), id(w2)}
+    feed = inputs()
+    net.forward(**feed)
+    net.backward()
+    once = [w1.diff.copy(), w2.diff.copy(), net.layer_dict["ip1"].blobs[1].diff.copy()]
+    for w in (w1, w2):
+        w.diff[...] = 7.0  # the last iteration's gradient
+    net.clear_param_diffs()
+    numpy.testing.assert_array_equal(w1.diff, 0)  # read before backward: the deferred zeros
+    w1.diff[...] = 7.0
+    net.clear_param_diffs()
+    for k in range(2):  # iter_size 2: the first pass writes, the second adds
+        net.forward(**feed)
+        net.backward()
+        numpy.testing.assert_allclose(w1.diff, (k + 1) * once[0], rtol=1e-12)
+        numpy.testing.assert_allclose(w2.diff, (k + 1) * once[1], rtol=1e-12)
+        numpy.testing.assert_allclose(net.layer_dict["ip1"].blobs[1].diff, (k + 1) * once[2], rtol=1e-12)
+
+    shared = mlp([{"name": "ip3", "type": "InnerProduct", "bottom": "data", "top": "ip3",
+                   "param": [{"name": "w1"}, {"name": "b1"}], "inner_product": {"num_output": 5}},
+                  {"name": "silence", "type": "Silence", "bottom": "ip3"}])
+    shared["layers"][1]["param"] = [{"name": "w1"}, {"name": "b1"}]
+    net = layerforge.Net(shared, dtype="float64")
+    assert id(net.layer_dict["ip1"].blobs[0]) not in net._overwritten_diffs
+    frozen = mlp()
+    frozen["layers"][1]["param"] = [{"lr_mult": 0}, {"lr_mult": 0}]  # ip1 needs no backward: nothing below learns
+    net = layerforge.Net(frozen, dtype="float64")
+    assert id(net.layer_dict["ip1"].blobs[0]) not in net._overwritten_diffs
+    assert id(net.layer_dict["ip2"].blobs[0]) in net._overwritten_diffs

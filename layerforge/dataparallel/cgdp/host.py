@@ -13,7 +13,14 @@ the parameters (:class:`SharedUpdate`).
 
 Parent side (:class:`HostAccumulator`): when all G workers have posted chunk c, a host thread writes the
 mean of the G slots into every slot, block by block so that each value is read and written once
-(:func:`mean_into_slots`), and publishes the chunk. With MPI across nodes the host thread sums the slots
+(:func:`mean_into_slots`), and publishes the chunk. The replicas of one split batch (cpu_parallel's REPLICAS),
+which share one copy of the parameters, need the mean only where they update (their share); unless the update
+needs every value of it (gradient clipping takes its global norm; ``iter_size`` > 1 scales whole slots) or the
+nodes combine theirs, they make it themselves (:func:`combines_in_update`): the host publishes a chunk as soon as
+every replica has posted it, and each replica adds up the slots' rows of its share a block at a time inside its
+update (:meth:`SharedUpdate.combine_gradient`), while the update has the block in the cache. That reads the G
+slots once and writes nothing more (the host's mean wrote all G slots, and the update read the mean back), and
+no host thread competes with the replicas for the cores. With MPI across nodes the host thread sums the slots
 into ``acc``, chunks pass through the communicator's mean in chunk order (local aggregation first), and
 the node-wide mean is then written into the slots.
 """
@@ -43,9 +50,17 @@ def _param_offsets(net, units):
     return offsets
 
 
-def share_state(solver, mover, params, history, g, G, barrier, timer):
+def combines_in_update(solver, nodes):
+    """Whether CPU replicas of one shared copy (the solver of one of them) on ``nodes`` nodes make the mean of
+    their gradients in their update (see the module docstring) instead of the host's threads."""
+    return nodes == 1 and solver.param.clip_gradients < 0 and solver.param.iter_size == 1
+
+
+def share_state(solver, mover, params, history, g, G, barrier, timer, slots=None, offsets=None):
     """Make CPU replica ``g`` of ``G`` train on one shared copy of the parameters and of the update history;
-    returns its :class:`SharedUpdate`, the seam to give the solver.
+    returns its :class:`SharedUpdate`, the seam to give the solver; with ``slots`` (the replicas' (G, P)
+    gradient slots) and ``offsets`` (each learnable parameter's ``(offset, count)`` in a slot), the replica makes
+    the mean gradient of its share in its update (:func:`combines_in_update`).
 
     The parameters' data become views of ``params``, into which worker 0 first copies its own (the replicas'
     starting point), and the history arrays views of the rows of ``history`` (zeros, as a fresh history is; a
@@ -61,7 +76,8 @@ def share_state(solver, mover, params, history, g, G, barrier, timer):
     solver.adopt_history(mover.history_views(solver.history, history))
     for test_net in solver.test_nets:
         test_net.share_params_with(net)
-    return SharedUpdate(update_shares(net.learnable_params, G)[g], barrier, timer)
+    combine = None if slots is None else (slots, g, offsets)
+    return SharedUpdate(update_shares(net.learnable_params, G)[g], barrier, timer, combine)
 
 
 class SharedUpdate(Seam):
@@ -69,14 +85,28 @@ class SharedUpdate(Seam):
     (:func:`update_shares`: the update's time and memory traffic split over the replicas instead of repeated by
     each), with the mean gradient every slot holds, so every parameter gets exactly one process's update. After its
     update each replica waits at ``barrier`` for the others: no replica reads a parameter of the next iteration (or
-    snapshots) while another still writes it. Before the update nobody writes: every chunk has been combined, so
-    every replica has finished the backward passes that read the parameters."""
+    snapshots) while another still writes it, nor clears its slot while another still reads it. Before the update
+    nobody writes: every chunk has been posted (and, by the host, combined), so every replica has finished the
+    backward passes that read the parameters.
 
-    def __init__(self, share, barrier, timer):
-        self.share, self.barrier, self.timer = share, barrier, timer
+    ``combine``: ``(slots, g, offsets)`` where this replica makes the mean itself: before each block of its share is
+    updated, the block of its slot ``slots[g]`` (its diffs) becomes the mean of the G slots' blocks
+    (:func:`mean_of_rows`: the same sums in the same order as the host's, so the same bits)."""
+
+    def __init__(self, share, barrier, timer, combine=None):
+        self.share, self.barrier, self.timer, self.combine = share, barrier, timer, combine
 
     def update_share(self):
         return self.share
+
+    def combine_gradient(self, i, part):
+        if self.combine is None:
+            return
+        slots, g, offsets = self.combine
+        off, n = offsets[i]
+        start, stop = part or (0, n)
+        rows = slots[:, off + start:off + stop]
+        mean_of_rows(rows, rows[g])
 
     def end_iteration(self, iteration, loss):
         t0 = time.perf_counter()
@@ -221,12 +251,14 @@ class HostAccumulator:
         chunk_size: an int or ``"auto"``; search: ``(interval, step, range)`` for auto.
         send: ``send(g, message)`` to worker g. comm: a Communicator across nodes, or None.
         threads: host threads that accumulate chunks concurrently.
+        combine: False where the replicas make the mean themselves (:func:`combines_in_update`): a chunk is
+            published as soon as every worker has posted it.
         first_iter: the workers' first iteration (the host's trace marks each iteration when the previous ends).
     """
 
     def __init__(self, slots, acc, unit_sizes, chunk_size, send, search=(10, 1, 3), comm=None, threads=2,
-                 first_iter=0):
-        self.slots, self.acc, self.send, self.comm = slots, acc, send, comm
+                 first_iter=0, combine=True):
+        self.slots, self.acc, self.send, self.comm, self.combine = slots, acc, send, comm, combine
         self.G = slots.shape[0]
         self.units = units_from_sizes(unit_sizes)
         self.search = None
@@ -257,7 +289,9 @@ class HostAccumulator:
             full = self.counts[c] == self.G
             if full:
                 self.counts[c] = 0
-        if full:
+        if full and not self.combine:
+            self._publish(c)
+        elif full:
             self.pool.submit(self._combine, c).add_done_callback(_reraise)
 
     def _combine(self, c):
@@ -352,16 +386,27 @@ def mean_into_slots(slots):
     G, n = slots.shape
     if G == 1 or n == 0:
         return
-    scale = slots.dtype.type(1.0 / G)
     step = max(4096, BLOCK_BYTES // ((G + 1) * slots.dtype.itemsize))
     block = numpy.empty(min(n, step), slots.dtype)
     for start in range(0, n, step):
         part = slots[:, start:start + step]
         out = block[:part.shape[1]]
-        sum_slots(out, part)
-        out *= scale
+        mean_of_rows(part, out)
         for row in part:
             numpy.copyto(row, out)
+
+
+def mean_of_rows(rows, out):
+    """``out = (rows[0] + ... + rows[G-1]) * (1 / G)``, element by element, the sums in row order (``out`` may be
+    one of the rows: a row after the first two would be overwritten before it is added, so that one goes
+    through a scratch array)."""
+    if any(numpy.may_share_memory(out, row) for row in rows[2:]):
+        scratch = numpy.empty_like(out)
+        mean_of_rows(rows, scratch)
+        numpy.copyto(out, scratch)
+        return
+    sum_slots(out, rows)
+    out *= rows.dtype.type(1.0 / len(rows))
 
 
 def _reraise(future):

@@ -196,7 +196,7 @@ class WorkerPool:
         if self.options.sync == "HOST":
             self.accumulator = HostAccumulator(self.buffers["slots"], self.buffers["acc"], units,
                                                self.options.chunk_size, self.send, self.search, self.comm,
-                                               self.host_threads, start_iter)
+                                               self.host_threads, start_iter, combine=not hellos[0][5])
         for g in range(self.G):
             self.send(g, ("start", start_iter))
         self.started.set()

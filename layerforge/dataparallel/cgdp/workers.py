@@ -153,7 +153,7 @@ def _run_worker(g, G, options, link, shared):
 
     from ...logs import setup_logging
     from .chunks import param_units, unit_sizes
-    from .host import HostSync, _param_offsets, share_state
+    from .host import HostSync, _param_offsets, combines_in_update, share_state
     from .replica_sum import ReplicaSum, share_batch_statistics
     from .shm import attach
     from .stats import PhaseTimer
@@ -175,18 +175,21 @@ def _run_worker(g, G, options, link, shared):
         share_batch_statistics(solver.net, ReplicaSum(shared.statistics, g, G, link.check))
     net = solver.net
     units = param_units(net)
-    link.send(("hello", unit_sizes(units), net.dtype.str, os.getpid(), solver.history_per_param))
+    # CPU replicas of host mode share one copy of the parameters and of the update history, each updating its
+    # share; the replicas of one split batch (cpu_parallel) make the mean gradient of their share where they can
+    # (the host then only counts the posts; CGDP's CPU workers keep the host's mean that its cost model times)
+    one_copy = options.sync == "HOST" and net.xp.__name__ == "numpy"  # host memory: replicas on the CPU
+    combine = one_copy and options.split and combines_in_update(solver, options.nodes)
+    link.send(("hello", unit_sizes(units), net.dtype.str, os.getpid(), solver.history_per_param, combine))
     _, names, total = link.expect("layout")
     buffers = attach(names, G, total, net.dtype, solver.history_per_param)
     slots, acc, params = buffers["slots"], buffers["acc"], buffers["params"]
     offsets = _param_offsets(net, units)
     mover = make_mover(net, offsets, (slots[g], acc, params))
-    # CPU replicas of host mode share one copy of the parameters and of the update history, each updating its
-    # share; they attach at once, so that their own copies (and diffs) are let go before the others are made
-    one_copy = options.sync == "HOST" and mover.host_memory
     timer = PhaseTimer()
-    if one_copy:
-        solver.add_seam(share_state(solver, mover, params, buffers["history"], g, G, shared.barrier, timer))
+    if one_copy:  # attached at once, so that their own copies (and diffs) are let go before the others are made
+        solver.add_seam(share_state(solver, mover, params, buffers["history"], g, G, shared.barrier, timer,
+                                    *((slots, offsets) if combine else ())))
     if options.sync == "HOST":
         solver.add_seam(HostSync(solver, link, slots[g], options.chunk_size, mover, timer))
     else:

@@ -4,7 +4,7 @@ import pytest
 
 from layerforge.net import Net
 from layerforge.dataparallel.cgdp.chunks import ChunkSearch, Unit, make_chunks, param_units, parse_chunk_size
-from layerforge.dataparallel.cgdp.host import HostAccumulator, mean_into_slots
+from layerforge.dataparallel.cgdp.host import HostAccumulator, SharedUpdate, mean_into_slots, update_shares
 
 
 def _ip(name, bottom, n, param=None):
@@ -72,13 +72,61 @@ def test_search_stops_at_the_largest_size():
     assert search.done and search.size == 2
 
 
-def _accumulator(G, sizes, chunk_size="auto", search=(2, 1, 1)):
+def _accumulator(G, sizes, chunk_size="auto", search=(2, 1, 1), combine=True):
     total = sum(sizes)
     slots, acc = numpy.zeros((G, total)), numpy.zeros(total)
     sent = []
     accumulator = HostAccumulator(slots, acc, [(10 - k, f"l{k}", n) for k, n in enumerate(sizes)], chunk_size,
-                                  lambda g, msg: sent.append((g, msg)), search, threads=1)
+                                  lambda g, msg: sent.append((g, msg)), search, threads=1, combine=combine)
     return accumulator, slots, acc, sent
+
+
+def test_accumulator_of_replicas_that_combine_publishes_each_chunk_once_all_posted_and_writes_nothing():
+    accumulator, slots, acc, sent = _accumulator(2, [2, 3], chunk_size=1, combine=False)
+    slots[:] = numpy.arange(10.0).reshape(2, 5)
+    accumulator.on_post(0, 0)
+    accumulator.on_post(0, 1)
+    assert sent == []  # worker 1 has posted nothing yet
+    accumulator.on_post(1, 0)
+    assert [(g, m[:2]) for g, m in sent] == [(0, ("ready", 0)), (1, ("ready", 0))]
+    accumulator.on_post(1, 1)
+    assert len(sent) == 4 and accumulator.accumulate_times == {}
+    numpy.testing.assert_array_equal(slots, numpy.arange(10.0).reshape(2, 5))  # the replicas' own gradients
+
+
+class _Param:
+    def __init__(self, *shape):
+        self.shape, self.count = shape, int(numpy.prod(shape))
+
+
+@pytest.mark.parametrize("G", [2, 3, 4])
+def test_replicas_combine_their_shares_to_the_bits_of_the_hosts_mean(G):
+    """Every replica makes the mean of its share's blocks in its slot (the diffs its update reads): the same bits as
+    the host's mean_into_slots, for every replica g (a row after the first two is summed through a scratch)."""
+    params = [_Param(7, 3), _Param(5), _Param(11, 2, 2)]
+    offsets, off = [], 0
+    for p in params:
+        offsets.append((off, p.count))
+        off += p.count
+    slots = numpy.random.default_rng(G).standard_normal((G, off)).astype(numpy.float32)
+    expected = slots.copy()
+    mean_into_slots(expected)
+    shares = update_shares(params, G)
+    for g in range(G):
+        seam = SharedUpdate(shares[g], None, None, combine=(slots, g, offsets))
+        for i, rows in shares[g].items():
+            per_row = params[i].count // params[i].shape[0]
+            lo, hi = (0, params[i].count) if rows is None else (rows.start * per_row, rows.stop * per_row)
+            for start in range(lo, hi, 5):  # blocks of 5 values, as the solver's blocks cut a share
+                seam.combine_gradient(i, (start, min(hi, start + 5)))
+    owner = numpy.zeros(off, int)
+    for g in range(G):
+        for i, rows in shares[g].items():
+            per_row = params[i].count // params[i].shape[0]
+            lo, hi = (0, params[i].count) if rows is None else (rows.start * per_row, rows.stop * per_row)
+            owner[offsets[i][0] + lo:offsets[i][0] + hi] = g
+    combined = slots[owner, numpy.arange(off)]  # each value from the slot of the replica that updates it
+    numpy.testing.assert_array_equal(combined, expected[0])
 
 
 def test_accumulator_writes_the_mean_into_every_slot_when_all_workers_posted_including_empty_chunks():
