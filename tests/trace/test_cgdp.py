@@ -69,9 +69,11 @@ def by_process(doc):
     return out, names(doc)[1]
 
 
-def check_workers_and_host(doc):
+def check_workers_and_host(doc, host_combines=True):
     """What both kinds of run record: 2 workers with every layer's spans per iteration, the host's accumulations
-    between the workers' backward of a chunk's layer and their wait for the last chunk."""
+    between the workers' backward of a chunk's layer and their wait for the last chunk. ``host_combines``
+    False: replicas of a split batch, which make the mean in their update (cgdp/host.py's combines_in_update),
+    so the host only publishes the chunks and frames the iterations."""
     processes, threads = names(doc)
     assert processes == {0: "worker 0", 1: "worker 1", HOST: "host"}
     events, threads = by_process(doc)
@@ -89,6 +91,12 @@ def check_workers_and_host(doc):
         waits = [e for e in mine["comm"] if e["args"]["what"] == "chunks" and e["tid"] == compute[pid]]
         assert [e["args"]["iter"] for e in waits] == WINDOW and {e["name"] for e in waits} == {"wait"}
     host = events[HOST]
+    if not host_combines:
+        assert sorted(host) == ["iteration"]  # no accumulation on the host, no host time in the summary
+        assert {e["args"]["iter"] for e in host["iteration"]} == set(WINDOW)
+        rows = {r["name"]: r for r in summarize(doc)["ranks"]}
+        assert rows["host"]["host_ms"] == 0 and rows["worker 0"]["host_ms"] == 0
+        return
     assert sorted(host) == ["host", "iteration"]  # the host only combines
     for k in WINDOW:
         accumulations = sorted((e for e in host["host"] if e["args"]["iter"] == k), key=lambda e: e["ts"])
@@ -146,7 +154,7 @@ def test_replicas_record_as_workers_of_half_the_batch(replicas):
     _, doc, proc = replicas
     assert "CPU parallelism: REPLICAS, 2 single-threaded replicas" in proc.stderr
     assert "training as THREADS" not in proc.stderr
-    check_workers_and_host(doc)
+    check_workers_and_host(doc, host_combines=False)
     data = [e for e in spans(doc) if e["cat"] == "forward" and e["name"] == "data"]
     assert {json.dumps(e["args"]["top"]) for e in data} == {json.dumps([[2, 3, 12, 12], [2]])}  # 4 split in 2
     # worker 0 waits for the other replica's forward (the mean loss) and for the last chunk: two waits

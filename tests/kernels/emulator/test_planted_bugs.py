@@ -45,6 +45,6 @@ def test_a_host_synchronisation_inside_graph_capture(monkeypatch):
     plant(monkeypatch, ReLU, "forward", "if self.negative_slope == 0:",
           "if self.negative_slope == 0 and float(x.max()) > -1:")
     with pytest.raises(AssertionError) as failure:
-        cuda_graph.test_training_with_graphs_on_the_device_equals_training_without("resnet block")
+        cuda_graph.test_training_with_graphs_on_the_device_equals_training_without("resnet block", 12)
     assert ("layer 'res_relu' (ReLU): RuntimeError: the current stream is capturing, so D2H transfers are "
             "disallowed") in str(failure.value)
