@@ -1,6 +1,7 @@
 """Where a training iteration's time goes, layerforge beside PyTorch CPU, by kind of operation.
 
     python benchmarks/bench_breakdown.py [--nets resnet50,alexnet] [--threads 2] [--iterations 3] [--replicas 2]
+                                         [--precision fp32|bf16]
 
 The nets are bench_train.py's (one definition builds both frameworks' nets). layerforge: `layerforge time`'s
 per-layer forward and backward times (``commands.time.time_net``), summed by layer type, plus the SGD
@@ -14,6 +15,9 @@ subprocesses at once, each with one thread and batch / R (so that they contend f
 the replicas do), the update of one replica's share of the parameters; replica 0's times. The exchange of
 the gradients, which a replica waits for only at the end of backward, is not in the table (``layerforge time``
 and the trainer's phases give it).
+
+``--precision bf16``: layerforge with ``gemm_precision: BF16`` against PyTorch under bfloat16 autocast, as
+bench_train.py's; torch's casts (``aten::_to_copy`` and its kin) are in "other".
 """
 import argparse
 import collections
@@ -48,7 +52,7 @@ TORCH_KIND = {
 }
 
 
-def run_layerforge(name, iterations, replicas=1):
+def run_layerforge(name, iterations, replicas=1, precision="fp32"):
     sys.path.insert(0, ROOT)
     sys.path.insert(0, HERE)
     import bench_train
@@ -56,7 +60,7 @@ def run_layerforge(name, iterations, replicas=1):
     from layerforge.dataparallel.cgdp.host import update_shares
     from layerforge.solvers.seam import Seam
 
-    solver = bench_train.layerforge_solver(name, batch=bench_train.BATCH[name] // replicas)
+    solver = bench_train.layerforge_solver(name, batch=bench_train.BATCH[name] // replicas, precision=precision)
     share = update_shares(solver.net.learnable_params, replicas)[0]
 
     class FirstReplica(Seam):  # the update of replica 0 of ``replicas`` sharing one copy of the parameters
@@ -79,7 +83,7 @@ def run_layerforge(name, iterations, replicas=1):
     return dict(out)
 
 
-def run_torch(name, iterations, threads):
+def run_torch(name, iterations, threads, precision="fp32"):
     import torch
     from torch.profiler import ProfilerActivity, profile
     sys.path.insert(0, HERE)
@@ -95,7 +99,9 @@ def run_torch(name, iterations, threads):
 
     def step():
         opt.zero_grad(set_to_none=False)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
         opt.step()
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -119,19 +125,19 @@ def run_torch(name, iterations, threads):
 
 
 def child(args):
-    result = run_layerforge(args.net, args.iterations, args.replicas) if args.child == "layerforge" else \
-        run_torch(args.net, args.iterations, args.threads)
+    result = run_layerforge(args.net, args.iterations, args.replicas, args.precision) \
+        if args.child == "layerforge" else run_torch(args.net, args.iterations, args.threads, args.precision)
     print(json.dumps(result))
 
 
-def measure(framework, net, iterations, threads, replicas=1):
+def measure(framework, net, iterations, threads, replicas=1, precision="fp32"):
     """One child's figures; with ``replicas`` > 1 that many single-threaded children at once, replica 0's."""
     threads = 1 if replicas > 1 else threads
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads))
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", framework, "--net", net,
                                "--iterations", str(iterations), "--threads", str(threads), "--replicas",
-                               str(replicas)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                               str(replicas), "--precision", precision], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for _ in range(replicas)]
     outputs = [proc.communicate() for proc in procs]
     for proc, (out, err) in zip(procs, outputs):
@@ -147,6 +153,8 @@ def main():
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--replicas", type=int, default=1,
                         help="layerforge as one of this many single-threaded replicas on batch / replicas")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="bf16: layerforge's gemm_precision BF16 against PyTorch's bfloat16 autocast")
     parser.add_argument("--child", choices=("layerforge", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--net", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -157,10 +165,10 @@ def main():
 
     print("\n".join(bench_train.machine_report(args.threads)[1]))
     for net in args.nets.split(","):
-        lf = measure("layerforge", net, args.iterations, args.threads, args.replicas)
-        pt = measure("torch", net, args.iterations, args.threads)
+        lf = measure("layerforge", net, args.iterations, args.threads, args.replicas, args.precision)
+        pt = measure("torch", net, args.iterations, args.threads, precision=args.precision)
         how = f"one of {args.replicas} single-threaded replicas" if args.replicas > 1 else f"{args.threads} threads"
-        print(f"\n{net}, layerforge {how}, torch {args.threads} threads, ms per iteration "
+        print(f"\n{net}, {args.precision}, layerforge {how}, torch {args.threads} threads, ms per iteration "
               f"(load {os.getloadavg()[0]:.2f})\n")
         print("| kind | layerforge fwd | layerforge bwd | torch fwd | torch bwd | layerforge - torch |")
         print("|---|---:|---:|---:|---:|---:|")
