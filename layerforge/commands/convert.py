@@ -1,5 +1,6 @@
 """``layerforge convert FILE.prototxt [-o FILE.yaml]``: a Caffe net or solver definition as layerforge YAML;
-``layerforge convert W.caffemodel -o W.npz`` / ``W.npz --model NET -o W.caffemodel``: weights either way.
+``layerforge convert W.caffemodel -o W.npz`` / ``W.npz --model NET -o W.caffemodel``: weights either way;
+``--fork textboxes``: a net of a fork that computes otherwise under the same fields (MhLiao/TextBoxes' PriorBox).
 
 Whether the file is a net or a solver is read from its fields. A solver's ``net`` / ``train_net`` /
 ``test_net`` paths are rewritten to the YAML names of the converted nets (``--net``, or by default the
@@ -36,9 +37,36 @@ def add_arguments(parser):
                              "or .caffemodel.h5)")
     parser.add_argument("--model", metavar="NET", help="weights only: the net (YAML or prototxt) they belong to")
     parser.add_argument("--phase", choices=("train", "test"), default="train", help="weights only: the net's phase")
+    parser.add_argument("--fork", choices=sorted(FORK_SEMANTICS),
+                        help="net only: the Caffe fork the file was written for, where it gives a layer type of "
+                             "the ssd branch other semantics under the same fields (textboxes: MhLiao/TextBoxes, "
+                             "whose PriorBox repeats every prior half a cell lower)")
     parser.add_argument("--net", metavar="YAML",
                         help="solver only: the converted net's YAML path, written into 'net:' / 'train_net:' "
                              "relative to the output file (default: the Caffe net's base name + .yaml)")
+
+
+def textboxes_priors(path, mapping):
+    """MhLiao/TextBoxes' PriorBox (its src/caffe/layers/prior_box_layer.cpp) emits every prior twice, at the cell's
+    centre and half a cell lower, with the ssd branch's fields: in layerforge's (OpenCV's) terms, two offset
+    pairs."""
+    priors = [layer for layer in mapping["layers"] if layer.get("type") == "PriorBox"]
+    if not priors:
+        raise LayerforgeError(f"{path}: --fork textboxes: the net has no PriorBox layer (the only type TextBoxes "
+                              f"changes)")
+    for layer in priors:
+        p = layer.setdefault("prior_box", {})
+        given = [k for k in ("offset", "offset_w", "offset_h", "step", "step_h", "step_w") if k in p]
+        if given:
+            raise LayerforgeError(f"{path}: layer '{layer['name']}' (PriorBox): key 'prior_box.{given[0]}': "
+                                  f"--fork textboxes places the priors itself (TextBoxes' PriorBox has no such field)")
+        p["offset_w"], p["offset_h"] = [0.5, 0.5], [0.5, 1.0]
+    return [f"--fork textboxes: {len(priors)} PriorBox layers repeat every prior half a cell lower, as TextBoxes' "
+            f"fork does (offset_w: [0.5, 0.5], offset_h: [0.5, 1.0])"]
+
+
+# fork -> rewrite(path, mapping) -> notes: a fork whose layers compute otherwise under the ssd branch's fields
+FORK_SEMANTICS = {"textboxes": textboxes_priors}
 
 
 def convert_weights(args):
@@ -80,6 +108,10 @@ def run(args):
     kind, mapping, notes = convert_file(args.prototxt, rename_net)
     if kind == "net" and args.net is not None:
         raise LayerforgeError(f"{args.prototxt} is a net; --net applies to solver files")
+    if args.fork is not None:
+        if kind != "net":
+            raise LayerforgeError(f"{args.prototxt} is a solver; --fork applies to net files")
+        notes = notes + FORK_SEMANTICS[args.fork](args.prototxt, mapping)
     header = [f"Converted from {os.path.basename(args.prototxt)} by `layerforge convert` (docs/caffe-import.md)."]
     header += [f"note: {n}" for n in notes]
     text = to_yaml(mapping, header)

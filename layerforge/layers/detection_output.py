@@ -97,8 +97,9 @@ class DetectionOutput(Layer):
         n = bottom[0].shape[0]
         for i, per_prior, what in ((0, loc_classes * 4, "location"), (1, p.num_classes, "confidence")):
             if bottom[i].shape[0] != n or bottom[i].count != n * self.num_priors * per_prior:
-                hint = ("; twice the priors' count: TextBoxes' fork repeats every prior half a cell lower (give its "
-                        "PriorBox layers OpenCV's offset_w: [0.5, 0.5] and offset_h: [0.5, 1.0])"
+                hint = ("; twice the priors' count: TextBoxes' fork repeats every prior half a cell lower (convert "
+                        "its file with `layerforge convert --fork textboxes`, or give its PriorBox layers OpenCV's "
+                        "offset_w: [0.5, 0.5] and offset_h: [0.5, 1.0])"
                         if bottom[i].count == 2 * n * self.num_priors * per_prior else "")
                 raise ShapeError(f"{what} predictions of shape {bottom[i].shape} do not fit {self.num_priors} priors "
                                  f"x {per_prior} per image{hint}", key=f"bottom[{i}]")

@@ -140,8 +140,76 @@ def test_textboxes_as_written_says_what_its_priors_need(tmp_path):
     path.write_text(narrowed((MODELS / "textboxes.prototxt").read_text(), 8, shape=(1, 3, 300, 300)))
     with pytest.raises(ConfigError, match=r"layer 'detection_out' \(DetectionOutput\): key 'bottom\[0\]': location "
                                           r"predictions .* twice the priors' count: TextBoxes' fork repeats every "
-                                          r"prior half a cell lower \(give its PriorBox layers OpenCV's offset_w"):
+                                          r"prior half a cell lower \(convert its file with `layerforge convert "
+                                          r"--fork textboxes`, or give its PriorBox layers OpenCV's offset_w"):
         Net(str(path), phase="test")
+
+
+def textboxes_fork_priors(min_size, max_size, aspect_ratios, clip, map_hw, image_hw):
+    """MhLiao/TextBoxes' PriorBoxLayer::Forward_cpu written out: per cell, the min_size square, the
+    sqrt(min * max) square, then each aspect ratio but 1 (flip false in its files), each at the cell's centre and
+    then half a cell lower; (N, 4) corners over the image size."""
+    (h_map, w_map), (h_img, w_img) = map_hw, image_hw
+    step_x, step_y = w_img / w_map, h_img / h_map
+    sizes = [(min_size, min_size)] + ([(math.sqrt(min_size * max_size),) * 2] if max_size else []) + \
+        [(min_size * math.sqrt(r), min_size / math.sqrt(r)) for r in aspect_ratios if abs(r - 1) > 1e-6]
+    rows = []
+    for h in range(h_map):
+        for w in range(w_map):
+            cx = (w + 0.5) * step_x
+            for bw, bh in sizes:
+                for cy in ((h + 0.5) * step_y, (h + 1.0) * step_y):
+                    rows.append([(cx - bw / 2) / w_img, (cy - bh / 2) / h_img, (cx + bw / 2) / w_img,
+                                 (cy + bh / 2) / h_img])
+    rows = numpy.array(rows)
+    return numpy.clip(rows, 0, 1) if clip else rows
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 300, 300), (2, 3, 156, 204)])
+def test_textboxes_converted_for_its_fork_loads_and_gives_the_forks_priors(tmp_path, shape):
+    from layerforge.cli import main
+    source, out = tmp_path / "textboxes.prototxt", tmp_path / "textboxes.yaml"
+    source.write_text(narrowed((MODELS / "textboxes.prototxt").read_text(), 8, shape=shape))
+    assert main(["convert", str(source), "--fork", "textboxes", "-o", str(out)]) == 0
+    assert "--fork textboxes: 6 PriorBox layers repeat every prior half a cell lower" in out.read_text()
+    net = Net(str(out), phase="test")
+    rng = numpy.random.default_rng(0)
+    net.blobs["data"].data[...] = rng.uniform(0, 255, shape)
+    net.forward()
+    checked = 0
+    for layer in net.layers:
+        if layer.type != "PriorBox":
+            continue
+        p = layer.layer_param.prior_box
+        fmap = net.blobs[layer.layer_param.bottom[0]].shape[2:]
+        want = textboxes_fork_priors(p.min_size[0], p.max_size[0] if p.max_size else 0, p.aspect_ratio, p.clip,
+                                     fmap, shape[2:])
+        got = numpy.asarray(net.blobs[layer.layer_param.top[0]].data)
+        numpy.testing.assert_allclose(got[0, 0].reshape(-1, 4), want, rtol=0, atol=1e-6, err_msg=layer.name)
+        numpy.testing.assert_allclose(got[0, 1].reshape(-1, 4), numpy.tile([0.1, 0.1, 0.2, 0.2], (len(want), 1)),
+                                      rtol=1e-6)
+        checked += 1
+    assert checked == 6
+    assert net.blobs["detection_out"].shape[:2] == (1, 1) and net.blobs["detection_out"].shape[3] == 7
+
+
+def test_fork_textboxes_refuses_what_it_cannot_say(tmp_path, capsys):
+    from layerforge.cli import main
+    plain = tmp_path / "plain.prototxt"
+    plain.write_text(textwrap.dedent("""\
+        name: "p"
+        input: "data"
+        input_shape { dim: 1 dim: 3 dim: 8 dim: 8 }
+        layer { name: "r" type: "ReLU" bottom: "data" top: "r" }
+        """))
+    assert main(["convert", str(plain), "--fork", "textboxes"]) == 2
+    assert "--fork textboxes: the net has no PriorBox layer" in capsys.readouterr().err
+    stepped = tmp_path / "stepped.prototxt"
+    stepped.write_text((MODELS / "textboxes.prototxt").read_text().replace("min_size: 30.0", "min_size: 30.0 step: 8",
+                                                                             1))
+    assert main(["convert", str(stepped), "--fork", "textboxes"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "layer 'conv4_3_norm_mbox_priorbox' (PriorBox): key 'prior_box.step'" in err[0]
 
 
 def test_face_detector_with_opencvs_clip_agrees_with_opencv(opencv_path, tmp_path):  # noqa: F811
