@@ -218,3 +218,29 @@ def test_enet_label_divide_factor_reads_smaller_labels(tmp_path):
     numpy.testing.assert_array_equal(labels[0], expected(0)[1])  # 4x6 at 8x12 / 2: read as written
     with pytest.raises(ConfigError, match="label_divide_factor needs new_height and new_width"):
         dense_layer(tmp_path, label_divide_factor=2)
+
+
+def test_decode_workers_and_resume_give_the_same_batches(tmp_path):
+    write_pairs(tmp_path, 5)
+    settings = dict(batch_size=3, shuffle=True, mirror=True, crop_height=3, crop_width=4)
+
+    def run(workers, batches=3, state=None):
+        rng.seed(2)
+        layer, top = dense_layer(tmp_path, prefetch=2, decode_workers=workers, **settings)
+        if state is not None:
+            layer.set_state(state)
+        try:
+            return take(layer, top, batches), layer.get_state()
+        finally:
+            layer.close()
+
+    per_core, _ = run(0)  # 0: one worker per core
+    threaded, _ = run(2)
+    first, state = run(1, batches=1)
+    resumed, _ = run(2, batches=2, state=state)
+    for (d0, l0), (d1, l1) in zip(per_core, threaded):
+        numpy.testing.assert_array_equal(d0, d1)
+        numpy.testing.assert_array_equal(l0, l1)
+    for (d0, l0), (d1, l1) in zip(per_core, first + resumed):
+        numpy.testing.assert_array_equal(d0, d1)
+        numpy.testing.assert_array_equal(l0, l1)
