@@ -74,14 +74,18 @@ class BatchStream:
         host arrays, :meth:`layout`)."""
         i, index, h0, w0, flip = item
         array, label = self.read(index)
+        self.check(index, array)
+        self.transform.crop_into(arrays[0][i], array, h0, w0, flip)
+        arrays[1][i] = label
+
+    def check(self, index, array):
+        """DataError naming record ``index`` when ``array`` differs in shape or dtype from the first record."""
         if array.shape != self.shape:
             raise DataError(f"{self.name_of(index)}: shape {array.shape} differs from the first record's "
                             f"{self.shape}; all records of a source must have one shape")
         if array.dtype != self.dtype:
             raise DataError(f"{self.name_of(index)}: {array.dtype} values, the first record has {self.dtype}; "
                             "all records of a source must have one kind of values")
-        self.transform.crop_into(arrays[0][i], array, h0, w0, flip)
-        arrays[1][i] = label
 
     def describe(self, item):
         """The name of the record of ``item`` (its key, or file and line)."""

@@ -79,8 +79,9 @@ def decode_image(data, is_color=True, name=None):
     return image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
 
 
-def load_image(path, height=0, width=0, is_color=True):
-    """An image file as a (C, H, W) uint8 array (BGR, or one channel), resized when height and width are set.
+def load_image(path, height=0, width=0, is_color=True, nearest=False):
+    """An image file as a (C, H, W) uint8 array (BGR, or one channel), resized when height and width are set
+    (bilinear, or nearest-neighbour with ``nearest``: a label image's class indices stay class indices).
 
     Returns None when OpenCV cannot read the file.
     """
@@ -93,7 +94,8 @@ def load_image(path, height=0, width=0, is_color=True):
     if image is None:
         return None
     if height > 0 and width > 0 and image.shape[1:] != (height, width):
-        image = cv2.resize(image.transpose(1, 2, 0), (width, height), interpolation=cv2.INTER_LINEAR)
+        interpolation = cv2.INTER_NEAREST if nearest else cv2.INTER_LINEAR
+        image = cv2.resize(image.transpose(1, 2, 0), (width, height), interpolation=interpolation)
         image = image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
     return image
 
@@ -117,25 +119,42 @@ def encoded_bytes(image, path, kind=None, changed=False):
     return data.tobytes()
 
 
-def read_list_file(list_file):
-    """``[(path, label, line_number), ...]`` from a list file; a path may contain spaces (the label is last)."""
+def _list_lines(list_file):
+    """``[(line number, stripped line), ...]`` of a list file's entries (blank and ``#`` lines left out)."""
     try:
         with open(list_file, "r", encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError as e:
         raise DataError(f"{list_file}: cannot read the image list: {e.strerror}") from None
+    entries = [(number, line.strip()) for number, line in enumerate(lines, 1)
+               if line.strip() and not line.lstrip().startswith("#")]
+    if not entries:
+        raise DataError(f"{list_file}: the image list is empty")
+    return entries
+
+
+def read_list_file(list_file):
+    """``[(path, label, line_number), ...]`` from a list file; a path may contain spaces (the label is last)."""
     entries = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        parts = line.strip().rsplit(None, 1)
+    for number, line in _list_lines(list_file):
+        parts = line.rsplit(None, 1)
         try:
             entries.append((parts[0], int(parts[1]), number))
         except (IndexError, ValueError):
             raise DataError(f"{list_file}:{number}: expected 'path label' with an integer label, "
-                            f"got {line.strip()!r}") from None
-    if not entries:
-        raise DataError(f"{list_file}: the image list is empty")
+                            f"got {line!r}") from None
+    return entries
+
+
+def read_pair_list_file(list_file):
+    """``[(image path, label image path, line_number), ...]`` from a list file of ``image label_image`` lines (the
+    SegNet fork's DenseImageData source; its paths hold no spaces)."""
+    entries = []
+    for number, line in _list_lines(list_file):
+        parts = line.split()
+        if len(parts) != 2:
+            raise DataError(f"{list_file}:{number}: expected 'image_path label_image_path', got {line!r}")
+        entries.append((parts[0], parts[1], number))
     return entries
 
 
@@ -157,10 +176,12 @@ def folder_entries(root):
 class ImageList:
     """Random access to the images of a list file: ``len()``, ``read(index)``, ``name_of(index)``."""
 
+    read_entries = staticmethod(read_list_file)  # ``[(image path, label, line number), ...]`` of the list file
+
     def __init__(self, list_file, root_folder="", height=0, width=0, is_color=True):
         self.list_file, self.root_folder = str(list_file), root_folder or ""
         self.height, self.width, self.is_color = height, width, is_color
-        self.entries = read_list_file(self.list_file)
+        self.entries = self.read_entries(self.list_file)
 
     def __len__(self):
         return len(self.entries)
@@ -171,8 +192,42 @@ class ImageList:
 
     def read(self, index):
         """``(image (C, H, W) uint8, label)``; DataError naming the list file and line when it cannot be read."""
-        path, label, _ = self.entries[index]
-        image = load_image(os.path.join(self.root_folder, path), self.height, self.width, self.is_color)
+        return self.read_image(index), self.entries[index][1]
+
+    def read_image(self, index):
+        """The image of entry ``index`` (C, H, W) uint8; DataError naming the list file and line when unreadable."""
+        image = load_image(os.path.join(self.root_folder, self.entries[index][0]), self.height, self.width,
+                           self.is_color)
         if image is None:
             raise DataError(f"{self.name_of(index)}: cannot read the image (missing, or not an image)")
+        return image
+
+
+class DenseImageList(ImageList):
+    """Random access to the (image, label image) pairs of a list file of ``image label_image`` lines. Label images
+    are read as one grey channel and resized nearest-neighbour, as the SegNet fork reads them;
+    ``label_divide_factor`` (ENet's) reads them at the new height and width divided by it."""
+
+    read_entries = staticmethod(read_pair_list_file)
+
+    def __init__(self, list_file, root_folder="", height=0, width=0, is_color=True, label_divide_factor=1):
+        super().__init__(list_file, root_folder, height, width, is_color)
+        self.factor = label_divide_factor
+
+    def read(self, index):
+        """``(image (C, H, W) uint8, label image (1, H, W) uint8)``; DataError naming the list file, line and path
+        when either cannot be read or their sizes differ."""
+        image = self.read_image(index)
+        _, label_path, number = self.entries[index]
+        label_path = os.path.join(self.root_folder, label_path)
+        label = load_image(label_path, self.height // self.factor, self.width // self.factor, False, nearest=True)
+        if label is None:
+            raise DataError(f"{self.list_file}:{number}: label image '{label_path}': cannot read the image "
+                            "(missing, or not an image)")
+        want = (image.shape[1] // self.factor, image.shape[2] // self.factor)
+        if label.shape[1:] != want:
+            divided = f" (label_divide_factor {self.factor}: {want[0]}x{want[1]})" if self.factor > 1 else ""
+            raise DataError(f"{self.list_file}:{number}: label image '{label_path}' is {label.shape[1]}x"
+                            f"{label.shape[2]}, its image is {image.shape[1]}x{image.shape[2]}; they must match"
+                            + divided)
         return image, label

@@ -56,7 +56,7 @@ PER_SAMPLE = {
     "Tile": "tile", "Softmax": "softmax", "ArgMax": "argmax", "Silence": None, "Accuracy": "accuracy",
     "SoftmaxWithLoss": "softmax", "InfogainLoss": "infogain_loss", "MultinomialLogisticLoss": None,
     "SigmoidCrossEntropyLoss": None, "EuclideanLoss": None, "ContrastiveLoss": None, "HingeLoss": None,
-    "Input": None, "Data": None, "ImageData": None, "HDF5Data": None, "DummyData": None, "SyntheticData": None,
+    "Input": None, "Data": None, "ImageData": None, "DenseImageData": None, "HDF5Data": None, "DummyData": None, "SyntheticData": None,
     "BatchNorm": None, "AnnotatedData": None, "PriorBox": None, "Normalize": None, "Permute": None,
     "MultiBoxLoss": None,
 }

@@ -17,6 +17,7 @@ from . import (  # noqa: F401,E402
     crop,
     data,
     deconv,
+    dense_image_data,
     detection_evaluate,
     detection_output,
     dropout,

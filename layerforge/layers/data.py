@@ -36,6 +36,16 @@ COMMON = {
 }
 
 
+# the keys ImageData and DenseImageData share: where the list's images are and how they are decoded
+IMAGE_LIST = {
+    "root_folder": Field("str", "", doc="prefix of every path of the list"),
+    "shuffle": Field("bool", False, doc="reshuffle the list every epoch"),
+    "new_height": Field("int", 0, min=0, doc="resize to this height (with new_width)"),
+    "new_width": Field("int", 0, min=0, doc="resize to this width (with new_height)"),
+    "is_color": Field("bool", True, doc="decode images as 3-channel BGR (false: 1-channel grey)"),
+}
+
+
 def _close_all(feeds):
     while feeds:
         feeds.pop().close()
@@ -95,6 +105,12 @@ class BaseData(Layer):
         if p.rank >= p.world_size:
             raise lp.error(f"rank {p.rank} must be less than world_size {p.world_size}", f"{cls.block}.rank")
 
+    stream_class = BatchStream  # plans and fills the batches (layerforge.data.batches)
+
+    def cropped_shape(self, p, shape):
+        """The (C, H, W) of a record of ``shape`` as the transform receives it (a layer that crops first says so)."""
+        return shape
+
     def open_source(self, p):
         """The record source: ``len()``, ``read(index)``, ``name_of(index)``; ``reopen()`` if a forked decode
         worker must open it afresh."""
@@ -110,11 +126,11 @@ class BaseData(Layer):
             raise DataError(f"layer '{self.name}' ({self.type}): {e}") from None
         self.transformer = DataTransformer(self.layer_param.transform, self.phase, self.dtype,
                                            source=f"layer '{self.name}' ({self.type})")
-        self.top_shape = (p.batch_size,) + self.transformer.output_shape(first.shape)
+        self.top_shape = (p.batch_size,) + self.transformer.output_shape(self.cropped_shape(p, first.shape))
         shuffle = self.default_shuffle if p.shuffle is None else p.shuffle
-        self.stream = BatchStream(self.records.read, len(self.records), p.batch_size, self.transformer,
-                                  shuffle, rng.get_rng().integers(2 ** 63), p.rank, p.world_size,
-                                  first.shape, self.records.name_of, first.dtype)
+        self.stream = self.stream_class(self.records.read, len(self.records), p.batch_size, self.transformer,
+                                        shuffle, rng.get_rng().integers(2 ** 63), p.rank, p.world_size,
+                                        first.shape, self.records.name_of, first.dtype)
         if p.rand_skip:
             self.stream.position = int(rng.get_rng().integers(p.rand_skip))
         self.setup_feed(p, getattr(self.records, "reopen", None))
@@ -225,22 +241,23 @@ class ImageData(BaseData):
     param_blocks = {
         "image_data": dict(COMMON, **{
             "source": Field("str", REQUIRED, doc="the list file: one 'path label' per line"),
-            "root_folder": Field("str", "", doc="prefix of every image path"),
             "batch_size": Field("int", 1, min=1, doc="images per batch"),
-            "shuffle": Field("bool", False, doc="reshuffle every epoch"),
-            "new_height": Field("int", 0, min=0, doc="resize to this height (with new_width)"),
-            "new_width": Field("int", 0, min=0, doc="resize to this width (with new_height)"),
-            "is_color": Field("bool", True, doc="decode as 3-channel BGR (false: 1-channel grey)"),
-        }),
+        }, **IMAGE_LIST),
         "transform": TRANSFORM,
     }
 
     @classmethod
     def validate_params(cls, lp):
         super().validate_params(lp)
-        p = lp.image_data
-        if (p.new_height > 0) != (p.new_width > 0):
-            raise lp.error("give both new_height and new_width, or neither", "image_data.new_height")
+        cls.both_or_neither(lp, ("new_height", "new_width"))
+
+    @classmethod
+    def both_or_neither(cls, lp, *pairs):
+        """ConfigError unless each pair of keys of the block is set both (> 0) or neither."""
+        p = getattr(lp, cls.block)
+        for a, b in pairs:
+            if (getattr(p, a) > 0) != (getattr(p, b) > 0):
+                raise lp.error(f"give both {a} and {b}, or neither", f"{cls.block}.{a}")
 
     def open_source(self, p):
         return ImageList(resolve_path(p.source), p.root_folder, p.new_height, p.new_width, p.is_color)

@@ -37,6 +37,14 @@ def class_labels(layer, label_blob, outer, inner, channels, ignore_label):
 
 
 
+# the SegNet and ENet forks' LossParameter fields, which their SoftmaxWithLoss reads
+CLASS_WEIGHTING = {
+    "weight_by_label_freqs": Field("bool", False, doc="weight each position's loss and gradient by "
+                                                      "class_weighting[label] (the SegNet / ENet forks')"),
+    "class_weighting": Field("floats", [], doc="one weight per class, with weight_by_label_freqs"),
+}
+
+
 def check_label_count(labels, count, shape, axis):
     """ShapeError unless the label blob holds one value per prediction (``count`` = outer * inner)."""
     if labels.count != count:
@@ -103,14 +111,29 @@ class SoftmaxWithLoss(_LossNormalization, LossLayer):
     0 at ignored ones, w = top[0].diff (the loss weight). As in Caffe, top[1]'s diff is not propagated.
     """
 
-    param_blocks = {"softmax": {"axis": Field("int", 1, doc="the class axis")}, "loss": LOSS}
+    param_blocks = {"softmax": {"axis": Field("int", 1, doc="the class axis")}, "loss": dict(LOSS, **CLASS_WEIGHTING)}
     num_top = (1, 2)
     backward_reads = ()  # forward keeps the probabilities and labels it needs
 
     axis_key = "softmax.axis"
+    class_weights = None
 
     def layer_setup(self, bottom, top):
         self.read_normalization()
+        self.read_class_weighting()
+
+    def read_class_weighting(self):
+        """The SegNet fork's class weights (a list of C floats), or None: each valid position's loss and gradient
+        are multiplied by the weight of its label, the normaliser left as it is."""
+        p = self.layer_param.loss
+        self.class_weights = None
+        if "weight_by_label_freqs" not in self.param_blocks["loss"]:
+            return
+        if p.class_weighting and not p.weight_by_label_freqs:
+            raise self.layer_param.error("class_weighting applies only with weight_by_label_freqs: true (as in "
+                                         "the SegNet fork)", "loss.class_weighting")
+        if p.weight_by_label_freqs:
+            self.class_weights = list(p.class_weighting)
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
@@ -120,6 +143,9 @@ class SoftmaxWithLoss(_LossNormalization, LossLayer):
         self.channels = shape[self.axis]
         self.inner = math.prod(shape[self.axis + 1:])
         check_label_count(bottom[1], self.outer * self.inner, shape, self.axis)
+        if self.class_weights is not None and len(self.class_weights) != self.channels:
+            raise self.layer_param.error(f"class_weighting has {len(self.class_weights)} values for "
+                                         f"{self.channels} classes", "loss.class_weighting")
         top[0].reshape(())
         if len(top) > 1:
             top[1].reshape(shape)
@@ -139,9 +165,19 @@ class SoftmaxWithLoss(_LossNormalization, LossLayer):
             top[1].data[...] = self.prob
 
     def forward(self, bottom, top):
-        self._probabilities(bottom)
-        loss, _ = softmax_loss_forward(self.prob, *self._kernel_labels())
+        prob = self._probabilities(bottom)
+        if self.class_weights is None:
+            loss, _ = softmax_loss_forward(self.prob, *self._kernel_labels())
+        else:
+            xp = get_array_module(prob)
+            p = xp.take_along_axis(prob, self.label[:, None, :], axis=1)[:, 0, :]
+            loss = -(xp.log(xp.maximum(p, FLT_MIN)) * self._position_weights()).sum()
         self._write_loss(loss, top)
+
+    def _position_weights(self):
+        """(outer, inner): the class weight of each position's label, 0 where ignored."""
+        xp = get_array_module(self.prob)
+        return xp.asarray(self.class_weights, dtype=self.prob.dtype)[self.label] * self.valid
 
     def backward(self, top, propagate_down, bottom):
         self.refuse_label_gradient(propagate_down)
@@ -150,6 +186,8 @@ class SoftmaxWithLoss(_LossNormalization, LossLayer):
         label, outer, channels, inner, ignore = self._kernel_labels()
         scale = float(top[0].diff.reshape(-1)[0]) / self.norm
         softmax_loss_backward(self.prob, label, outer, channels, inner, scale, ignore, out=bottom[0].diff)
+        if self.class_weights is not None:  # the fork scales the whole gradient of a position by its weight
+            bottom[0].diff.reshape(outer, channels, inner)[...] *= self._position_weights()[:, None, :]
 
     def _kernel_labels(self):
         """The checked labels and geometry as kernels.softmax_loss takes them; ignored positions labelled -1."""

@@ -44,7 +44,7 @@ V1_NUMBERS = {num: name for num, name in V1_TYPES.values()}
 FORK_FIELDS = {"pooling": {"ceil_mode": ("round_mode", {True: "CEIL", False: "FLOOR"})}}
 
 NET_FIELDS = ("layer", "layers", "input", "input_shape", "input_dim", "force_backward", "state")
-DATA_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData", "AnnotatedData")
+DATA_TYPES = ("Data", "ImageData", "DenseImageData", "HDF5Data", "WindowData", "AnnotatedData")
 LAYER_ORDER = ("name", "type", "bottom", "top", "include", "exclude", "param", "loss_weight", "propagate_down")
 _INTS = Field("ints", [])
 _BOOL = Field("bool", False)
@@ -219,7 +219,7 @@ class NetConverter(MessageReader):
 
     def data_notes(self, net):
         data = [layer for layer in net["layers"] if layer["type"] in DATA_TYPES]
-        blocks = ("data", "image_data", "hdf5_data", "window_data")
+        blocks = ("data", "image_data", "dense_image_data", "hdf5_data", "window_data")
         sources = [b["source"] for layer in data for b in map(layer.get, blocks)
                    if isinstance(b, dict) and isinstance(b.get("source"), str)]
         missing = list(dict.fromkeys(s for s in sources if not os.path.exists(s)))

@@ -100,7 +100,7 @@ def _legacy_inputs(mapping, path):
 
 
 # parameter blocks of the data layers: their batch_size and (where they shard) rank / world_size
-DATA_BLOCKS = ("data", "image_data", "hdf5_data", "window_data", "memory_data", "token_data", "synthetic_data")
+DATA_BLOCKS = ("data", "image_data", "dense_image_data", "hdf5_data", "window_data", "memory_data", "token_data", "synthetic_data")
 
 
 def _batch_holders(layers):

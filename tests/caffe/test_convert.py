@@ -448,7 +448,7 @@ def test_v1_blobs_lr_weight_decay_and_param_names():
      '  sample_weights_test: true } }', 3,
      "key 'dropout_param.sample_weights_test': Caffe field 'sample_weights_test' (a field of alexgkendall/caffe-segnet "
      "(SegNet) and TimoSaemann/caffe-enet (ENet)) has no layerforge equivalent"),
-    ('layer { name: "l" type: "SoftmaxWithLoss" bottom: "x" bottom: "y" top: "l"\n loss_param {\n'
+    ('layer { name: "l" type: "SigmoidCrossEntropyLoss" bottom: "x" bottom: "y" top: "l"\n loss_param {\n'
      '  class_weighting: 0.5 } }', 3, "Caffe field 'class_weighting' (a field of alexgkendall/caffe-segnet (SegNet) "
                                       "and TimoSaemann/caffe-enet (ENet)) has no layerforge equivalent"),
     ('layer { name: "d" type: "Data" top: "d"\n data_param { source: "x" batch_size: 2 backend: LMDB }\n'

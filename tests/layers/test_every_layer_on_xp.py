@@ -16,7 +16,7 @@ from layerforge.blob import Blob
 from layerforge.layers import LAYER_REGISTRY, create_layer
 
 # types whose tops come from files or from the caller, tested per backend in their own files
-SOURCES = {"Data", "ImageData", "HDF5Data", "HDF5Output", "WindowData", "MemoryData", "TokenData", "Input",
+SOURCES = {"Data", "ImageData", "DenseImageData", "HDF5Data", "HDF5Output", "WindowData", "MemoryData", "TokenData", "Input",
            "DummyData", "SyntheticData", "Python", "AnnotatedData"}
 GAUSS = {"type": "gaussian", "std": 0.5}
 

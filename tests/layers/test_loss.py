@@ -180,3 +180,38 @@ def test_euclidean_gradient_and_torch(shape_a, shape_b):
 def test_euclidean_shape_mismatch(shape_a, shape_b):
     with pytest.raises(ShapeError, match=rf"{shape_a[0]}, {shape_a[1]}\) and \({shape_b[0]}, {shape_b[1]}"):
         euclidean().setup([make_blob(numpy.zeros(shape_a)), make_blob(numpy.zeros(shape_b))], [Blob()])
+
+
+# the SegNet fork's weight_by_label_freqs / class_weighting (its softmax_loss_layer.cpp)
+WEIGHTS = [0.5, 2.0, 1.5, 3.0]
+
+
+def test_class_weighting_matches_torch_weighted_cross_entropy(xp):
+    torch = pytest.importorskip("torch")
+    rs = numpy.random.default_rng(4)
+    x = rs.standard_normal((2, 4, 3, 2)) * 2
+    label = rs.integers(0, 4, (2, 3, 2))
+    label.reshape(-1)[::5] = 9  # ignored
+    layer = swl(xp, ignore_label=9, weight_by_label_freqs=True, class_weighting=WEIGHTS)
+    loss, (gx, _), _ = run(layer, [x, label[:, None]], weight=0.7, xp=xp)
+    tx = torch.tensor(x, requires_grad=True)
+    # the fork divides the weighted sum by the number of valid positions (torch's "mean" by the weights' sum)
+    tl = torch.nn.functional.cross_entropy(tx, torch.tensor(label), weight=torch.tensor(WEIGHTS, dtype=torch.float64),
+                                           ignore_index=9, reduction="sum") / int((label != 9).sum())
+    (0.7 * tl).backward()
+    assert loss == pytest.approx(tl.item(), rel=1e-12)
+    numpy.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-10, atol=1e-15)
+
+
+def test_class_weighting_gradient():
+    rs = numpy.random.default_rng(5)
+    x, label = rs.standard_normal((2, 4, 2, 3)), rs.integers(0, 4, (2, 1, 2, 3)).astype(float)
+    check_gradient(swl(weight_by_label_freqs=True, class_weighting=WEIGHTS), [make_blob(x), make_blob(label)],
+                   [Blob()], check_bottom=[0])
+
+
+def test_class_weighting_refusals():
+    with pytest.raises(ConfigError, match="class_weighting has 4 values for 3 classes"):
+        run(swl(weight_by_label_freqs=True, class_weighting=WEIGHTS), [numpy.ones((2, 3)), [0, 1]])
+    with pytest.raises(ConfigError, match="class_weighting applies only with weight_by_label_freqs"):
+        run(swl(class_weighting=WEIGHTS), [numpy.ones((2, 4)), [0, 1]])
