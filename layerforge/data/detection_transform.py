@@ -11,7 +11,9 @@ One image of a batch goes through, in the fork's order:
    of all kept boxes, drawn uniformly, is cropped out;
 4. ``resize_param``: WARP to height x width, FIT_SMALL_SIZE (the shorter side to its size, the aspect kept)
    or FIT_LARGE_SIZE_AND_PAD (the longer side, padded), with an interpolation drawn from ``interp_mode``;
-5. ``crop_size`` (or ``crop_h`` x ``crop_w``): a random crop in TRAIN, centred in TEST, and in TRAIN with
+5. ``noise_param``: filters and noise on the resized picture (decolorize, blur, histogram equalization, CLAHE,
+   JPEG round trip, erosion, posterization, inversion, salt and pepper, HSV), in TRAIN and TEST alike;
+6. ``crop_size`` (or ``crop_h`` x ``crop_w``): a random crop in TRAIN, centred in TEST, and in TRAIN with
    ``mirror`` a left-right flip with probability 1/2 (as layerforge's Data layer: never in TEST).
 
 The boxes follow every step: projected into each crop, dropped when the ``emit_constraint`` says so (CENTER:
@@ -22,9 +24,10 @@ box) or when nothing of them remains, mirrored. A box is a row of layerforge/dat
 Where layerforge differs from the fork, deliberately: the fork re-encodes an encoded image as JPEG after each
 of steps 1-3 (lossy, and only to hand it on in a Datum); here the decoded pixels go from step to step. The
 fork distorts only encoded images and fills an expansion of a raw image with the byte 32; here raw and
-encoded images are treated alike. Each image's randomness comes from a stream of its own, drawn from the
-layer's seed and the batch's read position, so a batch is a function of (seed, position) whatever the number
-of decode workers.
+encoded images are treated alike (the fork's noise too applies to encoded images only). ``noise_param.prob``,
+which the fork never reads, is honoured when given. Each image's randomness comes from a stream of its own,
+drawn from the layer's seed and the batch's read position, so a batch is a function of (seed, position)
+whatever the number of decode workers.
 """
 import math
 
@@ -69,6 +72,26 @@ EXPAND = {
     "prob": Field("float", 1.0, min=0, max=1, doc="probability of expanding"),
     "max_expand_ratio": Field("float", 1.0, min=1, doc="largest canvas side over the image's"),
 }
+SALT_PEPPER = {
+    "fraction": Field("float", 0.0, min=0, max=1, doc="share of the pixels set to value"),
+    "value": Field("floats", [], doc="the value of those pixels: one, or one per channel (0..255)"),
+}
+NOISE = {
+    "prob": Field("float", None, min=0, max=1, doc="probability of applying the block (absent: always, as the fork, "
+                                                   "which never reads it)"),
+    "decolorize": Field("bool", False, doc="grey in all three channels"),
+    "gauss_blur": Field("bool", False, doc="7 x 7 Gaussian blur, sigma 1.5"),
+    "hist_eq": Field("bool", False, doc="equalize the histogram of the luma (Y of YCrCb)"),
+    "clahe": Field("bool", False, doc="CLAHE (clip limit 4, 8 x 8 tiles) on the luma"),
+    "jpeg": Field("float", -1.0, max=100, doc="JPEG round trip at this quality (<= 0: none)"),
+    "erode": Field("bool", False, doc="erosion by a 3 x 3 ellipse"),
+    "posterize": Field("bool", False, doc="quantize each value to the middle of its 64-wide bin"),
+    "inverse": Field("bool", False, doc="255 - value"),
+    "saltpepper": Field("bool", False, doc="set saltpepper_param.fraction of the pixels to its value"),
+    "saltpepper_param": Field(SALT_PEPPER, None, doc="the salt-and-pepper pixels"),
+    "convert_to_hsv": Field("bool", False, doc="hand on the HSV image (OpenCV's 8-bit scale)"),
+    "convert_to_lab": Field("bool", False, doc="refused: the fork makes a float image its transformer rejects"),
+}
 EMIT = {
     "emit_type": Field("enum", "CENTER", choices=("CENTER", "MIN_OVERLAP"), doc="which boxes a crop keeps"),
     "emit_overlap": Field("float", None, doc="MIN_OVERLAP: the share of the box the crop must cover"),
@@ -79,6 +102,7 @@ ANNOTATED_TRANSFORM = dict(TRANSFORM, **{
     "resize_param": Field(RESIZE, None, doc="resize each image (after distortion, expansion and sampling)"),
     "distort_param": Field(DISTORT, None, doc="photometric distortions"),
     "expand_param": Field(EXPAND, None, doc="zoom out onto a larger canvas"),
+    "noise_param": Field(NOISE, None, doc="noise and filters (after resizing, before the crop)"),
     "emit_constraint": Field(EMIT, None, doc="which boxes a crop keeps"),
 })
 
@@ -126,6 +150,26 @@ def check_params(t, error):
     for lower, upper in (("contrast_lower", "contrast_upper"), ("saturation_lower", "saturation_upper")):
         if t.given("distort_param") and getattr(t.distort_param, upper) < getattr(t.distort_param, lower):
             raise error(f"{upper} must be >= {lower}", f"transform.distort_param.{upper}")
+    if t.given("noise_param"):
+        check_noise(t.noise_param, error)
+
+
+def check_noise(p, error):
+    """One-line errors for a ``noise_param`` the fork would crash on or misread."""
+    key = "transform.noise_param"
+    if p.convert_to_lab:
+        raise error("convert_to_lab is not supported: the fork's ApplyNoise makes a float Lab image that its "
+                    "DataTransformer then refuses (it needs 8-bit pixels)", f"{key}.convert_to_lab")
+    values = p.saltpepper_param.value
+    if len(values) not in (0, 1, 3):
+        raise error(f"saltpepper_param.value takes 1 or 3 values (one per channel), got {len(values)}",
+                    f"{key}.saltpepper_param.value")
+    if any(not 0 <= v <= 255 for v in values):
+        raise error(f"saltpepper_param.value must lie in [0, 255], got {list(values)}",
+                    f"{key}.saltpepper_param.value")
+    if p.saltpepper and not values:
+        raise error("saltpepper needs saltpepper_param.value (the fork reads past an empty list)",
+                    f"{key}.saltpepper_param.value")
 
 
 def check_sampler(s, error, key):
@@ -270,6 +314,75 @@ def distort(image, p, r):
     if r.uniform() < p.random_order_prob and image.shape[2] == 3:
         image = numpy.ascontiguousarray(image[:, :, r.permutation(3)])
     return image
+
+
+def posterize(image):
+    """Each value moved to the middle of its 64-wide bin (0..63 -> 32, 64..127 -> 96, ...): the fork's colorReduce."""
+    table = (numpy.arange(256) // 64 * 64 + 32).astype(numpy.uint8)
+    return table[image]
+
+
+def _on_luma(image, equalize):
+    """``equalize`` (uint8 plane -> plane) applied to a grey image, or to the Y plane of a colour one (YCrCb)."""
+    import cv2
+    if image.shape[2] == 1:
+        return equalize(image[:, :, 0])[:, :, None]
+    ycrcb = cv2.cvtColor(image, cv2.COLOR_BGR2YCrCb)
+    ycrcb[:, :, 0] = equalize(numpy.ascontiguousarray(ycrcb[:, :, 0]))
+    return cv2.cvtColor(ycrcb, cv2.COLOR_YCrCb2BGR)
+
+
+def salt_pepper(image, fraction, values, r):
+    """``floor(fraction x H x W)`` distinct pixels, drawn with ``r``, set to ``values`` (one, or one per channel).
+    The fork draws the pixels with replacement (a pixel may be drawn twice, so a few less are set); here they
+    are distinct, so the fraction is exact."""
+    h, w, c = image.shape
+    count = math.floor(numpy.float32(fraction) * w * h)
+    if len(values) not in (1, c):
+        raise DataError(f"noise_param.saltpepper_param.value has {len(values)} values, the image {c} channels")
+    out = image.copy()
+    picked = r.choice(h * w, size=count, replace=False)
+    out.reshape(h * w, c)[picked] = numpy.array(values, numpy.float32).astype(numpy.uint8)
+    return out
+
+
+def apply_noise(image, p, r):
+    """The fork's ApplyNoise on an image (H, W, C uint8, C 1 or 3), in its order: decolorize, Gaussian blur,
+    histogram equalization, CLAHE, JPEG round trip, erosion, posterization, inversion, salt and pepper, HSV.
+    With ``prob`` given, the whole block applies with that probability (the fork never reads it: always)."""
+    import cv2
+    if p.prob is not None and not r.uniform() < p.prob:
+        return image
+    c = image.shape[2]
+    if c not in (1, 3):
+        raise DataError(f"noise_param works on grey or colour images; this one has {c} channels")
+
+    def keep_channels(im):
+        return im.reshape(im.shape[0], im.shape[1], c)
+
+    if p.decolorize and c == 3:  # a grey image is grey already (the fork's cvtColor would refuse it)
+        image = cv2.cvtColor(cv2.cvtColor(image, cv2.COLOR_BGR2GRAY), cv2.COLOR_GRAY2BGR)
+    if p.gauss_blur:
+        image = keep_channels(cv2.GaussianBlur(image, (7, 7), 1.5))
+    if p.hist_eq:
+        image = _on_luma(image, cv2.equalizeHist)
+    if p.clahe:
+        image = _on_luma(image, cv2.createCLAHE(clipLimit=4, tileGridSize=(8, 8)).apply)
+    if p.jpeg > 0:
+        encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, int(p.jpeg)])[1]
+        # the fork decodes in colour; a grey image stays grey here so that the channels still match the blob
+        image = keep_channels(cv2.imdecode(encoded, cv2.IMREAD_COLOR if c == 3 else cv2.IMREAD_GRAYSCALE))
+    if p.erode:
+        image = keep_channels(cv2.erode(image, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (3, 3), (1, 1))))
+    if p.posterize:
+        image = posterize(image)
+    if p.inverse:
+        image = 255 - image
+    if p.saltpepper:
+        image = salt_pepper(image, p.saltpepper_param.fraction, p.saltpepper_param.value, r)
+    if p.convert_to_hsv and c == 3:
+        image = cv2.cvtColor(image, cv2.COLOR_BGR2HSV)
+    return numpy.ascontiguousarray(image)
 
 
 def expand(image, boxes, p, fill, emit, r):
@@ -461,6 +574,11 @@ class AnnotatedBatches(BatchStream):
         """The fork's Transform of one picture: resize, crop, mirror; ``(image (C, h, w) uint8, boxes, (h0, w0))``."""
         t, (h, w) = self.t, hwc.shape[:2]
         resized = resize(hwc, t.resize_param, r) if t.given("resize_param") else hwc
+        if t.given("noise_param"):
+            try:
+                resized = apply_noise(numpy.ascontiguousarray(resized), t.noise_param, r)
+            except DataError as e:
+                raise DataError(f"{self.name_of(index)}: {e}") from None
         height, width = resized.shape[:2]
         out_h, out_w = self.crop or (height, width)
         if out_h > height or out_w > width:
