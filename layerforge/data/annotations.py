@@ -30,7 +30,7 @@ from google.protobuf.message import DecodeError
 from ..caffe.caffe_pb import AnnotatedDatum, LabelMap
 from ..errors import DataError
 from .datum import array_to_datum, datum_to_array, encoded_datum
-from .images import decode_image, encoded_bytes
+from .images import decode_image, encoded_bytes, read_pair_list_file
 from .lmdb_io import write_lmdb_atomic
 
 log = logging.getLogger("layerforge")
@@ -236,26 +236,6 @@ def read_annotation(path, label_type, height, width, names):
     return READERS[label_type](path, height, width, names)
 
 
-def read_pair_list(list_file):
-    """``[(image path, annotation path, line number), ...]`` of a detection list file (two fields a line)."""
-    try:
-        with open(list_file, "r", encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{list_file}: cannot read the image list: {getattr(e, 'strerror', None) or e}") from None
-    pairs = []
-    for number, line in enumerate(lines, 1):
-        fields = line.split()
-        if not fields or fields[0].startswith("#"):
-            continue
-        if len(fields) != 2:
-            raise DataError(f"{list_file}:{number}: expected 'image annotation', got {line.strip()!r}")
-        pairs.append((fields[0], fields[1], number))
-    if not pairs:
-        raise DataError(f"{list_file}: the image list is empty")
-    return pairs
-
-
 def resize_for_record(image, height=0, width=0, min_dim=0, max_dim=0):
     """An image (C, H, W) resized as the fork's ReadImageToCVMat does before storing it: to ``min_dim`` on its
     shorter side when that is smaller (then no side above ``max_dim``), keeping the aspect ratio; else to
@@ -328,7 +308,7 @@ def convert_annoset(root, list_file, db, anno_type="detection", label_type="xml"
         if not label_map_file:
             raise DataError("detection annotations need a label map file (--label_map_file)")
         names = name_to_label(read_label_map(label_map_file), label_map_file, check_label)
-        entries = read_pair_list(list_file)
+        entries = read_pair_list_file(list_file, "image annotation")
     else:
         from .images import read_list_file
         names, entries = None, read_list_file(list_file)

@@ -316,10 +316,13 @@ def distort(image, p, r):
     return image
 
 
+# each 8-bit value's 64-wide bin's middle (0..63 -> 32, 64..127 -> 96, ...): the fork's colorReduce
+POSTERIZE = (numpy.arange(256) // 64 * 64 + 32).astype(numpy.uint8)
+
+
 def posterize(image):
-    """Each value moved to the middle of its 64-wide bin (0..63 -> 32, 64..127 -> 96, ...): the fork's colorReduce."""
-    table = (numpy.arange(256) // 64 * 64 + 32).astype(numpy.uint8)
-    return table[image]
+    """Each value of a uint8 image moved to the middle of its 64-wide bin (:data:`POSTERIZE`)."""
+    return POSTERIZE[image]
 
 
 def _on_luma(image, equalize):

@@ -124,8 +124,8 @@ def _list_lines(list_file):
     try:
         with open(list_file, "r", encoding="utf-8") as f:
             lines = f.read().splitlines()
-    except OSError as e:
-        raise DataError(f"{list_file}: cannot read the image list: {e.strerror}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{list_file}: cannot read the image list: {getattr(e, 'strerror', None) or e}") from None
     entries = [(number, line.strip()) for number, line in enumerate(lines, 1)
                if line.strip() and not line.lstrip().startswith("#")]
     if not entries:
@@ -146,14 +146,15 @@ def read_list_file(list_file):
     return entries
 
 
-def read_pair_list_file(list_file):
-    """``[(image path, label image path, line_number), ...]`` from a list file of ``image label_image`` lines (the
-    SegNet fork's DenseImageData source; its paths hold no spaces)."""
+def read_pair_list_file(list_file, expected="image_path label_image_path"):
+    """``[(first path, second path, line_number), ...]`` from a list file of two paths a line, without spaces: the
+    SegNet fork's DenseImageData source (image, label image), the SSD fork's detection lists (image, annotation);
+    ``expected`` names the two fields in the error for a line that has not two."""
     entries = []
     for number, line in _list_lines(list_file):
         parts = line.split()
         if len(parts) != 2:
-            raise DataError(f"{list_file}:{number}: expected 'image_path label_image_path', got {line!r}")
+            raise DataError(f"{list_file}:{number}: expected '{expected}', got {line!r}")
         entries.append((parts[0], parts[1], number))
     return entries
 
