@@ -100,9 +100,11 @@ def run(args):
         from ..solvers.signals import signal_handlers
 
         # a rank's signals are requests from its first moment: its supervisor started it with them held, and
-        # what came since is recorded now and carried out, agreed by every rank, at the first iteration
+        # what came since is recorded now and carried out, agreed by every rank, at the first iteration. A rank
+        # may stop because the others asked before its own copy of the signal arrives (its supervisor forwards
+        # it late on a loaded machine): that copy is moot then, and must not kill the rank while MPI finalises.
         requests = []
-        with signal_handlers(requests, args.sigint_effect, args.sighup_effect, escalate=False):
+        with signal_handlers(requests, args.sigint_effect, args.sighup_effect, escalate=False, then_ignore=True):
             release_held_signals()
             with launch_guard() as mpi_comm:  # a bad solver file ends every rank: read inside
                 return train(args, solver_param(args), mpi_comm, requests)

@@ -20,9 +20,12 @@ EFFECTS = ("snapshot", "stop", "none")
 
 
 @contextlib.contextmanager
-def signal_handlers(pending, sigint_effect, sighup_effect, escalate=True):
+def signal_handlers(pending, sigint_effect, sighup_effect, escalate=True, then_ignore=False):
     """Within the block, each handled signal appends ``(signal number, effect)`` to the list ``pending``, unless
-    that effect is pending already; ``escalate``: a second SIGINT while one is pending raises KeyboardInterrupt."""
+    that effect is pending already; ``escalate``: a second SIGINT while one is pending raises KeyboardInterrupt.
+    After the block the previous handlers are back, or with ``then_ignore`` the signals are ignored: for a process
+    that ends after the block (a rank under mpiexec), where a late copy of a request already carried out must not
+    kill it while it finishes."""
     for name, effect in (("sigint_effect", sigint_effect), ("sighup_effect", sighup_effect)):
         if effect not in EFFECTS:
             raise LayerforgeError(f"{name} must be one of {', '.join(EFFECTS)}, got {effect!r}")
@@ -46,6 +49,6 @@ def signal_handlers(pending, sigint_effect, sighup_effect, escalate=True):
         yield
     finally:
         for s, h in old.items():
-            signal.signal(s, h)
+            signal.signal(s, signal.SIG_IGN if then_ignore else h)
         pending.clear()
 

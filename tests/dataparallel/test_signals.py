@@ -46,6 +46,23 @@ def test_sighup_to_one_process_of_one_rank_snapshots_and_training_goes_on(tmp_pa
     assert taken[0] == first and len(taken) == 2 and taken[1] >= first + 2
 
 
+def test_a_copy_of_the_signal_that_comes_after_the_stop_does_not_kill_the_rank(tmp_path):
+    """On a loaded machine one rank's supervisor may pass mpiexec's SIGTERM on after the other ranks' copies have
+    stopped the job (CI saw it): that rank stops with them, and the late copy must not kill it as it finishes."""
+    with Job(under_mpiexec(3, train(write_solver(tmp_path)))) as job:
+        job.wait_for(r"Iteration 3 \(")
+        late = job.process(2, "supervisor")
+        os.kill(late, signal.SIGSTOP)  # holds rank 2's copy back
+        try:
+            job.signal(signal.SIGTERM)
+            job.wait_for(r"Snapshotting to")
+        finally:
+            os.kill(late, signal.SIGCONT)
+        code = job.finish()
+    assert "killed by signal" not in job.log, job.log[-3000:]
+    assert len(stopped_cleanly(job, code, tmp_path)) == 1
+
+
 @pytest.mark.parametrize("when", ["start-up", "trial", "training"])
 def test_ctrl_c_to_mpiexec_stops_every_rank_with_a_snapshot(tmp_path, cpu_hog, when):
     """Ctrl-C reaches each rank twice (hydra signals the rank's process group; the supervisor passes on what it

@@ -35,3 +35,20 @@ def test_a_second_ctrl_c_interrupts_only_where_asked(escalate):
         else:  # a rank: hydra's Ctrl-C and its supervisor's forwarding are one request
             deliver(signal.SIGINT, signal.SIGINT)
         assert pending == [(signal.SIGINT, "stop")]
+
+
+def test_a_rank_ignores_a_late_copy_of_a_request_it_has_carried_out():
+    """A rank stops when the others ask; its own copy of the signal, forwarded late by its supervisor, then comes
+    while MPI finalises and must not kill it (exit by SIGTERM, the job reported as failed)."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        pending = []
+        with signal_handlers(pending, "stop", "snapshot", escalate=False, then_ignore=True):
+            deliver(signal.SIGTERM)
+            assert pending == [(signal.SIGTERM, "stop")]
+        assert all(signal.getsignal(s) is signal.SIG_IGN for s in before)
+        deliver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # would end this test run with the old handlers
+        assert pending == []
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
