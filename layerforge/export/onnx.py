@@ -291,9 +291,29 @@ def _unary(op, **attrs):
 
 register_exporter("Sigmoid")(_unary("Sigmoid"))
 register_exporter("TanH")(_unary("Tanh"))
-register_exporter("Dropout")(_unary("Identity"))  # inference: Caffe's dropout scales at training time only
 register_exporter("ELU")(_unary("Elu", alpha=lambda layer: float(layer.layer_param.elu.alpha)))
 register_exporter("Softmax")(_unary("Softmax", axis=lambda layer: int(layer.layer_param.softmax.axis)))
+
+
+@register_exporter("Dropout")
+def _dropout(g, layer, x, tops):
+    """The identity (Caffe scales at training time), times 1 - p with Fast R-CNN's ``scale_train: false``; Monte
+    Carlo dropout (the SegNet fork's ``sample_weights_test``) is ONNX's Dropout in training mode, which scales by
+    1 / (1 - p) as Caffe does."""
+    if not layer.samples:
+        if layer.test_scale == 1.0:
+            g.node("Identity", x, g.output_names(tops), layer.name)
+        else:
+            g.node("Mul", [x[0], g.const(f"{layer.name}_scale", layer.test_scale)], g.output_names(tops), layer.name)
+        return
+    inputs = [x[0], g.const(f"{layer.name}_ratio", layer.ratio),
+              g.const(f"{layer.name}_training_mode", True, dtype=numpy.bool_)]
+    if layer.scale == 1.0 / (1.0 - layer.ratio):
+        g.node("Dropout", inputs, g.output_names(tops), layer.name)
+    else:  # scale_train false as well: undo ONNX's scaling
+        out = g.output_names(tops)
+        dropped = g.node("Dropout", inputs, name=layer.name)
+        g.node("Mul", [dropped[0], g.const(f"{layer.name}_scale", 1.0 - layer.ratio)], out, f"{layer.name}_scale")
 
 
 @register_exporter("Split")

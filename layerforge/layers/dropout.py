@@ -10,7 +10,9 @@ class Dropout(NeuronLayer):
     """TRAIN: y = x * m / (1 - p) with m ~ Bernoulli(1 - p) per element; TEST: y = x.
 
     Scaling at train time keeps E[y] = x, so the TEST net needs no rescaling. ``scale_train: false`` (Fast
-    R-CNN's fork, for its MSRA-trained ZF net) scales at test time instead: TRAIN y = x * m, TEST y = x (1 - p). The mask is drawn from
+    R-CNN's fork, for its MSRA-trained ZF net) scales at test time instead: TRAIN y = x * m, TEST y = x (1 - p).
+    ``sample_weights_test: true`` (the SegNet and ENet forks', for Bayesian SegNet's Monte Carlo dropout) samples
+    a mask in TEST as in TRAIN, so repeated forwards of one input give the spread of the prediction. The mask is drawn from
     the process stream (``layerforge.rng``), so a seed reproduces it; a replica of a split batch draws the
     whole batch's mask and keeps its samples' rows (``rng.batch_draw``): replicas drop what one process would.
     Shapes: y has x's shape; in place allowed.
@@ -22,6 +24,8 @@ class Dropout(NeuronLayer):
     param_blocks = {"dropout": {
         "dropout_ratio": Field("float", 0.5, min=0.0, max=1.0, doc="probability p of dropping an element, in [0, 1)"),
         "scale_train": Field("bool", True, doc="scale by 1 / (1 - p) in TRAIN; false: by 1 - p in TEST (Fast R-CNN's)"),
+        "sample_weights_test": Field("bool", False, doc="drop in TEST as in TRAIN: Monte Carlo dropout (the SegNet "
+                                                        "and ENet forks')"),
     }}
     backward_reads = ()
 
@@ -37,10 +41,11 @@ class Dropout(NeuronLayer):
         self.scale = 1.0 / (1.0 - self.ratio) if scale_train else 1.0
         self.test_scale = 1.0 if scale_train else 1.0 - self.ratio
         self.mask = None
+        self.samples = self.phase == "TRAIN" or self.layer_param.dropout.sample_weights_test
 
     def forward(self, bottom, top):
         x = bottom[0].data
-        if self.phase != "TRAIN":
+        if not self.samples:
             if self.test_scale != 1.0:
                 top[0].data[...] = x * self.test_scale
             elif top[0].data is not x:
@@ -54,7 +59,7 @@ class Dropout(NeuronLayer):
         if not propagate_down[0]:
             return
         gy = top[0].diff
-        if self.phase == "TRAIN":
+        if self.samples:
             bottom[0].diff[...] = gy * self.mask
         elif self.test_scale != 1.0:
             bottom[0].diff[...] = gy * self.test_scale

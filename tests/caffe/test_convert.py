@@ -444,10 +444,6 @@ def test_v1_blobs_lr_weight_decay_and_param_names():
     ('layer { name: "c" type: "Convolution" bottom: "x" top: "c"\n convolution_param { num_output: 2\n'
      '  kernel_size: 1\n  frobnicate: 3 } }', 4, "key 'convolution_param.frobnicate': Caffe field 'frobnicate' has "
                                                  "no layerforge equivalent"),
-    ('layer { name: "d" type: "Dropout" bottom: "x" top: "x"\n dropout_param { dropout_ratio: 0.2\n'
-     '  sample_weights_test: true } }', 3,
-     "key 'dropout_param.sample_weights_test': Caffe field 'sample_weights_test' (a field of alexgkendall/caffe-segnet "
-     "(SegNet) and TimoSaemann/caffe-enet (ENet)) has no layerforge equivalent"),
     ('layer { name: "l" type: "SigmoidCrossEntropyLoss" bottom: "x" bottom: "y" top: "l"\n loss_param {\n'
      '  class_weighting: 0.5 } }', 3, "Caffe field 'class_weighting' (a field of alexgkendall/caffe-segnet (SegNet) "
                                       "and TimoSaemann/caffe-enet (ENet)) has no layerforge equivalent"),

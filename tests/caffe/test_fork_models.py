@@ -377,6 +377,45 @@ def test_segnet_like_net_agrees_with_torch(tmp_path, bn_mode):
     assert (net.blobs["up1"].data == 0).mean() > 0.7  # three quarters of an unpooled map are zeros
 
 
+BAYESIAN = """name: "bayesian_like"
+input: "data"
+input_dim: 256
+input_dim: 3
+input_dim: 6
+input_dim: 6
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 4 kernel_size: 3
+        pad: 1 } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" top: "pool1_mask" pooling_param { pool: MAX
+        kernel_size: 2 stride: 2 } }
+layer { name: "encdrop1" type: "Dropout" bottom: "pool1" top: "pool1" dropout_param { dropout_ratio: 0.5
+        sample_weights_test: true } }
+layer { name: "upsample1" type: "Upsample" bottom: "pool1" bottom: "pool1_mask" top: "up1" upsample_param { scale: 2 } }
+layer { name: "conv1_D" type: "Convolution" bottom: "up1" top: "conv1_D" convolution_param { num_output: 3
+        kernel_size: 3 pad: 1 } }
+"""
+
+
+def test_bayesian_segnet_dropout_samples_at_test_time(tmp_path):
+    """Bayesian SegNet's Monte Carlo dropout (``sample_weights_test``): its test script feeds one image repeated
+    along the batch and takes the mean and variance of the samples. Each sample draws its own mask, and since
+    everything after the dropout here is linear, the samples' mean is the net without dropout's output."""
+    (tmp_path / "b.prototxt").write_text(BAYESIAN)
+    (tmp_path / "d.prototxt").write_text(BAYESIAN.replace("sample_weights_test: true", ""))
+    mc = Net(str(tmp_path / "b.prototxt"), phase="test", dtype="float64")
+    plain = Net(str(tmp_path / "d.prototxt"), phase="test", dtype="float64")
+    rng = numpy.random.default_rng(4)
+    trained_looking(mc, rng)
+    plain.copy_from(mc.state_arrays())
+    image = numpy.repeat(rng.standard_normal((1, 3, 6, 6)), 256, axis=0)
+    samples = mc.forward(data=image)["conv1_D"].copy()
+    want = plain.forward(data=image)["conv1_D"][0]
+    assert numpy.ptp(samples, axis=0).min() > 0  # every output varies across the samples
+    spread = samples.std(axis=0) / numpy.sqrt(len(samples))  # the standard error of the mean, per output
+    assert (numpy.abs(samples.mean(axis=0) - want) <= 5 * spread + 1e-12).all()
+    again = mc.forward(data=image)["conv1_D"]
+    assert (again != samples).any()  # a new draw on every forward
+
+
 def test_enet_like_net_agrees_with_torch(tmp_path):
     net = compare_with_torch(enet_like(), tmp_path)
     assert net.blobs["fullconv"].shape == (1, 5, 24, 32)

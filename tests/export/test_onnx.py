@@ -110,6 +110,11 @@ LAYERS = {
          "kernel_size": 3, "pad": 1, "stride": 2, "group": 2, "weight_filler": {"type": "gaussian"},
          "bias_filler": {"type": "gaussian"}}},
     ],
+    "dropout_of_the_forks": [  # Fast R-CNN's: TEST multiplies by 1 - p
+        {"name": "d1", "type": "Dropout", "bottom": "x", "top": "d1", "dropout": {"dropout_ratio": 0.3,
+         "scale_train": False}},
+        {"name": "d2", "type": "Dropout", "bottom": "d1", "top": "d2", "dropout": {"dropout_ratio": 0.5}},
+    ],
     "three_d": [
         {"name": "r", "type": "Reshape", "bottom": "x", "top": "v", "reshape": {"shape": {"dim": [2, 2, 2, 9, 8]}}},
         {"name": "c3", "type": "Convolution", "bottom": "v", "top": "c3", "convolution": {"num_output": 3,
@@ -130,6 +135,25 @@ def test_layer_mappings_match_onnxruntime(tmp_path, case, dtype):
     randomize_running_stats(net, rs)
     want, got = run_both(net, tmp_path, {"x": rs.randn(2, 4, 9, 8)})
     assert_close(want, got, 1e-4 if dtype == "float32" else 1e-10)
+
+
+@pytest.mark.parametrize("scale_train", [True, False])
+def test_monte_carlo_dropout_samples_in_onnxruntime(tmp_path, scale_train):
+    """The SegNet fork's sample_weights_test: ONNX's Dropout in training mode drops about p of the values and
+    scales the rest as layerforge does (by 1 / (1 - p), or not at all with scale_train false)."""
+    p = 0.4
+    layers = [{"name": "input", "type": "Input", "top": "x", "input": {"shape": [[4, 50, 10, 10]]}},
+              {"name": "d", "type": "Dropout", "bottom": "x", "top": "d",
+               "dropout": {"dropout_ratio": p, "sample_weights_test": True, "scale_train": scale_train}}]
+    net = Net({"name": "mc", "layers": layers}, phase="test")
+    x = numpy.random.RandomState(3).uniform(1, 2, (4, 50, 10, 10)).astype(numpy.float32)
+    want, got = run_both(net, tmp_path, {"x": x})
+    scale = 1 / (1 - p) if scale_train else 1.0
+    for y in (want["d"], got["d"]):
+        kept = y != 0
+        assert abs(kept.mean() - (1 - p)) < 5 * (p * (1 - p) / y.size) ** 0.5  # 5 sigma of 20,000 draws
+        numpy.testing.assert_allclose(y[kept], x[kept] * scale, rtol=1e-6)
+    assert (want["d"] != got["d"]).any()  # two independent samples
 
 
 def test_unmapped_layer_type_is_one_line_naming_the_layer(tmp_path):

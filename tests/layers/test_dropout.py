@@ -91,3 +91,24 @@ def test_scale_train_false_scales_at_test_time(xp, in_place):
     y, gx = run(dropout("TRAIN", xp, dropout_ratio=0.25, scale_train=False), x, gy, xp, in_place)
     assert set(numpy.unique(y)) == {0.0, 2.0} and set(numpy.unique(gx)) == {0.0, 3.0}
     numpy.testing.assert_array_equal(y == 0, gx == 0)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_sample_weights_test_drops_in_test_as_in_train(xp, in_place):
+    # the SegNet / ENet forks' Monte Carlo dropout (Bayesian SegNet): TEST samples a mask and scales as TRAIN does
+    rs = numpy.random.default_rng(4)
+    x, gy = rs.uniform(1, 2, (4, 50)), rs.standard_normal((4, 50))
+    rng.seed(7)
+    y, gx = run(dropout("TEST", xp, dropout_ratio=0.3, sample_weights_test=True), x, gy, xp, in_place)
+    kept = y != 0
+    assert 0 < kept.sum() < kept.size
+    numpy.testing.assert_allclose(y[kept], x[kept] / 0.7, rtol=1e-14)
+    numpy.testing.assert_allclose(gx, numpy.where(kept, gy / 0.7, 0.0), rtol=1e-14)
+    rng.seed(7)  # the same draw as TRAIN's
+    y_train, _ = run(dropout("TRAIN", xp, dropout_ratio=0.3), x, gy, xp, in_place)
+    numpy.testing.assert_array_equal(y, y_train)
+
+
+def test_sample_weights_test_gradient():
+    x = numpy.random.default_rng(5).standard_normal((3, 4, 2))
+    check_gradient(dropout("TEST", dropout_ratio=0.4, sample_weights_test=True), [make_blob(x)], [Blob()])
