@@ -98,6 +98,5 @@ class AnnotatedData(BaseData):
 
     def forward(self, bottom, top):
         super().forward(bottom, top)
-        self.top_shape = top[0].shape
         if len(top) > 1:
             self.label_shape = top[1].shape

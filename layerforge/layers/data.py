@@ -11,10 +11,13 @@ import itertools
 import logging
 import weakref
 
+import numpy
+
 from .. import rng
 from ..data import mnist
 from ..data.batches import BatchStream
 from ..data.decode_pool import DecodePool, decode_workers
+from ..data.detection_transform import ANNOTATED_TRANSFORM, AnnotatedBatches, check_params, new_size
 from ..data.device_feed import DeviceFeed
 from ..data.images import ImageList
 from ..data.input_stats import InputStats
@@ -25,6 +28,7 @@ from ..schema import REQUIRED
 from .base import Field, Layer, register_layer
 
 log = logging.getLogger("layerforge")
+NO_BOXES = numpy.zeros((0, 7), numpy.float32)
 COMMON = {
     "rand_skip": Field("int", 0, min=0, doc="start at a random record in [0, rand_skip) (decorrelates workers)"),
     "prefetch": Field("int", 4, min=0, doc="batches the decode workers prepare ahead; 0: made during forward"),
@@ -34,6 +38,18 @@ COMMON = {
     "rank": Field("int", 0, min=0, doc="read shard `rank` of `world_size` (records rank, rank + world_size, ...)"),
     "world_size": Field("int", 1, min=1, doc="number of disjoint shards the source is split into"),
 }
+
+
+# the SSD fork's DataTransformer applies these to every image a Data or ImageData layer decodes (its cv::Mat
+# Transform): resized, then noise, then a crop of crop_h x crop_w
+FORK_KEYS = ("crop_h", "crop_w", "resize_param", "noise_param")
+FORK_TRANSFORM = dict(TRANSFORM, **{key: ANNOTATED_TRANSFORM[key] for key in FORK_KEYS})
+
+
+def uses_fork_transform(t):
+    """Whether the transform block ``t`` asks for the SSD fork's resize, noise or crop_h / crop_w."""
+    return t.given("resize_param") or t.given("noise_param") or bool(getattr(t, "crop_h", 0) or
+                                                                     getattr(t, "crop_w", 0))
 
 
 # the keys ImageData and DenseImageData share: where the list's images are and how they are decoded
@@ -104,6 +120,14 @@ class BaseData(Layer):
         p = getattr(lp, cls.block)
         if p.rank >= p.world_size:
             raise lp.error(f"rank {p.rank} must be less than world_size {p.world_size}", f"{cls.block}.rank")
+        if cls.param_blocks.get("transform") is FORK_TRANSFORM and uses_fork_transform(lp.transform):
+            t = lp.transform
+            check_params(t, lp.error)
+            if t.given("resize_param") and t.resize_param.resize_mode == "FIT_SMALL_SIZE" and p.batch_size != 1:
+                raise lp.error("resize_mode FIT_SMALL_SIZE gives every image its own shape: it needs batch_size 1",
+                               f"{cls.block}.batch_size")
+            if (t.crop_h > 0) != (t.crop_w > 0):
+                raise lp.error("give both crop_h and crop_w, or neither", "transform.crop_h")
 
     stream_class = BatchStream  # plans and fills the batches (layerforge.data.batches)
 
@@ -126,14 +150,48 @@ class BaseData(Layer):
             raise DataError(f"layer '{self.name}' ({self.type}): {e}") from None
         self.transformer = DataTransformer(self.layer_param.transform, self.phase, self.dtype,
                                            source=f"layer '{self.name}' ({self.type})")
-        self.top_shape = (p.batch_size,) + self.transformer.output_shape(self.cropped_shape(p, first.shape))
         shuffle = self.default_shuffle if p.shuffle is None else p.shuffle
-        self.stream = self.stream_class(self.records.read, len(self.records), p.batch_size, self.transformer,
-                                        shuffle, rng.get_rng().integers(2 ** 63), p.rank, p.world_size,
-                                        first.shape, self.records.name_of, first.dtype)
+        if uses_fork_transform(self.layer_param.transform):
+            self.stream = self.fork_stream(p, first, shuffle)
+        else:
+            self.top_shape = (p.batch_size,) + self.transformer.output_shape(self.cropped_shape(p, first.shape))
+            self.stream = self.stream_class(self.records.read, len(self.records), p.batch_size, self.transformer,
+                                            shuffle, rng.get_rng().integers(2 ** 63), p.rank, p.world_size,
+                                            first.shape, self.records.name_of, first.dtype)
         if p.rand_skip:
             self.stream.position = int(rng.get_rng().integers(p.rand_skip))
         self.setup_feed(p, getattr(self.records, "reopen", None))
+
+    def fork_stream(self, p, first, shuffle):
+        """The stream of a layer whose transform has the SSD fork's keys: each image resized, noised, cropped and
+        mirrored by a decode worker as the fork's DataTransformer does for a decoded image, with a random stream
+        of its own (AnnotatedData's image path, without boxes)."""
+        t, where = self.layer_param.transform, f"layer '{self.name}' ({self.type})"
+        if first.dtype != numpy.uint8:
+            raise DataError(f"{where}: transform.resize_param, noise_param and crop_h / crop_w work on 8-bit "
+                            f"images; the records hold {first.dtype} values")
+        c, h, w = first.shape
+        if t.given("resize_param"):
+            h, w = new_size(t.resize_param, h, w)
+        self.transformer.output_shape((c, h, w))  # the mean and a crop_size against the resized images
+        crop = (t.crop_size,) * 2 if t.crop_size else (t.crop_h, t.crop_w)
+        cropped = crop[0] > 0 and crop[1] > 0
+        if cropped and (crop[0] > h or crop[1] > w):
+            raise DataError(f"{where}: the crop {crop[0]}x{crop[1]} is larger than the images ({h}x{w}"
+                            f"{' after resizing' if t.given('resize_param') else ''})")
+        if cropped:
+            h, w = crop
+        fixed = cropped or (t.given("resize_param") and t.resize_param.resize_mode != "FIT_SMALL_SIZE")
+        self.top_shape = (p.batch_size, c, h, w)
+        read = self.records.read
+
+        def read_image(index):  # a record as AnnotatedBatches reads one: no boxes, its label
+            image, label = read(index)
+            return image, NO_BOXES, label, False
+
+        return AnnotatedBatches(read_image, len(self.records), p.batch_size, self.transformer, shuffle,
+                                rng.get_rng().integers(2 ** 63), p.rank, p.world_size, self.records.name_of, t,
+                                [], self.phase, False, False, (c, h, w) if fixed else None)
 
     def setup_feed(self, p, worker_setup=None):
         """Keep the decode settings of block ``p``; the workers start at the first forward."""
@@ -171,6 +229,7 @@ class BaseData(Layer):
             self.close()  # the next forward starts again at this batch
             raise
         self.stream.position += self.batch_size
+        self.top_shape = top[0].shape  # a stream that reshapes its tops: this batch's shape until the next
 
     def backward(self, top, propagate_down, bottom):
         pass
@@ -212,7 +271,7 @@ class Data(BaseData):
             "backend": Field("enum", "LMDB", choices=("LMDB",), doc="database kind (only LMDB)"),
             "shuffle": Field("bool", None, doc="reshuffle every epoch (default: true in TRAIN, false in TEST)"),
         }),
-        "transform": TRANSFORM,
+        "transform": FORK_TRANSFORM,
     }
 
     @property
@@ -243,7 +302,7 @@ class ImageData(BaseData):
             "source": Field("str", REQUIRED, doc="the list file: one 'path label' per line"),
             "batch_size": Field("int", 1, min=1, doc="images per batch"),
         }, **IMAGE_LIST),
-        "transform": TRANSFORM,
+        "transform": FORK_TRANSFORM,
     }
 
     @classmethod

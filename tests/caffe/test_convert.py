@@ -448,8 +448,8 @@ def test_v1_blobs_lr_weight_decay_and_param_names():
      '  class_weighting: 0.5 } }', 3, "Caffe field 'class_weighting' (a field of alexgkendall/caffe-segnet (SegNet) "
                                       "and TimoSaemann/caffe-enet (ENet)) has no layerforge equivalent"),
     ('layer { name: "d" type: "Data" top: "d"\n data_param { source: "x" batch_size: 2 backend: LMDB }\n'
-     ' transform_param {\n  resize_param { height: 300 } } }', 4,
-     "key 'transform_param.resize_param': Caffe field 'resize_param' (a field of weiliu89/caffe (branch ssd: SSD)) "
+     ' transform_param {\n  distort_param { brightness_prob: 0.5 } } }', 4,  # the fork distorts AnnotatedData's only
+     "key 'transform_param.distort_param': Caffe field 'distort_param' (a field of weiliu89/caffe (branch ssd: SSD)) "
      "has no layerforge equivalent"),
     ('layer { name: "b" type: "BatchNorm" bottom: "x" top: "x"\n batch_norm_param {\n'
      '  scale_bias: true } }', 3, "Caffe field 'scale_bias' (a field of OpenCV's caffe.proto (opencv/opencv, "
