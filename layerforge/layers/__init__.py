@@ -46,6 +46,7 @@ from . import (  # noqa: F401,E402
     scale,
     shape,
     silence,
+    smooth_l1_loss,
     softmax,
     spp,
     synthetic_data,

@@ -535,6 +535,78 @@ def test_faster_rcnn_test_prototxt_runs_with_the_projects_proposal_layer(tmp_pat
     numpy.testing.assert_allclose(out["cls_prob"].sum(axis=1), 1.0, rtol=1e-5)
 
 
+FAST_RCNN_TRAIN = """name: "fast_rcnn_like"
+layer { name: "input" type: "Input" top: "data" top: "rois" top: "labels" top: "bbox_targets"
+        top: "bbox_inside_weights" top: "bbox_outside_weights" top: "rpn_bbox_targets" top: "rpn_inside_weights"
+        top: "rpn_outside_weights"
+        input_param { shape { dim: 2 dim: 3 dim: 24 dim: 32 } shape { dim: 6 dim: 5 } shape { dim: 6 }
+                      shape { dim: 6 dim: 12 } shape { dim: 6 dim: 12 } shape { dim: 6 dim: 12 }
+                      shape { dim: 2 dim: 8 dim: 12 dim: 16 } shape { dim: 2 dim: 8 dim: 12 dim: 16 }
+                      shape { dim: 2 dim: 8 dim: 12 dim: 16 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 8
+        kernel_size: 3 pad: 1 stride: 2 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "rpn_bbox_pred" type: "Convolution" bottom: "conv1" top: "rpn_bbox_pred" convolution_param {
+        num_output: 8 kernel_size: 1 weight_filler { type: "gaussian" std: 0.01 } } }
+layer { name: "rpn_loss_bbox" type: "SmoothL1Loss" bottom: "rpn_bbox_pred" bottom: "rpn_bbox_targets"
+        bottom: "rpn_inside_weights" bottom: "rpn_outside_weights" top: "rpn_loss_bbox" loss_weight: 1
+        smooth_l1_loss_param { sigma: 3.0 } }
+layer { name: "roi_pool" type: "ROIPooling" bottom: "conv1" bottom: "rois" top: "pool5"
+        roi_pooling_param { pooled_h: 3 pooled_w: 3 spatial_scale: 0.5 } }
+layer { name: "fc6" type: "InnerProduct" bottom: "pool5" top: "fc6" inner_product_param { num_output: 32
+        weight_filler { type: "xavier" } } }
+layer { name: "relu6" type: "ReLU" bottom: "fc6" top: "fc6" }
+layer { name: "cls_score" type: "InnerProduct" bottom: "fc6" top: "cls_score" inner_product_param { num_output: 3
+        weight_filler { type: "gaussian" std: 0.01 } } }
+layer { name: "bbox_pred" type: "InnerProduct" bottom: "fc6" top: "bbox_pred" inner_product_param { num_output: 12
+        weight_filler { type: "gaussian" std: 0.001 } } }
+layer { name: "loss_cls" type: "SoftmaxWithLoss" bottom: "cls_score" bottom: "labels" top: "loss_cls"
+        loss_weight: 1 }
+layer { name: "loss_bbox" type: "SmoothL1Loss" bottom: "bbox_pred" bottom: "bbox_targets"
+        bottom: "bbox_inside_weights" bottom: "bbox_outside_weights" top: "loss_bbox" loss_weight: 1 }
+"""
+
+
+def test_fast_rcnn_training_net_with_its_smooth_l1_losses_learns(tmp_path):
+    """py-faster-rcnn's training heads (ROIPooling, SoftmaxWithLoss, SmoothL1Loss with inside and outside weights,
+    the RPN's with sigma 3) on fixed rois, through pycaffe's SGDSolver as its train.py drives them: both losses
+    fall, and a background roi's box regression (weights 0) has no say."""
+    import layerforge.pycaffe as caffe
+
+    (tmp_path / "train.prototxt").write_text(FAST_RCNN_TRAIN)
+    (tmp_path / "solver.prototxt").write_text(f'train_net: "{tmp_path / "train.prototxt"}"\nbase_lr: 0.02\n'
+                                              'momentum: 0.9\nlr_policy: "fixed"\ndisplay: 0\nrandom_seed: 3\n')
+    caffe.set_mode_cpu()
+    solver = caffe.SGDSolver(str(tmp_path / "solver.prototxt"))
+    g = numpy.random.default_rng(7)
+    blobs = solver.net.blobs
+    blobs["data"].data[...] = g.standard_normal((2, 3, 24, 32))
+    blobs["rois"].data[...] = [[0, 0, 0, 15, 11], [0, 8, 4, 31, 23], [1, 2, 2, 20, 18], [1, 10, 0, 31, 15],
+                               [0, 4, 6, 12, 20], [1, 0, 8, 16, 23]]
+    labels = numpy.array([1, 2, 0, 1, 2, 0])
+    blobs["labels"].data[...] = labels
+    targets, weights = numpy.zeros((6, 12)), numpy.zeros((6, 12))
+    for i, label in enumerate(labels):
+        if label:  # py-faster-rcnn's _get_bbox_regression_labels: the label's 4 columns
+            targets[i, 4 * label:4 * label + 4] = g.normal(0, 0.5, 4)
+            weights[i, 4 * label:4 * label + 4] = 1.0
+    blobs["bbox_targets"].data[...] = targets
+    blobs["bbox_inside_weights"].data[...] = weights
+    blobs["bbox_outside_weights"].data[...] = weights
+    blobs["rpn_bbox_targets"].data[...] = g.uniform(-0.5, 0.5, (1, 8, 1, 1))  # a shift per anchor coordinate
+    inside = g.random((2, 8, 12, 16)) < 0.3  # the anchors matched to a box
+    blobs["rpn_inside_weights"].data[...] = inside
+    blobs["rpn_outside_weights"].data[...] = inside / inside.sum() * 8  # anchor_target_layer's 1 / examples
+    solver.step(1)
+    first = {k: float(blobs[k].data) for k in ("loss_cls", "loss_bbox", "rpn_loss_bbox")}
+    solver.step(60)
+    last = {k: float(blobs[k].data) for k in first}
+    assert last["loss_cls"] < 0.2 * first["loss_cls"], (first, last)
+    assert last["loss_bbox"] < 0.2 * first["loss_bbox"], (first, last)
+    assert last["rpn_loss_bbox"] < 0.2 * first["rpn_loss_bbox"], (first, last)
+    assert (blobs["bbox_pred"].diff[labels == 0] == 0).all()
+
+
 # ------------------------------------------------------------------------------------------------
 # fork fields through `layerforge convert`
 

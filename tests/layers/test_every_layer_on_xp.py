@@ -96,6 +96,7 @@ CASES = {
     "Silence": ({}, [x(2, 3)], 0),
     "Slice": ({"slice": {"axis": 1, "slice_point": [2]}}, [x(2, 6, 3)], 2),
     "Softmax": ({}, [x(2, 5, 3)], 1),
+    "SmoothL1Loss": ({"smooth_l1_loss": {"sigma": 2.0}}, [x(3, 8), x(3, 8), ("binary", (3, 8)), ("binary", (3, 8))], 1),
     "SoftmaxWithLoss": ({"loss": {"ignore_label": 1}}, [x(6, 3, 2), ("label3", (6, 2))], 1),
     "Split": ({}, [x(2, 3)], 2),
     "Swish": ({"swish": {"beta": 1.3}}, [x(2, 3, 4)], 1),
