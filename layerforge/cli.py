@@ -19,6 +19,7 @@ COMMANDS = {
     "convert_imageset": "convert_imageset",
     "draw": "draw",
     "expand": "expand",
+    "extract_features": "extract_features",
     "export": "export",
     "layers": "layers",
     "make_example_data": "make_example_data",
