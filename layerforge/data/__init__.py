@@ -5,6 +5,17 @@ The layers that use it are in ``layerforge/layers/data.py``; docs/data.md descri
 import os
 
 
+def read_text(path, what, shown=None):
+    """The text of the UTF-8 file ``path``; a one-line DataError ``"<shown or path>: cannot read the <what>:
+    <reason>"`` when it cannot be read."""
+    from ..errors import DataError
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{shown or path}: cannot read the {what}: {getattr(e, 'strerror', None) or e}") from None
+
+
 def repo_root():
     """The directory that holds the ``layerforge`` package (the repository root of a checkout)."""
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError
 
 from ..caffe.caffe_pb import AnnotatedDatum, LabelMap
 from ..errors import DataError
+from . import read_text
 from .datum import array_to_datum, datum_to_array, encoded_datum
 from .images import decode_image, encoded_bytes, read_pair_list_file
 from .lmdb_io import write_lmdb_atomic
@@ -85,11 +86,7 @@ def annotated_record(datum, boxes=None, typed=True):
 
 def read_label_map(path):
     """The LabelMap message of a prototxt label map file (``item { name label display_name }``)."""
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: cannot read the label map: {getattr(e, 'strerror', None) or e}") from None
+    text = read_text(path, "label map")
     label_map = LabelMap()
     try:
         text_format.Parse(text, label_map)

@@ -9,6 +9,7 @@ import threading
 import numpy
 
 from ..errors import DataError
+from . import read_text
 
 log = logging.getLogger("layerforge")
 _stderr_lock = threading.Lock()
@@ -121,11 +122,7 @@ def encoded_bytes(image, path, kind=None, changed=False):
 
 def _list_lines(list_file):
     """``[(line number, stripped line), ...]`` of a list file's entries (blank and ``#`` lines left out)."""
-    try:
-        with open(list_file, "r", encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{list_file}: cannot read the image list: {getattr(e, 'strerror', None) or e}") from None
+    lines = read_text(list_file, "image list").splitlines()
     entries = [(number, line.strip()) for number, line in enumerate(lines, 1)
                if line.strip() and not line.lstrip().startswith("#")]
     if not entries:

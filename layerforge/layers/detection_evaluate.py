@@ -2,42 +2,11 @@
 import numpy
 
 from ..backend import to_numpy
+from ..data.detection_results import output_boxes, read_names_and_sizes
 from ..data.detection_transform import RESIZE
 from ..errors import DataError, ShapeError
-from ..kernels.bbox import bbox_size, clip_bbox, intersect_bbox, jaccard_overlap
+from ..kernels.bbox import bbox_size, intersect_bbox, jaccard_overlap
 from .base import Field, Layer, register_layer
-
-
-def read_name_sizes(path):
-    """``[(height, width), ...]`` of a name_size_file."""
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            tokens = f.read().split()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: cannot read the name size file: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        return [(int(tokens[k + 1]), int(tokens[k + 2])) for k in range(0, len(tokens) - 2, 3)]
-    except ValueError:
-        raise DataError(f"{path}: expected 'name height width' lines") from None
-
-
-def output_boxes(boxes, size, resize):
-    """Normalized boxes (k, 4) in pixels of an image of ``size`` (height, width): the fork's OutputBBox."""
-    height, width = size
-    if resize is not None and resize.resize_mode == "FIT_LARGE_SIZE_AND_PAD":
-        aspect, target = numpy.float32(width) / height, numpy.float32(resize.width) / resize.height
-        if aspect > target:
-            pad = (resize.height - resize.width / aspect) / 2 / resize.height
-            frame = numpy.array([0, pad, 1, 1 - pad], numpy.float32)
-        else:
-            pad = (resize.width - resize.height * aspect) / 2 / resize.width
-            frame = numpy.array([pad, 0, 1 - pad, 1], numpy.float32)
-        boxes = (boxes - frame[[0, 1, 0, 1]]) / (frame[[2, 3, 2, 3]] - frame[[0, 1, 0, 1]])
-    elif resize is not None and resize.resize_mode == "FIT_SMALL_SIZE" and resize.height_scale and \
-            resize.width_scale:
-        scaled = boxes * numpy.array([resize.width_scale, resize.height_scale] * 2, numpy.float32)
-        return clip_bbox(scaled, height, width)
-    return clip_bbox(boxes) * numpy.array([width, height] * 2, numpy.float32)
 
 
 def pixel_overlap(a, b):
@@ -91,7 +60,7 @@ class DetectionEvaluate(Layer):
 
     def layer_setup(self, bottom, top):
         self.p = self.layer_param.detection_evaluate
-        self.sizes = read_name_sizes(self.p.name_size_file) if self.p.name_size_file else []
+        self.sizes = read_names_and_sizes(self.p.name_size_file)[1] if self.p.name_size_file else []
         self.count = 0
         self.resize = self.p.resize_param if self.p.given("resize_param") else None
 

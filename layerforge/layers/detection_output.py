@@ -3,6 +3,7 @@ import logging
 
 import numpy
 
+from ..data.detection_results import FORMATS, ResultFiles
 from ..errors import ShapeError
 from ..kernels import bbox
 from .base import Field, Layer, register_layer
@@ -26,10 +27,13 @@ RESIZE = {
 }
 
 SAVE_OUTPUT = {
-    "output_directory": Field("str", "", doc="where the fork writes result files (layerforge writes none)"),
-    "output_name_prefix": Field("str", ""), "output_format": Field("str", ""),
-    "label_map_file": Field("str", ""), "name_size_file": Field("str", ""),
-    "num_test_image": Field("int", None, min=0), "resize_param": Field(RESIZE),
+    "output_directory": Field("str", "", doc="write result files here (none when empty)"),
+    "output_name_prefix": Field("str", "", doc="the start of each result file's name"),
+    "output_format": Field("str", "", doc=f"{' / '.join(FORMATS)} (layerforge/data/detection_results.py)"),
+    "label_map_file": Field("str", "", doc="the label map: each class's name"),
+    "name_size_file": Field("str", "", doc="'name height width' of the test images, in the database's order"),
+    "num_test_image": Field("int", None, min=0, doc="images per round of files (default: the name size file's)"),
+    "resize_param": Field(RESIZE, doc="the test data's resize_param, undone for the pixel boxes"),
 }
 
 
@@ -47,9 +51,10 @@ class DetectionOutput(Layer):
 
     Top: (1, 1, D, 7), one row ``[image, label, score, xmin, ymin, xmax, ymax]`` per detection, by image, then
     label, then score; with no detection at all, one row ``[i, -1, -1, -1, -1, -1, -1]`` per image i (the fork's).
-    Its size follows the data. No gradient. The fork's ``save_output_param`` (VOC / COCO result files) and
-    ``visualize`` (a window drawing the detections) are read but not acted on; a layer asking for either logs
-    a warning saying so.
+    Its size follows the data. No gradient. With ``save_output_param.output_directory`` the detections also go
+    to the fork's result files (VOC, COCO or ILSVRC, in pixels of the original images; a round of files every
+    ``num_test_image`` images: layerforge/data/detection_results.py). The fork's ``visualize`` (a window drawing
+    the detections) is read but not acted on; a layer asking for it logs a warning saying so.
     """
 
     param_blocks = {"detection_output": {
@@ -57,7 +62,7 @@ class DetectionOutput(Layer):
         "share_location": Field("bool", True, doc="one box per prior for all classes; false: one per class"),
         "background_label_id": Field("int", 0, doc="the class that yields no detections (-1: none)"),
         "nms_param": Field(NMS, doc="per class: nms_threshold (0.3), top_k (all), eta (1: fixed threshold)"),
-        "save_output_param": Field(SAVE_OUTPUT, doc="the fork's result files (read, not written: a warning says so)"),
+        "save_output_param": Field(SAVE_OUTPUT, doc="the fork's result files for the VOC / COCO / ILSVRC evaluations"),
         "code_type": Field("enum", "CORNER", choices=bbox.CODE_TYPES, doc="how the offsets encode boxes"),
         "variance_encoded_in_target": Field("bool", False, doc="the offsets already include the variances"),
         "keep_top_k": Field("int", -1, doc="detections kept per image after NMS (-1: all)"),
@@ -85,10 +90,13 @@ class DetectionOutput(Layer):
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.detection_output
-        if p.save_output_param.output_directory or p.visualize:
-            log.warning("layer '%s' (DetectionOutput): %s is not done by layerforge (the top holds the detections)",
-                        self.name, "writing result files to save_output_param.output_directory"
-                        if p.save_output_param.output_directory else "visualize (drawing the detections)")
+        if p.visualize:
+            log.warning("layer '%s' (DetectionOutput): visualize (drawing the detections) is not done by layerforge "
+                        "(the top holds the detections)", self.name)
+        self.results = None
+        if p.save_output_param.output_directory:
+            self.results = ResultFiles(p.save_output_param, p.num_classes, p.background_label_id,
+                                       f"layer '{self.name}' (DetectionOutput)")
 
     def reshape(self, bottom, top):
         p = self.layer_param.detection_output
@@ -118,6 +126,8 @@ class DetectionOutput(Layer):
             found = bbox.detections(boxes[i], scores[i], p.background_label_id, p.nms_param.nms_threshold, threshold,
                                     p.nms_param.eta, top_k, p.keep_top_k)
             rows.append(numpy.concatenate([numpy.full((len(found), 1), i, found.dtype), found], axis=1))
+            if self.results is not None:
+                self.results.add_image(found)
         found = numpy.concatenate(rows)
         if not len(found):
             found = numpy.full((n, 7), -1, found.dtype)

@@ -6,6 +6,7 @@ import numpy
 
 from .. import rng
 from ..backend import to_numpy
+from ..data import read_text
 from ..data.batches import BatchStream
 from ..data.device_feed import DeviceFeed
 from ..data.transform import resolve_path
@@ -19,11 +20,7 @@ def read_file_list(source):
     """The .h5 paths listed in ``source``, one per line, each resolved against the working directory, then
     against the list file's own folder (Caffe only tries the first)."""
     path = resolve_path(source)
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            names = [line.strip() for line in f if line.strip()]
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{source}: cannot read the HDF5 file list: {getattr(e, 'strerror', None) or e}") from None
+    names = [line.strip() for line in read_text(path, "HDF5 file list", shown=source).splitlines() if line.strip()]
     if not names:
         raise DataError(f"{source}: the HDF5 file list names no files")
     here = os.path.dirname(os.path.abspath(path))

@@ -5,6 +5,7 @@ import os
 import numpy
 
 from .. import rng
+from ..data import read_text
 from ..data.images import load_image
 from ..data.transform import TRANSFORM, load_mean, resolve_path
 from ..errors import DataError
@@ -27,11 +28,8 @@ def read_window_file(source, root_folder=""):
     ``(path, channels)``; ``windows`` an array (n, 7) of ``image, class, overlap, x1, y1, x2, y2`` where
     ``image`` indexes ``images`` (the order of the file, as Caffe's image_index is).
     """
-    try:
-        with open(source, "r", encoding="utf-8") as f:
-            tokens = [(tok, number) for number, line in enumerate(f, 1) for tok in line.split()]
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{source}: cannot read the window file: {getattr(e, 'strerror', None) or e}") from None
+    tokens = [(tok, number) for number, line in enumerate(read_text(source, "window file").splitlines(), 1)
+              for tok in line.split()]
     if not tokens:
         raise DataError(f"{source}: the window file is empty")
     pos, images, windows = 0, [], []

@@ -1,6 +1,8 @@
 """DetectionOutput (SSD's fork) on the vectors of the fork's test_detection_output_layer.cpp: 2 images, 4 priors
 of a 2x2 grid, 2 classes, NMS threshold 0.1."""
+import json
 import logging
+import re
 
 import numpy
 import pytest
@@ -118,10 +120,75 @@ def test_variance_in_target_and_clip(xp):
     assert clipped[0, 0, :, 3:].min() >= 0 and clipped[0, 0, :, 3:].max() <= 1 and (clipped[0, 0, :, 3:] == 0).any()
 
 
-def test_save_output_warns_that_no_files_are_written(caplog):
+def results_setup(tmp_path, output_format, **extra):
+    """A label map (background, cat) and a name size file for the two images (100 x 200 and 50 x 80)."""
+    (tmp_path / "labelmap.prototxt").write_text('item { name: "none_of_the_above" label: 0 display_name: "bg" }\n'
+                                                'item { name: "cat" label: 1 display_name: "Cat" }\n')
+    (tmp_path / "name_size.txt").write_text("000001 100 200\n000002 50 80\n")
+    return {"save_output_param": dict({"output_directory": str(tmp_path / "results"), "output_format": output_format,
+                                       "output_name_prefix": "comp4_det_test_",
+                                       "label_map_file": str(tmp_path / "labelmap.prototxt"),
+                                       "name_size_file": str(tmp_path / "name_size.txt")}, **extra)}
+
+
+# test_share_location's detections in pixels of each image: x = xmin * width, y = ymin * height, truncated
+VOC_LINES = ["000001 1 30 15 90 45", "000001 0.8 110 15 170 45", "000001 0.6 30 55 90 85", "000001 0.4 110 55 170 85",
+             "000002 0.6 36 22 60 37", "000002 0 20 12 44 27"]
+
+
+def test_voc_result_files_as_the_fork_writes_them(tmp_path, xp):
+    detect(xp, **results_setup(tmp_path, "VOC"))
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["comp4_det_test_cat.txt"]
+    assert (tmp_path / "results" / "comp4_det_test_cat.txt").read_text().splitlines() == VOC_LINES
+
+
+def test_ilsvrc_and_coco_result_files(tmp_path):
+    detect(numpy, **results_setup(tmp_path, "ILSVRC"))
+    lines = (tmp_path / "results" / "comp4_det_test_.txt").read_text().splitlines()
+    assert lines == [f"{line.split()[0]} 1 {' '.join(line.split()[1:])}" for line in VOC_LINES]
+    detect(numpy, **results_setup(tmp_path, "COCO"))
+    records = json.loads((tmp_path / "results" / "comp4_det_test_.json").read_text())
+    assert len(records) == 6 and records[0] == {"image_id": 1, "category_id": "cat", "bbox": [30.0, 15.0, 60.0, 30.0],
+                                                "score": 1.0}
+    assert records[4]["image_id"] == 2 and records[4]["bbox"] == [36.0, 22.5, 24.0, 15.0]
+
+
+def test_a_round_of_files_every_num_test_image_images(tmp_path):
+    # num_test_image 1: each image is a round of its own, named and sized by the file's first line, as in the
+    # fork; the second image's round replaces the first's files
+    detect(numpy, **results_setup(tmp_path, "VOC", num_test_image=1))
+    lines = (tmp_path / "results" / "comp4_det_test_cat.txt").read_text().splitlines()
+    assert lines == ["000001 0.6 90 45 150 75", "000001 0 50 25 110 55"]
+
+
+def test_the_resize_of_the_test_data_is_undone(tmp_path):
+    # FIT_LARGE_SIZE_AND_PAD to 300 x 300: the 100 x 200 image sat between y = 75 and 225, the 50 x 80 one between
+    # y = 56.25 and 243.75; a box's y maps back through that band
+    detect(numpy, **results_setup(tmp_path, "COCO", resize_param={"resize_mode": "FIT_LARGE_SIZE_AND_PAD",
+                                                                   "height": 300, "width": 300}))
+    records = json.loads((tmp_path / "results" / "comp4_det_test_.json").read_text())
+    x, y, w, h = records[0]["bbox"]
+    assert (x, w) == (30.0, 60.0)
+    assert y == 0.0 and h == pytest.approx((0.45 - 0.25) / 0.5 * 100, abs=0.01)  # 0.15 is above the band: clipped
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"output_format": "PASCAL"}, "output_format must be one of VOC, COCO, ILSVRC, got 'PASCAL'"),
+    ({"label_map_file": ""}, "save_output_param.label_map_file is needed to write result files"),
+    ({"num_test_image": 3}, "num_test_image 3 must be between 1 and the 2 images of"),
+])
+def test_result_file_settings_are_checked(tmp_path, extra, message):
+    keys = results_setup(tmp_path, "VOC")
+    keys["save_output_param"].update(extra)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        detect(numpy, **keys)
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+def test_visualize_warns_that_nothing_is_drawn(caplog):
     with caplog.at_level(logging.WARNING, logger="layerforge"):
-        detect(numpy, save_output_param={"output_directory": "results", "output_format": "VOC"})
-    assert "save_output_param.output_directory" in caplog.text
+        detect(numpy, visualize=True)
+    assert "visualize (drawing the detections) is not done" in caplog.text
 
 
 def test_bad_inputs():
