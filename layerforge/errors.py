@@ -44,6 +44,11 @@ class DataError(LayerforgeError):
     """Unreadable or corrupted input data; the message names the source (path, database) and the record key."""
 
 
+class EndOfData(DataError):
+    """A source with an end (a video file) has no frame left: a command running a fixed number of batches
+    (``layerforge test``) stops there and reports the batches it ran; anything else reports it in one line."""
+
+
 class LabelError(DataError):
     """A label a layer cannot use; ``bottom`` and ``position`` (flat index into that bottom) let the Net name the
     record the label came from, and ``index`` (the label's index in that bottom, as the message says it) lets a

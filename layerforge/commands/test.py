@@ -5,6 +5,7 @@ import numpy
 
 from . import add_decode_workers, apply_decode_workers
 from .. import backend
+from ..errors import EndOfData
 from ..kernels.average_precision import AP_VERSIONS, DetectionScores
 from ..logs import setup_logging
 from ..net.net import Net
@@ -33,20 +34,35 @@ def detection_outputs(net):
 
 
 def score(net, iterations, ap_version="Integral"):
-    """Run ``iterations`` forward passes; returns ``{output name: mean value}`` (Caffe averages each element), and
-    for a DetectionEvaluate output its mAP over all the batches, as the SSD fork's solver computes it."""
+    """Run ``iterations`` forward passes (fewer when a VideoData source ends first); returns ``{output name: mean
+    value}`` (Caffe averages each element), and for a DetectionEvaluate output its mAP over all the batches, as the
+    SSD fork's solver computes it."""
     sums, detections = {}, {name: DetectionScores() for name in detection_outputs(net)}
+    varying = set()  # outputs whose shape follows the data (DetectionOutput's list): no element-wise mean
     for i in range(iterations):
-        out = net.forward()
+        try:
+            out = net.forward()
+        except EndOfData as e:  # a video's last frame: the batches so far are the run
+            if i == 0:
+                raise
+            log.info("%s: stopping after %d batches", e, i)
+            iterations = i
+            break
         for name, value in out.items():
             if name in detections:
                 detections[name].add(backend.to_numpy(value))
                 continue
             v = backend.to_numpy(value).astype(float)
+            if name in sums and sums[name].shape != v.shape and name not in varying:
+                log.info("%s changes shape between batches (%s, then %s): not averaged", name, sums[name].shape,
+                         v.shape)
+                varying.add(name)
+            if name in varying:
+                continue
             sums[name] = sums.get(name, 0.0) + v
             if v.size == 1:
                 log.info("Batch %d, %s = %s", i, name, format(float(v.reshape(-1)[0]), ".6g"))
-    means = {name: s / iterations for name, s in sums.items()}
+    means = {name: s / iterations for name, s in sums.items() if name not in varying}
     means.update({name: numpy.array(d.mean_ap(ap_version)) for name, d in detections.items()})
     return means
 

@@ -69,6 +69,9 @@ class ResultFiles:
     """Collects one DetectionOutput's detections and writes the result files of each round of
     ``num_test_image`` images.
 
+    A DataError from the constructor (no label map or name size file, or one that cannot be read) means no
+    files: the layer warns and goes on, as the fork does for a missing name.
+
     Args:
         p: the layer's ``save_output_param`` block (validated).
         num_classes, background: the layer's ``num_classes`` and ``background_label_id``.
@@ -82,8 +85,7 @@ class ResultFiles:
                                      f"{', '.join(FORMATS)}, got {p.output_format!r}")
         for key in ("label_map_file", "name_size_file"):
             if not getattr(p, key):
-                raise ConfigError(f"{where}: save_output_param.{key} is needed to write result files (the fork "
-                                  "writes none without it)")
+                raise DataError(f"save_output_param.{key} is needed to write result files")
         label_map = read_label_map(p.label_map_file)
         self.names_of = {}
         for item in label_map.item:
@@ -144,3 +146,76 @@ class ResultFiles:
 
 def _write(path, text):
     write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def fork_colors(n):
+    """The fork's GetColors: ``n`` (b, g, r)-ordered colours 0..255, hues from OpenCV's RNG(12345) stepped by the
+    golden ratio, saturation 0.3, value 0.99 (the same colours as the fork's windows)."""
+    state, colors = 12345, []
+    for _ in range(n):
+        state = (state & 0xFFFFFFFF) * 4164903690 + (state >> 32)  # cv::RNG::next, multiply with carry
+        uniform = numpy.float32(numpy.float32(state & 0xFFFFFFFF) * numpy.float32(2.3283064365386962890625e-10))
+        h = float(numpy.fmod(numpy.float32(uniform + numpy.float32(0.618033988749895)), numpy.float32(1.0)))
+        i, f = int(h * 6), h * 6 - int(h * 6)
+        s, v = 0.3, 0.99
+        p, q, t = v * (1 - s), v * (1 - f * s), v * (1 - (1 - f) * s)
+        r, g, b = [(v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q)][i] if i < 6 else (1, 1, 1)
+        colors.append((r * 255, g * 255, b * 255))  # the fork hands cv::Scalar(r, g, b) to BGR drawing as is
+    return colors
+
+
+class DetectionVideo:
+    """The SSD fork's ``visualize`` with ``save_file``: each image with its detections above ``threshold`` drawn
+    (a box and ``name: score`` in the class's colour, the frames per second in the corner), appended to the video
+    ``path`` (DIVX, 30 frames per second, the first image's size), as the fork writes it. There is no window
+    (the fork's imshow): the file is the output.
+
+    Args:
+        path: the video file (``save_file``).
+        threshold: ``visualize_threshold``.
+        names: ``{label: display name}`` (the label map's; "Unknown" for the others).
+        num_classes: the number of colours.
+    """
+
+    def __init__(self, path, threshold, names, num_classes):
+        self.path, self.threshold, self.names = path, threshold, names
+        self.colors = fork_colors(max(num_classes, max(names, default=0) + 1))
+        self.writer, self.frames, self.last = None, 0, None
+
+    def add(self, images, rows):
+        """Draw detection ``rows`` (D, 7: image, label, score, xmin, ymin, xmax, ymax, normalized) on ``images``
+        (a list of (H, W, 3) uint8, drawn in place) and append them to the video."""
+        import time
+
+        import cv2
+
+        now = time.perf_counter()
+        fps = len(images) / (now - self.last) if self.last is not None and now > self.last else 0.0
+        self.last = now
+        face, scale, thickness = cv2.FONT_HERSHEY_SIMPLEX, 1, 2
+        for i, image in enumerate(images):
+            height, width = image.shape[:2]
+            text = f"FPS: {fps:.2f}"
+            (tw, th), base = cv2.getTextSize(text, face, scale, thickness)
+            cv2.rectangle(image, (0, 0), (tw, th + base), (255, 255, 255), cv2.FILLED)
+            cv2.putText(image, text, (0, int(th + base / 2)), face, scale, (0, 0, 0), thickness, 8)
+            for _, label, score, *box in rows[(rows[:, 0] == i) & (rows[:, 2] >= self.threshold)].tolist():
+                label, color = int(label), self.colors[int(label)]
+                x0, y0, x1, y1 = (int(v * s) for v, s in zip(box, (width, height, width, height)))
+                cv2.rectangle(image, (x0, y0), (x1, y1), color, 4)
+                caption = f"{self.names.get(label, 'Unknown')}: {score:.2f}"
+                (tw, th), base = cv2.getTextSize(caption, face, scale, thickness)
+                cv2.rectangle(image, (x0, y1), (x0 + tw, y1 - th - base), color, cv2.FILLED)
+                cv2.putText(image, caption, (x0, y1 - base), face, scale, (0, 0, 0), thickness, 8)
+            if self.writer is None:
+                self.writer = cv2.VideoWriter(self.path, cv2.VideoWriter_fourcc(*"DIVX"), 30, (width, height), True)
+                if not self.writer.isOpened():
+                    raise DataError(f"{self.path}: OpenCV cannot write a video here")
+            self.writer.write(image if image.shape[2] == 3 else cv2.cvtColor(image, cv2.COLOR_GRAY2BGR))
+            self.frames += 1
+
+    def close(self):
+        """Finish the video file (its index): at the end of the run, or when the layer goes."""
+        if self.writer is not None:
+            self.writer.release()
+            self.writer = None

@@ -167,6 +167,18 @@ class DataTransformer:
             self._means[xp] = xp.asarray(host)
         return self._means[xp]
 
+    def restore(self, batch):
+        """The pictures a transformed host ``batch`` (N, C, h, w) came from, as (h, w, C) uint8 arrays: times
+        1 / scale, plus the mean, clipped to 0..255 and truncated (the SSD fork's TransformInv, which draws its
+        detections on them). A mean_file must have the batch's (C, h, w)."""
+        mean = self.mean if self.mean is not None else \
+            numpy.asarray(self.p.mean_value, dtype=numpy.float64).reshape(-1, 1, 1)
+        if self.mean is not None and self.mean.shape != batch.shape[1:]:
+            raise DataError(f"{self.source}: mean_file {self.p.mean_file} has shape {self.mean.shape}, the images "
+                            f"{tuple(batch.shape[1:])}")
+        pixels = numpy.asarray(batch, numpy.float64) / self.p.scale + (mean if mean.size else 0.0)
+        return list(numpy.clip(pixels, 0, 255).astype(numpy.uint8).transpose(0, 2, 3, 1))
+
     def __call__(self, batch, rng):
         """Transform a host ``batch`` (N, C, H, W) whole: :meth:`plan`, :meth:`crop_into` and :meth:`finish`."""
         n, c, h, w = batch.shape

@@ -53,6 +53,7 @@ from . import (  # noqa: F401,E402
     tile,
     token_data,
     upsample,
+    video_data,
     window_data,
 )
 from .layer_param import parse_layer  # noqa: E402

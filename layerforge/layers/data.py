@@ -52,6 +52,20 @@ def uses_fork_transform(t):
                                                                      getattr(t, "crop_w", 0))
 
 
+def check_fork_transform(layer_class, lp):
+    """One-line errors for the SSD fork's transform keys, in a layer (of ``layer_class``, whose parameter block
+    ``block`` has the batch_size) whose transform block has them."""
+    p = getattr(lp, layer_class.block)
+    if layer_class.param_blocks.get("transform") is FORK_TRANSFORM and uses_fork_transform(lp.transform):
+        t = lp.transform
+        check_params(t, lp.error)
+        if t.given("resize_param") and t.resize_param.resize_mode == "FIT_SMALL_SIZE" and p.batch_size != 1:
+            raise lp.error("resize_mode FIT_SMALL_SIZE gives every image its own shape: it needs batch_size 1",
+                           f"{layer_class.block}.batch_size")
+        if (t.crop_h > 0) != (t.crop_w > 0):
+            raise lp.error("give both crop_h and crop_w, or neither", "transform.crop_h")
+
+
 # the keys ImageData and DenseImageData share: where the list's images are and how they are decoded
 IMAGE_LIST = {
     "root_folder": Field("str", "", doc="prefix of every path of the list"),
@@ -120,14 +134,7 @@ class BaseData(Layer):
         p = getattr(lp, cls.block)
         if p.rank >= p.world_size:
             raise lp.error(f"rank {p.rank} must be less than world_size {p.world_size}", f"{cls.block}.rank")
-        if cls.param_blocks.get("transform") is FORK_TRANSFORM and uses_fork_transform(lp.transform):
-            t = lp.transform
-            check_params(t, lp.error)
-            if t.given("resize_param") and t.resize_param.resize_mode == "FIT_SMALL_SIZE" and p.batch_size != 1:
-                raise lp.error("resize_mode FIT_SMALL_SIZE gives every image its own shape: it needs batch_size 1",
-                               f"{cls.block}.batch_size")
-            if (t.crop_h > 0) != (t.crop_w > 0):
-                raise lp.error("give both crop_h and crop_w, or neither", "transform.crop_h")
+        check_fork_transform(cls, lp)
 
     stream_class = BatchStream  # plans and fills the batches (layerforge.data.batches)
 
@@ -152,7 +159,7 @@ class BaseData(Layer):
                                            source=f"layer '{self.name}' ({self.type})")
         shuffle = self.default_shuffle if p.shuffle is None else p.shuffle
         if uses_fork_transform(self.layer_param.transform):
-            self.stream = self.fork_stream(p, first, shuffle)
+            self.stream = self.fork_stream(p.batch_size, first, shuffle, p.rank, p.world_size)
         else:
             self.top_shape = (p.batch_size,) + self.transformer.output_shape(self.cropped_shape(p, first.shape))
             self.stream = self.stream_class(self.records.read, len(self.records), p.batch_size, self.transformer,
@@ -162,7 +169,7 @@ class BaseData(Layer):
             self.stream.position = int(rng.get_rng().integers(p.rand_skip))
         self.setup_feed(p, getattr(self.records, "reopen", None))
 
-    def fork_stream(self, p, first, shuffle):
+    def fork_stream(self, batch_size, first, shuffle, rank=0, world_size=1):
         """The stream of a layer whose transform has the SSD fork's keys: each image resized, noised, cropped and
         mirrored by a decode worker as the fork's DataTransformer does for a decoded image, with a random stream
         of its own (AnnotatedData's image path, without boxes)."""
@@ -182,15 +189,15 @@ class BaseData(Layer):
         if cropped:
             h, w = crop
         fixed = cropped or (t.given("resize_param") and t.resize_param.resize_mode != "FIT_SMALL_SIZE")
-        self.top_shape = (p.batch_size, c, h, w)
+        self.top_shape = (batch_size, c, h, w)
         read = self.records.read
 
         def read_image(index):  # a record as AnnotatedBatches reads one: no boxes, its label
             image, label = read(index)
             return image, NO_BOXES, label, False
 
-        return AnnotatedBatches(read_image, len(self.records), p.batch_size, self.transformer, shuffle,
-                                rng.get_rng().integers(2 ** 63), p.rank, p.world_size, self.records.name_of, t,
+        return AnnotatedBatches(read_image, len(self.records), batch_size, self.transformer, shuffle,
+                                rng.get_rng().integers(2 ** 63), rank, world_size, self.records.name_of, t,
                                 [], self.phase, False, False, (c, h, w) if fixed else None)
 
     def setup_feed(self, p, worker_setup=None):

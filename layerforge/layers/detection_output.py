@@ -1,12 +1,18 @@
 """DetectionOutput: SSD's decoding and per-class NMS into a detection list (weiliu89/caffe branch ssd)."""
 import logging
+import weakref
 
 import numpy
 
-from ..data.detection_results import FORMATS, ResultFiles
-from ..errors import ShapeError
+from ..data.annotations import read_label_map
+from ..data.detection_results import FORMATS, DetectionVideo, ResultFiles
+from ..data.detection_transform import resize
+from ..data.transform import DataTransformer
+from ..backend import to_numpy
+from ..errors import DataError, ShapeError
 from ..kernels import bbox
 from .base import Field, Layer, register_layer
+from .data import FORK_TRANSFORM
 
 log = logging.getLogger("layerforge")
 
@@ -53,8 +59,11 @@ class DetectionOutput(Layer):
     label, then score; with no detection at all, one row ``[i, -1, -1, -1, -1, -1, -1]`` per image i (the fork's).
     Its size follows the data. No gradient. With ``save_output_param.output_directory`` the detections also go
     to the fork's result files (VOC, COCO or ILSVRC, in pixels of the original images; a round of files every
-    ``num_test_image`` images: layerforge/data/detection_results.py). The fork's ``visualize`` (a window drawing
-    the detections) is read but not acted on; a layer asking for it logs a warning saying so.
+    ``num_test_image`` images: layerforge/data/detection_results.py). ``visualize`` with ``save_file`` and a
+    fourth bottom (the transformed images) draws the detections above ``visualize_threshold`` (default 0.6) on
+    the images, restored by the layer's ``transform`` block (its mean and scale, then its ``resize_param``: the
+    fork's TransformInv), and appends them to the video ``save_file``, as the fork's ssd_pascal_video.py asks;
+    the fork's window is not opened (a warning says so when there is no save_file).
     """
 
     param_blocks = {"detection_output": {
@@ -67,11 +76,11 @@ class DetectionOutput(Layer):
         "variance_encoded_in_target": Field("bool", False, doc="the offsets already include the variances"),
         "keep_top_k": Field("int", -1, doc="detections kept per image after NMS (-1: all)"),
         "confidence_threshold": Field("float", None, doc="only scores above this count (default: all)"),
-        "visualize": Field("bool", False, doc="the fork's display of the detections (no effect here)"),
-        "visualize_threshold": Field("float", None, doc="the fork's display threshold (no effect here)"),
-        "save_file": Field("str", "", doc="the fork's video of the display (no effect here)"),
+        "visualize": Field("bool", False, doc="draw the detections on the fourth bottom's images (into save_file)"),
+        "visualize_threshold": Field("float", None, doc="draw the detections scoring this much (default 0.6)"),
+        "save_file": Field("str", "", doc="the video (DIVX .avi) the drawn images are appended to"),
         "clip": Field("bool", False, doc="OpenCV's field: clamp the decoded boxes to [0, 1]"),
-    }}
+    }, "transform": {key: FORK_TRANSFORM[key] for key in ("scale", "mean_file", "mean_value", "resize_param")}}
     num_bottom = (3, 4)  # a fourth, the image, is for the fork's visualize
     has_backward = False
     backward_reads = ()
@@ -90,13 +99,29 @@ class DetectionOutput(Layer):
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.detection_output
-        if p.visualize:
-            log.warning("layer '%s' (DetectionOutput): visualize (drawing the detections) is not done by layerforge "
-                        "(the top holds the detections)", self.name)
+        self.video = None
+        if p.visualize and not p.save_file:
+            log.warning("layer '%s' (DetectionOutput): visualize opens no window here; give save_file to write the "
+                        "drawn images to a video (the top holds the detections)", self.name)
+        elif p.visualize:
+            if len(bottom) < 4:
+                raise self.layer_param.error("visualize draws on the images: give them as a fourth bottom",
+                                             "bottom")
+            label_map = p.save_output_param.label_map_file
+            names = {item.label: item.display_name or item.name for item in read_label_map(label_map).item} \
+                if label_map else {}
+            threshold = 0.6 if p.visualize_threshold is None else p.visualize_threshold
+            self.video = DetectionVideo(p.save_file, threshold, names, p.num_classes)
+            self.restorer = DataTransformer(self.layer_param.transform, "TEST", source=f"layer '{self.name}'")
+            weakref.finalize(self, self.video.close)
         self.results = None
         if p.save_output_param.output_directory:
-            self.results = ResultFiles(p.save_output_param, p.num_classes, p.background_label_id,
-                                       f"layer '{self.name}' (DetectionOutput)")
+            try:
+                self.results = ResultFiles(p.save_output_param, p.num_classes, p.background_label_id,
+                                           f"layer '{self.name}' (DetectionOutput)")
+            except DataError as e:  # a deploy file keeps its test net's paths: detect, and say what is not written
+                log.warning("layer '%s' (DetectionOutput): no result files will be written to %s: %s", self.name,
+                            p.save_output_param.output_directory, e)
 
     def reshape(self, bottom, top):
         p = self.layer_param.detection_output
@@ -128,12 +153,25 @@ class DetectionOutput(Layer):
             rows.append(numpy.concatenate([numpy.full((len(found), 1), i, found.dtype), found], axis=1))
             if self.results is not None:
                 self.results.add_image(found)
+        if self.video is not None:
+            self.draw(bottom[3], rows)
         found = numpy.concatenate(rows)
         if not len(found):
             found = numpy.full((n, 7), -1, found.dtype)
             found[:, 0] = numpy.arange(n)
         top[0].reshape(1, 1, len(found), 7)
         top[0].data[...] = xp.asarray(found.reshape(top[0].shape), dtype=top[0].dtype)
+
+    def draw(self, images, rows):
+        """The images of the fourth bottom restored (the layer's mean, scale and resize_param) with ``rows``
+        drawn, into the video."""
+        t = self.layer_param.transform
+        pictures = self.restorer.restore(to_numpy(images.data))
+        if t.given("resize_param"):
+            r = numpy.random.default_rng(0)  # an interpolation mode drawn from a list
+            pictures = [resize(picture, t.resize_param, r) for picture in pictures]
+            pictures = [picture.reshape(picture.shape[0], picture.shape[1], -1) for picture in pictures]
+        self.video.add([numpy.ascontiguousarray(picture) for picture in pictures], numpy.concatenate(rows))
 
     def backward(self, top, propagate_down, bottom):
         if any(propagate_down):

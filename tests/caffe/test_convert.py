@@ -454,8 +454,6 @@ def test_v1_blobs_lr_weight_decay_and_param_names():
     ('layer { name: "b" type: "BatchNorm" bottom: "x" top: "x"\n batch_norm_param {\n'
      '  scale_bias: true } }', 3, "Caffe field 'scale_bias' (a field of OpenCV's caffe.proto (opencv/opencv, "
                                   "modules/dnn)) has no layerforge equivalent"),
-    ('layer {\n name: "v"\n type: "VideoData"\n}', 3, "layer 'v' (VideoData): key 'type': unsupported layer "
-     "type 'VideoData' (a layer of weiliu89/caffe (branch ssd: SSD) that layerforge lacks)"),
     ('layer { name: "c" type: "Convolution" bottom: "x" top: "c"\n convolution_param { num_output: 2 kernel_size: 1\n'
      '  weight_filler { type: "xavier"\n   foo: 1 } } }', 4, "key 'convolution_param.weight_filler.foo'"),
     ('layer { name: "r" type: "ReLU" bottom: "x" top: "x"\n pooling_param { pool: MAX } }', 2,
@@ -491,6 +489,20 @@ def test_errors_name_the_field_and_its_line(text, line, fragment):
     assert message.startswith(f"net.prototxt:{line}: "), message
     assert fragment in message
     assert "\n" not in message
+
+
+def test_every_layer_type_of_the_forks_is_registered():
+    from layerforge.caffe import caffe_pb
+    from layerforge.layers import LAYER_REGISTRY
+    assert {t for types in caffe_pb.FORK_LAYER_TYPES.values() for t in types} <= set(LAYER_REGISTRY)
+
+
+def test_a_fork_layer_type_layerforge_lacks_is_named_with_its_fork(monkeypatch):
+    from layerforge.caffe import caffe_pb
+    monkeypatch.setitem(caffe_pb.FORK_LAYER_TYPES, "ssd", caffe_pb.FORK_LAYER_TYPES["ssd"] + ("Unpool",))
+    with pytest.raises(ConfigError, match=re.escape("layer 'u' (Unpool): key 'type': unsupported layer type 'Unpool' (a "
+                                                    "layer of weiliu89/caffe (branch ssd: SSD) that layerforge lacks)")):
+        convert_text('layer {\n name: "u"\n type: "Unpool"\n}')
 
 
 def test_graph_errors_keep_prototxt_lines():

@@ -174,7 +174,6 @@ def test_the_resize_of_the_test_data_is_undone(tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     ({"output_format": "PASCAL"}, "output_format must be one of VOC, COCO, ILSVRC, got 'PASCAL'"),
-    ({"label_map_file": ""}, "save_output_param.label_map_file is needed to write result files"),
     ({"num_test_image": 3}, "num_test_image 3 must be between 1 and the 2 images of"),
 ])
 def test_result_file_settings_are_checked(tmp_path, extra, message):
@@ -185,10 +184,24 @@ def test_result_file_settings_are_checked(tmp_path, extra, message):
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
 
 
-def test_visualize_warns_that_nothing_is_drawn(caplog):
+@pytest.mark.parametrize("extra, message", [
+    ({"label_map_file": ""}, "save_output_param.label_map_file is needed to write result files"),
+    ({"name_size_file": "data/VOC0712/test_name_size.txt"}, "test_name_size.txt: cannot read the name size file"),
+])
+def test_a_deploy_file_whose_result_files_cannot_be_written_still_detects(tmp_path, caplog, extra, message):
+    # ssd_pascal.py's deploy.prototxt keeps its test net's save_output_param, with paths under Caffe's root
+    keys = results_setup(tmp_path, "VOC")
+    keys["save_output_param"].update(extra)
+    with caplog.at_level(logging.WARNING, logger="layerforge"):
+        top = detect(numpy, **keys)
+    assert "no result files will be written to" in caplog.text and message in caplog.text
+    assert top.shape == (1, 1, 6, 7) and not (tmp_path / "results").exists()
+
+
+def test_visualize_without_save_file_warns_that_no_window_opens(caplog):
     with caplog.at_level(logging.WARNING, logger="layerforge"):
         detect(numpy, visualize=True)
-    assert "visualize (drawing the detections) is not done" in caplog.text
+    assert "visualize opens no window here; give save_file" in caplog.text
 
 
 def test_bad_inputs():

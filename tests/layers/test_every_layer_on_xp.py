@@ -17,7 +17,7 @@ from layerforge.layers import LAYER_REGISTRY, create_layer
 
 # types whose tops come from files or from the caller, tested per backend in their own files
 SOURCES = {"Data", "ImageData", "DenseImageData", "HDF5Data", "HDF5Output", "WindowData", "MemoryData", "TokenData", "Input",
-           "DummyData", "SyntheticData", "Python", "AnnotatedData"}
+           "DummyData", "SyntheticData", "Python", "AnnotatedData", "VideoData"}
 GAUSS = {"type": "gaussian", "std": 0.5}
 
 
