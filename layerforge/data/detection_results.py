@@ -69,8 +69,9 @@ class ResultFiles:
     """Collects one DetectionOutput's detections and writes the result files of each round of
     ``num_test_image`` images.
 
-    A DataError from the constructor (no label map or name size file, or one that cannot be read) means no
-    files: the layer warns and goes on, as the fork does for a missing name.
+    A DataError from the constructor (no label map or name size file, one that cannot be read, or fewer
+    names than ``num_test_image``) means no files: the layer warns and goes on, as the fork does for a missing
+    name (a deploy file keeps its test net's paths and counts).
 
     Args:
         p: the layer's ``save_output_param`` block (validated).
@@ -100,8 +101,8 @@ class ResultFiles:
         self.images, self.sizes = read_names_and_sizes(p.name_size_file)
         self.per_round = len(self.images) if p.num_test_image is None else p.num_test_image
         if not 0 < self.per_round <= len(self.images):
-            raise ConfigError(f"{where}: save_output_param.num_test_image {self.per_round} must be between 1 and "
-                              f"the {len(self.images)} images of {p.name_size_file}")
+            raise DataError(f"save_output_param.num_test_image {self.per_round} must be between 1 and the "
+                            f"{len(self.images)} images of {p.name_size_file}")
         self.resize = p.resize_param if p.given("resize_param") and p.resize_param.resize_mode else None
         os.makedirs(self.directory, exist_ok=True)
         self.count, self.found = 0, []

@@ -174,7 +174,6 @@ def test_the_resize_of_the_test_data_is_undone(tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     ({"output_format": "PASCAL"}, "output_format must be one of VOC, COCO, ILSVRC, got 'PASCAL'"),
-    ({"num_test_image": 3}, "num_test_image 3 must be between 1 and the 2 images of"),
 ])
 def test_result_file_settings_are_checked(tmp_path, extra, message):
     keys = results_setup(tmp_path, "VOC")
@@ -187,6 +186,7 @@ def test_result_file_settings_are_checked(tmp_path, extra, message):
 @pytest.mark.parametrize("extra, message", [
     ({"label_map_file": ""}, "save_output_param.label_map_file is needed to write result files"),
     ({"name_size_file": "data/VOC0712/test_name_size.txt"}, "test_name_size.txt: cannot read the name size file"),
+    ({"num_test_image": 4952}, "num_test_image 4952 must be between 1 and the 2 images of"),
 ])
 def test_a_deploy_file_whose_result_files_cannot_be_written_still_detects(tmp_path, caplog, extra, message):
     # ssd_pascal.py's deploy.prototxt keeps its test net's save_output_param, with paths under Caffe's root
