@@ -63,6 +63,12 @@ def test_weights_then_test_command(tmp_path):
     batches = [float(v) for v in re.findall(r"Batch \d, accuracy = ([\d.]+)", tested.stderr)]
     assert abs(mean - numpy.mean(batches)) < 1e-6
     assert re.search(r"\] loss = [\d.]+ \(\* 1 = [\d.]+ loss\)", tested.stderr)
+    # Caffe's `caffe test -gpu 0`: the same batches on the device (the emulated one without a GPU), same scores
+    on_gpu = layerforge("test", "--model", "configs/lenet.yaml", "--weights", weights, "--iterations", 3, "--gpu", 0)
+    assert on_gpu.returncode == 0, on_gpu.stderr
+    cpu, gpu = (re.findall(r"Batch \d, (\w+) = ([\d.e+-]+)", log) for log in (tested.stderr, on_gpu.stderr))
+    assert len(cpu) == 6 and [name for name, _ in gpu] == [name for name, _ in cpu]
+    numpy.testing.assert_allclose([float(v) for _, v in gpu], [float(v) for _, v in cpu], rtol=1e-4)
     # fine-tuning starts from those weights: same seed and first batch as the run that wrote them, other loss
     tuned = layerforge("train", "--solver", write_solver(tmp_path, 1, name="tune.yaml"), "--weights", weights)
     assert tuned.returncode == 0, tuned.stderr

@@ -17,11 +17,12 @@ log = logging.getLogger("layerforge")
 
 def add_arguments(parser):
     add_decode_workers(parser)
-    parser.add_argument("--model", required=True, help="net YAML file")
+    parser.add_argument("--model", required=True, help="the net (YAML, or Caffe's .prototxt)")
     parser.add_argument("--weights", required=True,
                         help="weights .npz (from training or a snapshot), or Caffe's .caffemodel / .caffemodel.h5")
     parser.add_argument("--iterations", type=int, default=50, help="number of batches (default 50)")
     parser.add_argument("--phase", choices=("train", "test"), default="test")
+    parser.add_argument("--gpu", type=int, metavar="N", help="run the net on GPU N (Caffe's -gpu; default the CPU)")
     parser.add_argument("--ap_version", "--ap-version", dest="ap_version", choices=AP_VERSIONS, default="Integral",
                         help="how the mAP of DetectionEvaluate outputs is computed (the SSD fork's ap_version; "
                              "default Integral, as its solver's)")
@@ -70,7 +71,8 @@ def score(net, iterations, ap_version="Integral"):
 def run(args):
     apply_decode_workers(args)
     setup_logging()
-    net = Net(args.model, phase=args.phase, weights=args.weights)
+    xp = numpy if args.gpu is None else backend.gpu_array_module(args.gpu, "--gpu")
+    net = Net(args.model, phase=args.phase, weights=args.weights, xp=xp)
     means = score(net, args.iterations, args.ap_version)
     weights = {net.top_names(i)[j]: w for i in range(len(net.layers)) for j, w in enumerate(net.loss_weights(i))}
     for name, value in means.items():
