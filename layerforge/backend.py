@@ -48,6 +48,20 @@ def gpu_array_module(device_id=0, what="GPU mode"):
                               f"{type(e).__name__}: {e}") from None
 
 
+def gpu_count(what="GPU mode"):
+    """The number of CUDA devices cupy sees; a one-line LayerforgeError when there are none (or no cupy)."""
+    from .errors import LayerforgeError
+
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - any cupy/driver failure is one user-facing line
+        raise LayerforgeError(f"{what} needs cupy and a CUDA device: {type(e).__name__}: {e}") from None
+    if count < 1:
+        raise LayerforgeError(f"{what}: no CUDA device")
+    return count
+
+
 def gpu_name(device_id):
     """The name of CUDA device ``device_id`` as a str (cupy gives bytes on some versions)."""
     import cupy

@@ -176,3 +176,28 @@ def test_progress_bar_on_a_terminal_keeps_log_lines_whole(tmp_path):
     for line in re.split(r"[\r\n]+", screen):
         if "solver.py:" in line and "] Iteration" in line:
             assert re.match(r"(\x1b\[A)?I\d{4} ", line), repr(line)
+
+
+@pytest.mark.parametrize("value, count, want", [("3", 2, (3, None)), ("0,1", 2, (None, "0,1")), ("all", 2, (None, "0,1")),
+                                                ("all", 1, (0, None)), ("ALL", 3, (None, "0,1,2"))])
+def test_gpu_takes_caffes_forms(monkeypatch, value, count, want):
+    """Caffe's -gpu: one device, a list (data parallel, as --devices) or all of them."""
+    import argparse
+
+    from layerforge import backend
+    from layerforge.commands import train
+
+    monkeypatch.setattr(backend, "gpu_count", lambda what="": count)
+    args = argparse.Namespace(gpu=train.gpu_list(value), devices=None)
+    train.resolve_gpu_list(args)
+    assert (args.gpu, args.devices) == want
+
+
+def test_bad_gpu_values_are_one_line(tmp_path):
+    for value, message in (("x", "'x': give a GPU number, a list such as 0,1, or all"),
+                           ("-1", "'-1': GPU numbers are not negative")):
+        proc = layerforge("train", "--solver", "configs/lenet_solver.yaml", "--gpu", value)
+        assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr
+    proc = layerforge("train", "--solver", "configs/lenet_solver.yaml", "--gpu", "0,1", "--devices", "0,1")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "error: --gpu 0,1 and --devices 0,1: give the devices once"

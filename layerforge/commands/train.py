@@ -1,7 +1,9 @@
 """``layerforge train --solver S``: train a net as its solver file describes (Caffe's ``caffe train``)."""
+import argparse
 import logging
 
 from . import add_decode_workers, apply_decode_workers
+from ..errors import LayerforgeError
 from ..logs import setup_logging
 
 HELP = "train a net from a solver YAML (resume with --snapshot, fine-tune with --weights)"
@@ -16,7 +18,9 @@ def add_arguments(parser):
     start.add_argument("--weights", metavar="FILE",
                        help="start from these weights (.npz, .caffemodel, .caffemodel.h5), e.g. to fine-tune")
     device = parser.add_mutually_exclusive_group()
-    device.add_argument("--gpu", type=int, metavar="N", help="train on GPU N (overrides solver_mode/device_id)")
+    device.add_argument("--gpu", type=gpu_list, metavar="N|LIST|all",
+                        help="train on GPU N (overrides solver_mode/device_id); a list (0,1) or all, Caffe's -gpu "
+                             "forms, trains data parallel over them as --devices does")
     device.add_argument("--cpu", action="store_true", help="train on the CPU whatever solver_mode says")
     parser.add_argument("--max-iter", type=int, metavar="N", help="override the solver's max_iter")
     parser.add_argument("--iter-size", type=int, metavar="N", help="override the solver's iter_size")
@@ -41,6 +45,37 @@ def add_arguments(parser):
     from ..dataparallel.restarts import add_restart_arguments
 
     add_restart_arguments(parser)  # --ranks/--hostfile/--mpiexec/--max-restarts/--min-ranks (docs/distributed.md)
+
+
+def gpu_list(text):
+    """``--gpu``'s value, as Caffe's ``-gpu`` takes it: a device, a comma-separated list of devices, or ``all``."""
+    if text.strip().lower() == "all":
+        return "all"
+    try:
+        devices = [int(d) for d in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a GPU number, a list such as 0,1, or all") from None
+    if min(devices) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: GPU numbers are not negative")
+    return devices[0] if len(devices) == 1 else devices
+
+
+def resolve_gpu_list(args):
+    """``--gpu 0,1`` / ``--gpu all``: the run is data parallel over those devices (``args.devices``); one device
+    stays ``args.gpu``."""
+    gpu = getattr(args, "gpu", None)
+    if not isinstance(gpu, (list, str)):
+        return
+    if getattr(args, "devices", None):
+        raise LayerforgeError(f"--gpu {gpu if isinstance(gpu, str) else ','.join(map(str, gpu))} and --devices "
+                              f"{args.devices}: give the devices once")
+    if gpu == "all":
+        from ..backend import gpu_count
+        gpu = list(range(gpu_count("--gpu all")))
+    if len(gpu) == 1:
+        args.gpu = gpu[0]
+    else:
+        args.gpu, args.devices = None, ",".join(map(str, gpu))
 
 
 def add_cpu_parallel_argument(parser):
@@ -76,6 +111,7 @@ def solver_param(args):
 
 def run(args):
     apply_decode_workers(args)
+    resolve_gpu_list(args)
     from ..cores import mpi_world_size
     from ..dataparallel import restarts
     from ..dataparallel.supervisor import release_held_signals

@@ -39,9 +39,10 @@ def files(tmp_path_factory):
     return d, reference
 
 
-def test_train_on_two_devices_with_host_sync_is_one_process_with_the_whole_batch(files):
+@pytest.mark.parametrize("flag", ["--devices", "--gpu"])  # --gpu 0,1: Caffe's -gpu form of the same
+def test_train_on_two_devices_with_host_sync_is_one_process_with_the_whole_batch(files, flag):
     d, reference = files
-    proc = layerforge("train", "--solver", "solver.yaml", "--devices", two_devices(), "--sync", "host",
+    proc = layerforge("train", "--solver", "solver.yaml", flag, two_devices(), "--sync", "host",
                       "--chunk-size", 1, "--no-progress", cwd=d)
     report = (proc.stdout + proc.stderr).splitlines()
     assert any("Data parallel: 2 workers, sync host, chunk_size 1" in line for line in report)
