@@ -71,14 +71,16 @@ def _emulated_kernel_builds(tmp_path_factory):
         yield
 
 
-def _return_freed_memory():
-    """Hand the heap's free pages back to the system (glibc's malloc_trim; nothing elsewhere). The nets a module
-    builds free their blobs, but activations below glibc's mmap threshold (up to 32 MiB) are freed into the heap,
-    which keeps them: the fuzzing of ResNet-50's config alone left 4 to 12 GiB of this process's RSS held."""
+def return_freed_memory(collect=True):
+    """Hand the heap's free pages back to the system (glibc's malloc_trim; nothing elsewhere), after a garbage
+    collection unless ``collect`` is false. The nets a test builds free their blobs, but activations below glibc's
+    mmap threshold (up to 32 MiB) are freed into the heap, which keeps them: the fuzzing of ResNet-50's config
+    alone held 4 to 12 GiB of this process's RSS."""
     import ctypes
     import gc
 
-    gc.collect()
+    if collect:
+        gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -88,7 +90,7 @@ def _return_freed_memory():
 @pytest.fixture(scope="module", autouse=True)
 def _freed_memory_returned():
     yield
-    _return_freed_memory()
+    return_freed_memory()
 
 
 @pytest.fixture(autouse=True)
