@@ -17,6 +17,7 @@ COMMANDS = {
     "convert": "convert",
     "convert_annoset": "convert_annoset",
     "convert_imageset": "convert_imageset",
+    "device_query": "device_query",
     "draw": "draw",
     "expand": "expand",
     "extract_features": "extract_features",
@@ -68,6 +69,45 @@ def build_parser(only=None):
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser
+
+
+# Caffe's tool (``caffe train -solver s.prototxt -gpu 0``): its commands, and its gflags spelled as layerforge's
+CAFFE_COMMANDS = ("train", "test", "time", "device_query")
+CAFFE_VALUES = {"phase": str.lower}  # -phase TRAIN / TEST
+
+
+def from_caffe_argv(argv):
+    """Caffe's ``caffe`` command line as layerforge's: the command, then each gflags flag (``-flag value``,
+    ``--flag value``, ``-flag=value``) as ``--flag value`` with ``_`` in its name as ``-`` (``-sigint_effect``
+    is ``--sigint-effect``); ``-phase TRAIN`` is ``--phase train``. A LayerforgeError names a command Caffe's tool
+    has but this one does not take."""
+    if not argv or argv[0] not in CAFFE_COMMANDS:
+        raise LayerforgeError(f"caffe {argv[0] if argv else ''}: commands are {', '.join(CAFFE_COMMANDS)} "
+                              "(usage: caffe <command> -flag value ...)")
+    out, pending = [argv[0]], None
+    for arg in argv[1:]:
+        if arg.startswith("-") and len(arg) > 1 and not arg.lstrip("-")[:1].isdigit():
+            name, eq, value = arg.lstrip("-").partition("=")
+            out.append("--" + name.replace("_", "-"))
+            pending = CAFFE_VALUES.get(name)
+            if eq:
+                out.append(pending(value) if pending else value)
+                pending = None
+        else:
+            out.append(pending(arg) if pending else arg)
+            pending = None
+    return out
+
+
+def caffe_main(argv=None):
+    """``tools/caffe``: Caffe's tool command line run by layerforge (train, test, time, device_query)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        argv = from_caffe_argv(argv)
+    except LayerforgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return main(argv)
 
 
 def main(argv=None):

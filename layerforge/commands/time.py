@@ -46,7 +46,7 @@ HELP = "time each layer's forward and backward passes and print a table with tot
 
 def add_arguments(parser):
     add_decode_workers(parser)
-    parser.add_argument("--model", required=True, help="net YAML file")
+    parser.add_argument("--model", required=True, help="the net (YAML, or Caffe's .prototxt)")
     parser.add_argument("--iterations", type=int, default=20, help="timed iterations, after warm-up passes (at least 1, up to 20 until AUTO convolution engines settle)")
     parser.add_argument("--batch", type=int, default=None, help="override the batch size of input/data layers")
     parser.add_argument("--phase", choices=("train", "test"), default="train")

@@ -11,7 +11,7 @@ HELP = "train a net from a solver YAML (resume with --snapshot, fine-tune with -
 
 def add_arguments(parser):
     add_decode_workers(parser)
-    parser.add_argument("--solver", required=True, help="solver YAML file")
+    parser.add_argument("--solver", required=True, help="the solver (YAML, or Caffe's .prototxt)")
     start = parser.add_mutually_exclusive_group()
     start.add_argument("--snapshot", metavar="FILE",
                        help="resume from a .solverstate.npz snapshot (or Caffe's .solverstate / .solverstate.h5)")
