@@ -201,3 +201,33 @@ def test_bad_gpu_values_are_one_line(tmp_path):
     proc = layerforge("train", "--solver", "configs/lenet_solver.yaml", "--gpu", "0,1", "--devices", "0,1")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "error: --gpu 0,1 and --devices 0,1: give the devices once"
+
+
+STAGED = """\
+name: staged
+layers:
+  - {name: input, type: Input, top: [data, label], input: {shape: [[4, 1, 12, 12], [4]]}}
+  - {name: ip, type: InnerProduct, bottom: data, top: ip, inner_product: {num_output: 3, weight_filler: {type: xavier}}}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}
+  - {name: doubled, type: Power, bottom: loss, top: doubled, power: {scale: 2}, include: [{stage: [extra]}]}
+  - {name: tripled, type: Power, bottom: loss, top: tripled, power: {scale: 3}, include: [{min_level: 2}]}
+"""
+
+
+def test_level_and_stage_choose_the_layers_as_caffes_flags_do(tmp_path):
+    """Caffe's -level / -stage: the NetState that include rules read, for train (its train_state), test and time."""
+    (tmp_path / "net.yaml").write_text(STAGED)
+    (tmp_path / "solver.yaml").write_text("net: net.yaml\nbase_lr: 0.01\nmax_iter: 1\ndisplay: 1\nsnapshot_prefix: "
+                                          f"{tmp_path / 's'}\nsolver_mode: CPU\n")
+    trained = layerforge("train", "--solver", tmp_path / "solver.yaml", "--stage", "extra")
+    assert trained.returncode == 0, trained.stderr
+    assert "doubled = " in trained.stderr and "tripled = " not in trained.stderr
+    weights = tmp_path / "s_iter_1.npz"
+    for flags, outputs in (([], set()), (["--stage", "extra"], {"doubled"}), (["--level", "2"], {"tripled"}),
+                           (["--level", "2", "--stage", "other,extra"], {"doubled", "tripled"})):
+        tested = layerforge("test", "--model", tmp_path / "net.yaml", "--weights", weights, "--iterations", 1, *flags)
+        assert tested.returncode == 0, tested.stderr
+        assert {name for name in ("doubled", "tripled") if f"] {name} = " in tested.stderr} == outputs, flags
+    timed = layerforge("time", "--model", tmp_path / "net.yaml", "--phase", "test", "--iterations", 1, "--stage", "extra")
+    assert timed.returncode == 0, timed.stderr
+    assert "doubled" in timed.stdout + timed.stderr and "tripled" not in timed.stdout + timed.stderr

@@ -20,3 +20,26 @@ def apply_decode_workers(args):
             raise LayerforgeError(f"--decode-workers {n}: give 0 (the default) or a positive count")
         from ..data.decode_pool import WORKERS_ENV
         os.environ[WORKERS_ENV] = str(n)
+
+
+def add_net_state(parser):
+    """``--level N`` and ``--stage S[,S...]`` (train, test, time): the NetState that include / exclude rules
+    read, as Caffe's ``-level`` and ``-stage``."""
+    parser.add_argument("--level", type=int, metavar="N", help="the net's NetState level (Caffe's -level)")
+    parser.add_argument("--stage", metavar="S[,S...]", help="the net's NetState stages (Caffe's -stage)")
+
+
+def net_state(args):
+    """``{"level": ..., "stages": [...]}`` for Net(): what --level / --stage give (Caffe's default level 0)."""
+    stages = [s for s in (getattr(args, "stage", None) or "").split(",") if s]
+    return {"level": getattr(args, "level", None), "stages": stages}
+
+
+def train_state(args):
+    """``{"train_state": {...}}`` for a solver's overrides when --level / --stage are given, else {}."""
+    state = {}
+    if getattr(args, "level", None) is not None:
+        state["level"] = args.level
+    if getattr(args, "stage", None):
+        state["stage"] = [s for s in args.stage.split(",") if s]
+    return {"train_state": state} if state else {}

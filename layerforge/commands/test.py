@@ -3,7 +3,7 @@ import logging
 
 import numpy
 
-from . import add_decode_workers, apply_decode_workers
+from . import add_decode_workers, add_net_state, apply_decode_workers, net_state
 from .. import backend
 from ..errors import EndOfData
 from ..kernels.average_precision import AP_VERSIONS, DetectionScores
@@ -23,6 +23,7 @@ def add_arguments(parser):
     parser.add_argument("--iterations", type=int, default=50, help="number of batches (default 50)")
     parser.add_argument("--phase", choices=("train", "test"), default="test")
     parser.add_argument("--gpu", type=int, metavar="N", help="run the net on GPU N (Caffe's -gpu; default the CPU)")
+    add_net_state(parser)
     parser.add_argument("--ap_version", "--ap-version", dest="ap_version", choices=AP_VERSIONS, default="Integral",
                         help="how the mAP of DetectionEvaluate outputs is computed (the SSD fork's ap_version; "
                              "default Integral, as its solver's)")
@@ -72,7 +73,7 @@ def run(args):
     apply_decode_workers(args)
     setup_logging()
     xp = numpy if args.gpu is None else backend.gpu_array_module(args.gpu, "--gpu")
-    net = Net(args.model, phase=args.phase, weights=args.weights, xp=xp)
+    net = Net(args.model, phase=args.phase, weights=args.weights, xp=xp, **net_state(args))
     means = score(net, args.iterations, args.ap_version)
     weights = {net.top_names(i)[j]: w for i in range(len(net.layers)) for j, w in enumerate(net.loss_weights(i))}
     for name, value in means.items():

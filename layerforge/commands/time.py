@@ -28,7 +28,7 @@ import time
 
 import numpy
 
-from . import add_decode_workers, apply_decode_workers
+from . import add_decode_workers, add_net_state, apply_decode_workers, net_state, train_state
 from ..cores import local_rank, mpi_world_size
 from .. import trace
 from ..backend import Stopwatch, gpu_array_module, gpu_name, rank_device
@@ -59,6 +59,7 @@ def add_arguments(parser):
     from .trace import add_run_arguments
 
     add_run_arguments(parser)  # --trace FILE of the passes --trace-iterations names (warm-up passes count)
+    add_net_state(parser)
     add_parallel_arguments(parser)  # with --workers/--devices: phases and per-chunk exchange times (docs/cgdp.md)
     parser.add_argument("--no-reuse", action="store_true", help="give every activation its own storage")
     from .train import add_cpu_parallel_argument
@@ -178,7 +179,8 @@ def training_solver(args, netdef, device):
     from ..solvers.param import load_solver_param
 
     on_device = {} if device is None else {"solver_mode": "GPU", "device_id": device}
-    sp = load_solver_param(dict(TRAINING_SOLVER, net=os.path.abspath(args.model), **on_device), SOLVER_REGISTRY)
+    sp = load_solver_param(dict(TRAINING_SOLVER, net=os.path.abspath(args.model), **on_device, **train_state(args)),
+                           SOLVER_REGISTRY)
     sp.net_param, sp.net = netdef, None
     solver = SOLVER_REGISTRY[sp.type](sp)
     if args.weights:
@@ -194,7 +196,8 @@ def time_training(args, solver):
     from ..solvers import SOLVER_REGISTRY, load_solver_param
 
     iterations, rates = args.iterations, {}
-    sp = load_solver_param(dict(TRAINING_SOLVER, net=os.path.abspath(args.model)), SOLVER_REGISTRY)
+    sp = load_solver_param(dict(TRAINING_SOLVER, net=os.path.abspath(args.model), **train_state(args)),
+                           SOLVER_REGISTRY)
     setup = cpu_parallel.warm_up_replica if args.no_reuse else cpu_parallel.plan_and_warm_up_replica
 
     def measure(mode, replicas):
@@ -248,6 +251,9 @@ def run(args):
         if args.gpu is not None:
             raise LayerforgeError("--gpu N times one net on one GPU; --workers/--devices time data parallelism "
                                   "(give the GPUs to --devices)")
+        if args.level is not None or args.stage:
+            raise LayerforgeError("--level / --stage choose the layers of one net; with --workers/--devices give "
+                                  "the net's state in its file (state: {level, stage})")
         return time_command(args)
     netdef = load_net_def(args.model)
     if args.batch is not None:
@@ -259,7 +265,7 @@ def run(args):
         solver = training_solver(args, netdef, device)
         net = solver.net
     else:
-        net = Net(netdef, phase=args.phase, weights=args.weights, xp=xp)
+        net = Net(netdef, phase=args.phase, weights=args.weights, xp=xp, **net_state(args))
     if not args.no_reuse:
         net.optimize_memory()
     mpi_comm = None

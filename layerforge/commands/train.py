@@ -2,7 +2,7 @@
 import argparse
 import logging
 
-from . import add_decode_workers, apply_decode_workers
+from . import add_decode_workers, add_net_state, apply_decode_workers, train_state
 from ..errors import LayerforgeError
 from ..logs import setup_logging
 
@@ -42,6 +42,7 @@ def add_arguments(parser):
     add_run_arguments(parser)  # --trace FILE, --trace-iterations A:B, --tensorboard DIR (docs/trace.md)
     add_parallel_arguments(parser)  # --workers/--devices/--sync/--chunk-size: layerforge/dataparallel/cgdp (docs/cgdp.md)
     add_cpu_parallel_argument(parser)
+    add_net_state(parser)
     from ..dataparallel.restarts import add_restart_arguments
 
     add_restart_arguments(parser)  # --ranks/--hostfile/--mpiexec/--max-restarts/--min-ranks (docs/distributed.md)
@@ -99,6 +100,7 @@ def solver_overrides(args):
         overrides["allreduce"] = args.allreduce
     if getattr(args, "weights", None):
         overrides["weights"] = args.weights
+    overrides.update(train_state(args))
     return overrides
 
 
