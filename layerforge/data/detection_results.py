@@ -1,4 +1,5 @@
-"""The SSD fork's detection result files (DetectionOutput's ``save_output_param``), for the official evaluations.
+"""The SSD fork's detection outputs beyond the top: result files (DetectionOutput's ``save_output_param``) for
+the official evaluations, and the video of its ``visualize`` with ``save_file`` (:class:`DetectionVideo`).
 
 Detections are collected image by image, in the order of the name size file (the test database's order), and
 written when ``num_test_image`` images have been seen, as the fork writes them:
