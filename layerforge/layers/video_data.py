@@ -54,7 +54,8 @@ class VideoData(BaseData):
     """Frames of a video file, or of a webcam, in order, for running a net over a video (the fork's
     examples/ssd/ssd_pascal_video.py and ssd_pascal_webcam.py).
 
-    Each batch takes the next ``batch_size`` frames, keeping one of every ``skip_frames`` + 1, transformed as a
+    Each batch takes the next ``batch_size`` frames, each after ``skip_frames`` skipped (the proto's "frames to be
+    skipped before processing a frame": frames N, 2N + 1, ... of the video), transformed as a
     Data layer's images with the fork's keys (``resize_param`` and the rest: docs/data.md); the label top, when
     asked, is 0. Read in this process, in order (no decode workers). After the video's last frame the batch
     holds the frames left (fewer than ``batch_size``), and the next forward raises EndOfData, which ends
@@ -94,12 +95,11 @@ class VideoData(BaseData):
         frames = self.records
         pictures, offsets = [], []
         while len(pictures) < self.batch_size:
+            for _ in range(self.layer_param.video_data.skip_frames):  # skipped before each frame kept
+                frames.next()
             frame = frames.next()
             if frame is None:
                 break
-            for _ in range(self.layer_param.video_data.skip_frames):
-                if frames.next() is None:
-                    break
             r = numpy.random.default_rng([self.seed, self.kept])
             picture, _, offset = self.stream.transform_image(frame.transpose(1, 2, 0), NO_BOXES, r, frames.read_frames)
             pictures.append(picture)

@@ -48,8 +48,8 @@ def video_layer(path, xp=numpy, batch_size=2, skip_frames=0, transform=None):
     return layer, top
 
 
-@pytest.mark.parametrize("frames, batches", [(7, [[0, 2], [4, 6]]), (9, [[0, 2], [4, 6], [8]])])
-def test_frames_in_order_resized_keeping_one_of_every_skip_plus_one(tmp_path, xp, frames, batches):
+@pytest.mark.parametrize("frames, batches", [(7, [[1, 3], [5]]), (9, [[1, 3], [5, 7]]), (10, [[1, 3], [5, 7], [9]])])
+def test_frames_in_order_resized_after_skipping_skip_frames_before_each(tmp_path, xp, frames, batches):
     path = write_video(tmp_path / "v.avi", frames)
     want = decoded(path)
     transform = {"mean_value": [104, 117, 123], "resize_param": {"resize_mode": "WARP", "height": 24, "width": 30}}
