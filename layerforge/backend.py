@@ -72,14 +72,15 @@ def gpu_name(device_id):
 def rank_device(first, local_rank):
     """The GPU of the ``local_rank``-th rank on a node whose ranks start at GPU ``first``: ``first + local_rank``,
     wrapping around the visible devices (so ranks share GPUs only when there are more ranks than GPUs)."""
+    from .errors import LayerforgeError
+
     if not local_rank:
         return first
     try:
-        import cupy
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # noqa: BLE001 - no cupy or no device: gpu_array_module reports it in one line
+        count = gpu_count()
+    except LayerforgeError:  # no cupy or no device: gpu_array_module reports it in one line
         return first
-    return (first + local_rank) % max(count, 1)
+    return (first + local_rank) % count
 
 
 class Stopwatch:

@@ -37,9 +37,7 @@ def net_state(args):
 
 def train_state(args):
     """``{"train_state": {...}}`` for a solver's overrides when --level / --stage are given, else {}."""
-    state = {}
-    if getattr(args, "level", None) is not None:
-        state["level"] = args.level
-    if getattr(args, "stage", None):
-        state["stage"] = [s for s in args.stage.split(",") if s]
+    given = net_state(args)
+    state = dict({} if given["level"] is None else {"level": given["level"]},
+                 **({"stage": given["stages"]} if given["stages"] else {}))
     return {"train_state": state} if state else {}

@@ -42,7 +42,7 @@ def feature_datums(array):
     blob's channels, height and width (1 past its own axes), no label."""
     legacy = tuple(array.shape[1:]) + (1,) * (4 - array.ndim)
     for item in array:
-        yield array_to_datum(item.astype("float32").reshape(legacy), label=None)
+        yield array_to_datum(item.reshape(legacy), label=None)
 
 
 def run(args):

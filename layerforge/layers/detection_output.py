@@ -4,7 +4,7 @@ import weakref
 
 import numpy
 
-from ..data.annotations import read_label_map
+from ..data.annotations import label_to_name, read_label_map
 from ..data.detection_results import FORMATS, DetectionVideo, ResultFiles
 from ..data.detection_transform import resize
 from ..data.transform import DataTransformer
@@ -108,8 +108,7 @@ class DetectionOutput(Layer):
                 raise self.layer_param.error("visualize draws on the images: give them as a fourth bottom",
                                              "bottom")
             label_map = p.save_output_param.label_map_file
-            names = {item.label: item.display_name or item.name for item in read_label_map(label_map).item} \
-                if label_map else {}
+            names = label_to_name(read_label_map(label_map)) if label_map else {}
             threshold = 0.6 if p.visualize_threshold is None else p.visualize_threshold
             self.video = DetectionVideo(p.save_file, threshold, names, p.num_classes)
             self.restorer = DataTransformer(self.layer_param.transform, "TEST", source=f"layer '{self.name}'")

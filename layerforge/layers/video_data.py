@@ -23,18 +23,23 @@ class VideoFrames:
         frame = self.next() if self.capture.isOpened() else None
         if frame is None:
             raise DataError(f"{where}: cannot open {self.name} (missing, or no frame OpenCV can decode)")
-        self.first = frame
+        self.first = frame.transpose(2, 0, 1)
         if self.video:  # from the first frame again
             self.capture.release()
             self.capture, self.read_frames = cv2.VideoCapture(self.source), 0
 
     def next(self):
-        """The next frame (C, H, W) uint8, or None at the end of the video."""
+        """The next frame (H, W, C) uint8, as OpenCV decodes it, or None at the end of the video."""
         ok, frame = self.capture.read()
         if not ok or frame is None:
             return None
         self.read_frames += 1
-        return numpy.ascontiguousarray(frame.reshape(frame.shape[0], frame.shape[1], -1).transpose(2, 0, 1))
+        return frame.reshape(frame.shape[0], frame.shape[1], -1)
+
+    def skip(self):
+        """Pass over the next frame without decoding it (OpenCV's grab)."""
+        if self.capture.grab():
+            self.read_frames += 1
 
     def __len__(self):
         return 1  # one source for the stream that transforms the frames; a video is read in order, never by index
@@ -96,12 +101,12 @@ class VideoData(BaseData):
         pictures, offsets = [], []
         while len(pictures) < self.batch_size:
             for _ in range(self.layer_param.video_data.skip_frames):  # skipped before each frame kept
-                frames.next()
+                frames.skip()
             frame = frames.next()
             if frame is None:
                 break
             r = numpy.random.default_rng([self.seed, self.kept])
-            picture, _, offset = self.stream.transform_image(frame.transpose(1, 2, 0), NO_BOXES, r, frames.read_frames)
+            picture, _, offset = self.stream.transform_image(frame, NO_BOXES, r, frames.read_frames)
             pictures.append(picture)
             offsets.append(offset)
             self.kept += 1
