@@ -402,6 +402,7 @@ FORKS = {
     "segnet": "alexgkendall/caffe-segnet (SegNet)",
     "enet": "TimoSaemann/caffe-enet (ENet)",
     "opencv": "OpenCV's caffe.proto (opencv/opencv, modules/dnn)",
+    "openpose": "CMU-Perceptual-Computing-Lab/caffe_train (OpenPose training)",
 }
 
 # the layer types each fork registers beyond BVLC's (its REGISTER_LAYER_CLASS lines)
@@ -411,6 +412,7 @@ FORK_LAYER_TYPES = {
     "fast-rcnn": ("ROIPooling", "SmoothL1Loss"),
     "segnet": ("BN", "DenseImageData", "Upsample"),
     "enet": ("BN", "DenseImageData", "Upsample"),
+    "openpose": ("CPMData",),
 }
 
 FORK_ENUMS = {
@@ -584,6 +586,27 @@ FORK_MESSAGES = {
         ),
     },
     "segnet": {"BNParameter": _BN, "UpsampleParameter": _UPSAMPLE, "DenseImageDataParameter": _DENSE_IMAGE_DATA},
+    "openpose": {
+        "CPMTransformationParameter": (
+            ("scale", 1, "?", "float", 1.0), ("mirror", 2, "?", "bool", False), ("crop_size", 3, "?", "uint32", 0),
+            ("mean_file", 4, "?", "string"), ("mean_value", 5, "*", "float"), ("stride", 6, "?", "uint32", 4),
+            ("scale_cvg", 7, "?", "float", 0.5), ("max_cvg_len", 8, "?", "uint32", 50),
+            ("min_cvg_len", 9, "?", "uint32", 50), ("opaque_coverage", 10, "?", "bool", True),
+            ("coverage", 11, "?", "string", "gridbox_max"), ("flip_prob", 12, "?", "float", 0.5),
+            ("max_rotate_degree", 13, "?", "float", 5.0), ("visualize", 14, "?", "bool", False),
+            ("crop_size_x", 15, "?", "uint32", 368), ("crop_size_y", 16, "?", "uint32", 368),
+            ("scale_prob", 17, "?", "float", 0.5), ("scale_min", 18, "?", "float", 0.9),
+            ("scale_max", 19, "?", "float", 1.1), ("bbox_norm_factor", 20, "?", "float", 300.0),
+            ("img_header", 21, "?", "string", "."), ("force_color", 22, "?", "bool", False),
+            ("force_gray", 23, "?", "bool", False), ("target_dist", 24, "?", "float", 1.0),
+            ("center_perterb_max", 25, "?", "float", 10.0), ("sigma", 26, "?", "float", 7.0),
+            ("sigma_center", 27, "?", "float", 21.0), ("clahe_tile_size", 28, "?", "float", 8.0),
+            ("clahe_clip_limit", 29, "?", "float", 4.0), ("do_clahe", 30, "?", "bool", False),
+            ("num_parts", 31, "?", "uint32", 14), ("num_total_augs", 32, "?", "uint32", 82),
+            ("aug_way", 33, "?", "string", "rand"), ("gray", 34, "?", "uint32", 0),
+            ("np_in_lmdb", 35, "?", "uint32", 16), ("transform_body_joint", 38, "?", "bool", True),
+        ),
+    },
     "enet": {"BNParameter": _BN, "UpsampleParameter": _UPSAMPLE,
              "DenseImageDataParameter": _DENSE_IMAGE_DATA + (("label_divide_factor", 13, "?", "uint32", 1),)},
 }
@@ -648,6 +671,11 @@ FORK_FIELDS = {
         ),
         "ImageDataParameter": (
             ("label_divide_factor", 13, "?", "uint32", 1),
+        ),
+    },
+    "openpose": {
+        "LayerParameter": (
+            ("cpm_transform_param", 147, "?", "CPMTransformationParameter"),
         ),
     },
     "opencv": {

@@ -114,6 +114,12 @@ class DecodePool:
         parent = os.getpid()
         # a signal arriving between the fork and the worker's own handlers would kill it with a traceback
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, PARENT_DECIDES)
+        # one OpenCV thread per worker, set here: a forked child that changes the count of a pool the parent has
+        # started waits forever for the pool's threads, which did not cross the fork
+        import cv2
+
+        threads = cv2.getNumThreads()
+        cv2.setNumThreads(1)
         try:
             for j in range(self.workers):
                 ours, theirs = multiprocessing.connection.Pipe()
@@ -125,6 +131,7 @@ class DecodePool:
                 self.conns.append(ours)
                 self.pids.append(pid)
         finally:
+            cv2.setNumThreads(threads)
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def submit(self, slot, items):
@@ -295,9 +302,6 @@ def _serve(j, fill, setup, ends, slots, progress, parent, mask):
     # closed only when no other process holds the parent's end
     for other in [ends[1]] + [c for pool in list(_open_pools) for c in pool.conns]:
         other.close()
-    import cv2
-
-    cv2.setNumThreads(1)  # one core per worker; OpenCV's own pool would multiply the threads by the workers
     keep_images_on_the_heap()
     catch_stderr_for_good()
     warnings = _Warnings()

@@ -58,7 +58,7 @@ PER_SAMPLE = {
     "SigmoidCrossEntropyLoss": None, "EuclideanLoss": None, "ContrastiveLoss": None, "HingeLoss": None,
     "Input": None, "Data": None, "ImageData": None, "DenseImageData": None, "HDF5Data": None, "DummyData": None, "SyntheticData": None,
     "BatchNorm": None, "AnnotatedData": None, "PriorBox": None, "Normalize": None, "Permute": None,
-    "MultiBoxLoss": None,
+    "MultiBoxLoss": None, "CPMData": None,
 }
 NORMALISED = ("SoftmaxWithLoss", "InfogainLoss", "SigmoidCrossEntropyLoss")  # loss.normalization applies
 

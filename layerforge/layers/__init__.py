@@ -14,6 +14,7 @@ from . import (  # noqa: F401,E402
     bn,
     concat,
     conv,
+    cpm_data,
     crop,
     data,
     deconv,

@@ -87,14 +87,8 @@ class AnnotatedData(BaseData):
                                        rng.get_rng().integers(2 ** 63), p.rank, p.world_size, self.records.name_of,
                                        t, a.batch_sampler, self.phase, typed, a.anno_type is not None,
                                        (c, h, w) if fixed else None)
-        if p.rand_skip:
-            self.stream.position = int(rng.get_rng().integers(p.rand_skip))
         self.setup_feed(p, self.records.reopen)
 
-    def reshape(self, bottom, top):
-        top[0].reshape(self.top_shape)
-        if len(top) > 1:
-            top[1].reshape(self.label_shape)
 
     def forward(self, bottom, top):
         super().forward(bottom, top)

@@ -165,8 +165,6 @@ class BaseData(Layer):
             self.stream = self.stream_class(self.records.read, len(self.records), p.batch_size, self.transformer,
                                             shuffle, rng.get_rng().integers(2 ** 63), p.rank, p.world_size,
                                             first.shape, self.records.name_of, first.dtype)
-        if p.rand_skip:
-            self.stream.position = int(rng.get_rng().integers(p.rand_skip))
         self.setup_feed(p, getattr(self.records, "reopen", None))
 
     def fork_stream(self, batch_size, first, shuffle, rank=0, world_size=1):
@@ -201,17 +199,22 @@ class BaseData(Layer):
                                 [], self.phase, False, False, (c, h, w) if fixed else None)
 
     def setup_feed(self, p, worker_setup=None):
-        """Keep the decode settings of block ``p``; the workers start at the first forward."""
+        """Start ``self.stream`` at a random record below ``rand_skip`` (where block ``p`` has it) and keep the
+        decode settings of ``p``; the workers start at the first forward."""
+        if getattr(p, "rand_skip", 0):
+            self.stream.position = int(rng.get_rng().integers(p.rand_skip))
         self.prefetch, self.workers = p.prefetch, decode_workers(p.decode_workers)
         self.worker_setup = worker_setup
         self.input_stats = InputStats(self.workers)
         self._feeds = []  # at most one DeviceFeed, over the workers' batches from the read position
         weakref.finalize(self, _close_all, self._feeds)  # holds the list, not self: a dropped layer stops its workers
 
+    label_shape = None  # the label top's shape where it is no (N,) vector of labels
+
     def reshape(self, bottom, top):
         top[0].reshape(self.top_shape)
         if len(top) > 1:
-            top[1].reshape(self.batch_size)
+            top[1].reshape(self.label_shape or self.batch_size)
 
     def record_of(self, item):
         """The name of the record at ``item`` of the batch the last forward produced (its key, or file and line)."""

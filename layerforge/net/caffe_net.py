@@ -44,7 +44,7 @@ V1_NUMBERS = {num: name for num, name in V1_TYPES.values()}
 FORK_FIELDS = {"pooling": {"ceil_mode": ("round_mode", {True: "CEIL", False: "FLOOR"})}}
 
 NET_FIELDS = ("layer", "layers", "input", "input_shape", "input_dim", "force_backward", "state")
-DATA_TYPES = ("Data", "ImageData", "DenseImageData", "HDF5Data", "WindowData", "AnnotatedData")
+DATA_TYPES = ("Data", "ImageData", "DenseImageData", "HDF5Data", "WindowData", "AnnotatedData", "CPMData")
 LAYER_ORDER = ("name", "type", "bottom", "top", "include", "exclude", "param", "loss_weight", "propagate_down")
 _INTS = Field("ints", [])
 _BOOL = Field("bool", False)
@@ -153,7 +153,7 @@ class NetConverter(MessageReader):
                     raise self.error(f"'{key}' is given in both {extra.block}_param and transform_param",
                                      extra.line_of(key), *where, f"{extra.block}_param.{key}")
                 put(transform, key, extra[key], extra.line_of(key))
-        if ltype in ("Data", "AnnotatedData") and "data" in blocks and "shuffle" not in blocks["data"][0]:
+        if ltype in ("Data", "AnnotatedData", "CPMData") and "data" in blocks and "shuffle" not in blocks["data"][0]:
             put(blocks["data"][0], "shuffle", False, None)  # Caffe's data layers read their database in key order
         if v1_params:
             put(common, "param", self.v1_params(v1_params, where), min(e[0].line for e in v1_params.values()))

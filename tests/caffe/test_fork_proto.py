@@ -129,7 +129,7 @@ def test_fork_of_names_the_forks():
     assert caffe_pb.fork_of("LayerParameter", "upsample_param") == ["segnet", "enet"]
     assert caffe_pb.fork_of("ROIPoolingParameter") == ["fast-rcnn"]
     assert caffe_pb.fork_of("LayerParameter", "convolution_param") == [] and caffe_pb.fork_of("NetParameter") == []
-    assert set(caffe_pb.FORKS) == {"ssd", "fast-rcnn", "segnet", "enet", "opencv"}
+    assert set(caffe_pb.FORKS) == {"ssd", "fast-rcnn", "segnet", "enet", "opencv", "openpose"}
     assert caffe_pb.forks_of_layer_type("SmoothL1Loss") == ["ssd", "fast-rcnn"]
     assert caffe_pb.forks_of_layer_type("Convolution") == []
 
@@ -138,6 +138,7 @@ def test_fields_whose_numbers_bvlc_uses_are_left_out_and_listed():
     clashes = {(fork, message, field[0], field[1]): other[0] for fork, message, field, other in caffe_pb.CLASHES}
     assert clashes[("segnet", "LayerParameter", "upsample_param", 137)] == "embed_param"
     assert clashes[("enet", "LayerParameter", "upsample_param", 147)] == "swish_param"
+    assert clashes[("openpose", "LayerParameter", "cpm_transform_param", 147)] == "swish_param"
     assert clashes[("ssd", "SolverParameter", "eval_type", 41)] == "layer_wise_reduce"
     assert clashes[("ssd", "SolverParameter", "ap_version", 42)] == "weights"
     assert "upsample_param" not in caffe_pb.LayerParameter.DESCRIPTOR.fields_by_name

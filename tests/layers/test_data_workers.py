@@ -237,3 +237,38 @@ def test_the_trace_shows_the_loops_waits_and_each_workers_decodes(tmp_path):
     assert [(row, args["records"]) for _, row, args in waits] == [("compute", 4)] * 3
     decodes = [(row, args["records"], args["layer"]) for name, row, args in spans if name == "decode"]
     assert {row for row, _, _ in decodes} == {"data", "data 1"} and {(n, la) for _, n, la in decodes} == {(2, "d")}
+
+
+AFTER_OPENCV_IN_THE_PARENT = """
+import sys, cv2, numpy
+from layerforge.blob import Blob
+from layerforge.layers import create_layer
+from tests.layers.test_data_workers import write_lmdb
+big = numpy.zeros((600, 800, 3), numpy.uint8)
+cv2.warpAffine(big, numpy.eye(2, 3), (800, 600), flags=cv2.INTER_CUBIC)  # starts OpenCV's thread pool
+layer = create_layer({"name": "d", "type": "Data", "top": ["data", "label"],
+                      "data": {"source": write_lmdb(sys.argv[1], "encoded datum"), "batch_size": 4, "decode_workers": 2},
+                      "transform": {"resize_param": {"height": 40, "width": 30, "interp_mode": ["CUBIC"]}}})
+top = [Blob(), Blob()]
+layer.setup([], top)
+layer.forward([], top)
+print(top[0].shape, cv2.getNumThreads())
+layer.close()
+"""
+
+
+def test_workers_start_after_the_parent_used_opencvs_threads(tmp_path):
+    """A worker forked after the parent's OpenCV started its thread pool decodes and resizes (it used to wait
+    forever in cv2.setNumThreads for threads that did not cross the fork); the parent keeps its threads."""
+    import subprocess
+    import sys
+    process = subprocess.Popen([sys.executable, "-c", AFTER_OPENCV_IN_THE_PARENT, str(tmp_path / "db")],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    try:
+        out, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail("the decode workers hang after the parent used OpenCV's threads")
+    assert process.returncode == 0, out
+    assert out.split("\n")[-2] == f"(4, 3, 40, 30) {cv2.getNumThreads()}", out

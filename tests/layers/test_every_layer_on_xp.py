@@ -2,7 +2,7 @@
 
 One representative configuration per type (the data-source layers, which read files or the caller's
 arrays, have their own backend tests in test_data.py, test_hdf5.py, test_input.py, test_memory_data.py,
-test_synthetic_data.py and test_window_data.py). Each case runs on numpy and on the fixture's backend from the same seed and the same
+test_synthetic_data.py, test_window_data.py and test_cpm_data.py). Each case runs on numpy and on the fixture's backend from the same seed and the same
 parameters; tops, bottom gradients and parameter gradients must agree to 1e-10 (float64). On numpy alone
 this runs every layer's forward and backward once and checks that the table covers every type; where a
 device is present (the GPU suite) it is the layers' numpy / cupy agreement.
@@ -17,7 +17,7 @@ from layerforge.layers import LAYER_REGISTRY, create_layer
 
 # types whose tops come from files or from the caller, tested per backend in their own files
 SOURCES = {"Data", "ImageData", "DenseImageData", "HDF5Data", "HDF5Output", "WindowData", "MemoryData", "TokenData", "Input",
-           "DummyData", "SyntheticData", "Python", "AnnotatedData", "VideoData"}
+           "DummyData", "SyntheticData", "Python", "AnnotatedData", "VideoData", "CPMData"}
 GAUSS = {"type": "gaussian", "std": 0.5}
 
 
