@@ -17,11 +17,13 @@ COMMANDS = {
     "convert": "convert",
     "convert_annoset": "convert_annoset",
     "convert_imageset": "convert_imageset",
+    "create_label_map": "create_label_map",
     "device_query": "device_query",
     "draw": "draw",
     "expand": "expand",
     "extract_features": "extract_features",
     "export": "export",
+    "get_image_size": "get_image_size",
     "layers": "layers",
     "make_example_data": "make_example_data",
     "plan": "plan",
@@ -108,6 +110,60 @@ def caffe_main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     return main(argv)
+
+
+GFLAGS_TRUE, GFLAGS_FALSE = ("true", "t", "yes", "y", "1"), ("false", "f", "no", "n", "0")
+
+
+def gflags_argv(parser, argv):
+    """The gflags command line of one of Caffe's tools (``-flag``, ``--flag=value``, ``--flag value``,
+    ``--bool=True`` / ``--bool=false``, ``--nobool``) as ``parser`` (argparse, options ``--flag``) takes it:
+    a boolean flag set true is ``--flag``, set false is left out, as is a flag set to the empty string (gflags'
+    default of a string flag). A LayerforgeError names a boolean flag given something other than true or false."""
+    def option(name):
+        for spelling in (name, name.replace("_", "-")):
+            action = parser._option_string_actions.get("--" + spelling)
+            if action is not None:
+                return "--" + spelling, isinstance(action, argparse._StoreTrueAction)
+        return None, False
+
+    out = []
+    for arg in argv:
+        if not arg.startswith("-") or len(arg) == 1 or arg.lstrip("-")[:1].isdigit():
+            out.append(arg)
+            continue
+        name, eq, value = arg.lstrip("-").partition("=")
+        flag, boolean = option(name)
+        if flag is None and name.startswith("no") and option(name[2:])[1]:
+            continue  # --noflag: a boolean set false
+        if flag is None:
+            out.append(arg)  # argparse names it
+        elif boolean and eq:
+            if value.lower() not in GFLAGS_TRUE + GFLAGS_FALSE:
+                raise LayerforgeError(f"{parser.prog}: flag --{name} is true or false, not '{value}'")
+            if value.lower() in GFLAGS_TRUE:
+                out.append(flag)
+        elif eq:
+            if value:
+                out += [flag, value]
+        else:
+            out.append(flag)
+    return out
+
+
+def tool_main(command, argv=None):
+    """One of Caffe's tools (``tools/<command>``): layerforge's command of that name with the tool's gflags
+    command line (:func:`gflags_argv`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    module = importlib.import_module(f"layerforge.commands.{COMMANDS[command]}")
+    parser = argparse.ArgumentParser(prog=command, description=module.HELP, formatter_class=_DefaultsHelp)
+    module.add_arguments(parser)
+    try:
+        args = parser.parse_args(gflags_argv(parser, argv))
+        return int(module.run(args) or 0)
+    except LayerforgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 def main(argv=None):

@@ -121,3 +121,105 @@ def test_tools_wrappers(tmp_path):
     out = subprocess.run([sys.executable, os.path.join(REPO, "tools", "compute_image_mean"), str(tmp_path / "nodb"),
                           str(tmp_path / "m.npy")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr == f"error: {tmp_path / 'nodb'}: no LMDB database there (no data.mdb)\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the SSD fork's data preparation, as its data/VOC0712/create_list.sh and create_data.sh (through
+# scripts/create_annoset.py) call build/tools/: here tools/
+
+
+def tool(name, *args, cwd=None):
+    return subprocess.run([sys.executable, os.path.join(REPO, "tools", name), *map(str, args)], capture_output=True,
+                          text=True, timeout=120, cwd=cwd)
+
+
+def test_gflags_command_lines_become_layerforges():
+    from layerforge.cli import gflags_argv
+    from layerforge.commands import convert_annoset
+    from layerforge.errors import LayerforgeError
+
+    parser = argparse.ArgumentParser(prog="convert_annoset")
+    convert_annoset.add_arguments(parser)
+    argv = ["--anno_type=detection", "--check_label=True", "--shuffle=False", "-encoded", "--encode_type=",
+            "--label_map_file=m.prototxt", "--min_dim", "0", "--nogray", "-resize_height=300", "root/", "l.txt", "db"]
+    assert gflags_argv(parser, argv) == ["--anno_type", "detection", "--check_label", "--encoded",
+                                         "--label_map_file", "m.prototxt", "--min_dim", "0", "--resize_height", "300",
+                                         "root/", "l.txt", "db"]
+    args = parser.parse_args(gflags_argv(parser, argv))
+    assert (args.check_label, args.shuffle, args.encoded, args.encode_type, args.gray) == (True, False, True, None,
+                                                                                          False)
+    with pytest.raises(LayerforgeError, match="flag --shuffle is true or false, not 'maybe'"):
+        gflags_argv(parser, ["--shuffle=maybe"])
+
+
+def voc_tree(root):
+    """A VOC-like tree: JPEGImages of three sizes, their Annotations, the fork's list files."""
+    sizes, names = [(40, 60), (50, 30), (64, 64)], ["000001", "000002", "000003"]
+    (root / "VOC2007" / "JPEGImages").mkdir(parents=True)
+    (root / "VOC2007" / "Annotations").mkdir()
+    g = numpy.random.default_rng(0)
+    for name, (h, w), cls in zip(names, sizes, ["cat", "dog", "cat"]):
+        cv2.imwrite(str(root / "VOC2007" / "JPEGImages" / f"{name}.jpg"), g.integers(0, 255, (h, w, 3), numpy.uint8))
+        (root / "VOC2007" / "Annotations" / f"{name}.xml").write_text(
+            f"<annotation><size><width>{w}</width><height>{h}</height></size><object><name>{cls}</name>"
+            f"<difficult>0</difficult><bndbox><xmin>2</xmin><ymin>3</ymin><xmax>{w // 2}</xmax><ymax>{h // 2}</ymax>"
+            "</bndbox></object></annotation>")
+    (root / "test.txt").write_text("".join(f"VOC2007/JPEGImages/{n}.jpg VOC2007/Annotations/{n}.xml\n"
+                                           for n in names))
+    return sizes, names
+
+
+def test_the_ssd_forks_data_preparation_runs_with_layerforges_tools(tmp_path):
+    sizes, names = voc_tree(tmp_path)
+    (tmp_path / "map.txt").write_text("cat\ndog\n")
+    out = tool("create_label_map", "--delimiter= ", "--include_background=true", tmp_path / "map.txt",
+               tmp_path / "labelmap_voc.prototxt")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "labelmap_voc.prototxt").read_text() == (
+        'item {\n  name: "none_of_the_above"\n  label: 0\n  display_name: "background"\n}\n'
+        'item {\n  name: "cat"\n  label: 1\n  display_name: "cat"\n}\n'
+        'item {\n  name: "dog"\n  label: 2\n  display_name: "dog"\n}\n')
+    out = tool("get_image_size", f"{tmp_path}/", tmp_path / "test.txt", tmp_path / "test_name_size.txt")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "test_name_size.txt").read_text() == "".join(f"{n} {h} {w}\n" for n, (h, w) in
+                                                                   zip(names, sizes))
+    # scripts/create_annoset.py's command for --anno-type=detection --encode-type=jpg --encoded (create_data.sh)
+    out = tool("convert_annoset", "--anno_type=detection", "--label_type=xml",
+               f"--label_map_file={tmp_path / 'labelmap_voc.prototxt'}", "--check_label=True", "--min_dim=0",
+               "--max_dim=0", "--resize_height=0", "--resize_width=0", "--backend=lmdb", "--shuffle=False",
+               "--check_size=False", "--encode_type=jpg", "--encoded=True", "--gray=False", f"{tmp_path}/",
+               tmp_path / "test.txt", tmp_path / "VOC2007_test_lmdb")
+    assert out.returncode == 0, out.stderr
+    from layerforge.data.annotations import decode_annotated
+    reader = LMDBReader(str(tmp_path / "VOC2007_test_lmdb"), decode=decode_annotated)
+    records = [reader.read(i) for i in range(len(reader))]
+    assert [r[0].shape[1:] for r in records] == sizes
+    assert [int(r[1][0, 0]) for r in records] == [1, 2, 1]  # cat, dog, cat through the label map
+
+
+def test_get_image_size_with_ids_and_its_errors(tmp_path):
+    sizes, names = voc_tree(tmp_path)
+    (tmp_path / "ids.txt").write_text("000001 7\n000002 9\n000003 11\n")
+    out = tool("get_image_size", "--name_id_file", tmp_path / "ids.txt", tmp_path, tmp_path / "test.txt",
+               tmp_path / "sizes.txt")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "sizes.txt").read_text() == "7 40 60\n9 50 30\n11 64 64\n"
+    (tmp_path / "ids.txt").write_text("000001 7\n000002 9\n")
+    out = tool("get_image_size", f"--name_id_file={tmp_path / 'ids.txt'}", tmp_path, tmp_path / "test.txt",
+               tmp_path / "sizes.txt")
+    assert out.returncode == 2 and out.stderr == f"error: {tmp_path / 'ids.txt'}: 2 names for 3 images in " \
+                                                 f"{tmp_path / 'test.txt'}\n"
+    (tmp_path / "VOC2007" / "JPEGImages" / "000002.jpg").unlink()
+    out = tool("get_image_size", tmp_path, tmp_path / "test.txt", tmp_path / "sizes.txt")
+    assert out.returncode == 2 and "test.txt: image 2 '" in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_create_label_map_fields(tmp_path):
+    (tmp_path / "map.txt").write_text("n01;3;tench\nn02;5;goldfish\n")
+    out = tool("create_label_map", "--delimiter=;", tmp_path / "map.txt", tmp_path / "m.prototxt")
+    assert out.returncode == 0, out.stderr
+    from layerforge.data.annotations import label_to_name, read_label_map
+    assert label_to_name(read_label_map(str(tmp_path / "m.prototxt"))) == {3: "tench", 5: "goldfish"}
+    (tmp_path / "map.txt").write_text("cat 1\ndog\n")
+    out = tool("create_label_map", tmp_path / "map.txt", tmp_path / "m.prototxt")
+    assert out.returncode == 2 and out.stderr == f"error: {tmp_path / 'map.txt'}:2: 1 fields, the first line has 2\n"

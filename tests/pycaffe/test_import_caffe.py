@@ -188,3 +188,32 @@ def test_installed_hook_works_without_pythonpath(tmp_path):
     subprocess.run([sys.executable, "-m", "layerforge.pycaffe", "--remove-hook", "--site-dir", str(site_dir)],
                    check=True, capture_output=True)
     assert not pth.exists()
+
+
+# a fork's pure-Python module beside its package (the SSD fork's python/caffe/model_libs.py builds nets with NetSpec)
+FORK_MODEL_LIBS = '''import caffe
+from caffe import layers as L, params as P
+
+
+def ConvReLU(net, from_layer, name, num_output):
+    net[name] = L.Convolution(net[from_layer], num_output=num_output, kernel_size=3, pad=1)
+    net[name + "_relu"] = L.ReLU(net[name], in_place=True)
+    net[name + "_pool"] = L.Pooling(net[name], pool=P.Pooling.MAX, kernel_size=2, stride=2)
+    return net
+'''
+FORK_SCRIPT_START = NOTEBOOK_START + (
+    "from caffe.model_libs import *\nnet = caffe.NetSpec()\nnet.data = L.Input(shape=dict(dim=[1, 3, 8, 8]))\n"
+    "ConvReLU(net, 'data', 'conv1', 4)\nprint(list(net.keys()), caffe.model_libs.__file__.startswith(caffe_root))\n"
+    "print(len(net.to_proto().layer))\n")
+
+
+def test_a_forks_own_python_modules_import_from_its_checkout_on_layerforges_caffe(tmp_path):
+    root = caffe_checkout(tmp_path)
+    (tmp_path / "caffe" / "python" / "caffe" / "model_libs.py").write_text(FORK_MODEL_LIBS)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([python_path(), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", FORK_SCRIPT_START.format(root=root)], capture_output=True, text=True,
+                         env=env, cwd=root)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "True False"  # caffe is layerforge's
+    assert lines[1] == "['data', 'conv1', 'conv1_relu', 'conv1_pool'] True" and lines[2] == "4"

@@ -3,8 +3,9 @@
 Caffe's example notebooks and scripts do ``sys.path.insert(0, caffe_root + 'python')`` before ``import caffe``.
 Without a compiled Caffe, that package fails (``No module named 'caffe._caffe'``). This finder, first on
 ``sys.meta_path``, looks where the path would find ``caffe``: a Caffe package without its compiled ``_caffe``
-extension is replaced by layerforge's stand-in (the ``caffe`` folder beside this file); a built Caffe, or any
-other ``caffe``, is left alone. Standard library only: it is imported at interpreter start, by the
+extension is replaced by layerforge's stand-in (the ``caffe`` folder beside this file), and the modules layerforge
+lacks (a fork's ``model_libs.py``) still import from the checkout; a built Caffe, or any other ``caffe``, is
+left alone. Standard library only: it is imported at interpreter start, by the
 ``sitecustomize`` beside it (this folder on PYTHONPATH) or by the ``.pth`` file that
 ``python -m layerforge.pycaffe --install-hook`` writes.
 """
@@ -37,8 +38,10 @@ class CaffeFinder(importlib.abc.MetaPathFinder):
         locations = getattr(found, "submodule_search_locations", None) if found is not None else None
         if not locations or os.path.abspath(locations[0]) == STAND_IN or has_compiled_caffe(locations[0]):
             return None  # nothing, a module, the stand-in itself, or a built Caffe: the path finder decides
+        # the checkout's folder after the stand-in: a fork's pure-Python modules (the SSD fork's model_libs.py)
+        # still import from it, on layerforge's caffe
         return importlib.util.spec_from_file_location("caffe", os.path.join(STAND_IN, "__init__.py"),
-                                                      submodule_search_locations=[STAND_IN])
+                                                      submodule_search_locations=[STAND_IN, locations[0]])
 
 
 def install():

@@ -19,3 +19,8 @@ for _name in ("proto", "proto.caffe_pb2", "io", "draw", "net_spec", "coord_map",
 sys.modules["caffe.pycaffe"] = _pycaffe  # Caffe's module of Net/Solver helpers; here they are the package's
 _pycaffe.pycaffe = _pycaffe
 sys.modules["caffe"] = _pycaffe
+# put in place of a Caffe checkout's package (layerforge_caffe_finder.py): that package's other modules, a fork's
+# pure-Python ones such as the SSD fork's model_libs, import from it after layerforge's own
+for _folder in __path__[1:]:
+    if _folder not in _pycaffe.__path__:
+        _pycaffe.__path__.append(_folder)
