@@ -55,6 +55,8 @@ class PythonLayerBase:
     ``backward`` assigns bottom diffs and adds into parameter diffs.
     """
 
+    type = "Python"  # what pycaffe's net.layers[i].type says of a Python layer
+
     def __init__(self, layer_param=None):
         self.layer_param = layer_param
         self.param_str, self.phase, self.blobs = "", TRAIN, BlobVec(numpy.float32, numpy)

@@ -88,9 +88,14 @@ class Net:
 
     @property
     def layers(self):
-        if on_device(self.net):
-            return [LayerView(layer) for layer in self.net.layers]
-        return list(self.net.layers)
+        return [self._shown(layer) for layer in self.net.layers]
+
+    def _shown(self, layer):
+        """A layer as pycaffe gives it: a Python layer is the user's own object, as in Caffe (py-faster-rcnn's
+        train.py calls ``solver.net.layers[0].set_roidb(roidb)``); on a device the others are views."""
+        if layer.type == "Python":
+            return layer.impl
+        return LayerView(layer) if on_device(self.net) else layer
 
     @property
     def _layer_names(self):
@@ -156,9 +161,7 @@ class Net:
 
     @property
     def layer_dict(self):
-        if on_device(self.net):
-            return collections.OrderedDict((n, LayerView(layer)) for n, layer in self.net.layer_dict.items())
-        return self.net.layer_dict
+        return collections.OrderedDict((n, self._shown(layer)) for n, layer in self.net.layer_dict.items())
 
     @property
     def inputs(self):

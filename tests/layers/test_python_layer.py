@@ -399,3 +399,49 @@ def test_a_module_importing_caffe_says_how_to_get_layerforges(tmp_path, monkeypa
     with pytest.raises(ConfigError, match=r"No module named 'caffe' \(for layerforge's pycaffe as caffe: export "
                                           r"PYTHONPATH=\$\(python -m layerforge.pycaffe --python-path\)"):
         layer.setup([], [Blob()])
+
+
+ROIDB_LAYER = """
+import caffe
+
+
+class RoIDataLayer(caffe.Layer):
+    # py-faster-rcnn's roi_data_layer: the solver script hands it the roidb through net.layers[0]
+    def setup(self, bottom, top):
+        self._roidb = None
+        top[0].reshape(1, 4)
+
+    def set_roidb(self, roidb):
+        self._roidb = roidb
+
+    def reshape(self, bottom, top):
+        pass
+
+    def forward(self, bottom, top):
+        top[0].data[...] = self._roidb[0]["boxes"]
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+"""
+
+
+def test_pycaffe_gives_a_python_layer_as_the_users_own_object(tmp_path, monkeypatch):
+    """As in Caffe, ``net.layers[i]`` of a Python layer is the instance the net made: py-faster-rcnn's train.py
+    calls ``solver.net.layers[0].set_roidb(roidb)`` before the first step."""
+    import layerforge.pycaffe as caffe
+
+    monkeypatch.setitem(sys.modules, "caffe", caffe)
+    (tmp_path / "roi_data_layer.py").write_text(ROIDB_LAYER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = net_file(tmp_path, """
+        layer { name: 'input-data' type: 'Python' top: 'rois' python_param { module: 'roi_data_layer'
+          layer: 'RoIDataLayer' } }
+        layer { name: 'ip' type: 'InnerProduct' bottom: 'rois' top: 'ip' inner_product_param { num_output: 2 } }""")
+    net = caffe.Net(path, caffe.TRAIN)
+    layer = net.layers[0]
+    assert type(layer).__name__ == "RoIDataLayer" and layer is net.layer_dict["input-data"]
+    assert layer.type == "Python" and net.layers[1].type == "InnerProduct"
+    layer.set_roidb([{"boxes": numpy.array([1, 2, 30, 40])}])
+    net.forward()
+    numpy.testing.assert_array_equal(net.blobs["rois"].data, [[1, 2, 30, 40]])
+    sys.modules.pop("roi_data_layer", None)
