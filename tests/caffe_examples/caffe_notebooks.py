@@ -1,4 +1,5 @@
-"""What each of Caffe's 8 example notebooks needs to run here: its offline substitutes and its listed edits.
+"""What each of Caffe's 8 example notebooks (and the SSD fork's, from a checkout of its ``ssd`` branch) needs to run
+here: its offline substitutes and its listed edits.
 
 Used by notebooks.py (the runner). Every edit is (old text, new text, reason); reasons as in notebooks.py's
 docstring (py3, offline, cpu, library). Substitutes are made under the Caffe root before the notebook runs, at the
@@ -181,6 +182,75 @@ def pascal_voc(root, images=48):
             f.writelines(n + "\n" for n in rows)
 
 
+def ssd_checkout_files(root):
+    """The files of the SSD fork's checkout its notebooks read, where the folder is not such a checkout (CI's copy
+    of tests/caffe_examples/caffe): data/VOC0712/labelmap_voc.prototxt (the fork's, from tests/net/ssd_files) and,
+    for examples/images/fish-bike.jpg, a generated picture of its size."""
+    import shutil
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    label_map = os.path.join(root, "data", "VOC0712", "labelmap_voc.prototxt")
+    if not os.path.exists(label_map):
+        os.makedirs(os.path.dirname(label_map), exist_ok=True)
+        shutil.copy(os.path.join(tests, "net", "ssd_files", "labelmap_voc.prototxt"), label_map)
+    image = os.path.join(root, "examples", "images", "fish-bike.jpg")
+    if not os.path.exists(image):
+        import cv2
+
+        os.makedirs(os.path.dirname(image), exist_ok=True)
+        ramp = numpy.add.outer(numpy.arange(375), numpy.arange(500)) % 256
+        cv2.imwrite(image, numpy.stack([ramp, ramp[::-1], ramp[:, ::-1]], -1).astype(numpy.uint8))
+
+
+def ssd300_trained(root):
+    """What the SSD fork's examples/ssd/ssd_pascal.py leaves after training SSD300 on VOC0712: its deploy.prototxt
+    (the file tests/caffe/fork_models/ssd300_vgg16.prototxt holds, which that script writes) and, for its
+    weights, a random caffemodel from the fillers the file names (xavier)."""
+    import shutil
+
+    ssd_checkout_files(root)
+    folder = os.path.join(root, "models", "VGGNet", "VOC0712", "SSD_300x300")
+    os.makedirs(folder, exist_ok=True)
+    deploy = os.path.join(folder, "deploy.prototxt")
+    if not os.path.exists(deploy):
+        shutil.copy(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "caffe", "fork_models",
+                                 "ssd300_vgg16.prototxt"), deploy)
+    for iterations in (60000, 120000):  # the notebook's and ssd_detect.py's
+        random_caffemodel(root, "models/VGGNet/VOC0712/SSD_300x300/deploy.prototxt",
+                          f"models/VGGNet/VOC0712/SSD_300x300/VGG_VOC0712_SSD_300x300_iter_{iterations}.caffemodel")
+
+
+def ssd300_training(root):
+    """What the SSD fork's data/VOC0712/create_data.sh and examples/ssd/ssd_pascal.py leave before training: the
+    VOC0712 AnnotatedDatum LMDBs linked under examples/VOC0712/ (here layerforge's synthetic shapes set, written by
+    its convert_annoset: 16 training and 8 test images of 4 classes, labels 1 to 4), the train, test and solver
+    prototxts the script writes (tests/net/ssd_files holds them) and the VGG-16 fc_reduced weights (random)."""
+    import shutil
+
+    from layerforge.data import shapes
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    databases = shapes.make(os.path.join(root, "examples", "_shapes"), counts=(16, 8))
+    os.makedirs(os.path.join(root, "examples", "VOC0712"), exist_ok=True)
+    for split, db in zip(("trainval", "test"), databases):
+        link = os.path.join(root, "examples", "VOC0712", f"VOC0712_{split}_lmdb")
+        if not os.path.lexists(link):
+            os.symlink(db, link)
+    # create_list.sh's test_name_size.txt, by the tool it runs (here tools/get_image_size)
+    import subprocess
+
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(tests), "tools", "get_image_size"),
+                    os.path.dirname(databases[1]), os.path.join(os.path.dirname(databases[1]), "test.txt"),
+                    os.path.join(root, "data", "VOC0712", "test_name_size.txt")], check=True, capture_output=True)
+    ssd300_trained(root)
+    folder = os.path.join(root, "models", "VGGNet", "VOC0712", "SSD_300x300")
+    for name in ("train", "test", "solver"):
+        shutil.copy(os.path.join(tests, "net", "ssd_files", f"SSD300_{name}.prototxt"),
+                    os.path.join(folder, f"{name}.prototxt"))
+    random_caffemodel(root, "models/VGGNet/VOC0712/SSD_300x300/deploy.prototxt",
+                      "models/VGGNet/VGG_ILSVRC_16_layers_fc_reduced.caffemodel")
+
+
 def detection_windows(root):
     """examples/_temp/det_input.csv: windows (filename,ymin,xmin,ymax,xmax) over fish-bike.jpg in place of the
     selective search proposals (its MATLAB package cannot be had here): a grid of boxes of three sizes."""
@@ -316,6 +386,16 @@ NOTEBOOKS = {
         "edits": {13: [("astype(np.int)", "astype(int)", "library")],
                   20: [("5823/128", "5823//128", "py3")],  # (the quick run replaces it first)
                   22: [("astype(np.int)", "astype(int)", "library")]},
+    },
+    "ssd": {  # the SSD fork's (weiliu89/caffe, branch ssd)
+        "path": "examples/ssd.ipynb",
+        "prepare": [ssd300_training],
+        "shell": [],
+    },
+    "ssd_detect": {  # the SSD fork's
+        "path": "examples/ssd_detect.ipynb",
+        "prepare": [ssd300_trained],
+        "shell": [],
     },
     "siamese": {
         "path": "examples/siamese/mnist_siamese.ipynb",

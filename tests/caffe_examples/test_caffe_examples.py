@@ -155,3 +155,18 @@ def test_train_py_on_two_gpus_trains_as_one_process_with_the_whole_batch(caffe_r
         for k, blob in enumerate(blobs):
             numpy.testing.assert_allclose(trained.params[name][k].data, blob.data, rtol=1e-5, atol=1e-6,
                                           err_msg=f"{name}/{k}")
+
+
+def test_the_ssd_forks_notebooks_run_cell_by_cell(caffe_root):
+    """The SSD fork's examples/ssd_detect.ipynb (SSD300 detecting in an image) and examples/ssd.ipynb (one SGD step
+    of SSD300's training net from VOC0712's LMDB, then its blobs, filters and prior boxes drawn), their code cells
+    unchanged but for Python 3, on substitutes for the trained weights, the LMDBs (the shapes set) and VGG-16."""
+    out = run([os.path.join(HERE, "notebooks.py"), caffe_root, "ssd_detect", "ssd"], caffe_root)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "===== ssd_detect.ipynb: all cells ran" in out.stdout and "===== ssd.ipynb: all cells ran" in out.stdout
+    # ssd.ipynb prints fc7_mbox_loc[0, :, 1, 2] and then fc7_mbox_loc_perm[0, 1, 2, :]: Permute's (0, 2, 3, 1)
+    import re
+    ssd = out.stdout.split("===== ssd_detect.ipynb: all cells ran")[1]
+    printed = ssd.split("----- cell 13\n")[1].split("----- cell 15")[0]
+    values = re.findall(r"-?\d+\.\d*(?:e[-+]\d+)?", printed)
+    assert len(values) == 48 and values[:24] == values[24:], printed
