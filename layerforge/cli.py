@@ -79,26 +79,14 @@ CAFFE_VALUES = {"phase": str.lower}  # -phase TRAIN / TEST
 
 
 def from_caffe_argv(argv):
-    """Caffe's ``caffe`` command line as layerforge's: the command, then each gflags flag (``-flag value``,
-    ``--flag value``, ``-flag=value``) as ``--flag value`` with ``_`` in its name as ``-`` (``-sigint_effect``
-    is ``--sigint-effect``); ``-phase TRAIN`` is ``--phase train``. A LayerforgeError names a command Caffe's tool
-    has but this one does not take."""
+    """Caffe's ``caffe`` command line as layerforge's: the command, then its gflags (:func:`gflags_argv`) as the
+    command's options (``-sigint_effect`` is ``--sigint-effect``, ``-phase TRAIN`` is ``--phase train``). A
+    LayerforgeError names a command Caffe's tool has but this one does not take."""
     if not argv or argv[0] not in CAFFE_COMMANDS:
         raise LayerforgeError(f"caffe {argv[0] if argv else ''}: commands are {', '.join(CAFFE_COMMANDS)} "
                               "(usage: caffe <command> -flag value ...)")
-    out, pending = [argv[0]], None
-    for arg in argv[1:]:
-        if arg.startswith("-") and len(arg) > 1 and not arg.lstrip("-")[:1].isdigit():
-            name, eq, value = arg.lstrip("-").partition("=")
-            out.append("--" + name.replace("_", "-"))
-            pending = CAFFE_VALUES.get(name)
-            if eq:
-                out.append(pending(value) if pending else value)
-                pending = None
-        else:
-            out.append(pending(arg) if pending else arg)
-            pending = None
-    return out
+    commands = next(a for a in build_parser(argv[0])._actions if isinstance(a, argparse._SubParsersAction))
+    return [argv[0]] + gflags_argv(commands.choices[argv[0]], argv[1:], CAFFE_VALUES)
 
 
 def caffe_main(argv=None):
@@ -115,11 +103,12 @@ def caffe_main(argv=None):
 GFLAGS_TRUE, GFLAGS_FALSE = ("true", "t", "yes", "y", "1"), ("false", "f", "no", "n", "0")
 
 
-def gflags_argv(parser, argv):
+def gflags_argv(parser, argv, values=None):
     """The gflags command line of one of Caffe's tools (``-flag``, ``--flag=value``, ``--flag value``,
-    ``--bool=True`` / ``--bool=false``, ``--nobool``) as ``parser`` (argparse, options ``--flag``) takes it:
-    a boolean flag set true is ``--flag``, set false is left out, as is a flag set to the empty string (gflags'
-    default of a string flag). A LayerforgeError names a boolean flag given something other than true or false."""
+    ``--bool=True`` / ``--bool=false``, ``--nobool``) as ``parser`` (argparse; its option ``--flag`` or
+    ``--fl-ag`` for gflags' ``fl_ag``) takes it: a boolean flag set true is ``--flag``, set false is left out, as
+    is a flag set to the empty string (gflags' default of a string flag); ``values`` maps a flag's name to a
+    function of its value. A LayerforgeError names a boolean flag given something other than true or false."""
     def option(name):
         for spelling in (name, name.replace("_", "-")):
             action = parser._option_string_actions.get("--" + spelling)
@@ -127,13 +116,16 @@ def gflags_argv(parser, argv):
                 return "--" + spelling, isinstance(action, argparse._StoreTrueAction)
         return None, False
 
-    out = []
+    values = values or {}
+    out, pending = [], None
     for arg in argv:
         if not arg.startswith("-") or len(arg) == 1 or arg.lstrip("-")[:1].isdigit():
-            out.append(arg)
+            out.append(pending(arg) if pending else arg)
+            pending = None
             continue
         name, eq, value = arg.lstrip("-").partition("=")
         flag, boolean = option(name)
+        pending = None
         if flag is None and name.startswith("no") and option(name[2:])[1]:
             continue  # --noflag: a boolean set false
         if flag is None:
@@ -145,9 +137,10 @@ def gflags_argv(parser, argv):
                 out.append(flag)
         elif eq:
             if value:
-                out += [flag, value]
+                out += [flag, values[name](value) if name in values else value]
         else:
             out.append(flag)
+            pending = None if boolean else values.get(name)
     return out
 
 
