@@ -17,6 +17,9 @@ count W, side by side, each in its own process:
   float32 tensors of the same shapes;
 * the limit: W times one core's rate of reading and transforming a record in one process (no batching).
 
+Every pipeline's transform runs with one OpenCV thread per process, as layerforge's decode workers do (OpenCV's
+own pool would otherwise spread one PyTorch worker, or the limit, over every core).
+
 Images per second over ``--batches`` batches after 3 warm-up batches; each figure the best of ``--repeats``
 measurements taken in turns. ``--quick`` (CI): 12 small records, crop 96, 2 batches, W = 1, 2, once.
 """
@@ -130,10 +133,19 @@ class PoseDataset:
         return torch.from_numpy(data), torch.from_numpy(label)
 
 
+def one_opencv_thread():
+    """One OpenCV thread, as each of layerforge's decode workers has: set before PyTorch's workers fork (a forked
+    child may not change the count of a pool its parent started)."""
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
 def run_torch(db, workers, batches, crop):
     import torch
 
     torch.set_num_threads(1)
+    one_opencv_thread()
     loader = torch.utils.data.DataLoader(PoseDataset(db, crop), batch_size=BATCH, shuffle=True, num_workers=workers,
                                          persistent_workers=True, drop_last=True)
 
@@ -155,6 +167,7 @@ def run_limit(db, workers, batches, crop):
     """One core: read and transform records one after another, times W."""
     from layerforge.data.lmdb_io import LMDBReader
 
+    one_opencv_thread()
     dataset = PoseDataset(db, crop)
 
     reader = LMDBReader(db)
