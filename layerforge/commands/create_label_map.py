@@ -28,7 +28,7 @@ def label_map_items(text, delimiter, include_background, path):
     items = [("none_of_the_above", 0, "background")] if include_background else []
     label, width = len(items), None
     split = re.compile("[" + re.escape(delimiter) + "]") if delimiter else None
-    for number, line in enumerate(text.split("\n")[:-1] if text.endswith("\n") else text.split("\n"), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         fields = split.split(line) if split else [line]
         if width is None:
             width = len(fields)

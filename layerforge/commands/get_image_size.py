@@ -1,14 +1,12 @@
 """``layerforge get_image_size ROOT LISTFILE OUTFILE``: the SSD fork's tool that writes the ``name_size_file`` of
 DetectionOutput's result files (and of its scoring scripts): one ``name height width`` line per listed image.
 
-LISTFILE holds pairs of ``image annotation`` (convert_annoset's list; read as whitespace-separated pairs, as the
-fork reads it); ``name`` is the image's file name without its extension, or, with ``--name_id_file`` (lines of
-``name id``), that name's id (ILSVRC's). The size is what OpenCV decodes (EXIF orientation applied).
+LISTFILE holds ``image annotation`` lines (convert_annoset's list); ``name`` is the image's file name without its
+extension, or, with ``--name_id_file`` (lines of ``name id``), that name's id (ILSVRC's). The size is what OpenCV decodes (EXIF orientation applied).
 """
 import os
 
-from ..data import read_text
-from ..data.images import load_image
+from ..data.images import load_image, read_pair_list_file
 from ..errors import DataError
 
 HELP = "write 'name height width' of each listed image (the SSD fork's get_image_size, for name_size_file)"
@@ -22,19 +20,13 @@ def add_arguments(parser):
                         help="lines of 'name id': write each image's id instead of its name")
 
 
-def read_pairs(path, what):
-    """The whitespace-separated pairs of file ``path`` (an odd last token is dropped, as C++'s >> drops it)."""
-    tokens = read_text(path, what).split()
-    return list(zip(tokens[0::2], tokens[1::2]))
-
-
 def run(args):
-    images = read_pairs(args.listfile, "image list")
+    images = read_pair_list_file(args.listfile, "image annotation")
     print(f"A total of {len(images)} images.")
     ids = None
     if args.name_id_file:
         ids = {}
-        for name, value in read_pairs(args.name_id_file, "name id file"):
+        for name, value, _ in read_pair_list_file(args.name_id_file, "name id"):
             if name in ids:
                 raise DataError(f"{args.name_id_file}: name '{name}' is given twice")
             try:
@@ -44,7 +36,7 @@ def run(args):
         if len(ids) != len(images):
             raise DataError(f"{args.name_id_file}: {len(ids)} names for {len(images)} images in {args.listfile}")
     lines = []
-    for count, (path, _) in enumerate(images, 1):
+    for count, (path, _, _) in enumerate(images, 1):
         image = load_image(os.path.join(args.root, path))
         if image is None:
             raise DataError(f"{args.listfile}: image {count} '{os.path.join(args.root, path)}' cannot be read")

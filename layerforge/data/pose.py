@@ -206,7 +206,7 @@ class PoseTransform:
     def __init__(self, t, phase):
         self.t, self.train = t, phase == "TRAIN"
         self.model = MODELS[t.num_parts]
-        self.tables = None
+        self.tables = {}  # aug_way table: kind -> (records, num_total_augs) array, read at first use
 
     def label_channels(self):
         return 2 * (self.t.num_parts + 1)
@@ -303,8 +303,6 @@ class PoseTransform:
         write_number, column epoch % num_total_augs of ../../{kind}_{num_total_augs}_{total}.txt (from the
         working directory, as the fork reads it)."""
         augs, total = self.t.num_total_augs, meta.total_write_number
-        if self.tables is None:
-            self.tables = {}
         if kind not in self.tables:
             path = os.path.join("..", "..", f"{kind}_{augs}_{total}.txt")
             try:

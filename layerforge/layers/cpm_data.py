@@ -11,7 +11,13 @@ from .data import BaseData, Data
 
 log = logging.getLogger("layerforge")
 
-# the fork's CPMTransformationParameter; the keys it declares and its Transform_nv never reads are in UNUSED
+# keys the fork's CPMTransformationParameter declares and its Transform_nv never reads: (kind, default)
+NOT_READ = {"scale": ("float", 1.0), "mirror": ("bool", False), "mean_file": ("str", None),
+            "mean_value": ("floats", []), "scale_cvg": ("float", 0.5), "max_cvg_len": ("int", 50),
+            "min_cvg_len": ("int", 50), "opaque_coverage": ("bool", True), "coverage": ("str", "gridbox_max"),
+            "bbox_norm_factor": ("float", 300.0), "img_header": ("str", "."), "force_color": ("bool", False),
+            "force_gray": ("bool", False), "sigma_center": ("float", 21.0)}
+# the fork's CPMTransformationParameter
 CPM_TRANSFORM = {
     "stride": Field("int", 4, min=1, doc="pixels of the picture per cell of the label maps"),
     "crop_size_x": Field("int", 368, min=1, doc="width of the TRAIN crop (pixels)"),
@@ -35,24 +41,9 @@ CPM_TRANSFORM = {
     "clahe_clip_limit": Field("float", 4.0, min=0, doc="CLAHE's clip limit (truncated to an integer)"),
     "gray": Field("int", 0, min=0, doc="1: the picture made grey (3 equal channels)"),
     "visualize": Field("bool", False, doc="write the fork's pictures of each augmented image and its label maps"),
-    "scale": Field("float", 1.0, doc="not read by the fork's transform"),
-    "mirror": Field("bool", False, doc="not read by the fork's transform (flip_prob is)"),
-    "crop_size": Field("int", 0, min=0, doc="not read by the fork's transform (crop_size_x / crop_size_y are)"),
-    "mean_file": Field("str", None, doc="not read by the fork's transform"),
-    "mean_value": Field("floats", [], doc="not read by the fork's transform"),
-    "scale_cvg": Field("float", 0.5, doc="not read by the fork's transform"),
-    "max_cvg_len": Field("int", 50, doc="not read by the fork's transform"),
-    "min_cvg_len": Field("int", 50, doc="not read by the fork's transform"),
-    "opaque_coverage": Field("bool", True, doc="not read by the fork's transform"),
-    "coverage": Field("str", "gridbox_max", doc="not read by the fork's transform"),
-    "bbox_norm_factor": Field("float", 300.0, doc="not read by the fork's transform"),
-    "img_header": Field("str", ".", doc="not read by the fork's transform"),
-    "force_color": Field("bool", False, doc="not read by the fork's transform"),
-    "force_gray": Field("bool", False, doc="not read by the fork's transform"),
-    "sigma_center": Field("float", 21.0, doc="not read by the fork's transform"),
+    "crop_size": Field("int", 0, min=0, doc="refused: not CPMData's crop (crop_size_x / crop_size_y are)"),
+    **{key: Field(kind, default, doc="not read by the fork's transform") for key, (kind, default) in NOT_READ.items()},
 }
-UNUSED = ("scale", "mirror", "mean_file", "mean_value", "scale_cvg", "max_cvg_len", "min_cvg_len", "opaque_coverage",
-          "coverage", "bbox_norm_factor", "img_header", "force_color", "force_gray", "sigma_center")
 
 
 @register_layer("CPMData")
@@ -107,7 +98,7 @@ class CPMData(BaseData):
     def layer_setup(self, bottom, top):
         p, t = self.layer_param.data, self.layer_param.cpm_transform
         where = f"layer '{self.name}' (CPMData)"
-        for key in UNUSED:
+        for key in NOT_READ:
             if t.given(key):
                 log.warning("%s: cpm_transform.%s has no effect: the fork's transform does not read it", where, key)
         self.records = self.open_source(p)

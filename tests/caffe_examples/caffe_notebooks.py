@@ -10,6 +10,7 @@ import sys
 
 import numpy
 
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # layerforge's tests/
 GPU_LINES = ("caffe.set_mode_gpu()", "caffe.set_mode_cpu()  # cpu: no device here")
 
 
@@ -188,11 +189,10 @@ def ssd_checkout_files(root):
     for examples/images/fish-bike.jpg, a generated picture of its size."""
     import shutil
 
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     label_map = os.path.join(root, "data", "VOC0712", "labelmap_voc.prototxt")
     if not os.path.exists(label_map):
         os.makedirs(os.path.dirname(label_map), exist_ok=True)
-        shutil.copy(os.path.join(tests, "net", "ssd_files", "labelmap_voc.prototxt"), label_map)
+        shutil.copy(os.path.join(TESTS, "net", "ssd_files", "labelmap_voc.prototxt"), label_map)
     image = os.path.join(root, "examples", "images", "fish-bike.jpg")
     if not os.path.exists(image):
         import cv2
@@ -213,8 +213,7 @@ def ssd300_trained(root):
     os.makedirs(folder, exist_ok=True)
     deploy = os.path.join(folder, "deploy.prototxt")
     if not os.path.exists(deploy):
-        shutil.copy(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "caffe", "fork_models",
-                                 "ssd300_vgg16.prototxt"), deploy)
+        shutil.copy(os.path.join(TESTS, "caffe", "fork_models", "ssd300_vgg16.prototxt"), deploy)
     for iterations in (60000, 120000):  # the notebook's and ssd_detect.py's
         random_caffemodel(root, "models/VGGNet/VOC0712/SSD_300x300/deploy.prototxt",
                           f"models/VGGNet/VOC0712/SSD_300x300/VGG_VOC0712_SSD_300x300_iter_{iterations}.caffemodel")
@@ -229,7 +228,6 @@ def ssd300_training(root):
 
     from layerforge.data import shapes
 
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     databases = shapes.make(os.path.join(root, "examples", "_shapes"), counts=(16, 8))
     os.makedirs(os.path.join(root, "examples", "VOC0712"), exist_ok=True)
     for split, db in zip(("trainval", "test"), databases):
@@ -239,13 +237,13 @@ def ssd300_training(root):
     # create_list.sh's test_name_size.txt, by the tool it runs (here tools/get_image_size)
     import subprocess
 
-    subprocess.run([sys.executable, os.path.join(os.path.dirname(tests), "tools", "get_image_size"),
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(TESTS), "tools", "get_image_size"),
                     os.path.dirname(databases[1]), os.path.join(os.path.dirname(databases[1]), "test.txt"),
                     os.path.join(root, "data", "VOC0712", "test_name_size.txt")], check=True, capture_output=True)
     ssd300_trained(root)
     folder = os.path.join(root, "models", "VGGNet", "VOC0712", "SSD_300x300")
     for name in ("train", "test", "solver"):
-        shutil.copy(os.path.join(tests, "net", "ssd_files", f"SSD300_{name}.prototxt"),
+        shutil.copy(os.path.join(TESTS, "net", "ssd_files", f"SSD300_{name}.prototxt"),
                     os.path.join(folder, f"{name}.prototxt"))
     random_caffemodel(root, "models/VGGNet/VOC0712/SSD_300x300/deploy.prototxt",
                       "models/VGGNet/VGG_ILSVRC_16_layers_fc_reduced.caffemodel")
