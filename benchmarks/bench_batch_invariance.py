@@ -28,7 +28,7 @@ def child(net_name, batch, repeat):
 
     from bench_train import NETS, layerforge_def
     from layerforge import Net
-    from layerforge.layers.conv import settle_engines
+    from layerforge.kernels.autotune import settle_engines
 
     nodes, shape = NETS[net_name]()[1], NETS[net_name]()[0]
     # TEST phase: Dropout passes its input through (a TRAIN net draws other masks for another batch); the

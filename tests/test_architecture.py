@@ -159,3 +159,26 @@ def test_a_layer_may_use_the_engine_selection(tmp_path):
     uses = BASE["layers/conv.py"] + ("from ..kernels.im2col import ENGINE_CHOICES\n\n\nclass Convolution:\n"
                                      "    def _choose_engines(self):\n        return ENGINE_CHOICES\n")
     assert _problems_with(tmp_path, {"layers/conv.py": uses}) == []
+
+
+@pytest.mark.parametrize("statement, name", [
+    ("from ..backend import Stopwatch\n", "backend.Stopwatch"),
+    ("import time\n", "time"),
+    ("def f():\n    from time import perf_counter\n", "time.perf_counter"),
+    ("from ..kernels import engine_cache\n", "kernels.engine_cache"),
+    ("from ..kernels.engine_cache import lookup\n", "kernels.engine_cache.lookup"),
+    ("from ..kernels.autotune import AutoChoice\n", "kernels.autotune.AutoChoice"),
+])
+def test_a_layer_module_that_times_code_or_reads_the_engine_cache_fails(tmp_path, statement, name):
+    line = 3 + statement.count("\n") - 1
+    found = _problems_with(tmp_path, {"layers/conv.py": BASE["layers/conv.py"] + statement,
+                                      "kernels/engine_cache.py": "", "kernels/autotune.py": "", "backend.py": ""})
+    assert found == [f"layerforge.layers.conv (line {line}) imports {name}: a layer neither times code nor reads "
+                     "the engine cache; its ConvEngines (kernels/autotune.py) does"]
+
+
+def test_a_layer_may_hold_conv_engines(tmp_path):
+    uses = BASE["layers/conv.py"] + ("from ..kernels.autotune import ConvEngines\nimport timeit\n\n\n"
+                                     "class Convolution:\n    def forward(self, x):\n"
+                                     "        return self.engines.run('forward', x)\n")
+    assert _problems_with(tmp_path, {"layers/conv.py": uses, "kernels/autotune.py": ""}) == []

@@ -9,6 +9,7 @@ from ..errors import EndOfData
 from ..kernels.average_precision import AP_VERSIONS, DetectionScores
 from ..logs import setup_logging
 from ..net.net import Net
+from ..solvers.evaluation import caffe_float, output_weights
 
 HELP = "run a net's TEST phase for N batches with given weights and print per-batch and mean outputs"
 
@@ -63,7 +64,7 @@ def score(net, iterations, ap_version="Integral"):
                 continue
             sums[name] = sums.get(name, 0.0) + v
             if v.size == 1:
-                log.info("Batch %d, %s = %s", i, name, format(float(v.reshape(-1)[0]), ".6g"))
+                log.info("Batch %d, %s = %s", i, name, caffe_float(v.reshape(-1)[0]))
     means = {name: s / iterations for name, s in sums.items() if name not in varying}
     means.update({name: numpy.array(d.mean_ap(ap_version)) for name, d in detections.items()})
     return means
@@ -75,12 +76,12 @@ def run(args):
     xp = numpy if args.gpu is None else backend.gpu_array_module(args.gpu, "--gpu")
     net = Net(args.model, phase=args.phase, weights=args.weights, xp=xp, **net_state(args))
     means = score(net, args.iterations, args.ap_version)
-    weights = {net.top_names(i)[j]: w for i in range(len(net.layers)) for j, w in enumerate(net.loss_weights(i))}
+    weights = output_weights(net)
     for name, value in means.items():
         if value.size != 1:
             continue
         v = float(value.reshape(-1)[0])
         w = weights.get(name, 0.0)
-        suffix = f" (* {format(w, '.6g')} = {format(w * v, '.6g')} loss)" if w else ""
-        log.info("%s = %s%s", name, format(v, ".6g"), suffix)
+        suffix = f" (* {caffe_float(w)} = {caffe_float(w * v)} loss)" if w else ""
+        log.info("%s = %s%s", name, caffe_float(v), suffix)
     return 0

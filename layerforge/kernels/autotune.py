@@ -1,10 +1,20 @@
 """AUTO's choice of convolution engines: which engines a layer's ``engine`` lets it time (:data:`ENGINE_CHOICES`,
-:func:`candidate_engines`), the timing of its first calls (:class:`AutoChoice`), and waiting until a net's choices
+:func:`candidate_engines`), the timing of its first calls (:class:`AutoChoice`), the engines one layer holds and
+runs (:class:`ConvEngines`: candidates, timing, the cache, the snapshot state), and waiting until a net's choices
 have settled (:func:`settle_engines`). The choices persist in snapshots and in the on-disk cache beside this module
 (engine_cache.py); the engines themselves are implicit_gemm.py's and winograd.py's.
 """
-from . import blas, winograd
-from .implicit_gemm import ENGINES
+import logging
+from collections.abc import Mapping
+
+import numpy
+
+from .. import trace
+from ..backend import Stopwatch
+from . import blas, engine_cache, winograd
+from .implicit_gemm import ENGINES, free_arenas
+
+logger = logging.getLogger("layerforge")
 
 
 class AutoChoice:
@@ -98,3 +108,123 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
     if len(names) > 1 and blas.batch_invariant():
         names = tuple(k for k in names if ENGINES[k].batch_invariant)
     return names
+
+
+DIRECTIONS = ("forward", "backward")
+
+
+class ConvEngines(Mapping):
+    """The engines of one convolution layer (engine name -> engine, :data:`implicit_gemm.ENGINES`) and AUTO's
+    choice among them, separately for forward and backward.
+
+    The layer calls :meth:`choose` from ``reshape`` (again only when the input shape changes) and :meth:`run` from
+    ``forward`` / ``backward``. Until a direction has settled, :meth:`run` goes round-robin over the candidates
+    (:class:`AutoChoice`), timing each call with a :class:`~layerforge.backend.Stopwatch` (CUDA events on a GPU);
+    a settled choice is logged, frees the other engines' workspaces and is stored in the engine cache
+    (engine_cache.py), which :meth:`choose` reads first. :meth:`get_state` / :meth:`set_state` are what a snapshot
+    keeps of it.
+    """
+
+    def __init__(self, layer_type, layer_name, engine, geometry, group):
+        self.layer_type, self.layer_name = layer_type, layer_name
+        self.engine, self.geometry, self.group = engine, geometry, group  # engine: a key of ENGINE_CHOICES
+        self.shape, self.cache_key = None, None  # the input shape the engines were chosen for; its cache key
+        self._by_name, self.tuning = {}, {}
+
+    def __getitem__(self, name):
+        return self._by_name[name]
+
+    def __iter__(self):
+        return iter(self._by_name)
+
+    def __len__(self):
+        return len(self._by_name)
+
+    def use(self, name, engine):
+        """Run ``engine`` alone in both directions (the N-d path: nothing to choose); kept once given."""
+        if not self._by_name:
+            self._by_name = {name: engine}
+            self.tuning = {d: AutoChoice((name,)) for d in DIRECTIONS}
+
+    def choose(self, x_shape, y_shape, w_shape, dtype, xp):
+        """Set up the engines for a convolution from ``x_shape`` to ``y_shape`` with weights of ``w_shape`` (again
+        when the shape changes: a new shape may favour another engine), taking settled choices from the cache."""
+        if x_shape == self.shape:
+            return
+        self.shape = x_shape
+        names = candidate_engines(self.engine, self.geometry, self.group, x_shape, y_shape, dtype.itemsize,
+                                  compiled=xp is numpy)
+        self._by_name = {name: ENGINES[name](self.geometry, self.group) for name in names}
+        self.tuning = {d: AutoChoice(names) for d in DIRECTIONS}
+        self._stopwatch = Stopwatch(xp)  # device time on a GPU (CUDA events), the host clock on numpy
+        self.cache_key = None
+        if len(names) > 1:
+            self.cache_key = (engine_cache.machine_key(xp), engine_cache.layer_key(
+                self.layer_type, x_shape, y_shape, w_shape, self.geometry, self.group, dtype, names))
+            cached = engine_cache.lookup(*self.cache_key)
+            if cached and set(cached) == set(self.tuning) and set(cached.values()) <= set(names):
+                self.set_state({"shape": list(x_shape), "choice": cached})
+                logger.info("%s '%s': forward engine %s, backward engine %s (from the engine cache %s)",
+                            self.layer_type, self.layer_name, cached["forward"], cached["backward"],
+                            engine_cache.cache_path())
+
+    @property
+    def choice(self):
+        """``{"forward": name, "backward": name}``; None for a direction AUTO has not settled yet."""
+        return {d: t.choice for d, t in self.tuning.items()}
+
+    @property
+    def workspace_bytes(self):
+        """Bytes of the engines' reused workspaces (after AUTO settles, only the chosen engines')."""
+        return sum(e.workspace_bytes for e in self._by_name.values())
+
+    def run(self, direction, *args, method=None):
+        """Run engine ``method`` (default: ``direction``), timing it for AUTO's choice in ``direction``."""
+        tune = self.tuning[direction]
+        if tune.choice:
+            return getattr(self._by_name[tune.choice], method or direction)(*args)
+        name = tune.next()
+        with trace.span(direction, self.layer_name, trial=name):  # AUTO's trial of one engine, in the layer's span
+            self._stopwatch.start()
+            getattr(self._by_name[name], method or direction)(*args)
+            seconds = self._stopwatch.stop()
+        if tune.record(name, seconds):
+            times = ", ".join(f"{k} {1000 * min(v):.3f} ms" for k, v in tune.times.items())
+            logger.info("%s '%s': %s engine %s (%s)", self.layer_type, self.layer_name, direction, tune.choice, times)
+            self._release_unchosen()
+            if self.cache_key and None not in self.choice.values():
+                engine_cache.store(*self.cache_key, self.choice)
+
+    def get_state(self):
+        """AUTO's engine choices and the input shape they were made for (a snapshot keeps them, so a resumed run
+        computes with the same engines, bit for bit, instead of timing them again); a direction still being
+        timed keeps its call count and times, so the resumed run goes on with the same round-robin."""
+        if not self.tuning or self.shape is None:
+            return None
+        return {"shape": list(self.shape), "choice": self.choice,
+                "timing": {d: {"calls": t.calls, "times": t.times} for d, t in self.tuning.items() if not t.choice}}
+
+    def set_state(self, state):
+        """Take the engine choices of :meth:`get_state` when they were made for the current shape."""
+        if not state or not self.tuning or list(self.shape or ()) != state["shape"]:
+            return
+        for direction, name in state["choice"].items():
+            if name in self._by_name and direction in self.tuning:
+                self.tuning[direction].choice = name
+        for direction, progress in state.get("timing", {}).items():
+            tune = self.tuning.get(direction)
+            if tune is not None and set(progress["times"]) == set(tune.times):
+                # the saved run was still timing: go on with its round-robin, even where the cache knows better
+                tune.choice, tune.calls = None, int(progress["calls"])
+                tune.times = {k: list(v) for k, v in progress["times"].items()}
+        self._release_unchosen()
+
+    def _release_unchosen(self):
+        """Once both directions are settled, free the other engines' workspaces."""
+        chosen = {t.choice for t in self.tuning.values()}
+        if None in chosen:
+            return
+        for k, engine in self._by_name.items():
+            if k not in chosen:
+                engine.release()
+        free_arenas()  # shrink to what the chosen engines ask for from the next call on

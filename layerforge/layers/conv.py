@@ -1,21 +1,12 @@
 """Convolution (Caffe's ConvolutionLayer): 2-D or N-d, grouped, dilated; explicit im2col or implicit GEMM, autotuned."""
-import logging
-
-import numpy
-
-from ..kernels import engine_cache
-from .. import trace
-from ..backend import Stopwatch
 from ..errors import ShapeError
 from ..kernels.output_size import conv_output_size
 from ..kernels import winograd
-from ..kernels.autotune import ENGINE_CHOICES, WINOGRAD_ENGINES, AutoChoice, candidate_engines
-from ..kernels.implicit_gemm import ENGINES, NdIm2colConv, free_arenas
+from ..kernels.autotune import ENGINE_CHOICES, WINOGRAD_ENGINES, ConvEngines
+from ..kernels.implicit_gemm import NdIm2colConv
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
 from .layer_param import canonical_axis, read_pair
-
-logger = logging.getLogger("layerforge")
 
 
 @register_layer("Convolution")
@@ -33,6 +24,7 @@ class Convolution(Layer):
     (``engine_choice``; logged on the "layerforge" logger), except that it does not try IM2COL where
     the full column buffer would exceed ``AUTO_WORKSPACE_LIMIT``. Snapshots and the on-disk engine cache
     (``layerforge.kernels.engine_cache``) keep AUTO's choices, so a resumed run or a second start does not time again.
+    The layer holds its engines, their timing and AUTO's choice in ``engines`` (``kernels.autotune.ConvEngines``).
 
     N-d (Caffe's N-d path): with ``axis`` the channel axis, the axes before it are batch axes and the D
     axes after it spatial; kernel_size / stride / pad / dilation take one value or D (and the 2-D forms
@@ -130,8 +122,6 @@ class Convolution(Layer):
         p = self.layer_param.convolution
         self.num_output, self.group, self.bias_term = p.num_output, p.group, p.bias_term
         self.engine = "AUTO" if p.engine == "DEFAULT" else p.engine
-        self.engines = {}
-        self._tuned_shape, self._cache_key = None, None
         shape = bottom[0].shape
         self.axis = canonical_axis(p.axis, len(shape), "convolution.axis")
         self.nd = self.wants_nd(self.layer_param) or len(shape) - self.axis - 1 != 2
@@ -141,6 +131,7 @@ class Convolution(Layer):
         else:
             self.geometry = self.read_geometry(self.layer_param)
             channels, kernel = self._check_bottom(bottom[0]), self.geometry[:2]
+        self.engines = ConvEngines(self.type, self.name, self.engine, self.geometry, self.group)
         self.blobs = [self.make_param((self.num_output, channels // self.group) + tuple(kernel), p.weight_filler)]
         if self.bias_term:
             self.blobs.append(self.make_param((self.num_output,), p.bias_filler))
@@ -167,8 +158,7 @@ class Convolution(Layer):
                 raise ShapeError(f"the kernel does not fit bottom shape {b.shape}", key="convolution.kernel_size")
             t.reshape(tuple(b.shape[:self.axis]) + (self.num_output,) + tuple(out))
         if not self.engines:
-            self.engines = {"IM2COL_ND": NdIm2colConv(self.geometry, self.group)}
-            self.tuning = {d: AutoChoice(("IM2COL_ND",)) for d in ("forward", "backward")}
+            self.engines.use("IM2COL_ND", NdIm2colConv(self.geometry, self.group))
 
     def bottom_channels(self):
         """The bottom channel count the weights were made for."""
@@ -215,101 +205,37 @@ class Convolution(Layer):
             if out_h < 1 or out_w < 1:
                 raise self._no_output(b.shape)
             t.reshape(b.shape[0], self.num_output, out_h, out_w)
-        self._choose_engines(*self._engine_shapes(first, top[0].shape))
-
-    def _choose_engines(self, x_shape, y_shape):
-        """Set up the engines for a convolution from ``x_shape`` to ``y_shape`` (again when the shape changes)."""
-        if x_shape == self._tuned_shape:
-            return
-        self._tuned_shape = x_shape  # a new shape may favour the other engine: choose again
-        names = candidate_engines(self.engine, self.geometry, self.group, x_shape, y_shape, self.dtype.itemsize,
-                                  compiled=self.xp is numpy)
-        self.engines = {name: ENGINES[name](self.geometry, self.group) for name in names}
-        self.tuning = {d: AutoChoice(names) for d in ("forward", "backward")}
-        self._stopwatch = Stopwatch(self.xp)  # device time on a GPU (CUDA events), the host clock on numpy
-        self._cache_key = None
-        if len(names) > 1:
-            self._cache_key = (engine_cache.machine_key(self.xp), engine_cache.layer_key(
-                self.type, x_shape, y_shape, self.blobs[0].shape, self.geometry, self.group, self.dtype, names))
-            cached = engine_cache.lookup(*self._cache_key)
-            if cached and set(cached) == set(self.tuning) and set(cached.values()) <= set(names):
-                self.set_state({"shape": list(x_shape), "choice": cached})
-                logger.info("%s '%s': forward engine %s, backward engine %s (from the engine cache %s)", self.type,
-                            self.name, cached["forward"], cached["backward"], engine_cache.cache_path())
+        self.engines.choose(*self._engine_shapes(first, top[0].shape), self.blobs[0].shape, self.dtype, self.xp)
 
     def get_state(self):
-        """AUTO's engine choices and the bottom shape they were made for (a snapshot keeps them, so a resumed run
-        computes with the same engines, bit for bit, instead of timing them again); a direction still being
-        timed keeps its call count and times, so the resumed run goes on with the same round-robin."""
-        if not getattr(self, "tuning", None) or self._tuned_shape is None:
-            return None
-        return {"shape": list(self._tuned_shape), "choice": self.engine_choice,
-                "timing": {d: {"calls": t.calls, "times": t.times} for d, t in self.tuning.items() if not t.choice}}
+        """AUTO's engine choices, which a snapshot keeps (:meth:`ConvEngines.get_state`)."""
+        return self.engines.get_state()
 
     def set_state(self, state):
-        """Take the engine choices of :meth:`get_state` when they were made for the current shape."""
-        if not state or not getattr(self, "tuning", None) or list(self._tuned_shape or ()) != state["shape"]:
-            return
-        for direction, name in state["choice"].items():
-            if name in self.engines and direction in self.tuning:
-                self.tuning[direction].choice = name
-        for direction, progress in state.get("timing", {}).items():
-            tune = self.tuning.get(direction)
-            if tune is not None and set(progress["times"]) == set(tune.times):
-                # the saved run was still timing: go on with its round-robin, even where the cache knows better
-                tune.choice, tune.calls = None, int(progress["calls"])
-                tune.times = {k: list(v) for k, v in progress["times"].items()}
-        self._release_unchosen()
-
-    def _release_unchosen(self):
-        """Once both directions are settled, free the other engines' workspaces."""
-        chosen = {t.choice for t in self.tuning.values()}
-        if None in chosen:
-            return
-        for k, engine in self.engines.items():
-            if k not in chosen:
-                engine.release()
-        free_arenas()  # shrink to what the chosen engines ask for from the next call on
+        self.engines.set_state(state)
 
     @property
     def engine_choice(self):
         """``{"forward": name, "backward": name}``; None for a direction AUTO has not settled yet."""
-        return {d: t.choice for d, t in self.tuning.items()}
+        return self.engines.choice
 
     @property
     def workspace_bytes(self):
         """Bytes of the engines' reused workspaces (after AUTO settles, only the chosen engines')."""
-        return sum(e.workspace_bytes for e in self.engines.values())
-
-    def _run(self, direction, *args, method=None):
-        """Run engine ``method`` (default: ``direction``), timing it for AUTO's choice in ``direction``."""
-        tune = self.tuning[direction]
-        if tune.choice:
-            return getattr(self.engines[tune.choice], method or direction)(*args)
-        name = tune.next()
-        with trace.span(direction, self.name, trial=name):  # AUTO's trial of one engine, inside the layer's span
-            self._stopwatch.start()
-            getattr(self.engines[name], method or direction)(*args)
-            seconds = self._stopwatch.stop()
-        if tune.record(name, seconds):
-            times = ", ".join(f"{k} {1000 * min(v):.3f} ms" for k, v in tune.times.items())
-            logger.info("%s '%s': %s engine %s (%s)", self.type, self.name, direction, tune.choice, times)
-            self._release_unchosen()
-            if self._cache_key and None not in self.engine_choice.values():
-                engine_cache.store(*self._cache_key, self.engine_choice)
+        return self.engines.workspace_bytes
 
     def forward(self, bottom, top):
         b = self.blobs[1].data if self.bias_term else None
         f = self._flat
         for x, y in zip(bottom, top):
-            self._run("forward", f(x.data), self.blobs[0].data, b, f(y.data))
+            self.engines.run("forward", f(x.data), self.blobs[0].data, b, f(y.data))
 
     def backward(self, top, propagate_down, bottom):
         gb = self.blobs[1].diff if self.bias_term else None
         f = self._flat
         for i, (x, y) in enumerate(zip(bottom, top)):
             gx = f(x.diff) if propagate_down[i] else None
-            self._run("backward", f(x.data), self.blobs[0].data, f(y.diff), self.blobs[0].diff, gb, gx)
+            self.engines.run("backward", f(x.data), self.blobs[0].data, f(y.diff), self.blobs[0].diff, gb, gx)
 
     def multiply_adds(self, bottom, top):
         # per output value: one multiply-add per weight of one filter

@@ -43,7 +43,7 @@ class Deconvolution(Convolution):
         f = self._flat
         for x, y in zip(bottom, top):
             yf = f(y.data)
-            self._run("forward", yf, self.blobs[0].data, f(x.data), None, None, yf, method="backward")
+            self.engines.run("forward", yf, self.blobs[0].data, f(x.data), None, None, yf, method="backward")
             if self.bias_term:
                 yf += self.blobs[1].data.reshape((-1,) + (1,) * (yf.ndim - 2))
 
@@ -54,9 +54,9 @@ class Deconvolution(Convolution):
             if self.bias_term:
                 self.blobs[1].diff += gy.sum(axis=(0,) + tuple(range(2, gy.ndim)))
             # gW: the transposed convolution's filter gradient is the convolution's, input y.diff, output x
-            self._run("backward", gy, self.blobs[0].data, f(x.data), self.blobs[0].diff, None, None)
+            self.engines.run("backward", gy, self.blobs[0].data, f(x.data), self.blobs[0].diff, None, None)
             if propagate_down[i]:
-                self._run("backward", gy, self.blobs[0].data, None, f(x.diff), method="forward")
+                self.engines.run("backward", gy, self.blobs[0].data, None, f(x.diff), method="forward")
 
     def multiply_adds(self, bottom, top):
         # per input value: one multiply-add per weight it scatters through (Cout / G of them per kernel position)

@@ -7,7 +7,8 @@ One iteration (:meth:`Solver.step`), in this order; ``seam.x`` are the points wh
     clear parameter diffs
     test, when iter % test_interval == 0 (and iter > 0 or test_initialization), on the root (every replica when
         seam.shares_tests); per test pass: seam.agree(signal request); after the passes: seam.reduce_test
-        (eval_type DETECTION: first seam.gather_test_rows per output, the mAP is of the gathered rows)
+        (eval_type DETECTION: first seam.gather_test_rows per output, the mAP is of the gathered rows; the
+        scores are evaluation.py's)
     iter_size x (seam.before_pass(k) -> feed inputs -> forward -> backward, with seam.layer_gradients_ready(i)
         after each layer's backward when seam.layer_hooks)                diffs accumulate
     loss = seam.reduce_loss(mean loss of the passes); smoothed; displayed (the root, with seam.describe lines)
@@ -45,13 +46,14 @@ from ..errors import LayerforgeError
 from ..net.net import Net
 from ..kernels import blas
 from ..kernels.autotune import engines_settled
-from ..kernels.average_precision import AP_VERSIONS, DetectionScores
+from ..kernels.average_precision import AP_VERSIONS
 from ..layers.data import input_display
 from . import cuda_graph
 from ..kernels.threadpool import num_threads, parallel_for
 from ..npz import check_writable
 from ..registry import registrar
 from . import snapshot as snapshots
+from .evaluation import caffe_float as _g, evaluate, log_outputs, output_weights
 from .param import learning_rate, load_solver_param
 from .seam import Seams
 from .signals import signal_handlers
@@ -92,11 +94,6 @@ class ParamArrays:
 
     def __init__(self, data, diff):
         self.data, self.diff = data, diff
-
-
-def _g(x):
-    # C++ ostream's default float format, which Caffe's log lines use
-    return format(float(x), ".6g")
 
 
 class Solver:
@@ -375,26 +372,14 @@ class Solver:
             for line in lines + self.seam.describe(lapse / iters, iters):
                 log.info("    %s", line)
         self._timer, self._iter_last = time.perf_counter(), self.iter
-        weights = _output_weights(net)
-        k = 0
-        for name in net.outputs:
-            w = weights.get(name, 0.0)
-            for v in backend.to_numpy(net.blobs[name].data).reshape(-1):
-                extra = f" (* {_g(w)} = {_g(w * v)} loss)" if w else ""
-                log.info("    Train net output #%d: %s = %s%s%s", k, name, _g(v), extra, self._perplexity(w, v))
-                k += 1
+        log_outputs("Train", ((name, backend.to_numpy(net.blobs[name].data).reshape(-1)) for name in net.outputs),
+                    output_weights(net), sp.report_perplexity)
 
     def images_per_iteration(self):
         """Samples one iteration trains on: the train net's batch (all replicas' together) x iter_size; None when
         the net has no Input, DummyData or data layer."""
         batch = self.net.batch_size
         return None if batch is None else batch * (self.net.split or (0, 1))[1] * self.param.iter_size
-
-    def _perplexity(self, weight, value):
-        """`` (perplexity P)`` for a loss output when ``report_perplexity`` is on, else ''."""
-        if not (self.param.report_perplexity and weight):
-            return ""
-        return f" (perplexity {_g(math.exp(min(float(value), 700.0)))})"
 
     # ------------------------------------------------------------------------------------------
     # the update
@@ -548,32 +533,11 @@ class Solver:
 
     def test(self, k=0):
         """Forward test net ``k`` test_iter[k] times; log and return ``{output: mean value}`` (with ``eval_type``
-        DETECTION, ``{output: mAP}``)."""
-        sp, net, n = self.param, self.test_nets[k], self.param.test_iter[k]
-        if sp.eval_type == "DETECTION":
-            return self.test_detection(k)
-        sums, loss, done = None, 0.0, 0
-        for _ in self._test_batches(net, n):
-            done += 1
-            loss += net.loss
-            values = [backend.to_numpy(net.blobs[name].data).astype(numpy.float64).reshape(-1) for name in net.outputs]
-            sums = values if sums is None else [s + v for s, v in zip(sums, values)]
-        if done < n:
+        DETECTION, ``{output: mAP}``; solvers/evaluation.py scores them)."""
+        net, n = self.test_nets[k], self.param.test_iter[k]
+        scores = evaluate(self.param, net, self._test_batches(net, n), n, self.seam)
+        if scores is None:
             return None
-        sums, loss, n = self.seam.reduce_test(sums, loss, n)
-        if sp.test_compute_loss:
-            log.info("Test loss: %s", _g(loss / n))
-        weights, scores, idx = _output_weights(net), collections.OrderedDict(), 0
-        for name, total in zip(net.outputs, sums or []):
-            mean = total / n
-            w = weights.get(name, 0.0)
-            for v in mean:
-                extra = f" (* {_g(w)} = {_g(w * v)} loss)" if w else ""
-                log.info("    Test net output #%d: %s = %s%s%s", idx, name, _g(v), extra, self._perplexity(w, v))
-                idx += 1
-            scores[name] = float(mean[0]) if mean.size == 1 else mean
-            if self.param.report_perplexity and w and mean.size == 1:
-                scores[f"{name}_perplexity"] = math.exp(min(float(mean[0]), 700.0))
         self.test_scores[k] = scores
         for hook in self.test_hooks:
             hook(self.iter, k, scores)
@@ -595,42 +559,6 @@ class Solver:
                 return
             net.forward()
             yield
-
-    def test_detection(self, k=0):
-        """The SSD fork's TestDetection: the rows of every output (DetectionEvaluate's, width 5) of test_iter[k]
-        forwards, as one mAP per output (``ap_version``); logs and returns ``{output: mAP}``."""
-        sp, net, n = self.param, self.test_nets[k], self.param.test_iter[k]
-        scores = {name: DetectionScores() for name in net.outputs}
-        loss, done = 0.0, 0
-        for _ in self._test_batches(net, n):
-            loss += net.loss
-            done += 1
-            for name in net.outputs:
-                rows = backend.to_numpy(net.blobs[name].data)
-                if rows.shape[-1:] != (5,):
-                    raise LayerforgeError(f"eval_type DETECTION: test net output '{name}' has shape {rows.shape}; "
-                                          "each output must be DetectionEvaluate's (rows of 5)")
-                scores[name].add(rows)
-        if done < n:
-            return None
-        for name in net.outputs:
-            merged = DetectionScores()
-            merged.add(self.seam.gather_test_rows(scores[name].rows()))
-            scores[name] = merged
-        _, loss, n = self.seam.reduce_test([], loss, n)
-        if sp.test_compute_loss:
-            log.info("Test loss: %s", _g(loss / n))
-        result = collections.OrderedDict()
-        for idx, name in enumerate(net.outputs):
-            if sp.show_per_class_result:
-                for label, ap in scores[name].average_precisions(sp.ap_version).items():
-                    log.info("class%d: %s", label, _g(ap))
-            result[name] = scores[name].mean_ap(sp.ap_version)
-            log.info("    Test net output #%d: %s = %s", idx, name, _g(result[name]))
-        self.test_scores[k] = result
-        for hook in self.test_hooks:
-            hook(self.iter, k, result)
-        return result
 
     # ------------------------------------------------------------------------------------------
     # weights, snapshots, resuming
@@ -737,12 +665,3 @@ def _net_state(state):
     if state is None:
         return {}
     return {"level": state.level if state.given("level") else None, "stages": state.stage}
-
-
-def _output_weights(net):
-    weights = {}
-    for i in range(len(net.layers)):
-        for name, w in zip(net.top_names(i), net.loss_weights(i)):
-            if w:
-                weights[name] = w
-    return weights

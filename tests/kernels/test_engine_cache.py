@@ -9,7 +9,6 @@ import pytest
 
 from layerforge import Net
 from layerforge.kernels import autotune, engine_cache
-from layerforge.layers import conv
 from layerforge.solvers import get_solver
 
 from ..solvers.test_snapshot import CONV_NET  # DummyData -> conv1 -> ReLU -> conv2 -> ip -> loss
@@ -87,7 +86,7 @@ def test_second_start_takes_the_choices_from_the_cache_without_timing(monkeypatc
     assert machine == engine_cache.machine_key(numpy) and len(layers) == 2
 
     calls = []
-    monkeypatch.setattr(conv.Stopwatch, "start", lambda self: calls.append(1))
+    monkeypatch.setattr(autotune.Stopwatch, "start", lambda self: calls.append(1))
     with caplog.at_level(logging.INFO, logger="layerforge"):
         second = build_and_run(passes=2)
     assert calls == []
@@ -99,7 +98,7 @@ def test_second_start_takes_the_choices_from_the_cache_without_timing(monkeypatc
 def test_a_new_shape_misses_the_cache_and_is_timed(monkeypatch):
     build_and_run(passes=6)
     calls = []
-    monkeypatch.setattr(conv.Stopwatch, "start", lambda self: calls.append(1))
+    monkeypatch.setattr(autotune.Stopwatch, "start", lambda self: calls.append(1))
     net = Net(CONV_NET, phase="TRAIN")
     net.blobs["data"].reshape(4, 3, 12, 12)
     net.blobs["label"].reshape(4)

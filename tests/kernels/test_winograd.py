@@ -104,7 +104,7 @@ def test_auto_tries_winograd_f2_only_where_it_applies(param, channels, tried):
     from layerforge.blob import Blob
     layer = conv("AUTO", **param)
     layer.setup([Blob((2, channels, 8, 8))], [Blob()])
-    assert set(layer.tuning["forward"].names) == tried
+    assert set(layer.engines.tuning["forward"].names) == tried
     assert eligible(layer.geometry) == (param["kernel_size"] == 3 and "stride" not in param)
 
 
@@ -137,4 +137,4 @@ def test_auto_skips_winograd_whose_tiles_exceed_the_workspace_limit(monkeypatch)
         monkeypatch.setattr(autotune, "AUTO_WORKSPACE_LIMIT", limit)
         layer = conv("AUTO", kernel_size=3, pad=1)
         layer.setup([Blob(x_shape)], [Blob()])
-        assert set(layer.tuning["forward"].names) == {"IMPLICIT"} | ({"WINOGRAD_F2"} if tried else set())
+        assert set(layer.engines.tuning["forward"].names) == {"IMPLICIT"} | ({"WINOGRAD_F2"} if tried else set())

@@ -280,7 +280,7 @@ def test_auto_times_both_engines_per_direction_then_keeps_one(caplog):
             layer.backward(top, [True], bottom)
     choice = layer.engine_choice
     assert set(choice.values()) <= {"IM2COL", "IMPLICIT"} and None not in choice.values()
-    assert set(layer.tuning["forward"].names) == {"IM2COL", "IMPLICIT"}  # 4 channels: no Winograd trial
+    assert set(layer.engines.tuning["forward"].names) == {"IM2COL", "IMPLICIT"}  # 4 channels: no Winograd trial
     assert sum("engine" in r.getMessage() and layer.name in r.getMessage() for r in caplog.records) == 2
     for out in outputs[1:]:  # whichever engine ran, only rounding differs
         numpy.testing.assert_allclose(out, outputs[0], rtol=1e-5, atol=1e-5)
