@@ -39,6 +39,8 @@ MULTIBOX_LOSS = {
     "nms_param": Field(NMS, None, doc="NMS over the mining candidates before picking"),
     "sample_size": Field("int", 64, doc="HARD_EXAMPLE: examples per image"),
     "use_prior_for_nms": Field("bool", False, doc="NMS over the priors (false: the decoded predictions)"),
+    "exact_gradient": Field("bool", False, doc="layerforge: the true location gradient with "
+                                               "encode_variance_in_target (default: the fork's, 1 / variance left out)"),
 }
 
 
@@ -59,6 +61,13 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
     ``propagate_down`` (default true, true, false, false) lets bottom 0 learn, the confidence term when bottom 1.
     Replicas that share a batch (``batch_group``: the CPU replicas, MPI ranks) count VALID's matches over all of
     them, so that the mean of their gradients is the whole batch's.
+
+    The location gradient is the fork's: loc_weight * loc_loss'(d) * top_diff / normalizer for each matched
+    coordinate, d = keep * (scale * loc - target). With ``encode_variance_in_target`` (scale = 1 / variance) the
+    fork divides prediction and target by the variance (EncodeLocPrediction) and copies d's gradient back
+    unscaled, so its gradient is variance times the true one (0.1 x with SSD's variances 0.1, 0.2 for the
+    sizes). ``exact_gradient: true`` (a layerforge key) gives the true gradient, loc_weight * loc_loss'(d) *
+    scale * top_diff / normalizer. Without encode_variance_in_target the two agree.
 
     Deliberate differences from the fork's C++: with LOGISTIC confidences and no mining, the fork offsets image
     i's targets by i P values instead of i P C (so they land in the first images' rows); here each image's rows
@@ -191,7 +200,9 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
         self.loc_rows = tuple(xp.asarray(a) for a in (image, prior, slot))
         keep, scale = xp.asarray(keep, self.dtype), xp.asarray(scale, self.dtype)
         d = keep * (scale * loc[self.loc_rows] - xp.asarray(target, self.dtype))
-        self.loc_grad = p.loc_weight * multibox.loc_loss_gradient(d, p.loc_loss_type) * keep * scale
+        self.loc_grad = p.loc_weight * multibox.loc_loss_gradient(d, p.loc_loss_type) * keep
+        if p.exact_gradient:  # the fork leaves out d's derivative by loc, scale (its Backward_cpu copies d's diff)
+            self.loc_grad = self.loc_grad * scale
         return float(multibox.loc_loss(d, p.loc_loss_type).sum())
 
     def confidence_loss(self, conf, matches, negatives, gt, n):
