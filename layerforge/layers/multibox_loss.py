@@ -53,7 +53,7 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
     (AnnotatedData's list). The bookkeeping (matching, mining) runs on the host, as the fork does it even on a GPU
     (layerforge/kernels/multibox.py); the losses and gradients run on the predictions' device.
 
-        loss = (loc_weight * sum_matched loc_loss(scale * loc - target) + sum_scored conf_loss) / normalizer
+        loss = (loc_weight * sum_matched loc_loss(loc / v - target) + sum_scored conf_loss) / normalizer
 
     over the matched (prior, class) pairs and, for the confidences, the matched priors and the mined negatives
     (every prior without mining). ``loss.normalization``: VALID divides by the matched pairs, FULL by N P,
@@ -62,12 +62,16 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
     Replicas that share a batch (``batch_group``: the CPU replicas, MPI ranks) count VALID's matches over all of
     them, so that the mean of their gradients is the whole batch's.
 
-    The location gradient is the fork's: loc_weight * loc_loss'(d) * top_diff / normalizer for each matched
-    coordinate, d = keep * (scale * loc - target). With ``encode_variance_in_target`` (scale = 1 / variance) the
-    fork divides prediction and target by the variance (EncodeLocPrediction) and copies d's gradient back
-    unscaled, so its gradient is variance times the true one (0.1 x with SSD's variances 0.1, 0.2 for the
-    sizes). ``exact_gradient: true`` (a layerforge key) gives the true gradient, loc_weight * loc_loss'(d) *
-    scale * top_diff / normalizer. Without encode_variance_in_target the two agree.
+    v is the prior's variance with ``encode_variance_in_target`` (the target then divided by it too, as the fork's
+    EncodeLocPrediction divides both), else 1. The location gradient is the fork's, which copies d's gradient back
+    unscaled (multibox_loss_layer.cpp's Backward_cpu): for each matched coordinate, with d = loc / v - target
+    (0 where ``bp_inside`` leaves the coordinate out),
+
+        gloc = loc_weight * loc_loss'(d) * top_diff / normalizer
+
+    With v != 1 that is v times the true gradient (a tenth of it with a variance of 0.1).
+    ``exact_gradient: true`` (a layerforge key) gives the true one, gloc = loc_weight * loc_loss'(d) / v *
+    top_diff / normalizer. Without encode_variance_in_target the two agree.
 
     Deliberate differences from the fork's C++: with LOGISTIC confidences and no mining, the fork offsets image
     i's targets by i P values instead of i P C (so they land in the first images' rows); here each image's rows
@@ -178,9 +182,9 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
         losses = multibox.conf_loss(conf, self.conf_targets(labels.reshape(-1)), p.conf_loss_type)
         losses = to_numpy(losses).reshape(n, num_priors).astype(numpy.float32)
         if p.mining_type == "HARD_EXAMPLE":
-            image, prior, slot, target, keep, scale = multibox.encode_matches(matches, gt, priors[0], priors[1],
-                                                                              loc_host, p)
-            d = keep * (scale * loc_host[image, prior, slot] - target)
+            image, prior, slot, target, keep, divisor = multibox.encode_matches(matches, gt, priors[0], priors[1],
+                                                                                loc_host, p)
+            d = keep * (loc_host[image, prior, slot] / divisor - target)
             losses[image, prior] += multibox.loc_loss(d, p.loc_loss_type).sum(axis=1)
         return multibox.mine_hard_examples(losses, matches, overlaps, priors[0], priors[1], loc_host, p)
 
@@ -195,14 +199,14 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
     def location_loss(self, loc, matches, gt, priors, loc_host):
         """The summed location loss of the matched pairs; keeps their rows and gradient for backward."""
         xp, p = self.xp, self.p
-        image, prior, slot, target, keep, scale = multibox.encode_matches(matches, gt, priors[0], priors[1],
-                                                                          loc_host, p)
+        image, prior, slot, target, keep, divisor = multibox.encode_matches(matches, gt, priors[0], priors[1],
+                                                                            loc_host, p)
         self.loc_rows = tuple(xp.asarray(a) for a in (image, prior, slot))
-        keep, scale = xp.asarray(keep, self.dtype), xp.asarray(scale, self.dtype)
-        d = keep * (scale * loc[self.loc_rows] - xp.asarray(target, self.dtype))
+        keep, divisor = xp.asarray(keep, self.dtype), xp.asarray(divisor, self.dtype)
+        d = keep * (loc[self.loc_rows] / divisor - xp.asarray(target, self.dtype))
         self.loc_grad = p.loc_weight * multibox.loc_loss_gradient(d, p.loc_loss_type) * keep
-        if p.exact_gradient:  # the fork leaves out d's derivative by loc, scale (its Backward_cpu copies d's diff)
-            self.loc_grad = self.loc_grad * scale
+        if p.exact_gradient:  # d's derivative by loc, which the fork's Backward_cpu leaves out (it copies d's diff)
+            self.loc_grad = self.loc_grad / divisor
         return float(multibox.loc_loss(d, p.loc_loss_type).sum())
 
     def confidence_loss(self, conf, matches, negatives, gt, n):
