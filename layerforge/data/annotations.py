@@ -137,7 +137,10 @@ class _Boxes:
             log.warning("%s: bounding box irregular.", self.path)
         instance = self.instances.get(label, 0)
         self.instances[label] = instance + 1
-        self.rows.append([label, instance, xmin / w, ymin / h, xmax / w, ymax / h, float(difficult)])
+        # float arithmetic, as the fork's readers divide
+        f = numpy.float32
+        self.rows.append([label, instance, f(xmin) / f(w), f(ymin) / f(h), f(xmax) / f(w), f(ymax) / f(h),
+                          float(difficult)])
 
     def array(self):
         return numpy.array(self.rows, numpy.float32).reshape(-1, len(BOX_COLUMNS))
@@ -198,7 +201,7 @@ def read_json_annotation(path, height, width, names):
         declared = (int(image["height"]), int(image["width"])) if "height" in image and "width" in image else None
         boxes = _Boxes(path, *_image_size(path, declared, height, width))
         for obj in doc.get("annotation", []):
-            x, y, w, h = (float(v) for v in obj["bbox"])
+            x, y, w, h = (numpy.float32(v) for v in obj["bbox"])
             boxes.add(_lookup(names, str(obj["category_id"]), path), x, y, x + w, y + h, bool(obj.get("iscrowd", 0)))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise DataError(f"{path}: cannot read the annotation: {getattr(e, 'strerror', None) or e!r}") from None
@@ -280,13 +283,16 @@ def annotated_records(root, entries, anno_type="detection", label_type="xml", na
             first = "x".join(map(str, next(iter(stats["shapes"]))))
             raise DataError(f"{source}:{line}: image '{full}': size {'x'.join(map(str, image.shape))} differs from "
                             f"the first image's {first} (--check_size)")
-        datum = encoded_datum(encoded_bytes(image, full, encode_type, changed)) if encoded or encode_type \
-            else array_to_datum(image)
+        # the fork guesses --encoded's type with its dot ('.jpg'), which never matches the file's: it re-encodes
+        datum = encoded_datum(encoded_bytes(image, full, encode_type, changed or not encode_type)) \
+            if encoded or encode_type else array_to_datum(image)
         datum.channels, datum.height, datum.width = image.shape
+        datum.encoded = bool(encoded or encode_type)  # set even when false, as the fork's CVMatToDatum sets it
         if anno_type == "classification":
             datum.label = int(label)
             record = annotated_record(datum, typed=False)
         else:
+            datum.label = -1  # ReadRichImageToAnnotatedDatum reads the image with label -1
             annotation = os.path.join(root, label)
             boxes = read_annotation(annotation, label_type, original.shape[1], original.shape[2], names)
             stats["unannotated"] += not os.path.exists(annotation)

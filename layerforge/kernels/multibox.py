@@ -227,17 +227,18 @@ def loc_loss_gradient(d, loss_type):
 def encode_matches(matches, gt, priors, variances, loc_host, p):
     """The matched pairs in the fork's order (image, then label, then prior) and their regression targets.
 
-    The loss of pair m is ``loc_loss(keep * (scale * loc[image, prior, slot] - target))``.
+    The loss of pair m is ``loc_loss(keep * (loc[image, prior, slot] / divisor - target))``.
 
     Args:
         loc_host: (N, P, L, 4) location predictions on the host; needed only for ``bp_inside`` without
             ``use_prior_for_matching`` (the decoded prediction tells which coordinates leave the image).
     Returns:
-        ``(image, prior, slot, target, keep, scale)``: int64 (M,) arrays (``slot`` the location class, 0 when
+        ``(image, prior, slot, target, keep, divisor)``: int64 (M,) arrays (``slot`` the location class, 0 when
         shared); the encoded ground truth (M, 4) float32 (divided by the variance with
         ``encode_variance_in_target``); ``keep`` (M, 4) bool, False for a coordinate ``bp_inside`` takes out of
-        the loss (outside the image: the fork puts the target in place of the prediction); ``scale`` (M, 4)
-        float32, 1 / variance with ``encode_variance_in_target``, else 1.
+        the loss (outside the image: the fork puts the target in place of the prediction); ``divisor`` (M, 4)
+        float32, the variance with ``encode_variance_in_target`` (EncodeLocPrediction divides prediction and
+        target by it), else 1.
     """
     image, prior, slot, box = [], [], [], []
     for i, per_image in enumerate(matches):
@@ -257,11 +258,11 @@ def encode_matches(matches, gt, priors, variances, loc_host, p):
         region = priors[prior] if p.use_prior_for_matching else decode_bbox(
             priors[prior], variances[prior], p.code_type, p.encode_variance_in_target, loc_host[image, prior, slot])
         keep = (region >= 0) & (region <= 1)
-    scale = numpy.ones(target.shape, numpy.float32)
+    divisor = numpy.ones(target.shape, numpy.float32)
     if p.encode_variance_in_target:
-        scale = (1 / variances[prior]).astype(numpy.float32)
-        target = target * scale
-    return image, prior, slot, target, keep, scale
+        divisor = variances[prior].astype(numpy.float32)
+        target = target / divisor
+    return image, prior, slot, target, keep, divisor
 
 
 def _eligible(mining_type, found, overlap, neg_overlap):

@@ -39,6 +39,8 @@ MULTIBOX_LOSS = {
     "nms_param": Field(NMS, None, doc="NMS over the mining candidates before picking"),
     "sample_size": Field("int", 64, doc="HARD_EXAMPLE: examples per image"),
     "use_prior_for_nms": Field("bool", False, doc="NMS over the priors (false: the decoded predictions)"),
+    "exact_gradient": Field("bool", False, doc="layerforge: the true location gradient with "
+                                               "encode_variance_in_target (default: the fork's, 1 / variance left out)"),
 }
 
 
@@ -51,7 +53,7 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
     (AnnotatedData's list). The bookkeeping (matching, mining) runs on the host, as the fork does it even on a GPU
     (layerforge/kernels/multibox.py); the losses and gradients run on the predictions' device.
 
-        loss = (loc_weight * sum_matched loc_loss(scale * loc - target) + sum_scored conf_loss) / normalizer
+        loss = (loc_weight * sum_matched loc_loss(loc / v - target) + sum_scored conf_loss) / normalizer
 
     over the matched (prior, class) pairs and, for the confidences, the matched priors and the mined negatives
     (every prior without mining). ``loss.normalization``: VALID divides by the matched pairs, FULL by N P,
@@ -59,6 +61,17 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
     ``propagate_down`` (default true, true, false, false) lets bottom 0 learn, the confidence term when bottom 1.
     Replicas that share a batch (``batch_group``: the CPU replicas, MPI ranks) count VALID's matches over all of
     them, so that the mean of their gradients is the whole batch's.
+
+    v is the prior's variance with ``encode_variance_in_target`` (the target then divided by it too, as the fork's
+    EncodeLocPrediction divides both), else 1. The location gradient is the fork's, which copies d's gradient back
+    unscaled (multibox_loss_layer.cpp's Backward_cpu): for each matched coordinate, with d = loc / v - target
+    (0 where ``bp_inside`` leaves the coordinate out),
+
+        gloc = loc_weight * loc_loss'(d) * top_diff / normalizer
+
+    With v != 1 that is v times the true gradient (a tenth of it with a variance of 0.1).
+    ``exact_gradient: true`` (a layerforge key) gives the true one, gloc = loc_weight * loc_loss'(d) / v *
+    top_diff / normalizer. Without encode_variance_in_target the two agree.
 
     Deliberate differences from the fork's C++: with LOGISTIC confidences and no mining, the fork offsets image
     i's targets by i P values instead of i P C (so they land in the first images' rows); here each image's rows
@@ -169,9 +182,9 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
         losses = multibox.conf_loss(conf, self.conf_targets(labels.reshape(-1)), p.conf_loss_type)
         losses = to_numpy(losses).reshape(n, num_priors).astype(numpy.float32)
         if p.mining_type == "HARD_EXAMPLE":
-            image, prior, slot, target, keep, scale = multibox.encode_matches(matches, gt, priors[0], priors[1],
-                                                                              loc_host, p)
-            d = keep * (scale * loc_host[image, prior, slot] - target)
+            image, prior, slot, target, keep, divisor = multibox.encode_matches(matches, gt, priors[0], priors[1],
+                                                                                loc_host, p)
+            d = keep * (loc_host[image, prior, slot] / divisor - target)
             losses[image, prior] += multibox.loc_loss(d, p.loc_loss_type).sum(axis=1)
         return multibox.mine_hard_examples(losses, matches, overlaps, priors[0], priors[1], loc_host, p)
 
@@ -186,12 +199,14 @@ class MultiBoxLoss(_LossNormalization, LossLayer):
     def location_loss(self, loc, matches, gt, priors, loc_host):
         """The summed location loss of the matched pairs; keeps their rows and gradient for backward."""
         xp, p = self.xp, self.p
-        image, prior, slot, target, keep, scale = multibox.encode_matches(matches, gt, priors[0], priors[1],
-                                                                          loc_host, p)
+        image, prior, slot, target, keep, divisor = multibox.encode_matches(matches, gt, priors[0], priors[1],
+                                                                            loc_host, p)
         self.loc_rows = tuple(xp.asarray(a) for a in (image, prior, slot))
-        keep, scale = xp.asarray(keep, self.dtype), xp.asarray(scale, self.dtype)
-        d = keep * (scale * loc[self.loc_rows] - xp.asarray(target, self.dtype))
-        self.loc_grad = p.loc_weight * multibox.loc_loss_gradient(d, p.loc_loss_type) * keep * scale
+        keep, divisor = xp.asarray(keep, self.dtype), xp.asarray(divisor, self.dtype)
+        d = keep * (loc[self.loc_rows] / divisor - xp.asarray(target, self.dtype))
+        self.loc_grad = p.loc_weight * multibox.loc_loss_gradient(d, p.loc_loss_type) * keep
+        if p.exact_gradient:  # d's derivative by loc, which the fork's Backward_cpu leaves out (it copies d's diff)
+            self.loc_grad = self.loc_grad / divisor
         return float(multibox.loc_loss(d, p.loc_loss_type).sum())
 
     def confidence_loss(self, conf, matches, negatives, gt, n):

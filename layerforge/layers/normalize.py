@@ -13,9 +13,14 @@ class Normalize(Layer):
     ``||x|| = sqrt(sum x^2 + eps)`` (eps inside the root, as the fork). s is one learned scale
     (``channel_shared``, blob shape ()) or one per channel (C,), filled by ``scale_filler`` (default 1).
     Shapes: x (N, C, ...) -> y the same. Gradients, with n = ||x|| and sums over the normalised axes:
-    gs = sum(gy * x / n) and gx = (s gy - x sum(s gy x) / n^2) / n. (The fork's backward leaves s out of
-    the inner sum, which is exact only while all channel scales are equal; this is the gradient of the
-    forward it computes.)
+    gs = sum(gy * x / n), and for x the fork's (normalize_layer.cpp / .cu Backward):
+
+        gx = s * (gy - x sum(gy x) / n^2) / n
+
+    which leaves s out of the inner sum. With one scale (``channel_shared``) or equal ones that is the true
+    gradient; with unequal per-channel scales it is not, and SSD's hyper-parameters were tuned on it, so it
+    is the default. ``exact_gradient: true`` (a layerforge key) gives the true gradient of the forward,
+    gx = (s gy - x sum(s gy x) / n^2) / n.
     """
 
     param_blocks = {"norm": {
@@ -23,6 +28,8 @@ class Normalize(Layer):
         "scale_filler": Field(FILLER, _ONE, doc="initial scale (default constant 1)"),
         "channel_shared": Field("bool", True, doc="one scale for all channels; false: one per channel"),
         "eps": Field("float", 1e-10, min=0.0, doc="added to the sum of squares under the root"),
+        "exact_gradient": Field("bool", False, doc="layerforge: the true bottom gradient (default: the fork's, "
+                                                   "s left out of the inner sum)"),
     }}
     backward_reads = ("bottom",)
 
@@ -60,6 +67,7 @@ class Normalize(Layer):
         gs = gy * x_hat
         self.blobs[0].diff += gs.sum() if self.blobs[0].data.ndim == 0 else gs.sum(axis=(0, 2))
         if propagate_down[0]:
-            sg = gy * self._scale()
-            inner = (sg * x_hat).sum(axis=self.sum_axes, keepdims=True)
-            self._view(bottom[0].diff)[...] = (sg - x_hat * inner) / self.norm
+            s, exact = self._scale(), self.layer_param.norm.exact_gradient
+            g = gy * s if exact else gy  # the fork scales after the projection, not before
+            gx = (g - x_hat * (g * x_hat).sum(axis=self.sum_axes, keepdims=True)) / self.norm
+            self._view(bottom[0].diff)[...] = gx if exact else gx * s

@@ -87,3 +87,78 @@ def test_convert_annoset_command(tmp_path, capsys):
         (tmp_path / "list.txt").write_text("a.png\n")
         convert_annoset(str(tmp_path), str(tmp_path / "list.txt"), str(tmp_path / "db2"),
                         label_map_file=str(tmp_path / "labels.prototxt"))
+
+
+def the_forks_record(image, encoded_data=None, boxes=(), label=-1, typed=True):
+    """A serialized AnnotatedDatum built as the fork's convert_annoset builds it (ReadImageToDatum with label -1 for
+    detection: CVMatToDatum sets channels, height, width, encoded false and the pixels; EncodeCVMatToDatum the
+    bytes, the shape and encoded true; then the label; each box an Annotation with instance_id and a bbox whose
+    corners are float divisions and whose difficult is always set)."""
+    from layerforge.caffe.caffe_pb import AnnotatedDatum
+    anno = AnnotatedDatum()
+    d = anno.datum
+    d.channels, d.height, d.width = image.shape
+    d.encoded = encoded_data is not None
+    d.data = image.tobytes() if encoded_data is None else encoded_data
+    d.label = label
+    if typed:
+        anno.type = AnnotatedDatum.BBOX
+    for group_label, corners, difficult in boxes:
+        groups = [g for g in anno.annotation_group if g.group_label == group_label]
+        group = groups[0] if groups else anno.annotation_group.add(group_label=group_label)
+        a = group.annotation.add(instance_id=len(group.annotation))
+        a.bbox.xmin, a.bbox.ymin, a.bbox.xmax, a.bbox.ymax = corners
+        a.bbox.difficult = difficult
+    return anno.SerializeToString()
+
+
+def raw_records(db):
+    reader = LMDBReader(str(db), decode=lambda value, source, key: bytes(value))
+    return [reader.read(i) for i in range(len(reader))]
+
+
+@pytest.mark.parametrize("encoding", [[], ["--encoded"], ["--encode_type", "png"]])
+def test_records_equal_the_forks_field_for_field(tmp_path, encoding):
+    import cv2
+    rng = numpy.random.default_rng(3)
+    hwc = rng.integers(0, 256, (30, 70, 3), numpy.uint8)
+    cv2.imwrite(str(tmp_path / "a.png"), hwc, [cv2.IMWRITE_PNG_COMPRESSION, 9])  # not OpenCV's default bytes
+    (tmp_path / "a.xml").write_text("<annotation><size><width>70</width><height>30</height></size>"
+                                    "<object><name>cat</name><difficult>1</difficult><bndbox><xmin>7</xmin>"
+                                    "<ymin>3</ymin><xmax>22</xmax><ymax>29</ymax></bndbox></object>"
+                                    "<object><name>dog</name><bndbox><xmin>1</xmin><ymin>2</ymin><xmax>69</xmax>"
+                                    "<ymax>11</ymax></bndbox></object>"
+                                    "<object><name>cat</name><bndbox><xmin>0</xmin><ymin>0</ymin><xmax>3</xmax>"
+                                    "<ymax>7</ymax></bndbox></object></annotation>")
+    (tmp_path / "b.txt").write_text("2 1.3 2.7 33.1 20.9\n")
+    (tmp_path / "list.txt").write_text("a.png a.xml\na.png b.txt\n")
+    write_label_map(str(tmp_path / "labels.prototxt"), [("background", 0, "bg"), ("cat", 1, "cat"),
+                                                          ("dog", 2, "dog")])
+    for label_type, in_db in (("xml", "xml"), ("txt", "txt")):
+        (tmp_path / "list.txt").write_text("a.png a.xml\n" if label_type == "xml" else "a.png b.txt\n")
+        assert cli.main(["convert_annoset", str(tmp_path) + "/", str(tmp_path / "list.txt"), str(tmp_path / in_db),
+                         "--label_map_file", str(tmp_path / "labels.prototxt"), "--label_type", label_type]
+                        + encoding) == 0
+    f = numpy.float32
+    chw = hwc.transpose(2, 0, 1)
+    # --encoded alone: the fork's guessed type '.png' never matches the file's 'png', so it re-encodes; a given
+    # --encode_type that matches stores the file itself
+    encoded = {0: None, 1: cv2.imencode(".png", hwc)[1].tobytes(),
+               2: (tmp_path / "a.png").read_bytes()}[len(encoding)]
+    assert encoded != (tmp_path / "a.png").read_bytes() or len(encoding) != 1
+    xml = the_forks_record(chw, encoded, [(1, (f(7) / f(70), f(3) / f(30), f(22) / f(70), f(29) / f(30)), True),
+                                          (2, (f(1) / f(70), f(2) / f(30), f(69) / f(70), f(11) / f(30)), False),
+                                          (1, (0, 0, f(3) / f(70), f(7) / f(30)), False)])
+    txt = the_forks_record(chw, encoded, [(2, tuple(f(v) / f(s) for v, s in ((1.3, 70), (2.7, 30), (33.1, 70),
+                                                                              (20.9, 30))), False)])
+    assert raw_records(tmp_path / "xml") == [xml]
+    assert raw_records(tmp_path / "txt") == [txt]
+
+
+def test_classification_records_equal_the_forks(tmp_path):
+    import cv2
+    hwc = numpy.random.default_rng(4).integers(0, 256, (5, 6, 3), numpy.uint8)
+    cv2.imwrite(str(tmp_path / "a.png"), hwc)
+    (tmp_path / "list.txt").write_text("a.png 3\n")
+    convert_annoset(str(tmp_path), str(tmp_path / "list.txt"), str(tmp_path / "db"), anno_type="classification")
+    assert raw_records(tmp_path / "db") == [the_forks_record(hwc.transpose(2, 0, 1), label=3, typed=False)]

@@ -92,7 +92,7 @@ def test_conf_gradient(case):
 
 
 @pytest.mark.parametrize("options", [
-    {"code_type": "CENTER_SIZE", "encode_variance_in_target": True},
+    {"code_type": "CENTER_SIZE", "encode_variance_in_target": True, "exact_gradient": True},
     {"code_type": "CORNER_SIZE", "bp_inside": True},
     {"use_prior_for_matching": False, "code_type": "CENTER_SIZE"},
     {"mining_type": "HARD_EXAMPLE", "nms_param": {"nms_threshold": 0.5, "top_k": 10}, "sample_size": 4},
@@ -129,6 +129,45 @@ def test_value_by_hand():
     p = 1 / (1 + numpy.exp(-numpy.array([1.0, 1.5])))  # softmax of prior 0's class 1 and of prior 1's class 0
     numpy.testing.assert_allclose(to_numpy(bottom[1].diff),
                                   [[2 * (1 - p[0]), 2 * (p[0] - 1), 2 * (p[1] - 1), 2 * (1 - p[1])]])
+
+
+def variance_in_target(xp, **options):
+    """One image, one box: prior 0 (variance 0.1) against a box 0.01 wider on the left, CORNER coding,
+    ``encode_variance_in_target``; backward from a top diff of 2. Returns (loss, location gradient)."""
+    priors = numpy.array([[[0.1, 0.1, 0.3, 0.3, 0.5, 0.5, 0.9, 0.9], [0.1] * 8]])
+    gt = numpy.array([[[[0, 1, 0, 0.09, 0.1, 0.3, 0.3, 0]]]])
+    loc = numpy.array([[0.05, -2.0, 3.0, 0.0, 9, 9, 9, 9]])
+    conf = numpy.zeros((1, 4))
+    mbox = create_layer({"type": "MultiBoxLoss", "bottom": ["loc", "conf", "prior", "label"], "top": ["loss"],
+                         "propagate_down": [True, False, False, False], "multibox_loss": dict({"num_classes": 2, "mining_type": "NONE",
+                                                "encode_variance_in_target": True}, **options)},
+                        dtype=numpy.float64, xp=xp)
+    bottom, top = [make_blob(a, xp=xp) for a in (loc, conf, priors, gt)], [Blob((), numpy.float64, xp)]
+    mbox.setup(bottom, top)
+    mbox.forward(bottom, top)
+    top[0].diff[...] = 2.0
+    mbox.backward(top, [True, False, False, False], bottom)
+    return float(top[0].data), to_numpy(bottom[0].diff)
+
+
+def test_encode_variance_in_target_by_hand_as_the_fork(xp):
+    """EncodeLocPrediction divides prediction and target by the variance: d = (loc - (gt - prior)) / 0.1 =
+    (0.6, -20, 30, 0); smooth L1 0.18 + 19.5 + 29.5. Backward_cpu copies d's gradient (0.6, -1, 1, 0) times the
+    top diff back unscaled; exact_gradient adds the 1 / 0.1 of d's derivative."""
+    loss, fork = variance_in_target(xp)
+    assert loss == pytest.approx(0.5 * 0.6 ** 2 + 19.5 + 29.5, rel=1e-5)
+    numpy.testing.assert_allclose(fork, [[2 * 0.6, -2, 2, 0, 0, 0, 0, 0]], rtol=1e-5)
+    loss_exact, exact = variance_in_target(xp, exact_gradient=True)
+    assert loss_exact == loss
+    numpy.testing.assert_allclose(exact, 10 * fork, rtol=1e-6)
+
+
+@pytest.mark.parametrize("code_type", ["CORNER", "CENTER_SIZE"])
+def test_exact_gradient_by_finite_differences(xp, code_type):
+    mbox = layer(xp, propagate_down=[True, False, False, False], code_type=code_type,
+                 encode_variance_in_target=True, exact_gradient=True)
+    assert check_gradient(mbox, bottoms(True, xp), [Blob((), numpy.float64, xp)], check_bottom=[0], stepsize=1e-4,
+                          threshold=1e-4, max_checks=24) > 0
 
 
 def test_the_location_term_follows_propagate_down():

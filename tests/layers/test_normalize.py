@@ -1,5 +1,5 @@
-"""Normalize (SSD's fork): the fork's test_normalize_layer.cpp cases, gradients, and the exact gradient with
-unequal channel scales."""
+"""Normalize (SSD's fork): the fork's test_normalize_layer.cpp cases, its backward (normalize_layer.cpp) by default,
+and the true gradient with unequal channel scales under ``exact_gradient``."""
 import numpy
 import pytest
 
@@ -55,7 +55,7 @@ def test_values_by_hand(xp):
 def test_gradient(across_spatial, channel_shared, shape):
     # gaussian scales: unequal per channel, where the fork's own backward is off (docstring)
     layer = normalize({"across_spatial": across_spatial, "channel_shared": channel_shared,
-                       "scale_filler": {"type": "gaussian", "mean": 3.0}})
+                       "scale_filler": {"type": "gaussian", "mean": 3.0}, "exact_gradient": True})
     x = make_blob(numpy.random.default_rng(1).standard_normal(shape))
     assert check_gradient(layer, [x], [Blob((), numpy.float64)]) > 0
 
@@ -79,3 +79,67 @@ def test_a_one_axis_bottom_is_an_error():
     from layerforge.errors import ShapeError
     with pytest.raises(ShapeError, match="2 or more axes"):
         forward({}, numpy.ones(3))
+
+
+def the_forks_backward(x, gy, s, across_spatial, eps):
+    """normalize_layer.cpp's Backward_cpu for the bottom, step by step, per image: x, gy (N, C, S), s () or (C,)."""
+    gx = numpy.empty_like(x)
+    scale = numpy.broadcast_to(numpy.reshape(s, (-1, 1)), x.shape[1:])
+    for n in range(len(x)):
+        if across_spatial:
+            norm = numpy.sqrt((x[n] ** 2).sum() + eps)
+            a = (x[n] * gy[n]).sum()                                   # caffe_cpu_dot(bottom_data, top_diff)
+            diff = x[n] * (a / norm / norm)                            # caffe_cpu_scale
+            diff = gy[n] - diff                                        # caffe_sub
+            diff = diff * (1.0 / norm)                                 # caffe_scal
+        else:
+            norm = numpy.sqrt(eps + (x[n] ** 2).sum(axis=0))          # per position (S,)
+            a = (x[n] * gy[n]).sum(axis=0)                             # gemv over the channels: buffer_spatial
+            diff = x[n] * a                                            # caffe_mul(bottom_data, a broadcast)
+            diff = diff / norm ** 2                                    # caffe_div by norm^2 broadcast
+            diff = gy[n] - diff                                        # caffe_sub
+            diff = diff / norm                                         # caffe_div by norm broadcast
+        gx[n] = diff * scale                                           # scale the diff
+    return gx
+
+
+@pytest.mark.parametrize("across_spatial", [True, False])
+@pytest.mark.parametrize("channel_shared", [True, False])
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+def test_the_forks_bottom_gradient_by_default(xp, across_spatial, channel_shared, dtype):
+    r = numpy.random.default_rng(4)
+    x, gy = r.standard_normal((2, 3, 2, 3)), r.standard_normal((2, 3, 2, 3))
+    block = {"across_spatial": across_spatial, "channel_shared": channel_shared, "eps": 1e-3}
+    layer, bottom, top = normalize(block, xp, dtype), make_blob(x, dtype, xp), Blob((), dtype, xp)
+    layer.setup([bottom], [top])
+    s = numpy.array(2.5) if channel_shared else numpy.array([0.5, 2.0, 7.0])
+    layer.blobs[0].data[...] = xp.asarray(s)
+    layer.forward([bottom], [top])
+    top.diff[...] = xp.asarray(gy)
+    layer.backward([top], [True], [bottom])
+    expected = the_forks_backward(x.reshape(2, 3, 6), gy.reshape(2, 3, 6), s, across_spatial, 1e-3).reshape(x.shape)
+    rtol = 1e-5 if dtype == numpy.float32 else 1e-12
+    numpy.testing.assert_allclose(to_numpy(bottom.diff), expected, rtol=rtol, atol=rtol)
+    exact = normalize(dict(block, exact_gradient=True), xp, dtype)
+    b2, t2 = make_blob(x, dtype, xp), Blob((), dtype, xp)
+    exact.setup([b2], [t2])
+    exact.blobs[0].data[...] = xp.asarray(s)
+    exact.forward([b2], [t2])
+    t2.diff[...] = xp.asarray(gy)
+    exact.backward([t2], [True], [b2])
+    differ = numpy.abs(to_numpy(b2.diff) - expected).max() > 1e-2
+    assert differ == (not channel_shared)  # one scale: the fork's gradient is the true one
+
+
+@pytest.mark.parametrize("across_spatial", [True, False])
+def test_exact_gradient_by_finite_differences(xp, across_spatial):
+    layer = normalize({"across_spatial": across_spatial, "channel_shared": False, "exact_gradient": True,
+                       "scale_filler": {"type": "gaussian", "mean": 3.0}}, xp)
+    x = make_blob(numpy.random.default_rng(5).standard_normal((2, 3, 2, 3)), xp=xp)
+    assert check_gradient(layer, [x], [Blob((), numpy.float64, xp)]) > 0
+
+
+def test_exact_gradient_is_a_declared_key():
+    from layerforge.errors import ConfigError
+    with pytest.raises(ConfigError, match="exact_gradiant"):
+        normalize({"exact_gradiant": True})
