@@ -1,6 +1,6 @@
 """The backends of the tests: numpy, and cupy on a real device where one is present, else on the emulated device.
 
-Without a device, the emulated CUDA device (layerforge/kernels/cuda/emulator, docs/gpu.md) is installed in this
+Without a device, the emulated CUDA device (layerforge_emulator, docs/gpu.md) is installed in this
 process for the whole session, through its own API: ``import cupy`` gives the emulator, so every GPU test runs
 (``xp`` fixture's ``cupy`` case, ``solver_mode: GPU``, ``Net(..., xp=cupy)``). ``LAYERFORGE_EMULATED_GPU=1`` is set
 for the session too, so the processes tests start (``layerforge ... --gpu 0``, CGDP's workers, ``mpiexec`` ranks)
@@ -12,8 +12,8 @@ import numpy
 import pytest
 
 from layerforge import rng
-from layerforge.kernels.cuda.emulator import install as emulator
-from layerforge.kernels.cuda.emulator.kernel_runner import BUILD_DIR_ENV
+from layerforge_emulator import install as emulator
+from layerforge_emulator.kernel_runner import BUILD_DIR_ENV
 
 
 def _real_device():

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from layerforge.kernels.cuda.emulator import install
+from layerforge_emulator import install
 from tests.conftest import REAL_GPU
 
 CODE = """
@@ -25,7 +25,7 @@ print(cupy.__version__, xp is cupy, cupy.cuda.Device().id, cupy.cuda.runtime.get
 def run(env):
     return subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, **env), cwd=os.path.dirname(os.path.dirname(os.path.dirname(
-                              os.path.dirname(os.path.abspath(__file__))))))
+                              os.path.abspath(__file__)))))
 
 
 def test_the_variable_installs_the_emulator_over_a_real_cupy():
