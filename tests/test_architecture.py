@@ -194,7 +194,8 @@ def _emulator_problems(tmp_path, product, emulator):
     ({"emulated_gpu.py": DOOR + "\n\ndef installed():\n    if True:\n        import layerforge_emulator\n"}, {},
      "layerforge.emulated_gpu (line 17) imports layerforge_emulator: layerforge enters the emulated device only "
      "through layerforge.emulated_gpu.install_if_requested (LAYERFORGE_EMULATED_GPU)"),
-])
+], ids=["apart", "emulator-imports-blas", "emulator-import_module-engine_cache", "kernels-import-it",
+        "door-imports-before-the-check", "second-door"])
 def test_the_emulator_and_layerforge_meet_only_at_the_door(tmp_path, product, emulator, expected):
     # the emulated device is a room beside the product: it imports none of layerforge, and layerforge imports it
     # only in emulated_gpu.install_if_requested, under the check of LAYERFORGE_EMULATED_GPU
