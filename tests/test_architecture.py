@@ -165,7 +165,8 @@ DOOR = ("import os\n\n\ndef requested():\n    return os.environ.get('LAYERFORGE_
         "\n\ndef install_if_requested():\n    if requested():\n        from layerforge_emulator import install\n\n"
         "        install.install()\n")
 EMULATOR = {"__init__.py": "", "install.py": "from . import raw\n",
-            "raw.py": "from .install import x\n\n\ndef load(path):\n    return open(path).read()  # a .cu file by path\n"}
+            "raw.py": "from .install import x\n\n\ndef load(path):\n"
+                      "    return open(path).read()  # a .cu file by path: not an import\n"}
 
 
 def _emulator_problems(tmp_path, product, emulator):

@@ -339,31 +339,26 @@ def emulator_imports(root=ROOT, package=PACKAGE, emulator=EMULATOR):
             names = [n for n in _imported_names(module, is_package, node) if n.split(".")[0] == package]
             lines += [f"{module} (line {node.lineno}) imports {names[0]}: the emulated device imports nothing of "
                       f"{package}'s (it gets the .cu text through cupy.RawModule)"] if names else []
-    for module, tree in _parsed(root, package, (), exclude=True):
-        is_package = modules(root, package)[module][1]
-        for node in ast.walk(tree):
-            if not any(name.split(".")[0] == emulator for name in _imported_names(module, is_package, node)):
-                continue
-            if room_of(module, package) == EMULATOR_DOOR[0] and _guarded_door(tree, node):
-                continue
-            lines.append(f"{module} (line {node.lineno}) imports {emulator}: layerforge enters the emulated device "
-                         f"only through {package}.{'.'.join(EMULATOR_DOOR)} (LAYERFORGE_EMULATED_GPU)")
-    return lines
+    return lines + [f"{module} (line {node.lineno}) imports {emulator}: layerforge enters the emulated device only "
+                    f"through {package}.{'.'.join(EMULATOR_DOOR)} (LAYERFORGE_EMULATED_GPU)"
+                    for module, tree, node in _emulator_entries(root, package, emulator)
+                    if not (room_of(module, package) == EMULATOR_DOOR[0] and _guarded_door(tree, node))]
+
+
+def _emulator_entries(root, package, emulator):
+    """``[(module, syntax tree, node)]``: every place in ``package`` that imports the emulator."""
+    known = modules(root, package)
+    return [(module, tree, node) for module, tree in _parsed(root, package, (), exclude=True) for node in ast.walk(tree)
+            if any(name.split(".")[0] == emulator for name in _imported_names(module, known[module][1], node))]
 
 
 def emulator_picture(root=ROOT, package=PACKAGE, emulator=EMULATOR):
     """The emulator's room, beside the levels, with a dotted arrow from each room of layerforge that imports it."""
     if not modules(root, emulator):
         return []
-    lines = [f'  subgraph EMU["stand-in for cupy, cuBLAS, NCCL (LAYERFORGE_EMULATED_GPU)"]',
-             f'    emulator["{emulator}/"]', "  end"]
-    rooms = set()
-    for module, tree in _parsed(root, package, (), exclude=True):
-        is_package = modules(root, package)[module][1]
-        if any(name.split(".")[0] == emulator for node in ast.walk(tree)
-               for name in _imported_names(module, is_package, node)):
-            rooms.add(room_of(module, package))
-    return lines + [f"  {_node(r)} -.-> emulator" for r in sorted(rooms)]
+    rooms = sorted({room_of(module, package) for module, _, _ in _emulator_entries(root, package, emulator)})
+    return (['  subgraph EMU["stand-in for cupy, cuBLAS, NCCL (LAYERFORGE_EMULATED_GPU)"]',
+             f'    emulator["{emulator}/"]', "  end"] + [f"  {_node(r)} -.-> emulator" for r in rooms])
 
 
 def room_edges(graph, package=PACKAGE):
