@@ -4,7 +4,7 @@ CPU body of the same entry point.
     python benchmarks/bench_emulated_kernels.py [--repeats 3] [--threads 1,2]
 
 The GPU launchers of layerforge/kernels/cuda/*.py run as they are (grid, block, arguments) on numpy buffers
-(tests/kernels/emulator/helpers.numpy_as_cupy), float32, batch 64: LeNet's conv1 (1 -> 20, 5x5, 28x28) and
+(tests/emulator/helpers.numpy_as_cupy), float32, batch 64: LeNet's conv1 (1 -> 20, 5x5, 28x28) and
 conv2 (20 -> 50, 5x5, 12x12) through im2col / col2im and the implicit-GEMM kernels, its two 2x2 max poolings,
 softmax loss over 10 classes, and LRN, BatchNorm and the fused BatchNorm kernels on conv1's output. Times are
 milliseconds per call, the best of ``--repeats``, with ``LAYERFORGE_EMULATED_GPU_THREADS`` host threads for
@@ -29,7 +29,7 @@ from layerforge.kernels.cuda import implicit_gemm as gpu_conv  # noqa: E402
 from layerforge.kernels.cuda import lrn as gpu_lrn  # noqa: E402
 from layerforge.kernels.cuda import pooling as gpu_pool  # noqa: E402
 from layerforge.kernels.cuda import softmax_loss as gpu_softmax  # noqa: E402
-from tests.kernels.emulator.helpers import numpy_as_cupy, rand  # noqa: E402
+from tests.emulator.helpers import numpy_as_cupy, rand  # noqa: E402
 
 F = numpy.float32
 CONV = (5, 5, 1, 1, 0, 0, 1, 1)

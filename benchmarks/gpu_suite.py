@@ -77,7 +77,7 @@ DATA_FEEDS = ("lmdb", "synthetic")
 PRECISIONS = ("fp32", "tf32")
 RESERVE = 10  # seconds kept for writing the results
 STARTED = time.perf_counter()  # this process's start (phase boxes count from the child's start)
-EMULATOR_ENV = "LAYERFORGE_EMULATED_GPU"  # what turns the emulated device on (layerforge/kernels/cuda/emulator)
+EMULATOR_ENV = "LAYERFORGE_EMULATED_GPU"  # what turns the emulated device on (layerforge_emulator)
 
 
 class Mode:

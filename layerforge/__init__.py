@@ -13,7 +13,7 @@ from .cores import limit_threads_per_rank
 
 limit_threads_per_rank()  # before numpy loads its BLAS
 
-from .kernels.cuda.emulator.install import install_if_requested  # noqa: E402
+from .emulated_gpu import install_if_requested  # noqa: E402
 
 install_if_requested()  # LAYERFORGE_EMULATED_GPU=1: the emulated device stands in for cupy (docs/gpu.md)
 

@@ -1,6 +1,6 @@
 """The backends of the tests: numpy, and cupy on a real device where one is present, else on the emulated device.
 
-Without a device, the emulated CUDA device (layerforge/kernels/cuda/emulator, docs/gpu.md) is installed in this
+Without a device, the emulated CUDA device (layerforge_emulator, docs/gpu.md) is installed in this
 process for the whole session, through its own API: ``import cupy`` gives the emulator, so every GPU test runs
 (``xp`` fixture's ``cupy`` case, ``solver_mode: GPU``, ``Net(..., xp=cupy)``). ``LAYERFORGE_EMULATED_GPU=1`` is set
 for the session too, so the processes tests start (``layerforge ... --gpu 0``, CGDP's workers, ``mpiexec`` ranks)
@@ -12,8 +12,8 @@ import numpy
 import pytest
 
 from layerforge import rng
-from layerforge.kernels.cuda.emulator import install as emulator
-from layerforge.kernels.cuda.emulator.kernel_runner import BUILD_DIR_ENV
+from layerforge_emulator import install as emulator
+from layerforge_emulator.kernel_runner import BUILD_DIR_ENV
 
 
 def _real_device():
@@ -33,6 +33,27 @@ if EMULATED_GPU:
     emulator.install()
     os.environ[emulator.ENV] = "1"
 BACKENDS = ["numpy", "cupy"]
+# what marks a test ``gpu`` (``pytest -m gpu``): words of its id (file, name, parameters), the emulator's own tests,
+# and the fixtures that hand it the device
+GPU_WORDS = ("gpu", "cuda", "cupy", "device", "nccl")
+GPU_FOLDERS = ("tests/emulator/",)
+GPU_FIXTURES = ("cupy",)  # tests/emulator/emulated.py's fixture: the emulated cupy for one test
+
+
+def touches_the_device(item):
+    """Whether a collected test runs on the device (a real one or the emulated one): its id (file, name, parameters:
+    the ``xp`` fixture's ``[cupy]``, ``solver_mode`` GPU, ``--devices``...) names the GPU, cupy, CUDA, a device or
+    NCCL, it is a test of the emulator, or it takes the emulated cupy as a fixture."""
+    nodeid = item.nodeid.lower()
+    return (any(word in nodeid for word in GPU_WORDS) or nodeid.startswith(GPU_FOLDERS)
+            or any(name in GPU_FIXTURES for name in getattr(item, "fixturenames", ())))
+
+
+def pytest_collection_modifyitems(config, items):
+    """``pytest -m gpu`` selects every test that touches the device (docs/gpu.md); ``-m "not gpu"`` the others."""
+    for item in items:
+        if touches_the_device(item):
+            item.add_marker(pytest.mark.gpu)
 
 
 @pytest.fixture(params=BACKENDS)

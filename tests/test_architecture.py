@@ -182,3 +182,53 @@ def test_a_layer_may_hold_conv_engines(tmp_path):
                                      "class Convolution:\n    def forward(self, x):\n"
                                      "        return self.engines.run('forward', x)\n")
     assert _problems_with(tmp_path, {"layers/conv.py": uses, "kernels/autotune.py": ""}) == []
+
+
+DOOR = ("import os\n\n\ndef requested():\n    return os.environ.get('LAYERFORGE_EMULATED_GPU', '') not in ('', '0')\n"
+        "\n\ndef install_if_requested():\n    if requested():\n        from layerforge_emulator import install\n\n"
+        "        install.install()\n")
+EMULATOR = {"__init__.py": "", "install.py": "from . import raw\n",
+            "raw.py": "from .install import x\n\n\ndef load(path):\n"
+                      "    return open(path).read()  # a .cu file by path: not an import\n"}
+
+
+def _emulator_problems(tmp_path, product, emulator):
+    root = _plant(tmp_path, {**BASE, "emulated_gpu.py": DOOR, **product})
+    for path, text in {**EMULATOR, **emulator}.items():
+        (tmp_path / "layerforge_emulator" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "layerforge_emulator" / path).write_text(textwrap.dedent(text))
+    return graph_tool.problems(root)
+
+
+@pytest.mark.parametrize("product, emulator, expected", [
+    ({}, {}, None),
+    ({}, {"cublas.py": "def f(x):\n    from layerforge.kernels.blas import round_to_bfloat16\n"},
+     "layerforge_emulator.cublas (line 2) imports layerforge.kernels.blas: the emulated device imports nothing of "
+     "layerforge's (it gets the .cu text through cupy.RawModule)"),
+    ({}, {"kernel_runner.py": "import importlib\nCACHE = importlib.import_module('layerforge.kernels.engine_cache')\n"},
+     "layerforge_emulator.kernel_runner (line 2) imports layerforge.kernels.engine_cache: the emulated device imports "
+     "nothing of layerforge's (it gets the .cu text through cupy.RawModule)"),
+    ({"kernels/im2col.py": "def f():\n    from layerforge_emulator import install\n"}, {},
+     "layerforge.kernels.im2col (line 2) imports layerforge_emulator: layerforge enters the emulated device only "
+     "through layerforge.emulated_gpu.install_if_requested (LAYERFORGE_EMULATED_GPU)"),
+    ({"emulated_gpu.py": DOOR.replace("    if requested():\n        from layerforge_emulator import install\n",
+                                      "    import layerforge_emulator.install as install\n    if requested():\n")},
+     {}, "layerforge.emulated_gpu (line 9) imports layerforge_emulator: layerforge enters the emulated device only "
+         "through layerforge.emulated_gpu.install_if_requested (LAYERFORGE_EMULATED_GPU)"),
+    ({"emulated_gpu.py": DOOR + "\n\ndef installed():\n    if True:\n        import layerforge_emulator\n"}, {},
+     "layerforge.emulated_gpu (line 17) imports layerforge_emulator: layerforge enters the emulated device only "
+     "through layerforge.emulated_gpu.install_if_requested (LAYERFORGE_EMULATED_GPU)"),
+], ids=["apart", "emulator-imports-blas", "emulator-import_module-engine_cache", "kernels-import-it",
+        "door-imports-before-the-check", "second-door"])
+def test_the_emulator_and_layerforge_meet_only_at_the_door(tmp_path, product, emulator, expected):
+    # the emulated device is a room beside the product: it imports none of layerforge, and layerforge imports it
+    # only in emulated_gpu.install_if_requested, under the check of LAYERFORGE_EMULATED_GPU
+    assert _emulator_problems(tmp_path, product, emulator) == ([expected] if expected else [])
+
+
+def test_the_real_emulator_stands_apart_and_the_picture_shows_its_door():
+    assert graph_tool.emulator_imports() == []
+    assert "  emulated_gpu -.-> emulator" in graph_tool.picture().splitlines()
+    from layerforge import emulated_gpu
+    from layerforge_emulator import install
+    assert emulated_gpu.ENV == install.ENV == "LAYERFORGE_EMULATED_GPU"

@@ -52,6 +52,7 @@ def test_resume_from_snapshot_continues_the_same_run(tmp_path):
     assert losses(resumed.stderr) == losses(full.stderr)[3:]
 
 
+@pytest.mark.gpu  # its second half runs `layerforge test --gpu 0`, which its name does not say
 def test_weights_then_test_command(tmp_path):
     trained = layerforge("train", "--solver", write_solver(tmp_path, 4))
     assert trained.returncode == 0, trained.stderr

@@ -17,6 +17,10 @@ Three rules keep what is inside the rooms in place (read from the code's syntax 
   kernels/autotune.py's; nor does one time code or read the engine cache (no import of ``time``, ``Stopwatch``,
   ``AutoChoice`` or ``engine_cache``): a convolution holds a ``ConvEngines``, which does.
 
+The emulated CUDA device (``layerforge_emulator/``, beside layerforge/) is a room outside the levels: it imports
+nothing of layerforge's (the ``.cu`` text reaches it through ``cupy.RawModule``), and layerforge imports it at one
+place only, the door ``emulated_gpu.install_if_requested`` under its check of ``LAYERFORGE_EMULATED_GPU``.
+
     python tools/import_graph.py            # check; exit 1 and one line per problem
     python tools/import_graph.py --docs     # rewrite the generated picture in docs/architecture.md
 """
@@ -32,7 +36,7 @@ PACKAGE = "layerforge"
 # (level name, rooms), lowest first. A new package or top-level module must be placed here.
 LEVELS = [
     ("foundation", ("errors", "backend", "rng", "registry", "npz", "schema", "blob", "fillers", "logs", "cores",
-                    "testing", "training_log", "yaml_text", "trace")),
+                    "testing", "training_log", "yaml_text", "trace", "emulated_gpu")),
     ("kernels and collectives", ("kernels", "comm")),
     ("Caffe's formats", ("caffe",)),
     ("input", ("data",)),
@@ -310,7 +314,71 @@ def problems(root=ROOT, package=PACKAGE):
         path = _cycle_path(graph, component)
         lines.append(f"import cycle of {len(component)} modules: " + " -> ".join(path))
     return (lines + command_imports(graph, package) + solver_assignments(root, package)
-            + engine_selection_in_layers(root, package))
+            + engine_selection_in_layers(root, package) + emulator_imports(root, package))
+
+
+# -- the emulated device: a room beside the product, entered through one door --------------------------------
+EMULATOR = "layerforge_emulator"
+EMULATOR_DOOR = ("emulated_gpu", "install_if_requested")  # (room of layerforge, function): the one import of it
+_IMPORTERS = {"import_module", "__import__"}
+
+
+def _imported_names(module, is_package, node):
+    """The absolute dotted names an import statement, ``importlib.import_module("...")`` or ``__import__("...")``
+    of ``module`` names (relative imports resolved)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            parts = module.split(".") if is_package else module.split(".")[:-1]
+            base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+        return [base] + [f"{base}.{alias.name}" for alias in node.names]
+    if (isinstance(node, ast.Call) and _last_name(node.func) in _IMPORTERS and node.args
+            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        return [node.args[0].value]
+    return []
+
+
+def _guarded_door(tree, node):
+    """Whether ``node`` sits in the door function of EMULATOR_DOOR, inside an ``if`` of it."""
+    for function in tree.body:
+        if isinstance(function, ast.FunctionDef) and function.name == EMULATOR_DOOR[1]:
+            return any(node in list(ast.walk(branch)) for branch in ast.walk(function) if isinstance(branch, ast.If))
+    return False
+
+
+def emulator_imports(root=ROOT, package=PACKAGE, emulator=EMULATOR):
+    """One line per import of layerforge by the emulator, and per import of the emulator by a layerforge module
+    other than the door (``emulated_gpu.install_if_requested``, under its ``if``)."""
+    lines = []
+    for module, (path, is_package) in sorted(modules(root, emulator).items()):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            names = [n for n in _imported_names(module, is_package, node) if n.split(".")[0] == package]
+            lines += [f"{module} (line {node.lineno}) imports {names[0]}: the emulated device imports nothing of "
+                      f"{package}'s (it gets the .cu text through cupy.RawModule)"] if names else []
+    return lines + [f"{module} (line {node.lineno}) imports {emulator}: layerforge enters the emulated device only "
+                    f"through {package}.{'.'.join(EMULATOR_DOOR)} (LAYERFORGE_EMULATED_GPU)"
+                    for module, tree, node in _emulator_entries(root, package, emulator)
+                    if not (room_of(module, package) == EMULATOR_DOOR[0] and _guarded_door(tree, node))]
+
+
+def _emulator_entries(root, package, emulator):
+    """``[(module, syntax tree, node)]``: every place in ``package`` that imports the emulator."""
+    known = modules(root, package)
+    return [(module, tree, node) for module, tree in _parsed(root, package, (), exclude=True) for node in ast.walk(tree)
+            if any(name.split(".")[0] == emulator for name in _imported_names(module, known[module][1], node))]
+
+
+def emulator_picture(root=ROOT, package=PACKAGE, emulator=EMULATOR):
+    """The emulator's room, beside the levels, with a dotted arrow from each room of layerforge that imports it."""
+    if not modules(root, emulator):
+        return []
+    rooms = sorted({room_of(module, package) for module, _, _ in _emulator_entries(root, package, emulator)})
+    return (['  subgraph EMU["stand-in for cupy, cuBLAS, NCCL (LAYERFORGE_EMULATED_GPU)"]',
+             f'    emulator["{emulator}/"]', "  end"] + [f"  {_node(r)} -.-> emulator" for r in rooms])
 
 
 def room_edges(graph, package=PACKAGE):
@@ -340,6 +408,7 @@ def picture(root=ROOT, package=PACKAGE):
             continue  # everything may import the foundation; drawn once, below
         lines.append(f"  {_node(a)} --> {_node(b)}")
     lines.append("  L1 --> L0")
+    lines.extend(emulator_picture(root, package))
     lines.append("```")
     return "\n".join(lines)
 

@@ -64,12 +64,12 @@ class WorkerPool:
 
     # -- start-up ---------------------------------------------------------------------------------------------
     def _start(self):
-        from ...kernels.cuda.emulator import install as emulator
+        from ... import emulated_gpu
 
         launcher = [k for k in os.environ if k.startswith(MPI_ENV_PREFIXES)]
-        saved = {k: os.environ.get(k) for k in list(WORKER_THREADS_ENV) + launcher + [emulator.ENV]}
-        if emulator.is_installed():  # the emulated device in place of cupy here (installed()): the workers' too
-            os.environ[emulator.ENV] = "1"
+        saved = {k: os.environ.get(k) for k in list(WORKER_THREADS_ENV) + launcher + [emulated_gpu.ENV]}
+        if emulated_gpu.installed():  # the emulated device in place of cupy here (installed()): the workers' too
+            os.environ[emulated_gpu.ENV] = "1"
         for k in WORKER_THREADS_ENV:  # G processes share the cores: one BLAS pool each would oversubscribe them
             if self.options.split:  # replicas of one process: its threads shared out, whatever it was set to
                 os.environ[k] = str(max(1, num_threads() // self.G))

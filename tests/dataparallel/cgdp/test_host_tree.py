@@ -147,7 +147,7 @@ def test_two_gpu_workers_match_one_cpu_worker_with_the_whole_batch(source, sync,
     """``--devices 0,0`` (two workers sharing one GPU) and ``0,1``: the cupy mover's copy stream, events and pinned
     buffers carry the exchange; in tree mode each worker replays its net's body from CUDA graphs. On the emulated
     device the workers get it because this process has it installed (not through the environment)."""
-    from layerforge.kernels.cuda.emulator import install as emulator
+    from layerforge_emulator import install as emulator
 
     if EMULATED_GPU:
         monkeypatch.delenv(emulator.ENV)

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 import numpy
 
 from layerforge.kernels import cuda
-from layerforge.kernels.cuda.emulator import kernel_runner
-from layerforge.kernels.cuda.emulator.kernel_runner import DevicePointer
+from layerforge_emulator import kernel_runner
+from layerforge_emulator.kernel_runner import DevicePointer
 
 DTYPES = [numpy.float32, numpy.float64]
 TOL = {numpy.float64: 1e-10, numpy.float32: 1e-4}

@@ -8,9 +8,9 @@ from typing import NamedTuple
 import numpy
 import pytest
 
-import layerforge.kernels.cuda.emulator as emulator_package
-from layerforge.kernels.cuda.emulator import runtime
-from tests.kernels.emulator.emulated import cupy  # noqa: F401 - the fixture
+import layerforge_emulator as emulator_package
+from layerforge_emulator import runtime
+from tests.emulator.emulated import cupy  # noqa: F401 - the fixture
 
 CODE = 'extern "C" __global__ void scale(float* x, float a, int n) { /* x[i] *= a */ }'
 

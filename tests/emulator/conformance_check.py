@@ -15,7 +15,7 @@ import sys
 import types
 
 sys.setdlopenflags(os.RTLD_LAZY | os.RTLD_GLOBAL)
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROOTS = {"cupy", "cp", "xp", "cupyx"}
 TOP = ("cupy", "cupyx", "cupy_backends")
 
@@ -37,8 +37,6 @@ def used_by_layerforge():
     and importlib strings, as dotted paths below ``cupy`` (or ``cupyx`` / ``cupy_backends``)."""
     used = set()
     for folder, _, files in os.walk(os.path.join(ROOT, "layerforge")):
-        if "emulator" in folder:
-            continue
         for name in files:
             if not name.endswith(".py"):
                 continue
@@ -197,7 +195,7 @@ def main():
         except (AttributeError, ImportError) as e:
             report["layerforge_uses_missing"].append(f"{path}: {e}")
     sys.path.insert(0, ROOT)
-    from layerforge.kernels.cuda.emulator import install
+    from layerforge_emulator import install
     for path, ours in stand_in_names(install._build()):
         real_path = path.replace(".__init__", "")
         try:

@@ -1,4 +1,4 @@
-"""Run under ``mpiexec -n 2 python tests/kernels/emulator/nccl_worker.py`` with LAYERFORGE_EMULATED_GPU=1 by
+"""Run under ``mpiexec -n 2 python tests/emulator/nccl_worker.py`` with LAYERFORGE_EMULATED_GPU=1 by
 test_nccl.py: NCCL through the emulated cupy across MPI ranks (one device each), raw and through
 layerforge.comm.nccl; prints one ``ok`` line per rank."""
 import numpy

@@ -28,6 +28,7 @@ import threading
 import numpy
 
 from . import allocations, streams
+from .cublas import round_to_bfloat16
 from .device import Device
 from .runtime import getDevice
 
@@ -98,7 +99,6 @@ def _bfloat16_to_float32(u16):
 
 
 def _float32_to_bfloat16(f32):
-    from ...blas import round_to_bfloat16
     return (round_to_bfloat16(f32).view(numpy.uint32) >> 16).astype(numpy.uint16)
 
 

@@ -1,8 +1,8 @@
-"""The emulated cupy as a fixture, installed in this process for one test (tests/kernels/emulator)."""
+"""The emulated cupy as a fixture, installed in this process for one test (tests/emulator)."""
 import pytest
 
-from layerforge.kernels.cuda.emulator import runtime
-from layerforge.kernels.cuda.emulator.install import installed
+from layerforge_emulator import runtime
+from layerforge_emulator.install import installed
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ import gc
 import numpy
 import pytest
 
-from layerforge.kernels.cuda.emulator import allocations, memory, runtime
-from tests.kernels.emulator.emulated import cupy  # noqa: F401 - the fixture
+from layerforge_emulator import allocations, memory, runtime
+from tests.emulator.emulated import cupy  # noqa: F401 - the fixture
 
 
 def test_allocations_are_exact_and_resolvable(cupy):

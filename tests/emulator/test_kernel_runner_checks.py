@@ -7,9 +7,9 @@ import pytest
 
 from layerforge.kernels import cuda, implicit_gemm
 from layerforge.kernels.cuda import implicit_gemm as gpu_conv
-from layerforge.kernels.cuda.emulator import kernel_runner
-from layerforge.kernels.cuda.emulator.kernel_runner import CompileException, DevicePointer, KernelFault
-from tests.kernels.emulator.helpers import implicit_gemm_without_barrier, launch, module, numpy_as_cupy, rand
+from layerforge_emulator import kernel_runner
+from layerforge_emulator.kernel_runner import CompileException, DevicePointer, KernelFault
+from tests.emulator.helpers import implicit_gemm_without_barrier, launch, module, numpy_as_cupy, rand
 
 P = DevicePointer.of
 

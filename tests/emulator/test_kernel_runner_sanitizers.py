@@ -10,10 +10,10 @@ import pytest
 
 from layerforge.kernels import cuda
 from layerforge.kernels.cuda import implicit_gemm as gpu_conv
-from layerforge.kernels.cuda.emulator import kernel_runner
-from layerforge.kernels.cuda.emulator.kernel_runner import DevicePointer, KernelFault
-from tests.kernels.emulator import test_kernel_runner as kernels
-from tests.kernels.emulator.helpers import implicit_gemm_without_barrier, launch, numpy_as_cupy, rand
+from layerforge_emulator import kernel_runner
+from layerforge_emulator.kernel_runner import DevicePointer, KernelFault
+from tests.emulator import test_kernel_runner as kernels
+from tests.emulator.helpers import implicit_gemm_without_barrier, launch, numpy_as_cupy, rand
 
 SANITIZERS = ["thread", "address"]
 F = numpy.float32
@@ -129,7 +129,7 @@ def test_shared_memory_overflows_are_address_sanitizer_reports(name, where):
 
 
 def test_the_executor_faults_come_through_the_driver(sanitizer):
-    from tests.kernels.emulator.test_kernel_runner_checks import DIVERGENT
+    from tests.emulator.test_kernel_runner_checks import DIVERGENT
     f = kernel_runner.compile_module(DIVERGENT, ("-std=c++17",)).function("some_reach_the_barrier")
     assert kernel_runner.compile_module(DIVERGENT, ("-std=c++17",)).sanitizer == sanitizer
     with pytest.raises(KernelFault, match="is reached by 16 of the block's 32 threads"):

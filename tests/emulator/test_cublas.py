@@ -5,8 +5,8 @@ import pytest
 
 from layerforge.kernels import blas
 from layerforge.kernels.cuda import gemm
-from layerforge.kernels.cuda.emulator import cublas, runtime
-from tests.kernels.emulator.emulated import cupy  # noqa: F401 - the fixture
+from layerforge_emulator import cublas, runtime
+from tests.emulator.emulated import cupy  # noqa: F401 - the fixture
 
 
 def operands(m=5, k=7, n=3, batch=2, dtype=numpy.float32, seed=0):

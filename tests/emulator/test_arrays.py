@@ -4,7 +4,7 @@ import pickle
 import numpy
 import pytest
 
-from tests.kernels.emulator.emulated import cupy  # noqa: F401 - the fixture
+from tests.emulator.emulated import cupy  # noqa: F401 - the fixture
 
 SHAPE = (3, 4)
 

@@ -4,9 +4,9 @@ import gc
 import numpy
 import pytest
 
-from layerforge.kernels.cuda.emulator import runtime
+from layerforge_emulator import runtime
 from layerforge.solvers.cuda_graph import cuda_recorder
-from tests.kernels.emulator.emulated import cupy  # noqa: F401 - the fixture
+from tests.emulator.emulated import cupy  # noqa: F401 - the fixture
 
 
 def test_capture_records_and_replay_reruns_on_the_same_buffers(cupy):

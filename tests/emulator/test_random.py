@@ -2,7 +2,7 @@
 import numpy
 import pytest
 
-from tests.kernels.emulator.emulated import cupy  # noqa: F401 - the fixture
+from tests.emulator.emulated import cupy  # noqa: F401 - the fixture
 
 
 def test_a_seed_repeats_and_another_differs(cupy):

@@ -1,10 +1,11 @@
 """The switch: the emulated device takes the place of cupy in ``sys.modules``.
 
-``LAYERFORGE_EMULATED_GPU=1`` (any value but empty or ``0``) makes ``import layerforge`` call :func:`install`,
-which puts an import hook first on ``sys.meta_path``: ``import cupy`` (and its submodules) then loads the
-emulator's modules, so a CPU run still never imports cupy, while every GPU entry point (``--gpu N``, ``solver_mode: GPU``, ``--devices``, ``Net(..., xp=cupy)``,
-``caffe.set_mode_gpu()``) and every subprocess that inherits the variable (``mpiexec`` ranks, CGDP workers)
-gets the emulator. It wins over an installed cupy: the real modules are taken out of ``sys.modules``.
+:func:`install` puts an import hook first on ``sys.meta_path``: ``import cupy`` (and its submodules) then
+loads the emulator's modules, so a CPU run still never imports cupy, while every GPU entry point (``--gpu N``,
+``solver_mode: GPU``, ``--devices``, ``Net(..., xp=cupy)``, ``caffe.set_mode_gpu()``) gets the emulator. It wins
+over an installed cupy: the real modules are taken out of ``sys.modules``. ``LAYERFORGE_EMULATED_GPU=1`` (any
+value but empty or ``0``) makes ``import layerforge`` call :func:`install` (layerforge/emulated_gpu.py, its only
+import of this package), in every subprocess that inherits the variable too (``mpiexec`` ranks, CGDP workers).
 Tests that want it without the variable use :func:`installed` (a context manager that puts the previous
 modules back afterwards).
 
@@ -15,25 +16,14 @@ Modules put in place (what layerforge, its tests and benchmarks import): ``cupy`
 import contextlib
 import importlib
 import importlib.util
-import os
 import sys
 import threading
 import types
 
-ENV = "LAYERFORGE_EMULATED_GPU"
+ENV = "LAYERFORGE_EMULATED_GPU"  # the variable layerforge reads to call install() (layerforge/emulated_gpu.py)
 VERSION = "14.0.0+layerforge.emulator"
 PREFIXES = ("cupy", "cupyx", "cupy_backends")
 _state = {"modules": None}
-
-
-def requested():
-    """True when ``LAYERFORGE_EMULATED_GPU`` asks for the emulated device."""
-    return os.environ.get(ENV, "") not in ("", "0")
-
-
-def install_if_requested():
-    if requested():
-        install()
 
 
 def _module(name, doc, attributes, package=False):
@@ -132,7 +122,7 @@ def _build():
                       memory=mods["cupy.cuda.memory"], device=mods["cupy.cuda.device"],
                       stream=mods["cupy.cuda.stream"], graph=mods["cupy.cuda.graph"], nvtx=mods["cupy.cuda.nvtx"],
                       nccl=mods["cupy.cuda.nccl"])
-    mods["cupy.cuda"] = _module("cupy.cuda", "The emulated CUDA device (layerforge.kernels.cuda.emulator).",
+    mods["cupy.cuda"] = _module("cupy.cuda", "The emulated CUDA device (layerforge_emulator).",
                                 cuda_names, True)
     random_names = {n: getattr(random, n) for n in (
         "RandomState", "seed", "get_random_state", "standard_normal", "normal", "uniform", "random_sample", "random",
@@ -147,7 +137,7 @@ def _build():
                  random=mods["cupy.random"], RawModule=raw.RawModule, RawKernel=raw.RawKernel,
                  get_default_memory_pool=memory.get_default_memory_pool, is_available=lambda: True,
                  get_array_module=_get_array_module, __version__=VERSION)
-    mods["cupy"] = _module("cupy", "cupy on layerforge's emulated CUDA device (layerforge.kernels.cuda.emulator).",
+    mods["cupy"] = _module("cupy", "cupy on layerforge's emulated CUDA device (layerforge_emulator).",
                            names, True)
     return mods
 

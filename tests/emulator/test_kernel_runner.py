@@ -16,7 +16,7 @@ from layerforge.kernels.cuda import implicit_gemm as gpu_conv
 from layerforge.kernels.cuda import lrn as gpu_lrn
 from layerforge.kernels.cuda import pooling as gpu_pooling
 from layerforge.kernels.cuda import softmax_loss as gpu_softmax_loss
-from tests.kernels.emulator.helpers import DTYPES, close, numpy_as_cupy, rand
+from tests.emulator.helpers import DTYPES, close, numpy_as_cupy, rand
 
 # (kh, kw, sy, sx, ph, pw, dy, dx)
 GEOMETRIES = [(3, 3, 1, 1, 1, 1, 1, 1), (3, 2, 2, 1, 0, 1, 1, 1), (3, 3, 2, 2, 2, 2, 2, 2), (1, 1, 1, 1, 0, 0, 1, 1)]

@@ -30,9 +30,9 @@ block on a host thread of its own), and writes the copies back. A sanitizer repo
 global memory, an access past an allocation or a ``__shared__`` array) is a :class:`KernelFault` carrying the
 report's first lines.
 
-Compiled modules are memoised per process and kept in ``$LAYERFORGE_CACHE_DIR/emulated_gpu`` (the cache
-directory of :mod:`layerforge.kernels.engine_cache`; ``$LAYERFORGE_EMULATED_GPU_BUILD_DIR`` names another), keyed by a hash of the text, the options, the
-sanitizer, the compiler's version and the emulator's own sources.
+Compiled modules are memoised per process and kept in ``$LAYERFORGE_CACHE_DIR/emulated_gpu`` (layerforge's cache
+directory, read here as layerforge reads it; ``$LAYERFORGE_EMULATED_GPU_BUILD_DIR`` names another), keyed by a hash
+of the text, the options, the sanitizer, the compiler's version and the emulator's own sources.
 """
 import copy
 import ctypes
@@ -51,14 +51,13 @@ from typing import NamedTuple, Optional
 
 import numpy
 
-from ...engine_cache import cache_dir
-
 HERE = Path(__file__).resolve().parent
 SOURCES = ("cuda_runtime.h", "runner_abi.h", "runner_runtime.cpp", "runner_driver.cpp")
 SANITIZER_ENV = "LAYERFORGE_EMULATED_GPU_SANITIZER"
 THREADS_ENV = "LAYERFORGE_EMULATED_GPU_THREADS"
 CXX_ENV = "LAYERFORGE_EMULATED_GPU_CXX"
 BUILD_DIR_ENV = "LAYERFORGE_EMULATED_GPU_BUILD_DIR"
+CACHE_DIR_ENV = "LAYERFORGE_CACHE_DIR"  # the cache directory of the project that runs its kernels here
 SANITIZERS = ("thread", "address")
 
 # the device's limits (compute capability 9.0, without the opt-in to more than 48 KiB of shared memory)
@@ -164,6 +163,16 @@ def _sources_hash():
 
 
 _process_dir = None
+
+
+def cache_dir():
+    """``$LAYERFORGE_CACHE_DIR`` (None when ``off``), else ``$XDG_CACHE_HOME/layerforge`` or ``~/.cache/layerforge``:
+    the directory layerforge keeps its caches in, so that one setting moves (or turns off) both."""
+    given = os.environ.get(CACHE_DIR_ENV)
+    if given:
+        return None if given.lower() == "off" else given
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                        "layerforge")
 
 
 def artifact_dir():

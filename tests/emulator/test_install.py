@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from layerforge.kernels.cuda.emulator import install
+from layerforge_emulator import install
 from tests.conftest import REAL_GPU
 
 CODE = """
@@ -25,7 +25,7 @@ print(cupy.__version__, xp is cupy, cupy.cuda.Device().id, cupy.cuda.runtime.get
 def run(env):
     return subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, **env), cwd=os.path.dirname(os.path.dirname(os.path.dirname(
-                              os.path.dirname(os.path.abspath(__file__))))))
+                              os.path.abspath(__file__)))))
 
 
 def test_the_variable_installs_the_emulator_over_a_real_cupy():
@@ -61,3 +61,12 @@ def test_uninstalled_shows_the_world_without_the_emulator_and_puts_it_back():
                 with pytest.raises(Exception):  # noqa: B017 - no device here: whatever the real cupy raises
                     cupy.cuda.runtime.getDeviceCount()
         assert install.is_installed() and sys.modules["cupy"] is emulated
+
+
+def test_without_the_variable_layerforge_loads_no_part_of_the_emulator():
+    code = ("import sys, layerforge; layerforge.Net; from layerforge.backend import get_array_module\n"
+            "print(sorted(m for m in sys.modules if 'emulator' in m) or 'none')")
+    env = {k: v for k, v in os.environ.items() if k != install.ENV}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert proc.returncode == 0 and proc.stdout.split() == ["none"], proc.stdout + proc.stderr[-2000:]

@@ -30,7 +30,7 @@ INTERNAL = {"builtins", "inspect", "NUMPY_ONLY", "CUPY_PARAMETERS", "ufunc", "nu
             "run_synced", "device_array", "DTYPE_NAMES", "UFUNCS", "REDUCTIONS", "INTERNAL", "to_device"}
 
 
-# parameters of numpy's functions that cupy's functions of the same name do not take (tests/kernels/emulator/
+# parameters of numpy's functions that cupy's functions of the same name do not take (tests/emulator/
 # test_conformance.py compares every signature here with the real cupy's)
 NUMPY_ONLY = {"initial", "where", "like", "device", "correction", "mean", "stable", "subok", "ndmin"}
 

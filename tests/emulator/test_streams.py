@@ -3,8 +3,8 @@ correctly ordered code correct."""
 import numpy
 import pytest
 
-from layerforge.kernels.cuda.emulator import runtime
-from tests.kernels.emulator.emulated import cupy  # noqa: F401 - the fixture
+from layerforge_emulator import runtime
+from tests.emulator.emulated import cupy  # noqa: F401 - the fixture
 
 
 def test_work_on_a_stream_is_not_seen_before_it_is_ordered(cupy):

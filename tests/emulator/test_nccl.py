@@ -6,9 +6,9 @@ import threading
 import numpy
 import pytest
 
-from layerforge.kernels.cuda.emulator import nccl as emulated_nccl
+from layerforge_emulator import nccl as emulated_nccl
 from tests.comm.mpirun import run_mpi
-from tests.kernels.emulator.emulated import cupy  # noqa: F401 - the fixture
+from tests.emulator.emulated import cupy  # noqa: F401 - the fixture
 
 
 def on_devices(cupy, work, n=2):

@@ -147,13 +147,19 @@ def round_to_tf32(x):
     return numpy.where(numpy.isnan(x), x, rounded)
 
 
+def round_to_bfloat16(x):
+    """float32 ``x`` rounded to bfloat16 (7 mantissa bits; to nearest, ties to even), as float32; NaN stays NaN."""
+    u = numpy.ascontiguousarray(x, dtype=numpy.float32).view(numpy.uint32)
+    rounded = ((u + (numpy.uint32(0x7FFF) + ((u >> 16) & 1))) & numpy.uint32(0xFFFF0000)).view(numpy.float32)
+    return numpy.where(numpy.isnan(x), x, rounded)
+
+
 def _rounded(x, rounding):
     if rounding == "tf32":
         return round_to_tf32(x)
     if rounding == "fp16":
         return x.astype(numpy.float16).astype(numpy.float32)
     if rounding == "bf16":
-        from ...blas import round_to_bfloat16
         return round_to_bfloat16(x)
     return x
 

@@ -4,7 +4,7 @@ import numpy
 import pytest
 
 from layerforge.kernels import cuda
-from tests.kernels.emulator.helpers import DTYPES, module
+from tests.emulator.helpers import DTYPES, module
 
 
 def _build_all(jobs):
