@@ -7,11 +7,14 @@ for the session too, so the processes tests start (``layerforge ... --gpu 0``, C
 find the same device. A test of what a GPU request does where there is no device takes the :func:`no_gpu` fixture.
 """
 import os
+import pathlib
+import tempfile
 
 import numpy
 import pytest
 
 from layerforge import rng
+from tests import checkout
 from layerforge.kernels.cuda.emulator import install as emulator
 from layerforge.kernels.cuda.emulator.kernel_runner import BUILD_DIR_ENV
 
@@ -69,6 +72,43 @@ def _emulated_kernel_builds(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(BUILD_DIR_ENV, str(tmp_path_factory.mktemp("emulated_gpu_build")))
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _generated_files_in_tmp(tmp_path_factory):
+    """Generated data (the MNIST LMDBs and the Python corpus, which go to ``<checkout>/data`` otherwise:
+    layerforge.data.data_dir) and temporary files (``tempfile``, in this process and in the processes tests start)
+    go under pytest's temporary folder, which a passing run removes (pyproject's ``tmp_path_retention_policy``).
+    A data directory given in the environment is used as it is."""
+    with pytest.MonkeyPatch.context() as mp:
+        if not os.environ.get("LAYERFORGE_DATA_DIR"):
+            mp.setenv("LAYERFORGE_DATA_DIR", str(tmp_path_factory.mktemp("generated_data")))
+        temp = str(tmp_path_factory.mktemp("tempfile"))
+        mp.setenv("TMPDIR", temp)
+        mp.setattr(tempfile, "tempdir", temp)
+        yield
+
+
+CHECKOUT = pathlib.Path(__file__).resolve().parents[1]
+CHECKOUT_FILES = pytest.StashKey()
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # xdist's workers leave the check to the controller
+        session.config.stash[CHECKOUT_FILES] = checkout.files(CHECKOUT)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The run fails when it wrote into the checkout (tests/checkout.py); skipped outside a git checkout."""
+    before = session.config.stash.get(CHECKOUT_FILES, None)
+    after = checkout.files(CHECKOUT) if before is not None else None
+    made = checkout.made(before, after) if after is not None else []
+    if made:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"\nFAILED {checkout.report(made)}", red=True)
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def return_freed_memory(collect=True):
