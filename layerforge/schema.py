@@ -178,6 +178,65 @@ def suggest(word, choices):
 # ---------------------------------------------------------------------------------------------
 # Fields
 
+# top-level keys that only a net file has, and keys that only a solver file has: a file given where the other kind is
+# expected (`time --model` given the zoo's resnet50.yaml solver, `train --solver` given resnet50_net.yaml) is named as
+# such in one line, not as its first unknown key
+NET_FILE_KEYS = ("layers", "layer", "input", "input_shape", "input_dim", "blocks")
+SOLVER_FILE_KEYS = ("net", "net_param", "train_net", "train_net_param", "test_net", "test_net_param", "base_lr",
+                    "lr_policy", "max_iter", "test_iter", "test_interval", "snapshot_prefix", "solver_mode")
+
+
+def wrong_kind_of_file(mapping, path, expected):
+    """A ConfigError when the top-level ``mapping`` read from ``path`` is a solver where a net is ``expected``
+    (``expected="net"``) or a net where a solver is (``"solver"``); None when it is not the other kind."""
+    import os
+
+    def has(keys):
+        return [k for k in keys if k in mapping]
+
+    if expected == "net":
+        found = has(SOLVER_FILE_KEYS)
+        if not found or has(("layers", "layer")):
+            return None
+        net = mapping.get("net")
+        if isinstance(net, str) and path is not None and not os.path.isabs(net):
+            net = os.path.join(os.path.dirname(path), net)
+        instead = f"give its net file {net} here" if isinstance(net, str) else "give a net file here"
+        return ConfigError(f"a solver file (it has {', '.join(repr(k) for k in found[:3])}), not a net: {instead} "
+                           f"(a solver goes to train --solver or plan --solver)", path, mapping.line_of(found[0]))
+    found = has(NET_FILE_KEYS)
+    if not found or has(("net", "net_param", "train_net", "train_net_param")):
+        return None
+    solvers = _solvers_naming(path) if path is not None else []
+    instead = f", such as {solvers[0]}" if solvers else ""
+    return ConfigError(f"a net file (it has {', '.join(repr(k) for k in found[:3])}), not a solver: give a solver "
+                       f"file whose 'net' names it{instead} (a net goes to time --model or test --model)", path,
+                       mapping.line_of(found[0]))
+
+
+def _solvers_naming(path):
+    """The YAML files beside the net file ``path`` whose top-level ``net:`` names it (the zoo's solvers)."""
+    import os
+    import re
+
+    folder, name = os.path.split(path)
+    pattern = re.compile(rf"^net:\s*['\"]?(\./)?{re.escape(name)}['\"]?\s*(#.*)?$", re.MULTILINE)
+    found = []
+    try:
+        siblings = sorted(os.listdir(folder or "."))
+    except OSError:
+        return found
+    for sibling in siblings:
+        if sibling.endswith((".yaml", ".yml")) and sibling != name:
+            try:
+                with open(os.path.join(folder, sibling), encoding="utf-8") as f:
+                    if pattern.search(f.read()):
+                        found.append(os.path.join(folder, sibling))
+            except (OSError, UnicodeDecodeError):
+                continue
+    return found
+
+
 class Params:
     """Validated parameters of one block, as attributes (``p.num_output``); ``p.given(key)`` tells user-set keys."""
 
