@@ -207,27 +207,28 @@ def wrong_kind_of_file(mapping, path, expected):
     found = has(NET_FILE_KEYS)
     if not found or has(("net", "net_param", "train_net", "train_net_param")):
         return None
-    solvers = _solvers_naming(path) if path is not None else []
+    solvers = solvers_naming(path) if path is not None else []
     instead = f", such as {solvers[0]}" if solvers else ""
     return ConfigError(f"a net file (it has {', '.join(repr(k) for k in found[:3])}), not a solver: give a solver "
                        f"file whose 'net' names it{instead} (a net goes to time --model or test --model)", path,
                        mapping.line_of(found[0]))
 
 
-def _solvers_naming(path):
+def solvers_naming(path):
     """The YAML files beside the net file ``path`` whose top-level ``net:`` names it (the zoo's solvers)."""
     import os
     import re
 
     folder, name = os.path.split(path)
-    pattern = re.compile(rf"^net:\s*['\"]?(\./)?{re.escape(name)}['\"]?\s*(#.*)?$", re.MULTILINE)
+    pattern = re.compile(rf"^(train_|test_)?net:\s*['\"]?([^'\"\s]*/)?{re.escape(name)}['\"]?\s*(#.*)?$",
+                         re.MULTILINE)
     found = []
     try:
         siblings = sorted(os.listdir(folder or "."))
     except OSError:
         return found
     for sibling in siblings:
-        if sibling.endswith((".yaml", ".yml")) and sibling != name:
+        if sibling.endswith((".yaml", ".yml", ".prototxt")) and sibling != name:
             try:
                 with open(os.path.join(folder, sibling), encoding="utf-8") as f:
                     if pattern.search(f.read()):
