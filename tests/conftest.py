@@ -5,6 +5,9 @@ process for the whole session, through its own API: ``import cupy`` gives the em
 (``xp`` fixture's ``cupy`` case, ``solver_mode: GPU``, ``Net(..., xp=cupy)``). ``LAYERFORGE_EMULATED_GPU=1`` is set
 for the session too, so the processes tests start (``layerforge ... --gpu 0``, CGDP's workers, ``mpiexec`` ranks)
 find the same device. A test of what a GPU request does where there is no device takes the :func:`no_gpu` fixture.
+
+Generated data and temporary files go under pytest's temporary folder, and a run that leaves a file in the checkout
+fails (tests/checkout.py).
 """
 import os
 import pathlib
@@ -14,9 +17,9 @@ import numpy
 import pytest
 
 from layerforge import rng
-from tests import checkout
 from layerforge.kernels.cuda.emulator import install as emulator
 from layerforge.kernels.cuda.emulator.kernel_runner import BUILD_DIR_ENV
+from tests import checkout
 
 
 def _real_device():
@@ -74,19 +77,29 @@ def _emulated_kernel_builds(tmp_path_factory):
         yield
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _generated_files_in_tmp(tmp_path_factory):
+GENERATED_IN_TMP = pytest.StashKey()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own tmpdir plugin has made its factory
+def pytest_configure(config):
     """Generated data (the MNIST LMDBs and the Python corpus, which go to ``<checkout>/data`` otherwise:
     layerforge.data.data_dir) and temporary files (``tempfile``, in this process and in the processes tests start)
     go under pytest's temporary folder, which a passing run removes (pyproject's ``tmp_path_retention_policy``).
-    A data directory given in the environment is used as it is."""
-    with pytest.MonkeyPatch.context() as mp:
-        if not os.environ.get("LAYERFORGE_DATA_DIR"):
-            mp.setenv("LAYERFORGE_DATA_DIR", str(tmp_path_factory.mktemp("generated_data")))
-        temp = str(tmp_path_factory.mktemp("tempfile"))
-        mp.setenv("TMPDIR", temp)
-        mp.setattr(tempfile, "tempdir", temp)
-        yield
+    Set before any test module is imported, so an environment a module copies at import has them too. A data
+    directory given in the environment is used as it is."""
+    factory = config._tmp_path_factory
+    mp = config.stash[GENERATED_IN_TMP] = pytest.MonkeyPatch()
+    if not os.environ.get("LAYERFORGE_DATA_DIR"):
+        mp.setenv("LAYERFORGE_DATA_DIR", str(factory.mktemp("generated_data")))
+    temp = str(factory.mktemp("tempfile"))
+    mp.setenv("TMPDIR", temp)
+    mp.setattr(tempfile, "tempdir", temp)
+
+
+def pytest_unconfigure(config):
+    mp = config.stash.get(GENERATED_IN_TMP, None)
+    if mp is not None:
+        mp.undo()
 
 
 CHECKOUT = pathlib.Path(__file__).resolve().parents[1]
@@ -103,6 +116,10 @@ def pytest_sessionfinish(session, exitstatus):
     before = session.config.stash.get(CHECKOUT_FILES, None)
     after = checkout.files(CHECKOUT) if before is not None else None
     made = checkout.made(before, after) if after is not None else []
+    base = session.config._tmp_path_factory._basetemp  # a --basetemp inside the checkout is the user's choice
+    if base is not None and base.resolve().is_relative_to(CHECKOUT):
+        inside = base.resolve().relative_to(CHECKOUT).as_posix() + "/"
+        made = [path for path in made if not path.startswith(inside)]
     if made:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:

@@ -43,4 +43,17 @@ def test_new_and_rewritten_untracked_and_ignored_files_are_named_and_tracked_fil
 
 def test_an_untouched_checkout_gives_nothing_and_a_folder_outside_git_is_skipped(repo, tmp_path_factory):
     assert checkout.made(checkout.files(repo), checkout.files(repo)) == []
-    assert checkout.files(tmp_path_factory.mktemp("not_a_checkout")) is None
+    outside = tmp_path_factory.mktemp("not_a_checkout")
+    if subprocess.run(["git", "rev-parse"], cwd=outside, capture_output=True).returncode == 0:
+        pytest.skip("pytest's temporary folder is inside a git checkout (--basetemp)")
+    assert checkout.files(outside) is None
+
+
+def test_temporary_files_and_generated_data_go_under_pytest_s_folder(tmp_path_factory):
+    import tempfile
+
+    from layerforge.data import data_dir
+
+    base = str(tmp_path_factory.getbasetemp())
+    assert tempfile.gettempdir().startswith(base) and os.environ["TMPDIR"].startswith(base)
+    assert data_dir().startswith(base) or os.environ.get("LAYERFORGE_DATA_DIR") == data_dir()
