@@ -8,6 +8,8 @@ returns a :class:`Params` namespace with defaults filled in. Every error is a on
 import difflib
 import math
 import numbers
+import os
+import re
 
 import yaml
 from numpy import bool_ as numpy_bool
@@ -176,7 +178,7 @@ def suggest(word, choices):
 
 
 # ---------------------------------------------------------------------------------------------
-# Fields
+# A net file or a solver file
 
 # top-level keys that only a net file has, and keys that only a solver file has: a file given where the other kind is
 # expected (`time --model` given the zoo's resnet50.yaml solver, `train --solver` given resnet50_net.yaml) is named as
@@ -189,8 +191,6 @@ SOLVER_FILE_KEYS = ("net", "net_param", "train_net", "train_net_param", "test_ne
 def wrong_kind_of_file(mapping, path, expected):
     """A ConfigError when the top-level ``mapping`` read from ``path`` is a solver where a net is ``expected``
     (``expected="net"``) or a net where a solver is (``"solver"``); None when it is not the other kind."""
-    import os
-
     def has(keys):
         return [k for k in keys if k in mapping]
 
@@ -215,10 +215,8 @@ def wrong_kind_of_file(mapping, path, expected):
 
 
 def solvers_naming(path):
-    """The YAML files beside the net file ``path`` whose top-level ``net:`` names it (the zoo's solvers)."""
-    import os
-    import re
-
+    """The solver files (YAML or prototxt) beside the net file ``path`` whose ``net``, ``train_net`` or ``test_net``
+    names it (the zoo's solvers; the SSD fork's solver.prototxt beside its train and test nets), by file name."""
     folder, name = os.path.split(path)
     pattern = re.compile(rf"^(train_|test_)?net:\s*['\"]?([^'\"\s]*/)?{re.escape(name)}['\"]?\s*(#.*)?$",
                          re.MULTILINE)
@@ -237,6 +235,9 @@ def solvers_naming(path):
                 continue
     return found
 
+
+# ---------------------------------------------------------------------------------------------
+# Fields
 
 class Params:
     """Validated parameters of one block, as attributes (``p.num_output``); ``p.given(key)`` tells user-set keys."""
