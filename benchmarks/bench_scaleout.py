@@ -7,7 +7,7 @@ iterations (LeNet, small-batch AlexNet) with the exchange after backward, overla
     python benchmarks/bench_scaleout.py --report DIR/results.json    # the tables of docs/distributed.md
 
 Each table is printed as Markdown with the machine's load average when it was measured. JSON per run goes
-to --out. The allreduce part reuses `layerforge bench-allreduce` under `mpiexec` across the bed, one run per
+to --out. The allreduce part reuses `layerforge bench_allreduce` under `mpiexec` across the bed, one run per
 algorithm so the switch-port counters can be attributed to it; the training part runs `layerforge train`,
 `layerforge time` (the compute of p concurrent ranks) and `layerforge plan` under the same bed.
 """
@@ -45,8 +45,8 @@ def run_ok(bed, argv, hosts, ranks_per_host, env=None, timeout=600):
 
 
 def calibrate(bed, hosts, rph, cache):
-    """alpha/beta/gamma measured on this layout (cost_model.calibrate through bench-allreduce's `auto`)."""
-    run_ok(bed, [PY, "-m", "layerforge", "bench-allreduce", "--sizes", "1K", "--algorithms", "auto",
+    """alpha/beta/gamma measured on this layout (cost_model.calibrate through bench_allreduce's `auto`)."""
+    run_ok(bed, [PY, "-m", "layerforge", "bench_allreduce", "--sizes", "1K", "--algorithms", "auto",
                  "--iterations", "1"], hosts, rph, env={"LAYERFORGE_COMM_CALIBRATION": cache})
     with open(cache) as f:
         table = json.load(f)
@@ -55,12 +55,12 @@ def calibrate(bed, hosts, rph, cache):
 
 
 def bench_layout(bed, hosts, rph, sizes, iterations, cache):
-    """Rows per (size, algorithm): bench-allreduce's figures + link bytes per host + the model's prediction."""
+    """Rows per (size, algorithm): bench_allreduce's figures + link bytes per host + the model's prediction."""
     params = calibrate(bed, hosts, rph, cache)
     p, rows = hosts * rph, []
     for name in ALGORITHMS:
         before = bed.link_bytes()
-        out = run_ok(bed, [PY, "-m", "layerforge", "bench-allreduce", "--sizes", ",".join(str(s) for s in sizes),
+        out = run_ok(bed, [PY, "-m", "layerforge", "bench_allreduce", "--sizes", ",".join(str(s) for s in sizes),
                            "--algorithms", name, "--iterations", str(iterations), "--warmup", "1", "--json"],
                      hosts, rph)
         delta = link_delta(before, bed.link_bytes())

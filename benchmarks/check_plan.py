@@ -1,7 +1,7 @@
 """Check `layerforge plan` against real `mpiexec -n P layerforge train` runs on this machine.
 
 For P in 2, 4: time the solver's net alone (`layerforge time --json`), calibrate alpha/beta/gamma for P ranks
-(`mpiexec -n P layerforge bench-allreduce`, which caches them), run P-rank training for a fixed number of
+(`mpiexec -n P layerforge bench_allreduce`, which caches them), run P-rank training for a fixed number of
 iterations and compare its measured seconds per iteration with the plan's prediction for each algorithm.
 
     python benchmarks/check_plan.py [--solver configs/lenet_solver.yaml] [--iterations 60]
@@ -54,7 +54,7 @@ def main():
     print(f"machine: {os.cpu_count()} cores; load {os.getloadavg()[0]:.2f}")
     print(f"{'P':>2s} {'algorithm':10s} {'predicted s/iter':>17s} {'measured s/iter':>16s} {'measured/predicted':>19s}")
     for p in [int(x) for x in args.ranks.split(",")]:
-        sh([mpiexec(), "-n", str(p), py, "-m", "layerforge", "bench-allreduce", "--sizes", "1M",
+        sh([mpiexec(), "-n", str(p), py, "-m", "layerforge", "bench_allreduce", "--sizes", "1M",
             "--algorithms", "auto", "--iterations", "3"], env=env)
         # compute under the same sharing of the cores: P concurrent copies of `layerforge time`
         timing = os.path.join(cache, f"timing{p}.json")

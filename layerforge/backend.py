@@ -44,8 +44,31 @@ def gpu_array_module(device_id=0, what="GPU mode"):
         cupy.cuda.Device(device_id).use()
         return cupy
     except Exception as e:  # noqa: BLE001 - any cupy/driver failure is one user-facing line
-        raise LayerforgeError(f"{what} (device_id {device_id}) needs cupy and a CUDA device: "
-                              f"{type(e).__name__}: {e}") from None
+        raise LayerforgeError(no_device(f"{what} (device_id {device_id})", e, device_id)) from None
+
+
+# CUDA's answers when there is no device to use: no driver, a driver older than cupy's runtime, no GPU
+NO_DEVICE_ERRORS = ("cudaErrorInsufficientDriver", "cudaErrorNoDevice", "cudaErrorInitializationError",
+                    "cudaErrorCompatNotSupportedOnDevice", "cudaErrorSystemDriverMismatch", "libcuda")
+GPU_NEEDS = ("--gpu needs an NVIDIA GPU with its driver and cupy for its CUDA (pip install -e '.[gpu]': "
+             "cupy-cuda13x); without --gpu and solver_mode GPU layerforge runs on the CPU")
+
+
+def no_device(what, e, device_id=None):
+    """The one line for a GPU request (``what``) that cupy could not serve with ``e``: no cupy, no CUDA device or
+    no device ``device_id``, and what ``--gpu`` needs; the exception's own words for anything else."""
+    text = f"{type(e).__name__}: {e}"
+    if isinstance(e, ImportError):
+        found = f"cupy cannot be imported ({text})"
+    elif any(name in str(e) for name in NO_DEVICE_ERRORS):
+        found = f"no CUDA device was found ({e})"
+    elif "cudaErrorInvalidDevice" in str(e):
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+        return f"{what}: there is no CUDA device {device_id}: this machine has {count}, so --gpu takes 0 to {count - 1}"
+    else:
+        return f"{what} needs cupy and a CUDA device: {text}"
+    return f"{what} needs cupy and a CUDA device: {found}; {GPU_NEEDS}"
 
 
 def gpu_count(what="GPU mode"):
@@ -56,7 +79,7 @@ def gpu_count(what="GPU mode"):
         import cupy
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # noqa: BLE001 - any cupy/driver failure is one user-facing line
-        raise LayerforgeError(f"{what} needs cupy and a CUDA device: {type(e).__name__}: {e}") from None
+        raise LayerforgeError(no_device(what, e)) from None
     if count < 1:
         raise LayerforgeError(f"{what}: no CUDA device")
     return count

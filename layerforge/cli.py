@@ -9,9 +9,9 @@ import sys
 
 from .errors import LayerforgeError, out_of_memory
 
-# command name -> module under layerforge.commands
+# command name -> module under layerforge.commands; names are Caffe's tools' style, words joined by "_"
 COMMANDS = {
-    "bench-allreduce": "bench_allreduce",
+    "bench_allreduce": "bench_allreduce",
     "check": "check",
     "compute_image_mean": "compute_image_mean",
     "convert": "convert",
@@ -36,6 +36,15 @@ COMMANDS = {
 }
 
 
+# an old spelling -> the command's name (both keep working; the docs use the name)
+ALIASES = {"bench-allreduce": "bench_allreduce"}
+
+
+def command_name(word):
+    """The command ``word`` names (itself, or the command of an old spelling in ALIASES)."""
+    return ALIASES.get(word, word)
+
+
 class _DefaultsHelp(argparse.HelpFormatter):
     """Shows each option's default in its help, where it has a meaningful one (not None, False or already said)."""
 
@@ -57,7 +66,9 @@ def _version():
 
 
 def build_parser(only=None):
-    """The argument parser; with ``only``, just that command's module is imported."""
+    """The argument parser; with ``only`` (a command's name or old spelling), just that command's module is
+    imported."""
+    only = command_name(only) if only is not None else None
     parser = argparse.ArgumentParser(prog="layerforge", description="Caffe-style deep learning from YAML configs.",
                                      formatter_class=_DefaultsHelp)
     parser.add_argument("--version", action="version", version=f"layerforge {_version()}")
@@ -67,7 +78,8 @@ def build_parser(only=None):
         if only is not None and name != only:
             continue
         module = importlib.import_module(f"layerforge.commands.{module_name}")
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=_DefaultsHelp)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=_DefaultsHelp,
+                           aliases=[old for old, new in ALIASES.items() if new == name])
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser
@@ -148,7 +160,7 @@ def tool_main(command, argv=None):
     """One of Caffe's tools (``tools/<command>``): layerforge's command of that name with the tool's gflags
     command line (:func:`gflags_argv`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    module = importlib.import_module(f"layerforge.commands.{COMMANDS[command]}")
+    module = importlib.import_module(f"layerforge.commands.{COMMANDS[command_name(command)]}")
     parser = argparse.ArgumentParser(prog=command, description=module.HELP, formatter_class=_DefaultsHelp)
     module.add_arguments(parser)
     try:
@@ -167,7 +179,7 @@ def main(argv=None):
     # decided before anything heavy is imported, so that the supervisor forwards signals from its first moments
     if needs_supervisor():
         return supervise(argv)
-    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
+    args = build_parser(argv[0] if argv and command_name(argv[0]) in COMMANDS else None).parse_args(argv)
     args.argv = argv[1:]  # the command's own arguments as given: train's restarts start it again with them
     try:
         return int(args.run(args) or 0)

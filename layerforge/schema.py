@@ -8,6 +8,8 @@ returns a :class:`Params` namespace with defaults filled in. Every error is a on
 import difflib
 import math
 import numbers
+import os
+import re
 
 import yaml
 from numpy import bool_ as numpy_bool
@@ -173,6 +175,65 @@ def suggest(word, choices):
     """``"; did you mean 'x'?"`` for the nearest choice, or an empty string."""
     near = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
     return f"; did you mean '{near[0]}'?" if near else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# A net file or a solver file
+
+# top-level keys that only a net file has, and keys that only a solver file has: a file given where the other kind is
+# expected (`time --model` given the zoo's resnet50.yaml solver, `train --solver` given resnet50_net.yaml) is named as
+# such in one line, not as its first unknown key
+NET_FILE_KEYS = ("layers", "layer", "input", "input_shape", "input_dim", "blocks")
+SOLVER_FILE_KEYS = ("net", "net_param", "train_net", "train_net_param", "test_net", "test_net_param", "base_lr",
+                    "lr_policy", "max_iter", "test_iter", "test_interval", "snapshot_prefix", "solver_mode")
+
+
+def wrong_kind_of_file(mapping, path, expected):
+    """A ConfigError when the top-level ``mapping`` read from ``path`` is a solver where a net is ``expected``
+    (``expected="net"``) or a net where a solver is (``"solver"``); None when it is not the other kind."""
+    def has(keys):
+        return [k for k in keys if k in mapping]
+
+    if expected == "net":
+        found = has(SOLVER_FILE_KEYS)
+        if not found or has(("layers", "layer")):
+            return None
+        net = mapping.get("net")
+        if isinstance(net, str) and path is not None and not os.path.isabs(net):
+            net = os.path.join(os.path.dirname(path), net)
+        instead = f"give its net file {net} here" if isinstance(net, str) else "give a net file here"
+        return ConfigError(f"a solver file (it has {', '.join(repr(k) for k in found[:3])}), not a net: {instead} "
+                           f"(a solver goes to train --solver or plan --solver)", path, mapping.line_of(found[0]))
+    found = has(NET_FILE_KEYS)
+    if not found or has(("net", "net_param", "train_net", "train_net_param")):
+        return None
+    solvers = solvers_naming(path) if path is not None else []
+    instead = f", such as {solvers[0]}" if solvers else ""
+    return ConfigError(f"a net file (it has {', '.join(repr(k) for k in found[:3])}), not a solver: give a solver "
+                       f"file whose 'net' names it{instead} (a net goes to time --model or test --model)", path,
+                       mapping.line_of(found[0]))
+
+
+def solvers_naming(path):
+    """The solver files (YAML or prototxt) beside the net file ``path`` whose ``net``, ``train_net`` or ``test_net``
+    names it (the zoo's solvers; the SSD fork's solver.prototxt beside its train and test nets), by file name."""
+    folder, name = os.path.split(path)
+    pattern = re.compile(rf"^(train_|test_)?net:\s*['\"]?([^'\"\s]*/)?{re.escape(name)}['\"]?\s*(#.*)?$",
+                         re.MULTILINE)
+    found = []
+    try:
+        siblings = sorted(os.listdir(folder or "."))
+    except OSError:
+        return found
+    for sibling in siblings:
+        if sibling.endswith((".yaml", ".yml", ".prototxt")) and sibling != name:
+            try:
+                with open(os.path.join(folder, sibling), encoding="utf-8") as f:
+                    if pattern.search(f.read()):
+                        found.append(os.path.join(folder, sibling))
+            except (OSError, UnicodeDecodeError):
+                continue
+    return found
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,8 +5,13 @@ process for the whole session, through its own API: ``import cupy`` gives the em
 (``xp`` fixture's ``cupy`` case, ``solver_mode: GPU``, ``Net(..., xp=cupy)``). ``LAYERFORGE_EMULATED_GPU=1`` is set
 for the session too, so the processes tests start (``layerforge ... --gpu 0``, CGDP's workers, ``mpiexec`` ranks)
 find the same device. A test of what a GPU request does where there is no device takes the :func:`no_gpu` fixture.
+
+Generated data and temporary files go under pytest's temporary folder, and a run that leaves a file in the checkout
+fails (tests/checkout.py).
 """
 import os
+import pathlib
+import tempfile
 
 import numpy
 import pytest
@@ -14,6 +19,7 @@ import pytest
 from layerforge import rng
 from layerforge_emulator import install as emulator
 from layerforge_emulator.kernel_runner import BUILD_DIR_ENV
+from tests import checkout
 
 
 def _real_device():
@@ -90,6 +96,57 @@ def _emulated_kernel_builds(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(BUILD_DIR_ENV, str(tmp_path_factory.mktemp("emulated_gpu_build")))
         yield
+
+
+GENERATED_IN_TMP = pytest.StashKey()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own tmpdir plugin has made its factory
+def pytest_configure(config):
+    """Generated data (the MNIST LMDBs and the Python corpus, which go to ``<checkout>/data`` otherwise:
+    layerforge.data.data_dir) and temporary files (``tempfile``, in this process and in the processes tests start)
+    go under pytest's temporary folder, which a passing run removes (pyproject's ``tmp_path_retention_policy``).
+    Set before any test module is imported, so an environment a module copies at import has them too. A data
+    directory given in the environment is used as it is."""
+    factory = config._tmp_path_factory
+    mp = config.stash[GENERATED_IN_TMP] = pytest.MonkeyPatch()
+    if not os.environ.get("LAYERFORGE_DATA_DIR"):
+        mp.setenv("LAYERFORGE_DATA_DIR", str(factory.mktemp("generated_data")))
+    temp = str(factory.mktemp("tempfile"))
+    mp.setenv("TMPDIR", temp)
+    mp.setattr(tempfile, "tempdir", temp)
+
+
+def pytest_unconfigure(config):
+    mp = config.stash.get(GENERATED_IN_TMP, None)
+    if mp is not None:
+        mp.undo()
+
+
+CHECKOUT = pathlib.Path(__file__).resolve().parents[1]
+CHECKOUT_FILES = pytest.StashKey()
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # xdist's workers leave the check to the controller
+        session.config.stash[CHECKOUT_FILES] = checkout.files(CHECKOUT)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The run fails when it wrote into the checkout (tests/checkout.py); skipped outside a git checkout."""
+    before = session.config.stash.get(CHECKOUT_FILES, None)
+    after = checkout.files(CHECKOUT) if before is not None else None
+    made = checkout.made(before, after) if after is not None else []
+    base = session.config._tmp_path_factory._basetemp  # a --basetemp inside the checkout is the user's choice
+    if base is not None and base.resolve().is_relative_to(CHECKOUT):
+        inside = base.resolve().relative_to(CHECKOUT).as_posix() + "/"
+        made = [path for path in made if not path.startswith(inside)]
+    if made:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"\nFAILED {checkout.report(made)}", red=True)
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def return_freed_memory(collect=True):

@@ -73,3 +73,34 @@ def test_each_rank_of_a_node_takes_the_next_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", fake)
     assert [backend.rank_device(1, r) for r in range(5)] == [1, 2, 3, 0, 1]
     assert backend.rank_device(2, 0) == 2
+
+
+@pytest.mark.parametrize("command", [["device_query"], ["train", "--solver", "configs/lenet_solver.yaml", "--gpu", "0"]])
+def test_no_cuda_device_is_one_line_saying_so_and_what_gpu_needs(command, no_gpu):
+    # this machine's cupy finds no usable driver (cudaErrorInsufficientDriver); a machine without cupy cannot import it
+    proc = subprocess.run([sys.executable, "-m", "layerforge", *command], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and ("no CUDA device was found (" in lines[0] or "cupy cannot be imported (" in lines[0])
+    assert lines[0].endswith(f"; {backend.GPU_NEEDS}"), lines[0]
+
+
+class CUDARuntimeError(RuntimeError):
+    """cupy's exception, as its driver check raises it (the tests need no cupy)."""
+
+
+@pytest.mark.parametrize("error, found", [
+    (ImportError("No module named 'cupy'"), "cupy cannot be imported (ImportError: No module named 'cupy')"),
+    (CUDARuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version"),
+     "no CUDA device was found (cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime "
+     "version)"),
+    (CUDARuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected"),
+     "no CUDA device was found (cudaErrorNoDevice: no CUDA-capable device is detected)"),
+])
+def test_no_device_names_what_was_missing_and_what_gpu_needs(error, found):
+    assert backend.no_device("--gpu (device_id 0)", error, 0) == \
+        f"--gpu (device_id 0) needs cupy and a CUDA device: {found}; {backend.GPU_NEEDS}"
+    other = CUDARuntimeError("cudaErrorMemoryAllocation: out of memory")
+    assert backend.no_device("--gpu", other) == \
+        "--gpu needs cupy and a CUDA device: CUDARuntimeError: cudaErrorMemoryAllocation: out of memory"

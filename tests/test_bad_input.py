@@ -185,7 +185,10 @@ def test_a_full_disk_keeps_the_earlier_file_and_says_so(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["w.npz"]  # no temporary file left behind
 
 
-TWO_CORES = dict(os.environ, **{name: "2" for name in THREAD_VARS})  # --cpu-parallel REPLICAS: 2 replicas
+def two_cores():
+    """This test's environment (its own engine cache, conftest's folders) with two cores: --cpu-parallel REPLICAS
+    starts 2 replicas."""
+    return dict(os.environ, **{name: "2" for name in THREAD_VARS})
 
 
 @pytest.mark.parametrize("prefix,message,cpu_parallel", [("afile/snap/lenet", "Not a directory", []),
@@ -200,7 +203,7 @@ def test_an_unwritable_snapshot_prefix_stops_training_before_it_starts(tmp_path,
     solver.write_text(SOLVER.format(net=ROOT / "configs" / "lenet.yaml", max_iter=2, snapshot=1,
                                     prefix=prefix if prefix.startswith("/") else tmp_path / prefix))
     proc = subprocess.run([sys.executable, "-m", "layerforge", "train", "--solver", str(solver), *cpu_parallel],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120, env=TWO_CORES)
+                          capture_output=True, text=True, cwd=ROOT, timeout=120, env=two_cores())
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {solver}: snapshot_prefix") and message in last
@@ -412,7 +415,7 @@ def test_a_record_of_shape_0x0x0_is_one_line_naming_the_layer_and_record(tmp_pat
             "train": ["train", "--solver", str(tmp_path / "solver.yaml")],
             "replicas": ["train", "--solver", str(tmp_path / "solver.yaml"), "--cpu-parallel", "REPLICAS"]}[command]
     proc = subprocess.run([sys.executable, "-m", "layerforge"] + args, capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120, env=TWO_CORES)
+                          cwd=tmp_path, timeout=120, env=two_cores())
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     line = 4 if kind == "dummy" else 3
     said = proc.stderr.strip().splitlines()

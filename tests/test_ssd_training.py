@@ -66,3 +66,47 @@ def test_layerforge_test_scores_the_map(small_shapes):
     means = score(net, 2, "MaxIntegral")
     assert means["detection_eval"].shape == () and 0 <= float(means["detection_eval"]) <= 1
     net.layers[0].close()
+
+
+def test_layerforge_test_scores_with_the_solver_s_ap_version(tmp_path):
+    # the zoo's SSD net is named by configs/ssd_shapes_solver.yaml, whose test uses 11point: so does `layerforge test`
+    # (issue 51: the same weights scored 0.864 with Integral there and 0.836 in the solver's test)
+    from argparse import Namespace
+
+    from layerforge.commands.test import ap_version_of
+
+    zoo = os.path.join(ROOT, "configs", "ssd_shapes_net.yaml")
+    solver_file = os.path.join(ROOT, "configs", "ssd_shapes_solver.yaml")
+    args = Namespace(model=zoo, solver=None, ap_version=None)
+    assert ap_version_of(args) == ("11point", f"the ap_version of {solver_file}, which names this net")
+    assert ap_version_of(Namespace(model=zoo, solver=None, ap_version="MaxIntegral"))[0] == "MaxIntegral"
+    solver = tmp_path / "solver.yaml"
+    solver.write_text("net: net.yaml\nbase_lr: 0.1\nap_version: MaxIntegral\n")
+    assert ap_version_of(Namespace(model=zoo, solver=str(solver), ap_version=None))[0] == "MaxIntegral"
+    (tmp_path / "net.yaml").write_text("name: n\nlayers: []\n")
+    alone = tmp_path / "alone.yaml"
+    alone.write_text("name: n\nlayers: []\n")
+    assert ap_version_of(Namespace(model=str(tmp_path / "net.yaml"), solver=None, ap_version=None))[0] == "MaxIntegral"
+    assert ap_version_of(Namespace(model=str(alone), solver=None, ap_version=None))[0] == "Integral"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # an untrained test net: BatchNorm's statistics are all 0
+def test_layerforge_test_names_the_ap_version_it_scores_with(small_shapes, tmp_path):
+    from layerforge import cli
+
+    _, train, test = small_shapes
+    (tmp_path / "net.yaml").write_text(yaml.safe_dump(zoo_net(train, test)))
+    (tmp_path / "solver.yaml").write_text("net: net.yaml\nbase_lr: 0.1\neval_type: detection\nap_version: 11point\n")
+    net = Net(str(tmp_path / "net.yaml"), phase="test")
+    net.save(str(tmp_path / "w.npz"))
+    net.layers[0].close()
+    log = tmp_path / "log.txt"
+    handler = logging.FileHandler(log)
+    logging.getLogger("layerforge").addHandler(handler)
+    try:
+        assert cli.main(["test", "--model", str(tmp_path / "net.yaml"), "--weights", str(tmp_path / "w.npz"),
+                         "--iterations", "1"]) == 0
+    finally:
+        logging.getLogger("layerforge").removeHandler(handler)
+    assert f"mAP of detection_eval: 11point AP (the ap_version of {tmp_path / 'solver.yaml'}, which names this net)" \
+        in log.read_text()

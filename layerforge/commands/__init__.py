@@ -1,5 +1,6 @@
 """One module per ``layerforge`` subcommand (``HELP``, ``add_arguments(parser)``, ``run(args)``), and the few
 options several of them share."""
+import argparse
 import os
 
 
@@ -22,17 +23,36 @@ def apply_decode_workers(args):
         os.environ[WORKERS_ENV] = str(n)
 
 
+class _Stages(argparse.Action):
+    """``--stage a,b`` and ``--stage a --stage b`` alike: the stages in order, one list."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, list(getattr(namespace, self.dest) or []) + [s for s in values.split(",") if s])
+
+
+def add_stage(parser):
+    """``--stage S[,S...]``, repeatable (train, test, time, draw, export): the net's NetState stages."""
+    parser.add_argument("--stage", action=_Stages, default=[], metavar="S[,S...]",
+                        help="the net's NetState stages (Caffe's -stage): a comma-separated list, or the flag "
+                             "repeated")
+
+
 def add_net_state(parser):
     """``--level N`` and ``--stage S[,S...]`` (train, test, time): the NetState that include / exclude rules
     read, as Caffe's ``-level`` and ``-stage``."""
     parser.add_argument("--level", type=int, metavar="N", help="the net's NetState level (Caffe's -level)")
-    parser.add_argument("--stage", metavar="S[,S...]", help="the net's NetState stages (Caffe's -stage)")
+    add_stage(parser)
+
+
+def stages(args):
+    """The stages ``--stage`` gave (a list; a comma-separated string where a caller built ``args`` itself)."""
+    given = getattr(args, "stage", None) or []
+    return [s for s in given.split(",") if s] if isinstance(given, str) else list(given)
 
 
 def net_state(args):
     """``{"level": ..., "stages": [...]}`` for Net(): what --level / --stage give (Caffe's default level 0)."""
-    stages = [s for s in (getattr(args, "stage", None) or "").split(",") if s]
-    return {"level": getattr(args, "level", None), "stages": stages}
+    return {"level": getattr(args, "level", None), "stages": stages(args)}
 
 
 def train_state(args):

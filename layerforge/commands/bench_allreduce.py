@@ -1,6 +1,6 @@
-"""``layerforge bench-allreduce``: latency, algbw and busbw of every allreduce algorithm, next to MPI's own.
+"""``layerforge bench_allreduce``: latency, algbw and busbw of every allreduce algorithm, next to MPI's own.
 
-Run it under the launcher, e.g. ``mpiexec -n 4 layerforge bench-allreduce --sizes 1K,1M,100M``. For each
+Run it under the launcher, e.g. ``mpiexec -n 4 layerforge bench_allreduce --sizes 1K,1M,100M``. For each
 size and algorithm the time is the slowest rank's, median over ``--iterations`` (after one warm-up);
 algbw = bytes / time and busbw = algbw * 2(p-1)/p (the nccl-tests definition, comparable across p).
 Bytes sent are per rank (mean over ranks), split inside / between groups.
@@ -131,6 +131,6 @@ def run(args):
 if __name__ == "__main__":  # usable before/without the CLI entry: mpiexec -n 4 python -m <this module>
     import argparse
 
-    _parser = argparse.ArgumentParser(prog="layerforge bench-allreduce", description=HELP)
+    _parser = argparse.ArgumentParser(prog="layerforge bench_allreduce", description=HELP)
     add_arguments(_parser)
     sys.exit(run(_parser.parse_args()))

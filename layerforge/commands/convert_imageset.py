@@ -24,20 +24,20 @@ def add_arguments(parser):
     parser.add_argument("root", help="folder the listed paths are relative to (or the class-folder root)")
     parser.add_argument("listfile", help="list file of 'path label' lines, or '-' for class subfolders of ROOT")
     parser.add_argument("db", help="the LMDB directory to create (must not exist)")
-    parser.add_argument("--resize_height", "--resize-height", dest="resize_height", type=int, default=0, metavar="H",
+    parser.add_argument("--resize-height", "--resize_height", dest="resize_height", type=int, default=0, metavar="H",
                         help="resize to H rows (with --resize_width)")
-    parser.add_argument("--resize_width", "--resize-width", dest="resize_width", type=int, default=0, metavar="W",
+    parser.add_argument("--resize-width", "--resize_width", dest="resize_width", type=int, default=0, metavar="W",
                         help="resize to W columns (with --resize_height)")
     parser.add_argument("--shuffle", action="store_true", help="write the images in a random order")
     parser.add_argument("--seed", type=int, default=0, help="seed of --shuffle's order (default 0)")
     parser.add_argument("--gray", action="store_true", help="store one grey channel instead of BGR")
     parser.add_argument("--encoded", action="store_true",
                         help="store encoded image files (the original bytes, or --encode_type after resizing)")
-    parser.add_argument("--encode_type", "--encode-type", dest="encode_type", choices=("png", "jpg"), default=None,
+    parser.add_argument("--encode-type", "--encode_type", dest="encode_type", choices=("png", "jpg"), default=None,
                         help="format of --encoded images that are (re-)encoded (default: the file's own type)")
     parser.add_argument("--format", choices=("datum", "lfr1"), default="datum",
                         help="record format: Caffe's Datum (default) or layerforge's LFR1")
-    parser.add_argument("--check_size", "--check-size", dest="check_size", action="store_true",
+    parser.add_argument("--check-size", "--check_size", dest="check_size", action="store_true",
                         help="stop at the first image whose size differs from the first one's (Caffe's flag)")
     parser.add_argument("--backend", choices=("lmdb",), default="lmdb", help="database kind (Caffe's; LMDB only)")
 

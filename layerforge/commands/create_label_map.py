@@ -18,7 +18,7 @@ HELP = "write a label map prototxt from a list of class names (the SSD fork's cr
 def add_arguments(parser):
     parser.add_argument("mapfile", help="lines of 'name [label] [display_name]'")
     parser.add_argument("outfile", help="the label map prototxt to write")
-    parser.add_argument("--include_background", "--include-background", dest="include_background",
+    parser.add_argument("--include-background", "--include_background", dest="include_background",
                         action="store_true", help="class 0 is none_of_the_above (display name background)")
     parser.add_argument("--delimiter", default=" ", help="the characters that separate a line's fields")
 

@@ -8,6 +8,7 @@ matplotlib otherwise; ``.dot`` (or no ``-o``) is DOT text. The drawing is layerf
 """
 import sys
 
+from . import add_stage, stages
 from ..net.drawing import render, to_dot
 from ..net.net import Net
 from ..net.netdef import load_net_def, set_batch_size
@@ -22,7 +23,7 @@ def add_arguments(parser):
     parser.add_argument("--engine", choices=("auto", "graphviz", "matplotlib"), default="auto",
                         help="renderer for .svg/.png/.pdf: auto = Graphviz's dot when installed, else matplotlib")
     parser.add_argument("--phase", choices=("train", "test"), default="train")
-    parser.add_argument("--stage", action="append", default=[], help="a NetState stage (repeat for several)")
+    add_stage(parser)
     parser.add_argument("--batch", type=int, help="override the batch size of input/data layers")
     parser.add_argument("--rankdir", choices=("TB", "LR", "BT", "RL"), default="TB", help="graph direction")
 
@@ -31,7 +32,7 @@ def run(args):
     netdef = load_net_def(args.net)
     if args.batch is not None:
         set_batch_size(netdef, args.batch)
-    net = Net(netdef, phase=args.phase, stages=args.stage)
+    net = Net(netdef, phase=args.phase, stages=stages(args))
     if not args.output:
         sys.stdout.write(to_dot(net, args.rankdir))
         return 0

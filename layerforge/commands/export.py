@@ -1,4 +1,5 @@
 """``layerforge export NET.yaml --weights W -o net.onnx``: the net's inference graph as an ONNX model."""
+from . import add_stage, stages
 from ..net.netdef import load_net_def, set_batch_size
 
 HELP = "export a net's inference graph (TEST phase, losses left out) with its weights as an ONNX model"
@@ -10,7 +11,7 @@ def add_arguments(parser):
     parser.add_argument("--weights", help="weights (.npz) to export; default: the fillers' random values")
     parser.add_argument("--batch", type=int, help="the exported batch size (default: the net's own)")
     parser.add_argument("--phase", choices=("train", "test"), default="test", help="which phase's layers to export")
-    parser.add_argument("--stage", action="append", default=[], help="a NetState stage (repeat for several)")
+    add_stage(parser)
     parser.add_argument("--opset", type=int, default=17, help="ONNX operator set version")
 
 
@@ -21,7 +22,7 @@ def run(args):
     netdef = load_net_def(args.net)
     if args.batch is not None:
         set_batch_size(netdef, args.batch)
-    net = Net(netdef, phase=args.phase, stages=args.stage, weights=args.weights)
+    net = Net(netdef, phase=args.phase, stages=stages(args), weights=args.weights)
     model = export_onnx(net, args.output, opset=args.opset)
     graph = model.graph
     print(f"wrote {args.output}: {len(graph.node)} nodes, inputs {', '.join(v.name for v in graph.input)}, "

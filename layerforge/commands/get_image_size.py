@@ -16,7 +16,7 @@ def add_arguments(parser):
     parser.add_argument("root", help="folder the listed paths are relative to")
     parser.add_argument("listfile", help="list of 'image annotation' pairs (convert_annoset's)")
     parser.add_argument("outfile", help="the name size file to write")
-    parser.add_argument("--name_id_file", "--name-id-file", dest="name_id_file", default="",
+    parser.add_argument("--name-id-file", "--name_id_file", dest="name_id_file", default="",
                         help="lines of 'name id': write each image's id instead of its name")
 
 

@@ -36,7 +36,7 @@ def add_arguments(parser):
     parser.add_argument("--timing", help="`layerforge time --json` output for the train net (default: time it now)")
     parser.add_argument("--iterations", type=int, default=3, help="timed iterations when timing now")
     parser.add_argument("--cost", help="alpha,beta_intra,beta_inter,gamma in seconds (per byte for the betas and "
-                                       "gamma); default: the calibration cache written by bench-allreduce/train")
+                                       "gamma); default: the calibration cache written by bench_allreduce/train")
     parser.add_argument("--json", action="store_true")
 
 
@@ -57,7 +57,7 @@ def load_cost_params(spec):
         with open(path) as f:
             table = json.load(f)
     except (OSError, ValueError):
-        raise LayerforgeError(f"{path}: no calibration yet: run `mpiexec -n 4 layerforge bench-allreduce` once, "
+        raise LayerforgeError(f"{path}: no calibration yet: run `mpiexec -n 4 layerforge bench_allreduce` once, "
                               "or give --cost alpha,beta_intra,beta_inter,gamma") from None
 
     def ranks(key):

@@ -5,11 +5,16 @@ import numpy
 
 from . import add_decode_workers, add_net_state, apply_decode_workers, net_state
 from .. import backend
-from ..errors import EndOfData
+from ..errors import EndOfData, LayerforgeError
 from ..kernels.average_precision import AP_VERSIONS, DetectionScores
 from ..logs import setup_logging
 from ..net.net import Net
 from ..solvers.evaluation import caffe_float, output_weights
+from ..schema import solvers_naming
+from ..solvers import SOLVER_KEYS, SOLVER_REGISTRY, load_solver_param
+from ..solvers.caffe_solver import read_solver_file
+
+DEFAULT_AP_VERSION = SOLVER_KEYS["ap_version"].default  # the fork's SolverParameter default, Integral
 
 HELP = "run a net's TEST phase for N batches with given weights and print per-batch and mean outputs"
 
@@ -25,9 +30,30 @@ def add_arguments(parser):
     parser.add_argument("--phase", choices=("train", "test"), default="test")
     parser.add_argument("--gpu", type=int, metavar="N", help="run the net on GPU N (Caffe's -gpu; default the CPU)")
     add_net_state(parser)
-    parser.add_argument("--ap_version", "--ap-version", dest="ap_version", choices=AP_VERSIONS, default="Integral",
-                        help="how the mAP of DetectionEvaluate outputs is computed (the SSD fork's ap_version; "
-                             "default Integral, as its solver's)")
+    parser.add_argument("--ap-version", "--ap_version", dest="ap_version", choices=AP_VERSIONS, default=None,
+                        help="how the mAP of DetectionEvaluate outputs is computed (the SSD fork's ap_version); "
+                             "default: the solver's (--solver, else a solver file beside the net that names it), so "
+                             "the weights score as in the solver's test; without one Integral, the fork's default")
+    parser.add_argument("--solver", help="the solver the weights were trained with: its ap_version scores "
+                                         "DetectionEvaluate outputs (no other key of it is read)")
+
+
+def ap_version_of(args):
+    """``(ap_version, why)``: --ap-version, else the ap_version of --solver or of the first solver file beside
+    --model that names it (schema.solvers_naming), else the fork's default (Integral)."""
+    if args.ap_version:
+        return args.ap_version, "--ap-version"
+    if args.solver:
+        return load_solver_param(args.solver, SOLVER_REGISTRY).ap_version, f"the ap_version of {args.solver}"
+    for path in solvers_naming(args.model):
+        try:
+            mapping = read_solver_file(path)
+        except LayerforgeError:
+            continue
+        value = mapping.get("ap_version", DEFAULT_AP_VERSION) if isinstance(mapping, dict) else None
+        if value in AP_VERSIONS:
+            return value, f"the ap_version of {path}, which names this net"
+    return DEFAULT_AP_VERSION, "the SSD fork's default; --solver or --ap-version choose another"
 
 
 def detection_outputs(net):
@@ -75,7 +101,11 @@ def run(args):
     setup_logging()
     xp = numpy if args.gpu is None else backend.gpu_array_module(args.gpu, "--gpu")
     net = Net(args.model, phase=args.phase, weights=args.weights, xp=xp, **net_state(args))
-    means = score(net, args.iterations, args.ap_version)
+    ap_version = DEFAULT_AP_VERSION
+    if detection_outputs(net):
+        ap_version, why = ap_version_of(args)
+        log.info("mAP of %s: %s AP (%s)", ", ".join(sorted(detection_outputs(net))), ap_version, why)
+    means = score(net, args.iterations, ap_version)
     weights = output_weights(net)
     for name, value in means.items():
         if value.size != 1:

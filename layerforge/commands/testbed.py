@@ -1,6 +1,6 @@
 """``layerforge testbed``: emulated hosts on one machine (network namespaces, shaped links), MPI across them.
 
-    layerforge testbed run --hosts 2 --ranks-per-host 2 --gbit 1 -- layerforge bench-allreduce --sizes 100M
+    layerforge testbed run --hosts 2 --ranks-per-host 2 --gbit 1 -- layerforge bench_allreduce --sizes 100M
     layerforge testbed up --hosts 4 --gbit 10        # leaves it up; then `exec`, `status`, finally `down`
     layerforge testbed exec --ranks-per-host 1 -- python my_mpi_program.py
     layerforge testbed status                        # namespaces and bytes per host link so far
@@ -57,7 +57,7 @@ def _print_links(bed, before, after):
 
 def _exec(bed, args):
     if not args.program:
-        raise LayerforgeError(f"testbed {args.action}: give the program after --, e.g. -- layerforge bench-allreduce")
+        raise LayerforgeError(f"testbed {args.action}: give the program after --, e.g. -- layerforge bench_allreduce")
     before = bed.link_bytes()
     done = bed.run(args.program, ranks_per_host=args.ranks_per_host, capture=False)
     _print_links(bed, before, bed.link_bytes())

@@ -9,7 +9,7 @@ import os
 
 from ..errors import ConfigError
 from ..layers.layer_param import parse_layer
-from ..schema import Context, Field, LineDict, LineList, suggest, validate_block, with_lines
+from ..schema import Context, Field, LineDict, LineList, suggest, validate_block, with_lines, wrong_kind_of_file
 from .blocks import annotate, expand_blocks
 from .caffe_net import read_net_file
 
@@ -49,6 +49,9 @@ def load_net_def(source, path=None):
         raise TypeError(f"a net is a YAML path or a dict, not {type(source).__name__}")
     if not isinstance(mapping, dict):
         raise ConfigError("a net definition must be a mapping with a 'layers' list", path, getattr(mapping, "line", 1))
+    mistaken = wrong_kind_of_file(mapping, path, "net")
+    if mistaken is not None:
+        raise mistaken
     mapping = expand_blocks(mapping, path)  # reusable blocks (layerforge/net/blocks.py) -> flat layers
     for key in mapping:
         if key not in NET_KEYS:

@@ -10,7 +10,7 @@ import os
 
 from ..errors import ConfigError
 from ..trace import parse_window
-from ..schema import Context, LineDict, suggest, validate_block, with_lines
+from ..schema import Context, LineDict, suggest, validate_block, with_lines, wrong_kind_of_file
 from .caffe_solver import read_solver_file
 from .keys import INLINE_KEYS, SOLVER_KEYS
 
@@ -94,6 +94,9 @@ def load_solver_param(source, registry, **overrides):
         raise TypeError(f"a solver is a YAML path or a dict, not {type(source).__name__}")
     if not isinstance(mapping, dict):
         raise ConfigError("a solver definition must be a mapping of keys", path, getattr(mapping, "line", 1))
+    mistaken = wrong_kind_of_file(mapping, path, "solver")
+    if mistaken is not None:
+        raise mistaken
     merged = LineDict(mapping)
     merged.line, merged.key_lines = mapping.line, dict(mapping.key_lines or {})
     for key, value in overrides.items():

@@ -26,7 +26,7 @@ from google.protobuf import text_format
 
 from layerforge.caffe import caffe_pb
 from layerforge.net import Net
-from tests.caffe.test_opencv_reference import compare_with_opencv, opencv_path  # noqa: F401 (fixture)
+from tests.caffe.test_opencv_reference import compare_with_opencv, opencv  # noqa: F401 (fixture)
 
 MODELS = pathlib.Path(__file__).resolve().parent / "fork_models"
 
@@ -121,14 +121,14 @@ def test_ssd_deploy_files_load_at_full_width(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", sorted(SSD_NETS))
-def test_ssd_deploy_files_agree_with_opencv(opencv_path, tmp_path, name):  # noqa: F811
+def test_ssd_deploy_files_agree_with_opencv(opencv, tmp_path, name):  # noqa: F811
     divide, shape, rewrite = SSD_NETS[name]
     text = (MODELS / name).read_text()
     if divide > 1 or shape:
         text = narrowed(text, divide, shape=shape)
     if rewrite:
         text = rewrite(text)
-    net = compare_with_opencv(text, opencv_path, tmp_path, init=trained_looking, tolerance=1e-4,
+    net = compare_with_opencv(text, opencv, tmp_path, init=trained_looking, tolerance=1e-4,
                               rows=("detection_out",))
     detections = net.blobs["detection_out"].data
     assert detections.shape[2] >= 2 and (detections[0, 0, :, 1] >= 1).all()  # real detections, background skipped
@@ -212,13 +212,13 @@ def test_fork_textboxes_refuses_what_it_cannot_say(tmp_path, capsys):
     assert len(err) == 1 and "layer 'conv4_3_norm_mbox_priorbox' (PriorBox): key 'prior_box.step'" in err[0]
 
 
-def test_face_detector_with_opencvs_clip_agrees_with_opencv(opencv_path, tmp_path):  # noqa: F811
+def test_face_detector_with_opencvs_clip_agrees_with_opencv(opencv, tmp_path):  # noqa: F811
     # OpenCV's current face detector asks for its own field `clip: 1` and a stricter NMS
     text = (MODELS / "opencv_face_detector.prototxt").read_text()
     text = text.replace("nms_threshold: 0.3", "nms_threshold: 0.45").replace("confidence_threshold: 0.01",
                                                                              "confidence_threshold: 0.05\n    clip: 1")
     assert "clip: 1" in text
-    net = compare_with_opencv(narrowed(text, 4), opencv_path, tmp_path, init=trained_looking,
+    net = compare_with_opencv(narrowed(text, 4), opencv, tmp_path, init=trained_looking,
                               tolerance=1e-4, rows=("detection_out",))
     boxes = net.blobs["detection_out"].data[0, 0, :, 3:]
     assert boxes.min() >= 0 and boxes.max() <= 1
@@ -264,13 +264,13 @@ def openpose_like(stages=2, width=8):
     return "\n".join(lines) + "\n"
 
 
-def test_openpose_like_net_builds_on_its_placeholder_and_agrees_with_opencv(opencv_path, tmp_path):  # noqa: F811
+def test_openpose_like_net_builds_on_its_placeholder_and_agrees_with_opencv(opencv, tmp_path):  # noqa: F811
     text = openpose_like()
     (tmp_path / "placeholder.prototxt").write_text(text)
     placeholder = Net(str(tmp_path / "placeholder.prototxt"), phase="test")
     assert placeholder.blobs["pool3_stage1"].shape == (1, 24, 1, 1)  # Caffe's shape: 2x2 kernels on 1x1 maps
     image = numpy.random.default_rng(1).standard_normal((1, 3, 40, 48)).astype(numpy.float32)
-    net = compare_with_opencv(text, opencv_path, tmp_path, init=trained_looking, tolerance=1e-4,
+    net = compare_with_opencv(text, opencv, tmp_path, init=trained_looking, tolerance=1e-4,
                               inputs={"image": image})
     assert net.blobs["net_output"].shape == (1, 10, 5, 6)
 
@@ -441,10 +441,10 @@ layer { name: "fc" type: "InnerProduct" bottom: "roi_pool" top: "fc" inner_produ
     [[0, 1, 1, 29, 21], [1, 5, 9, 13, 13], [1, 21, 1, 31, 9], [0, 9, 3, 9, 3], [1, 1, 5, 31, 23]],  # k.25, k.75
     [[0, 2, 2, 30, 22], [1, 6, 10, 14, 14], [1, 22, 2, 30, 10], [0, 10, 6, 10, 6], [1, 2, 6, 30, 22]],  # k.5
 ])
-def test_roi_pooling_agrees_with_opencv(opencv_path, tmp_path, rois):  # noqa: F811
+def test_roi_pooling_agrees_with_opencv(opencv, tmp_path, rois):  # noqa: F811
     rois = numpy.array(rois, dtype=numpy.float32)
     data = numpy.random.default_rng(4).standard_normal((2, 3, 24, 32)).astype(numpy.float32)
-    net = compare_with_opencv(ROI_NET, opencv_path, tmp_path, init=trained_looking, tolerance=1e-4,
+    net = compare_with_opencv(ROI_NET, opencv, tmp_path, init=trained_looking, tolerance=1e-4,
                               inputs={"data": data, "rois": rois})
     assert net.blobs["roi_pool"].shape == (5, 6, 3, 4)
 

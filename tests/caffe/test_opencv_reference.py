@@ -49,12 +49,12 @@ layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
 
 
 @pytest.fixture(scope="session")
-def opencv_path():
-    """Where OpenCV 4 is (installed once into tests/.opencv4 when the runtime's OpenCV lacks the importer)."""
+def opencv():
+    """OpenCV with its Caffe importer (OpenCV 4, the dev extra's); a one-line failure without it."""
     try:
-        return opencv_caffe.install()
+        return opencv_caffe.require()
     except RuntimeError as e:
-        pytest.fail(str(e))
+        pytest.fail(str(e), pytrace=False)
 
 
 def deploy_text(name):
@@ -95,7 +95,7 @@ def trained_looking(net, rng):
             bias.data[...] = rng.standard_normal(bias.shape) * 0.1
 
 
-def compare_with_opencv(text, opencv_path, tmp_path, init=trained_looking, tolerance=1e-3, rows=(), inputs=None):
+def compare_with_opencv(text, opencv, tmp_path, init=trained_looking, tolerance=1e-3, rows=(), inputs=None):
     """Run the deploy net ``text`` in layerforge and OpenCV; assert every blob's final value agrees.
 
     ``init(net, rng)`` gives the weights; a blob agrees when within ``tolerance`` of its largest magnitude
@@ -116,8 +116,7 @@ def compare_with_opencv(text, opencv_path, tmp_path, init=trained_looking, toler
     for i, layer in enumerate(net.layers):
         if layer.type not in ("Split", "Input"):
             last_writer.update((top, layer.name) for top in net.top_names(i))
-    theirs = opencv_caffe.run(opencv_path, prototxt, tmp_path / "deploy.caffemodel", inputs,
-                              list(last_writer.values()), tmp_path)
+    theirs = opencv_caffe.run(prototxt, tmp_path / "deploy.caffemodel", inputs, list(last_writer.values()))
     for blob, layer in last_writer.items():
         ours, reference = numpy.asarray(net.blobs[blob].data), theirs[layer]
         if blob in rows:
@@ -146,26 +145,35 @@ needs_models = pytest.mark.skipif(not (MODELS / BVLC["lenet"][0]).exists(),
                                   reason=f"the BVLC Caffe model files are not here ({MODELS})")
 
 
-def test_a_small_deploy_net_agrees_with_opencv(opencv_path, tmp_path):
-    net = compare_with_opencv(SMALL, opencv_path, tmp_path)
+def test_a_small_deploy_net_agrees_with_opencv(opencv, tmp_path):
+    net = compare_with_opencv(SMALL, opencv, tmp_path)
     assert net.blobs["pool1"].shape == (2, 8, 12, 12)  # Caffe rounds up: ceil((24 - 3) / 2) + 1
 
 
 @needs_models
 @pytest.mark.parametrize("name", bvlc_nets())
-def test_bvlc_deploy_nets_agree_with_opencv(opencv_path, tmp_path, name):
-    compare_with_opencv(deploy_text(name), opencv_path, tmp_path)
+def test_bvlc_deploy_nets_agree_with_opencv(opencv, tmp_path, name):
+    compare_with_opencv(deploy_text(name), opencv, tmp_path)
 
 
 @pytest.mark.parametrize("ceil, pool1", [(False, 11), (True, 12)])
-def test_ceil_mode_of_caffe_forks_agrees_with_opencv(opencv_path, tmp_path, ceil, pool1):
-    net = compare_with_opencv(with_ceil_mode(SMALL, ceil), opencv_path, tmp_path)
+def test_ceil_mode_of_caffe_forks_agrees_with_opencv(opencv, tmp_path, ceil, pool1):
+    net = compare_with_opencv(with_ceil_mode(SMALL, ceil), opencv, tmp_path)
     assert net.blobs["pool1"].shape == (2, 8, pool1, pool1)
 
 
 @needs_models
 @pytest.mark.parametrize("ceil", [False, True])
 @pytest.mark.parametrize("name", [n for n in BVLC if n not in SLOW] + [pytest.param("alexnet", marks=pytest.mark.slow)])
-def test_bvlc_deploy_nets_with_ceil_mode_agree_with_opencv(opencv_path, tmp_path, name, ceil):
+def test_bvlc_deploy_nets_with_ceil_mode_agree_with_opencv(opencv, tmp_path, name, ceil):
     # GoogLeNet's last 7x7 pooling does not fit a floored 6x6 map: it is left out
-    compare_with_opencv(with_ceil_mode(deploy_text(name), ceil), opencv_path, tmp_path)
+    compare_with_opencv(with_ceil_mode(deploy_text(name), ceil), opencv, tmp_path)
+
+
+def test_a_missing_importer_is_one_line_naming_the_dev_extra(monkeypatch):
+    import cv2
+
+    monkeypatch.delattr(cv2.dnn, "readNetFromCaffe")
+    with pytest.raises(RuntimeError) as e:
+        opencv_caffe.require()
+    assert "\n" not in str(e.value) and "pip install -e '.[dev]'" in str(e.value) and cv2.__version__ in str(e.value)

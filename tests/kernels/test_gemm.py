@@ -230,7 +230,7 @@ def test_the_switch_reaches_every_layer_product_and_training_still_follows(preci
             if layer["type"] == "Convolution":
                 layer["convolution"]["engine"] = engine
         solver = get_solver(dict(net_param=net, base_lr=0.1, momentum=0.9, max_iter=8, average_loss=8, random_seed=2,
-                                 display=0, snapshot=0))
+                                 display=0, snapshot=0, snapshot_after_train=False))
         solver.solve()
         runs[name] = numpy.array(solver.losses)
     # bf16 operands (8-bit mantissa) move every loss off the fp32 run's, but only by about their rounding

@@ -216,7 +216,7 @@ def test_a_resnet_block_trains_identically():
     runs = []
     for fuse in (True, False):
         solver = get_solver(dict(net_param=resnet_block(fuse), base_lr=0.1, momentum=0.9, max_iter=6, random_seed=2,
-                                 display=0, snapshot=0, dtype="float64"))
+                                 display=0, snapshot=0, snapshot_after_train=False, dtype="float64"))
         solver.solve()
         runs.append(solver)
     fused, plain = runs
