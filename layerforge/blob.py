@@ -105,6 +105,24 @@ class SparseGradient:
         return f"SparseGradient({len(self)} rows of shape {tuple(self.rows.shape[1:])})"
 
 
+def pack_diffs(blobs, buffer, offsets):
+    """Move the diffs of ``blobs`` into ``buffer``: blob k's diff becomes the view ``buffer[off:off + n]`` (shaped
+    as the diff, ``offsets[k] = (off, n)``), its values kept. Backward then writes the gradients straight into
+    the buffer (a replica's slot of shared memory), and what is written into the buffer is the gradient."""
+    for b, (off, n) in zip(blobs, offsets):
+        view = buffer[off:off + n].reshape(b.diff.shape)
+        view[...] = b.diff
+        b.diff = view
+
+
+def pack_data(blobs, buffer, offsets, keep=()):
+    """Make the data of ``blobs`` views of their segments of ``buffer`` (as :func:`pack_diffs`), whose values they
+    take (no copy), except the blobs whose indices are in ``keep``."""
+    for k, (b, (off, n)) in enumerate(zip(blobs, offsets)):
+        if k not in keep:
+            b.data = buffer[off:off + n].reshape(b.data.shape)
+
+
 class Blob:
     """Holds ``data`` and ``diff`` arrays of one shape and dtype.
 
@@ -272,6 +290,13 @@ class Blob:
             self._data = self._diff = None  # the old arrays are freed before the new ones count against memory
             self._data = zeros_checked(shape, self.dtype, self.xp)
             self._diff = zeros_checked(shape, self.dtype, self.xp, "the gradient of a blob")
+
+    def cast(self, dtype):
+        """Give data and diff the dtype ``dtype`` (their values converted); nothing to do when they have it."""
+        dtype = numpy.dtype(dtype)
+        if dtype != self.dtype:
+            self.dtype = dtype
+            self.data, self.diff = self._data.astype(dtype), self.diff.astype(dtype)
 
     def share_data(self, other):
         """Use ``other``'s data array (same storage), as Caffe's ShareData does for in-place views."""

@@ -54,9 +54,7 @@ def check_gradient(layer, bottom, top, check_bottom=None, check_params=True, ste
         The number of elements checked.
     """
     for t in top:  # a float32 top would silently make the check a float32 one
-        if t.dtype != layer.dtype:
-            t.dtype = layer.dtype
-            t.data, t.diff = t.data.astype(layer.dtype), t.diff.astype(layer.dtype)
+        t.cast(layer.dtype)
     layer.setup(bottom, top)
     checks = list(range(len(bottom))) if check_bottom is None else list(check_bottom)
     propagate_down = [i in checks for i in range(len(bottom))]

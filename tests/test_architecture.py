@@ -232,3 +232,46 @@ def test_the_real_emulator_stands_apart_and_the_picture_shows_its_door():
     from layerforge import emulated_gpu
     from layerforge_emulator import install
     assert emulated_gpu.ENV == install.ENV == "LAYERFORGE_EMULATED_GPU"
+
+
+NET_ROOM = {"dataparallel/__init__.py": "", "pycaffe/__init__.py": ""}
+NET_RULE = (" a Net, a layer and a blob's arrays are changed by net/, layers/, solvers/ and blob.py only; data "
+            "parallelism acts through the Net's seam (Net.add_hooks, Net.set_batch_group, blob.pack_diffs)")
+
+
+@pytest.mark.parametrize("body, changed", [
+    ("def time(solver, timed):\n    solver.net.forward = timed\n", "solver.net.forward"),
+    ("class Chunked:\n    def __init__(self, net):\n        net.backward = self.backward\n", "net.backward"),
+    ("def share(net, group):\n    for layer in net.layers:\n        layer.batch_group = group\n", "layer.batch_group"),
+    ("def share(net, group):\n    net.layers[3].batch_group = group\n", "net.layers[3].batch_group"),
+    ("def attach(params, flat):\n    for p in params:\n        p.diff = flat\n", "p.diff"),
+    ("def attach(params, flat):\n    for p in params:\n        p.data = flat\n", "p.data"),
+    ("def scale(blob):\n    blob.diff *= 0.5\n", "blob.diff"),
+    ("def feed(net, x):\n    net.blobs['data'].data = x\n", "net.blobs['data'].data"),
+    ("def hook(net, f):\n    net.backward_hooks.append(f)\n", "net.backward_hooks"),
+    ("def hook(test_net, f):\n    setattr(test_net, 'forward', f)\n", "test_net"),
+    ("def swap(layer, b):\n    layer.blobs[0] = b\n", "layer.blobs"),
+])
+def test_a_net_or_layer_changed_outside_its_rooms_fails(tmp_path, body, changed):
+    root = _plant(tmp_path, {**BASE, **NET_ROOM, "dataparallel/sync.py": body})
+    found = graph_tool.net_assignments(root)
+    assert len(found) == 1
+    assert found[0].startswith("layerforge.dataparallel.sync (line ") and found[0].endswith(f" changes {changed}:" + NET_RULE)
+
+
+def test_the_net_s_seam_and_its_own_rooms_pass(tmp_path):
+    uses = ("from ..blob import pack_diffs\n\n\ndef attach(net, solver, group, slot, offsets, f, datum, x):\n"
+            "    net.add_hooks(after_backward=f, passes=f)\n    net.set_batch_group(group, ('BatchNorm',))\n"
+            "    pack_diffs(net.learnable_params, slot, offsets)\n    net.blobs['data'].data[...] = x\n"
+            "    for p in net.learnable_params:\n        p.diff[...] = 0\n    datum.data = b''\n"
+            "    solver.net.forward()\n    layer = caffe_pb.LayerParameter()\n    layer.name = 'conv'\n"
+            "    self_made = x\n    self_made.data = x\n")
+    changes = "def f(net, layer, p, x):\n    net.forward = x\n    layer.batch_group = x\n    p.diff = x\n"
+    root = _plant(tmp_path, {**BASE, **NET_ROOM, "dataparallel/sync.py": uses, "net/fusion.py": changes,
+                             "layers/batch_norm.py": changes, "solvers/__init__.py": "", "solvers/solver.py": changes,
+                             "blob.py": changes})
+    assert graph_tool.net_assignments(root) == []
+
+
+def test_nothing_outside_the_net_s_rooms_changes_a_net():
+    assert graph_tool.net_assignments() == []

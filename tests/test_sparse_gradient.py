@@ -69,7 +69,7 @@ def test_data_parallel_exchange_sends_the_rows_embed_added(monkeypatch, aggregat
     from mpi4py import MPI
 
     from layerforge.comm import Communicator, CostParams
-    from layerforge.dataparallel.gradient_exchange import make_data_parallel
+    from layerforge.dataparallel.ranks import make_data_parallel
     from tests.solvers.test_sparse_update import embed_net
 
     from layerforge.solvers import get_solver

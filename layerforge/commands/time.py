@@ -149,7 +149,7 @@ def time_exchange(net, comm, iterations, algorithm="auto", bucket_mb=4.0):
     for mode, overlap in (("after", False), ("overlapped", True)):
         exchange = GradientExchange(params, comm, algorithm, bucket_bytes=int(bucket_mb * 2 ** 20),
                                     ready_after=gradient_ready_after(net, params), overlap=overlap)
-        net.backward_hooks.append(exchange.layer_gradients_ready)
+        net.add_hooks(after_backward=exchange.layer_gradients_ready)
         try:
             for k in range(iterations + 1):  # the first one warms the buffers and the algorithm up
                 if k == 1:
@@ -163,7 +163,7 @@ def time_exchange(net, comm, iterations, algorithm="auto", bucket_mb=4.0):
                 exchange.before_update()
             elapsed = time.perf_counter() - t0
         finally:
-            net.backward_hooks.remove(exchange.layer_gradients_ready)
+            net.remove_hooks(after_backward=exchange.layer_gradients_ready)
         figures = numpy.array([elapsed, exchange.comm_seconds, exchange.exposed_seconds]) * 1000.0 / iterations
         comm.comm.Allreduce(MPI.IN_PLACE, figures, op=MPI.MAX)
         out[mode] = dict(zip(("iteration_ms", "comm_ms", "exposed_ms"), map(float, figures)))

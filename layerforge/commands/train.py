@@ -180,7 +180,8 @@ def train(args, sp, mpi_comm=None, requests=()):
         from ..cores import local_rank
         from ..backend import rank_device
         from ..comm import Communicator
-        from ..dataparallel.gradient_exchange import config_digest, make_data_parallel
+        from ..dataparallel.rank_agreement import config_digest
+        from ..dataparallel.ranks import make_data_parallel
 
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         if rank != 0:

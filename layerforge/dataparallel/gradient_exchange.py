@@ -1,36 +1,18 @@
-"""Synchronous data parallelism over MPI ranks, mathematically the same as one process with the total batch.
+"""The dense gradient exchange of synchronous data parallelism over MPI ranks (:class:`GradientExchange`).
 
-``mpiexec -n P layerforge train --solver S`` runs P replicas. Each reads a disjoint shard of the data with
-batch b; every rank's summed gradients are packed into size-capped buckets of one contiguous buffer, summed
-by the chosen allreduce (bucket by bucket during the last backward pass with ``allreduce_overlap``, the
-default; after it otherwise) and divided by P; then each rank normalises, clips, regularises and updates
-identically. P ranks x batch b therefore reach the parameters of one rank
-x batch P*b (ChainerMN / Parallax semantics): clipping sees the aggregated gradient, the update happens once.
-
-Also here: parameters broadcast from rank 0 at start, a configuration hash checked across ranks, and the ranks'
-agreement (:class:`RankAgreement`): a check that parameters still agree at every snapshot, test scores summed
-over the ranks' test shards (a detection test's rows gathered), and signal requests agreed on so that every rank
-stops or snapshots at the same iteration; and the sum that makes a MultiBoxLoss count the matches of every rank's
-batch (:class:`RankSum`). Each of these is a :class:`~layerforge.solvers.seam.Seam` that
-:func:`make_data_parallel` gives the solver.
+Every rank's summed gradients are packed into size-capped buckets of one contiguous buffer, summed by the chosen
+allreduce (bucket by bucket during the last backward pass with ``allreduce_overlap``, the default; after it
+otherwise) and divided by P; then each rank normalises, clips, regularises and updates identically. P ranks x
+batch b therefore reach the parameters of one rank x batch P*b (ChainerMN / Parallax semantics): clipping sees
+the aggregated gradient, the update happens once. :mod:`.ranks` gives a solver this exchange with the others.
 """
-import collections
 import contextlib
-import hashlib
-import json
-import logging
-import os
 import time
 
 import numpy
 
 from .. import backend, trace
-from ..errors import LayerforgeError
 from ..solvers.seam import Seam
-
-log = logging.getLogger("layerforge")
-
-_ACTIONS = ("none", "snapshot", "stop")
 
 
 class GradientExchange(Seam):
@@ -110,10 +92,12 @@ class GradientExchange(Seam):
         return [(lo, min(lo + cap, n)) for lo in range(0, n, cap)]
 
     # -- sending ----------------------------------------------------------------------------------------
-    def _pack(self, b_lo, b_hi):
-        for p, lo, hi in zip(self.params, self.offsets[:-1], self.offsets[1:]):
+    def _pack(self, b_lo, b_hi, diffs=None):
+        # diffs: the arrays to pack in place of the parameters' diffs (double buffering's fresh gradients)
+        for k, (p, lo, hi) in enumerate(zip(self.params, self.offsets[:-1], self.offsets[1:])):
             if lo < b_hi and hi > b_lo:
-                part = backend.to_numpy(p.diff).reshape(-1)[max(lo, b_lo) - lo:min(hi, b_hi) - lo]
+                diff = p.diff if diffs is None else diffs[k]
+                part = backend.to_numpy(diff).reshape(-1)[max(lo, b_lo) - lo:min(hi, b_hi) - lo]
                 self.buffer[max(lo, b_lo):min(hi, b_hi)] = part
         if self.fp16:
             self.buffer[b_lo:b_hi] /= numpy.float16(self.comm.size)
@@ -132,9 +116,9 @@ class GradientExchange(Seam):
             self.comm.allreduce(self.buffer[b_lo:b_hi], algorithm=self.algorithm)
         self.comm_seconds += time.perf_counter() - t0
 
-    def _launch(self, k):
+    def _launch(self, k, diffs=None):
         b_lo, b_hi = self.buckets[k]
-        self._pack(b_lo, b_hi)
+        self._pack(b_lo, b_hi, diffs)
         if not (self.overlap or self.double_buffering):
             self._allreduce(k, inline=True)
         elif self.algorithm == "mpi":
@@ -214,13 +198,8 @@ class GradientExchange(Seam):
             for p in self.params:
                 p.diff[...] = 0
         self._stale = fresh
-        saved = [p.diff for p in self.params]
-        for p, g in zip(self.params, fresh):
-            p.diff = g  # packed from the fresh gradients, while the diffs hold the stale mean for the update
-        for k in range(len(self.buckets)):
-            self._launch(k)
-        for p, d in zip(self.params, saved):
-            p.diff = d
+        for k in range(len(self.buckets)):  # packed from the fresh gradients; the diffs hold the stale mean
+            self._launch(k, fresh)
         return update
 
     def before_pass(self, k):
@@ -251,264 +230,3 @@ def gradient_ready_after(net, params):
         for b in layer.blobs:
             first.setdefault(id(b), i)
     return [first.get(id(p), 0) for p in params]
-
-
-class SparseGradientExchange(Seam):
-    """The exchange of the parameters whose gradient comes as rows (Embed), before the update: each parameter's rows
-    are summed by a path of :mod:`layerforge.comm.sparse` and divided by P; the dense exchange leaves these out.
-
-    ``auto`` aggregates the first iteration by allgather, which tells every rank how many rows each rank
-    had and how many the sum has; from that density the cost model (``predict_sparse``) picks the path
-    used from then on, the same on every rank, logged once per parameter.
-
-    Args:
-        params: the learnable Blobs with ``sparse_rows``. comm: a Communicator.
-        algorithm: ``allgather``, ``sharded``, ``dense`` or ``auto``. allreduce: the dense path's allreduce.
-    """
-
-    def __init__(self, params, comm, algorithm="auto", allreduce="auto", names=None):
-        self.params, self.comm, self.algorithm, self.allreduce = list(params), comm, algorithm, allreduce
-        self.names = names or [p.name or f"parameter {k}" for k, p in enumerate(self.params)]
-        self.paths = [None if algorithm == "auto" else algorithm for _ in self.params]
-        self.seconds, self.calls = 0.0, 0
-
-    def before_update(self):
-        from ..comm.sparse import aggregate
-        t0 = time.perf_counter()
-        for k, p in enumerate(self.params):
-            grad = p.sparse_diff()
-            with trace.wait("comm", f"sparse {k}", algorithm=self.paths[k] or "allgather"):
-                summed = aggregate(self.comm, grad, p.shape[0], self.paths[k] or "allgather", self.allreduce)
-            if self.paths[k] is None:
-                self.paths[k] = self._choose(k, p, grad, summed)
-            summed.rows /= summed.rows.dtype.type(self.comm.size)
-            p.set_sparse_diff(summed)
-        self.seconds += time.perf_counter() - t0
-        self.calls += 1
-        return True
-
-    def _choose(self, k, p, grad, summed):
-        from ..comm import cost_model
-        comm = self.comm
-        if comm.cost_params is None:
-            comm.cost_params = cost_model.load_or_calibrate(comm)
-        counts = numpy.empty(comm.size, numpy.int64)
-        comm.comm.Allgather(numpy.array([len(grad)], numpy.int64), counts)
-        row_bytes = int(numpy.prod(p.shape[1:], dtype=numpy.int64)) * p.dtype.itemsize
-        args = (counts.tolist(), len(summed), row_bytes, p.shape[0], comm.group_size, comm.cost_params)
-        path = cost_model.choose_sparse(*args)
-        if comm.rank == 0:
-            times = ", ".join(f"{name} {cost_model.predict_sparse(name, *args) * 1e3:.3g} ms"
-                              for name in cost_model.SPARSE_PATHS)
-            log.info("Sparse aggregation of %s: %d of %d rows per rank at most, %d in the sum (density %.3g): "
-                     "%s chosen (predicted %s)", self.names[k], max(counts), p.shape[0], len(summed),
-                     len(summed) / p.shape[0], path, times)
-        return path
-
-
-def pack(blobs, what="data"):
-    """All ``blob.<what>`` arrays as one contiguous float64 host vector."""
-    if not blobs:
-        return numpy.zeros(0)
-    return numpy.concatenate([backend.to_numpy(getattr(b, what)).astype(numpy.float64).reshape(-1) for b in blobs])
-
-
-def broadcast_parameters(comm, net, root=0):
-    """Copy every parameter blob of ``net`` (learnable and statistics) from ``root`` to all ranks."""
-    blobs = [b for layer in net.layers for b in layer.blobs]
-    seen, unique = set(), []
-    for b in blobs:
-        if id(b) not in seen:
-            seen.add(id(b))
-            unique.append(b)
-    if not unique:
-        return
-    flat = numpy.concatenate([backend.to_numpy(b.data).reshape(-1) for b in unique]).astype(unique[0].dtype)
-    comm.bcast(flat, root=root)
-    offset = 0
-    for b in unique:
-        b.data[...] = b.xp.asarray(flat[offset:offset + b.count].reshape(b.shape))
-        offset += b.count
-
-
-def _allgather_digest(comm, digest):
-    mine = numpy.frombuffer(digest, dtype=numpy.uint8).copy()
-    everyone = numpy.zeros((comm.size, mine.size), numpy.uint8)
-    comm.comm.Allgather(mine, everyone)
-    return [bytes(row) for row in everyone]
-
-
-def check_same(comm, digest, what):
-    """Raise (on every rank) naming the first rank whose ``digest`` differs from rank 0's."""
-    digests = _allgather_digest(comm, digest)
-    for r, d in enumerate(digests):
-        if d != digests[0]:
-            raise LayerforgeError(f"rank {r} has a different {what} than rank 0 "
-                                  f"({d.hex()[:12]} vs {digests[0].hex()[:12]})")
-
-
-def config_digest(sp, overrides):
-    """sha256 over the solver file, the net files it names, and the command-line overrides."""
-    h = hashlib.sha256()
-    paths = [sp.path] + [sp.resolve(p) for p in [sp.net, sp.train_net, *sp.test_net] if p]
-    for path in paths:
-        if path and os.path.exists(path):
-            with open(path, "rb") as f:
-                h.update(f.read())
-    for inline in (sp.net_param, sp.train_net_param, sp.test_net_param):
-        if inline:
-            h.update(json.dumps(inline, sort_keys=True, default=str).encode())
-    h.update(json.dumps(overrides, sort_keys=True, default=str).encode())
-    return h.digest()
-
-
-def parameters_digest(net):
-    """sha256 of the learnable parameters. Not of statistics blobs: each rank's BatchNorm running mean and
-    variance follow its own batches (as in Caffe's multi-GPU training and PyTorch DDP without SyncBatchNorm),
-    so they differ between ranks; rank 0's are the ones snapshotted. Blobs with lr_mult 0 (BatchNorm's
-    statistics among them) are left out for that reason."""
-    trained = [p for p, lr in zip(net.learnable_params, net.params_lr) if lr]
-    return hashlib.sha256(pack(trained).tobytes()).digest()
-
-
-class RankAgreement(Seam):
-    """What keeps the ranks of one job one training run: rank 0 is the root (it displays and snapshots), every rank
-    tests its shard and the test outputs are summed over the ranks (a detection test's rows gathered from them),
-    every rank acts on the most drastic signal request of any rank (stop > snapshot > none), and before a snapshot
-    all ranks check that their parameters are still the same and hand rank 0 their own states (random stream, read
-    positions, engine choices), which the snapshot keeps: a job resumed on as many ranks continues each rank where
-    it was.
-
-    Args:
-        comm: a :class:`~layerforge.comm.Communicator`. solver: the rank's Solver (its net and iteration are read).
-    """
-
-    shares_tests = True
-    agrees = True
-
-    def __init__(self, comm, solver):
-        self.comm, self.solver = comm, solver
-        self.root = comm.rank == 0
-
-    def reduce_test(self, sums, loss, n):
-        flat = numpy.concatenate([numpy.asarray(s, numpy.float64).reshape(-1) for s in sums or []] + [[loss, n]])
-        self.comm.allreduce(flat, algorithm="mpi")
-        out, offset = [], 0
-        for s in sums or []:
-            out.append(flat[offset:offset + s.size].reshape(s.shape))
-            offset += s.size
-        return out, float(flat[-2]), int(round(flat[-1]))
-
-    def gather_test_rows(self, rows):
-        # eval_type DETECTION: the mAP of all the ranks' test shards needs every detection, not a sum of outputs
-        from mpi4py import MPI
-
-        rows = numpy.ascontiguousarray(rows, numpy.float64).reshape(-1)
-        counts = numpy.zeros(self.comm.size, numpy.int64)
-        self.comm.comm.Allgather(numpy.array([rows.size], numpy.int64), counts)
-        gathered = numpy.empty(int(counts.sum()), numpy.float64)
-        self.comm.comm.Allgatherv(rows, [gathered, counts, numpy.cumsum(counts) - counts, MPI.DOUBLE])
-        return gathered.reshape(-1, 5)
-
-    def agree(self, action):
-        from mpi4py import MPI
-
-        code = numpy.array([_ACTIONS.index(action)], numpy.int32)
-        self.comm.comm.Allreduce(MPI.IN_PLACE, code, op=MPI.MAX)
-        return _ACTIONS[int(code[0])]
-
-    def before_snapshot(self):
-        check_same(self.comm, parameters_digest(self.solver.net), f"set of parameters at iteration {self.solver.iter}")
-
-    def gather_states(self, states):
-        from mpi4py import MPI
-
-        comm, root = self.comm.comm, self.comm.rank == 0
-        mine = numpy.frombuffer(json.dumps(states).encode(), numpy.uint8)
-        counts = numpy.zeros(self.comm.size, numpy.int64)
-        comm.Gather(numpy.array([mine.size], numpy.int64), counts, root=0)
-        everyone = numpy.empty(int(counts.sum()) if root else 0, numpy.uint8)
-        comm.Gatherv(mine, [everyone, counts, MPI.BYTE] if root else None, root=0)
-        if not root:
-            return states
-        bounds = numpy.cumsum([0, *counts])
-        return [text for lo, hi in zip(bounds, bounds[1:]) for text in json.loads(everyone[lo:hi].tobytes())]
-
-    def replica(self):
-        return self.comm.rank, self.comm.size
-
-
-class RankSum(Seam):
-    """``sum(values)``: a small float64 vector summed over the ranks, on a communicator of its own (the gradient
-    exchange may run its collectives on another thread meanwhile); ``count`` the ranks. A MultiBoxLoss counts the
-    matches of all the ranks' batches with it (its VALID normaliser is then the whole batch's).
-
-    Only the training passes, which every rank makes in step, may sum: :meth:`before_pass` allows the next sum; a
-    forward that rank 0 alone makes (the final loss line) finds it disarmed and sums nothing."""
-
-    def __init__(self, comm):
-        self.comm, self.count, self.armed = comm.comm.Dup(), comm.size, False
-
-    def before_pass(self, k):
-        self.armed = True
-
-    def sum(self, values):
-        from mpi4py import MPI
-
-        self.armed = False
-        out = numpy.array(values, numpy.float64).reshape(-1)
-        self.comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
-        return out
-
-
-class RankSeams(collections.namedtuple("RankSeams", "dense sparse ranks batch_sum")):
-    """What :func:`make_data_parallel` gave a solver: the :class:`GradientExchange`, the
-    :class:`SparseGradientExchange` (None without row gradients), the :class:`RankAgreement` and the
-    :class:`RankSum` of the MultiBoxLoss layers (None without them)."""
-
-
-def make_data_parallel(solver, comm, algorithm=None, digest=None):
-    """Train ``solver`` (built with ``shard=(comm.rank, comm.size)``) data parallel over ``comm``: check that the
-    ranks run one configuration (``digest``, :func:`config_digest`), broadcast rank 0's parameters, and give the
-    solver the seams of this module (:meth:`~layerforge.solvers.Solver.add_seam`) in the order they act.
-
-    Parameters with row gradients (Embed) go through a :class:`SparseGradientExchange` unless ``sparse_aggregation``
-    is ``dense``. Returns the :class:`RankSeams` (the exchanges' ``seconds`` tell the time spent communicating).
-    """
-    sp = solver.param
-    if digest is not None:
-        check_same(comm, digest, "configuration (solver or net files, or command-line options)")
-    broadcast_parameters(comm, solver.net)
-    params = solver.net.learnable_params
-    # double buffering delays every gradient by one iteration, the row gradients too: they go dense
-    rows = [p for p in params if p.sparse_rows] if sp.sparse_aggregation != "DENSE" and not sp.double_buffering else []
-    dense = [p for p in params if not any(p is q for q in rows)]
-    overlap = sp.allreduce_overlap and not sp.double_buffering
-    exchange = GradientExchange(dense, comm, algorithm or sp.allreduce.lower(),
-                                bucket_bytes=int(sp.allreduce_bucket_mb * 2 ** 20), fp16=sp.allreduce_fp16,
-                                ready_after=gradient_ready_after(solver.net, dense), overlap=overlap,
-                                double_buffering=sp.double_buffering, names=holder_names(solver.net, dense),
-                                iter_size=sp.iter_size)
-    solver.add_seam(exchange)
-    sparse = None
-    if rows:
-        sparse = SparseGradientExchange(rows, comm, sp.sparse_aggregation.lower(), algorithm or sp.allreduce.lower())
-        solver.add_seam(sparse)
-    ranks = RankAgreement(comm, solver)
-    solver.add_seam(ranks)
-    batch_sum = None
-    losses = [layer for layer in solver.net.layers if layer.type == "MultiBoxLoss"]
-    if losses:
-        batch_sum = RankSum(comm)
-        solver.add_seam(batch_sum)
-        for layer in losses:
-            layer.batch_group = batch_sum
-    mode = ("double buffering (updates use the previous iteration's gradients)" if sp.double_buffering else
-            "overlapped with backward" if overlap else "after backward")
-    log.info("Data parallel over %d ranks (%d node group(s)): allreduce %s, %d gradient values in %d bucket(s)%s, %s",
-             comm.size, comm.num_groups, exchange.algorithm, exchange.buffer.size, len(exchange.buckets),
-             ", float16 payload" if exchange.fp16 else "", mode)
-    if rows:
-        log.info("%d parameter(s) with row gradients (%s) left out of the allreduce: sparse aggregation %s",
-                 len(rows), ", ".join(p.name or "?" for p in rows), sparse.algorithm)
-    return RankSeams(exchange, sparse, ranks, batch_sum)

@@ -26,8 +26,9 @@ class BatchNorm(Layer):
     Backward, with s = sqrt(var + eps) and means over N and spatial axes: batch statistics
     gx = (gy - mean(gy) - mean(gy * y) * y) / s; global statistics gx = gy / s. The batch-statistics
     passes run through :mod:`layerforge.kernels.batch_norm` (batch_norm.cu on cupy arrays). Replicas that
-    each hold a share of one batch (``batch_group``, set by layerforge/dataparallel) use the whole batch's
-    statistics and means, exchanged per layer: together they normalise exactly as one process does.
+    each hold a share of one batch (``batch_group``, set by data parallelism through ``Net.set_batch_group``)
+    use the whole batch's statistics and means, exchanged per layer: together they normalise exactly as one
+    process does.
     """
 
     param_blocks = {"batch_norm": {

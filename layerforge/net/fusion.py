@@ -58,14 +58,14 @@ class BatchNormScaleReLU:
 
     def backward(self):
         net, bn = self.net, self.batch_norm
-        if not any(net.layer_need_backward[k] for k in self.members):
+        if not any(net.entries[k].need_backward for k in self.members):
             return
         blob, scale = net.bottom_blobs(self.first)[0], self.scale
         g_gamma, g_beta = (b.diff if down else None for b, down in zip(scale.blobs, scale.param_propagate_down))
         gy = _channels(blob.diff, bn.channels)
         bn_scale_relu_backward(gy, _channels(blob.data, bn.channels), bn.x_norm, 1 / bn.std, scale.blobs[0].data,
                                self.negative_slope, not bn.use_global_stats, g_gamma, g_beta,
-                               gx=gy if net.bottom_need_backward[self.first][0] else None, group=bn.batch_group)
+                               gx=gy if net.entries[self.first].bottom_need_backward[0] else None, group=bn.batch_group)
 
 
 def batch_norm_groups(net):
@@ -85,8 +85,9 @@ def batch_norm_groups(net):
         if any(w for k in range(i, last + 1) for w in net.loss_weights(k)):
             continue
         members = range(i, last + 1)
-        if any(net.layer_need_backward[k] for k in members) and not all(
-                net.layer_need_backward[k] and all(net.bottom_need_backward[k]) for k in members):
+        entries = [net.entries[k] for k in members]
+        if any(e.need_backward for e in entries) and not all(e.need_backward and all(e.bottom_need_backward)
+                                                             for e in entries):
             continue  # a member stops backward (propagate_down: false): Caffe's flags hold only layer by layer
         group = BatchNormScaleReLU(net, i, last)
         groups.update((k, group) for k in group.members)

@@ -5,8 +5,6 @@ written before it in the file (or, failing that, the last one: a bottom may refe
 these the layers are ordered (Kahn's algorithm, keeping the written order wherever the dependencies allow),
 and a Split layer is inserted after every top that has several readers, as Caffe does.
 """
-import typing
-
 from ..layers import LAYER_REGISTRY
 from ..layers.layer_param import LayerParameter
 from ..schema import suggest
@@ -14,15 +12,21 @@ from ..schema import suggest
 AUTOMATIC_TOP = "(automatic)"  # Caffe's name for the top a loss layer gets when it is written without one
 
 
-class LayerEntry(typing.NamedTuple):
-    """One layer of the net being built: its definition, its class, the blob versions it reads and writes (lists:
-    inserting a Split re-points a reader's bottom) and the loss weight of each top."""
+class LayerEntry:
+    """One layer of the net: its definition, its class, the blob versions it reads and writes (lists: inserting a
+    Split re-points a reader's bottom) and the loss weight of each top; once the Net has built it, the Layer, the
+    Blobs it reads and writes, and Caffe's backward flags (whether it runs backward, and which bottoms get a
+    diff). The Net keeps one entry per layer, in execution order."""
 
-    param: LayerParameter
-    cls: type
-    bottoms: list
-    tops: list
-    loss_weights: list
+    __slots__ = ("param", "cls", "bottoms", "tops", "loss_weights", "layer", "bottom_blobs", "top_blobs",
+                 "need_backward", "bottom_need_backward")
+
+    def __init__(self, param, cls, bottoms, tops, loss_weights):
+        self.param, self.cls, self.bottoms, self.tops, self.loss_weights = param, cls, bottoms, tops, loss_weights
+        self.layer = None
+        self.bottom_blobs, self.top_blobs = [], []
+        self.need_backward = False
+        self.bottom_need_backward = []
 
 
 class BlobVersion:
@@ -117,8 +121,9 @@ def insert_splits(entries):
     """Caffe's InsertSplits: after each top read by several layers (or by a layer and the loss), a Split layer
     whose outputs feed one reader each, so each reader's gradient is summed into the top's diff."""
     out = []
-    for lp, cls, bvs, tvs, lw in entries:
-        out.append(LayerEntry(lp, cls, bvs, tvs, lw))
+    for entry in entries:
+        out.append(entry)
+        lp, tvs, lw = entry.param, entry.tops, entry.loss_weights
         for j, v in enumerate(tvs):
             loss_reader = lw[j] != 0
             if len(v.consumers) + loss_reader <= 1:

@@ -61,17 +61,17 @@ def _units(net):
         return unit(data, alias.get(id(blob), blob), "data")
 
     consumed, assigned = set(), set()
-    for i, layer in enumerate(net.layers):
-        need = net.layer_need_backward[i]
-        reads = layer.backward_reads if need else ()
-        bottoms, tops = net.bottom_blobs(i), net.top_blobs(i)
+    for i, entry in enumerate(net.entries):
+        need = entry.need_backward
+        reads = entry.layer.backward_reads if need else ()
+        bottoms, tops = entry.bottom_blobs, entry.top_blobs
         for j, b in enumerate(bottoms):
             consumed.add(id(b))
             u = data_unit(b)
             u.touch(fwd(i))
             if "bottom" in reads:
                 u.touch(bwd(i))
-            if need and net.bottom_need_backward[i][j]:
+            if need and entry.bottom_need_backward[j]:
                 unit(diff, b, "diff").touch(bwd(i))
                 assigned.add(id(b))
         for j, t in enumerate(tops):
@@ -81,9 +81,9 @@ def _units(net):
                 u.pinned = True
             if "top" in reads:
                 u.touch(bwd(i))
-            if need or net.loss_weights(i)[j]:
+            if need or entry.loss_weights[j]:
                 unit(diff, t, "diff").touch(bwd(i))
-                if net.loss_weights(i)[j]:
+                if entry.loss_weights[j]:
                     assigned.add(id(t))
     for i in range(n):
         for t in net.top_blobs(i):

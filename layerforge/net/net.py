@@ -47,7 +47,13 @@ class Net:
         inputs / outputs: names of input blobs (tops of Input layers) and of blobs no layer consumes.
         loss: total weighted loss of the last forward pass (a float).
         phase, level, stages: the NetState the layers were selected with.
-        layer_need_backward, bottom_need_backward: Caffe's backward flags (see :meth:`_analyse_backward`).
+        entries: one :class:`~layerforge.net.graph.LayerEntry` per layer, in execution order: its definition, Layer,
+            bottom and top blobs, loss weights and backward flags.
+        layer_need_backward, bottom_need_backward: Caffe's backward flags, per layer (see :meth:`_analyse_backward`).
+
+    The net's seam, through which data parallelism and pycaffe's callbacks act on it (nothing else changes a net
+    from outside): :meth:`add_hooks` (per layer around forward and backward, and per pass) and
+    :meth:`set_batch_group` (layers that compute over the batch of several replicas).
     """
 
     def __init__(self, source, phase=None, level=None, stages=None, dtype="float32", weights=None, xp=numpy,
@@ -102,49 +108,46 @@ class Net:
             if not weights:
                 weights = [cls.default_loss_weight if j == 0 else 0.0 for j in range(len(top_versions))]
             entries.append(graph.LayerEntry(lp, cls, list(bottom_versions), list(top_versions), weights))
-        for k, (lp, cls, bvs, tvs, lw) in enumerate(entries):
-            for j, v in enumerate(bvs):
+        for k, entry in enumerate(entries):
+            for j, v in enumerate(entry.bottoms):
                 v.consumers.append((k, j))
-        entries = graph.insert_splits(entries)
-
-        self.layers, self._bottom_vecs, self._top_vecs, self._loss_weights = [], [], [], []
+        # one record per layer (graph.LayerEntry): its definition, Layer, blobs and backward flags
+        self.entries = graph.insert_splits(entries)
+        self.layers = []  # the entries' Layers, in order: the public list (pycaffe's net.layers)
         self.blobs = collections.OrderedDict()
-        self._layer_params = []
-        for lp, cls, bvs, tvs, lw in entries:
-            layer = cls(lp, phase=self.phase, dtype=self.dtype, xp=self.xp)
+        for entry in self.entries:
+            lp = entry.param
+            layer = entry.cls(lp, phase=self.phase, dtype=self.dtype, xp=self.xp)
             layer.batch_split = self.split
-            bottom = [v.blob for v in bvs]
+            bottom = [v.blob for v in entry.bottoms]
             top = []
-            for j, v in enumerate(tvs):
-                source = bvs[lp.bottom.index(v.name)] if v.name in lp.bottom else None
+            for v in entry.tops:
+                source = entry.bottoms[lp.bottom.index(v.name)] if v.name in lp.bottom else None
                 if source is not None and len(source.consumers) == 1 and not source.is_split_output:
                     v.blob = source.blob  # in place: same storage
                 else:
                     v.blob = Blob((), self.dtype, self.xp)
                 top.append(v.blob)
                 self.blobs[v.name] = v.blob
-            self._setup_layer(layer, bottom, top, bvs)
+            self._setup_layer(layer, bottom, top, entry.bottoms)
+            entry.layer, entry.bottom_blobs, entry.top_blobs = layer, bottom, top
             self.layers.append(layer)
-            self._layer_params.append(lp)
-            self._bottom_vecs.append(bottom)
-            self._top_vecs.append(top)
-            self._loss_weights.append(lw)
-        self._entries = entries
         self._share_params()
-        self._analyse_backward(entries)
+        self._analyse_backward()
         self._overwritten_diffs = self._whole_diff_writers()
-        self.inputs = [v.name for (lp, cls, bvs, tvs, lw) in entries if lp.type == "Input" for v in tvs]
-        consumed = {id(v) for e in entries for v in e.bottoms}
-        self.outputs = [v.name for e in entries for v in e.tops
+        self.inputs = [v.name for e in self.entries if e.param.type == "Input" for v in e.tops]
+        consumed = {id(v) for e in self.entries for v in e.bottoms}
+        self.outputs = [v.name for e in self.entries for v in e.tops
                         if id(v) not in consumed and not v.anonymous and self.blobs[v.name] is v.blob]
         self._layer_index = {layer.name: i for i, layer in enumerate(self.layers)}
         # BatchNorm + Scale (+ ReLU) in place run as one (layerforge.net.fusion): {member index: group}
         self._fused = fusion.batch_norm_groups(self) if self.netdef.fuse_batch_norm else {}
-        # fn(i) after layer i's step of backward (run or skipped), e.g. to send gradients that are final
-        self.backward_hooks = []
-        # fn(i) around layer i's forward, and before its step of backward (Caffe's Net callbacks, pycaffe's
-        # net.before_forward / after_forward / before_backward; after_backward is backward_hooks)
-        self.before_forward_hooks, self.after_forward_hooks, self.before_backward_hooks = [], [], []
+        # the seam (add_hooks): fn(i) around layer i's forward and its step of backward, run or skipped (Caffe's
+        # Net callbacks; backward_hooks are after_backward's, e.g. to send gradients that are final), and
+        # fn(direction, finished) around a whole forward or backward pass
+        self.before_forward_hooks, self.after_forward_hooks = [], []
+        self.before_backward_hooks, self.backward_hooks = [], []
+        self.pass_hooks = []
 
     def _setup_layer(self, layer, bottom, top, bottom_versions):
         lp = layer.layer_param
@@ -165,8 +168,8 @@ class Net:
         owners = {}  # param name -> (layer index, param index, spec)
         self.learnable_params, self.params_lr, self.params_weight_decay = [], [], []
         self.params = collections.OrderedDict()
-        for i, layer in enumerate(self.layers):
-            lp = self._layer_params[i]
+        for i, entry in enumerate(self.entries):
+            layer, lp = entry.layer, entry.param
             if len(lp.param) > len(layer.blobs):
                 raise lp.error(f"has {len(lp.param)} 'param' entries but {lp.type} has {len(layer.blobs)} parameter blob(s)",
                                "param")
@@ -199,7 +202,7 @@ class Net:
         learnable_ids = {id(b) for layer in self.layers if layer.learnable for b in layer.blobs}
         self.num_learnable = sum(b.count for b in self.learnable_params if id(b) in learnable_ids)
 
-    def _analyse_backward(self, entries):
+    def _analyse_backward(self):
         """Caffe's Net::Init backward analysis, flag for flag (test_net.cpp's Bottom/Skip/ForcePropagateDown).
 
         Forward: a parameter takes a gradient when its layer's own ``param`` entry has lr_mult != 0
@@ -212,11 +215,8 @@ class Net:
         """
         skip_undiff = self.netdef.skip_undifferentiable
         need = {}  # id(version) -> Caffe's blob_need_backward
-        n = len(self.layers)
-        self.layer_need_backward = [False] * n
-        self.bottom_need_backward = []
-        for i, (lp, cls, bvs, tvs, lw) in enumerate(entries):
-            layer = self.layers[i]
+        for entry in self.entries:
+            layer, lp, bvs = entry.layer, entry.param, entry.bottoms
             given = lp.propagate_down
             row = [bool(given[j]) if given else need.get(id(v), False) for j, v in enumerate(bvs)]
             if skip_undiff and not given:
@@ -227,36 +227,78 @@ class Net:
             layer_need = any(need.get(id(v), False) for v in bvs) or any(layer.param_propagate_down)
             if skip_undiff:
                 layer_need = layer_need and layer.has_backward
-            for v in tvs:
+            for v in entry.tops:
                 need[id(v)] = layer_need
-            self.layer_need_backward[i] = layer_need
-            self.bottom_need_backward.append(row)
+            entry.need_backward, entry.bottom_need_backward = layer_need, row
         under_loss, skip = set(), set()
-        for i in reversed(range(n)):
-            lp, cls, bvs, tvs, lw = entries[i]
+        for entry in reversed(self.entries):
+            bvs, tvs, lw = entry.bottoms, entry.tops, entry.loss_weights
             contributes = any(lw[j] != 0 or id(v) in under_loss for j, v in enumerate(tvs))
             skip_propagate = all(id(v) in skip for v in tvs)
-            if self.layer_need_backward[i] and skip_propagate:
-                self.layer_need_backward[i] = False
-                self.bottom_need_backward[i] = [False] * len(bvs)
+            if entry.need_backward and skip_propagate:
+                entry.need_backward = False
+                entry.bottom_need_backward = [False] * len(bvs)
             if not contributes:
-                self.layer_need_backward[i] = False
+                entry.need_backward = False
             for j, v in enumerate(bvs):
                 if contributes:
                     under_loss.add(id(v))
                 else:
-                    self.bottom_need_backward[i][j] = False
-                if not self.bottom_need_backward[i][j]:
+                    entry.bottom_need_backward[j] = False
+                if not entry.bottom_need_backward[j]:
                     skip.add(id(v))
         if self.netdef.force_backward:
-            for i, (lp, cls, bvs, tvs, lw) in enumerate(entries):
-                layer = self.layers[i]
+            for entry in self.entries:
+                layer = entry.layer
                 if not layer.has_backward:
                     continue  # Caffe would ask them too, and stop (a net with an Accuracy layer could not run)
-                self.layer_need_backward[i] = True
-                self.bottom_need_backward[i] = [
-                    r or layer.allow_force_backward(j) for j, r in enumerate(self.bottom_need_backward[i])]
+                entry.need_backward = True
+                entry.bottom_need_backward = [
+                    r or layer.allow_force_backward(j) for j, r in enumerate(entry.bottom_need_backward)]
                 layer.param_propagate_down = [True] * len(layer.blobs)
+
+    @property
+    def layer_need_backward(self):
+        """Per layer: whether it runs backward (Caffe's layer_need_backward)."""
+        return [e.need_backward for e in self.entries]
+
+    @property
+    def bottom_need_backward(self):
+        """Per layer: per bottom, whether it gets a diff (Caffe's bottom_need_backward)."""
+        return [e.bottom_need_backward for e in self.entries]
+
+    # ------------------------------------------------------------------------------------------
+    # the seam: what data parallelism and pycaffe's callbacks ask of a net
+
+    def add_hooks(self, before_forward=None, after_forward=None, before_backward=None, after_backward=None,
+                  passes=None):
+        """Call ``fn(i)`` before or after layer ``i``'s forward, before or after its step of backward (which runs
+        for every layer of the range, whether it takes part in backward or not); ``passes(direction, finished)``
+        at the start (``finished`` False) and the end of every forward and backward pass (``direction``
+        ``"forward"`` or ``"backward"``). Hooks of one kind run in the order they were added (Caffe's
+        Net::add_before_forward ...; the solver's seams with ``layer_hooks`` are after_backward hooks)."""
+        for hooks, fn in self._hook_lists(before_forward, after_forward, before_backward, after_backward, passes):
+            hooks.append(fn)
+
+    def remove_hooks(self, before_forward=None, after_forward=None, before_backward=None, after_backward=None,
+                     passes=None):
+        """Take hooks given to :meth:`add_hooks` away again."""
+        for hooks, fn in self._hook_lists(before_forward, after_forward, before_backward, after_backward, passes):
+            hooks.remove(fn)
+
+    def _hook_lists(self, *fns):
+        lists = (self.before_forward_hooks, self.after_forward_hooks, self.before_backward_hooks,
+                 self.backward_hooks, self.pass_hooks)
+        return [(hooks, fn) for hooks, fn in zip(lists, fns) if fn is not None]
+
+    def set_batch_group(self, group, types):
+        """Make every layer of the given types (``"BatchNorm"``, ``"MultiBoxLoss"``) compute over the whole batch
+        of ``group``'s replicas: ``group.sum(values)`` sums a float64 vector over them, ``group.count`` is how many
+        there are (BatchNorm's statistics, MultiBoxLoss's match count). Returns the layers it was set on."""
+        layers = [layer for layer in self.layers if layer.type in types]
+        for layer in layers:
+            layer.batch_group = group
+        return layers
 
     # ------------------------------------------------------------------------------------------
     # running
@@ -291,15 +333,15 @@ class Net:
 
     def reshape(self):
         """Propagate changed input shapes through every layer (Caffe's Net::Reshape)."""
-        for i, layer in enumerate(self.layers):
-            layer.reshape(self._bottom_vecs[i], self._top_vecs[i])
+        for e in self.entries:
+            e.layer.reshape(e.bottom_blobs, e.top_blobs)
         if self._memory_plan is not None:
             self._memory_plan = memory.plan(self)
 
     @property
     def batch_size(self):
         """Samples per forward pass: the batch of the first Input, DummyData or data layer (None without one)."""
-        sizes = batch_sizes(self._layer_params)
+        sizes = batch_sizes([e.param for e in self.entries])
         return sizes[0][2] if sizes else None
 
     def optimize_memory(self, enable=True):
@@ -332,6 +374,8 @@ class Net:
         cut = [g for g in (self._fused.get(lo), self._fused.get(hi)) if g and not lo <= g.first <= g.last <= hi]
         for group in cut:
             group.ran_fused = False
+        for hook in self.pass_hooks:
+            hook("forward", False)
         for i in range(lo, hi + 1):
             for hook in self.before_forward_hooks:
                 hook(i)
@@ -339,6 +383,8 @@ class Net:
             for hook in self.after_forward_hooks:
                 hook(i)
         self.loss = loss
+        for hook in self.pass_hooks:
+            hook("forward", True)
         return {name: self.blobs[name].data for name in self.outputs}
 
     def forward_layer(self, i, fuse=True):
@@ -358,11 +404,12 @@ class Net:
                     return 0.0
             elif group.ran_fused:
                 return 0.0
-        top = self._top_vecs[i]
+        entry = self.entries[i]
+        top = entry.top_blobs
         shapes = [t.shape for t in top]
         try:
-            with trace.layer("forward", self.layers[i], self._bottom_vecs[i], top):
-                self.layers[i].forward(self._bottom_vecs[i], top)
+            with trace.layer("forward", entry.layer, entry.bottom_blobs, top):
+                entry.layer.forward(entry.bottom_blobs, top)
         except LabelError as e:
             record = self._record_of(i, e.bottom, e.position)
             message = str(e)
@@ -372,12 +419,12 @@ class Net:
                 message = message.replace(f"at index {e.index} ", f"at index {whole} ", 1)
             raise DataError(f"{message}: it comes from {record}" if record else message) from None
         if any(t.shape != s for t, s in zip(top, shapes)):
-            for j in range(i + 1, len(self.layers)):
-                self.layers[j].reshape(self._bottom_vecs[j], self._top_vecs[j])
+            for later in self.entries[i + 1:]:
+                later.layer.reshape(later.bottom_blobs, later.top_blobs)
             if self._memory_plan is not None:
                 self._memory_plan = memory.plan(self)
         loss = 0.0
-        for j, w in enumerate(self._loss_weights[i]):
+        for j, w in enumerate(entry.loss_weights):
             if w:
                 loss += w * float(top[j].data.sum())
         return loss
@@ -394,25 +441,29 @@ class Net:
         for group in (self._fused.get(lo), self._fused.get(hi)):
             if group and not lo <= group.first <= group.last <= hi:
                 group.unfuse()  # a range that cuts a fused group runs its layers' own backward
+        for hook in self.pass_hooks:
+            hook("backward", False)
         for i in range(hi, lo - 1, -1):
             for hook in self.before_backward_hooks:
                 hook(i)
             self.backward_layer(i)
             for hook in self.backward_hooks:
                 hook(i)
+        for hook in self.pass_hooks:
+            hook("backward", True)
         return {name: self.blobs[name].diff for name in self.inputs}
 
     def _record_of(self, i, bottom, position):
         """The data record behind element ``position`` of layer ``i``'s bottom ``bottom``, or None when no data
         layer that names its records produced it (through Split layers only)."""
-        version, blob = self._entries[i].bottoms[bottom], self._bottom_vecs[i][bottom]
+        version, blob = self.entries[i].bottoms[bottom], self.entries[i].bottom_blobs[bottom]
         while True:
-            k = next((k for k, e in enumerate(self._entries) if any(v is version for v in e.tops)), None)
+            k = next((k for k, e in enumerate(self.entries) if any(v is version for v in e.tops)), None)
             if k is None:
                 return None
             if self.layers[k].type != "Split":
                 break
-            version = self._entries[k].bottoms[0]
+            version = self.entries[k].bottoms[0]
         producer = self.layers[k]
         if not hasattr(producer, "record_of") or not hasattr(producer, "batch_position"):
             return None
@@ -431,15 +482,16 @@ class Net:
                 with trace.span("backward", self._group_name(group), type="fused"):
                     group.backward()
             return
-        if not self.layer_need_backward[i]:
+        entry = self.entries[i]
+        if not entry.need_backward:
             return
-        layer = self.layers[i]
+        layer = entry.layer
         if not layer.has_backward:
-            lp = self._layer_params[i]
+            lp = entry.param
             raise lp.error(f"{lp.type} layers have no backward, but this one is asked for a gradient; set "
                            "propagate_down: false where its top is read, or skip_undifferentiable: true", "type")
-        top = self._top_vecs[i]
-        for j, w in enumerate(self._loss_weights[i]):
+        top = entry.top_blobs
+        for j, w in enumerate(entry.loss_weights):
             if w:
                 top[j].diff[...] = w
         frozen = [b for b, down in zip(layer.blobs, layer.param_propagate_down) if not down]
@@ -447,8 +499,8 @@ class Net:
         for b in frozen:
             b.diff = self.xp.zeros_like(b.diff)
         try:
-            with trace.layer("backward", layer, self._bottom_vecs[i], top):
-                layer.backward(top, self.bottom_need_backward[i], self._bottom_vecs[i])
+            with trace.layer("backward", layer, entry.bottom_blobs, top):
+                layer.backward(top, entry.bottom_need_backward, entry.bottom_blobs)
         finally:
             for b, diff in zip(frozen, kept):
                 b.diff = diff
@@ -476,8 +528,8 @@ class Net:
     def _whole_diff_writers(self):
         """``{id(blob)}`` of the parameters :meth:`clear_param_diffs` defers (see there)."""
         users = collections.Counter(id(b) for layer in self.layers for b in layer.blobs)
-        return {id(layer.blobs[k]) for i, layer in enumerate(self.layers) if self.layer_need_backward[i]
-                for k in layer.overwrites_param_diffs if users[id(layer.blobs[k])] == 1}
+        return {id(e.layer.blobs[k]) for e in self.entries if e.need_backward
+                for k in e.layer.overwrites_param_diffs if users[id(e.layer.blobs[k])] == 1}
 
     # ------------------------------------------------------------------------------------------
     # introspection
@@ -487,19 +539,19 @@ class Net:
         return collections.OrderedDict((layer.name, layer) for layer in self.layers)
 
     def bottom_names(self, i):
-        return [v.name for v in self._entries[i].bottoms]
+        return [v.name for v in self.entries[i].bottoms]
 
     def top_names(self, i):
-        return [v.name for v in self._entries[i].tops]
+        return [v.name for v in self.entries[i].tops]
 
     def top_blobs(self, i):
-        return self._top_vecs[i]
+        return self.entries[i].top_blobs
 
     def bottom_blobs(self, i):
-        return self._bottom_vecs[i]
+        return self.entries[i].bottom_blobs
 
     def loss_weights(self, i):
-        return list(self._loss_weights[i])
+        return list(self.entries[i].loss_weights)
 
     # ------------------------------------------------------------------------------------------
     # weights

@@ -57,7 +57,8 @@ class NCCL:
     def _average(self, blobs):
         for blob in blobs:
             comm_nccl.allreduce_nccl(self._comm, blob.diff)
-            blob.diff *= 1.0 / mode.solver_count()
+            diff = blob.diff
+            diff *= 1.0 / mode.solver_count()
 
     # Solver callback (solver.add_callback(nccl)) --------------------------------------------------------------
     def on_start(self):

@@ -147,17 +147,17 @@ class Net:
 
     # Caffe's Net callbacks: fn(layer index) around each layer's forward and backward step
     def before_forward(self, fn):
-        self.net.before_forward_hooks.append(after_sync(_as_layer_callback(fn)))
+        self.net.add_hooks(before_forward=after_sync(_as_layer_callback(fn)))
 
     def after_forward(self, fn):
-        self.net.after_forward_hooks.append(after_sync(_as_layer_callback(fn)))
+        self.net.add_hooks(after_forward=after_sync(_as_layer_callback(fn)))
 
     def before_backward(self, fn):
-        self.net.before_backward_hooks.append(after_sync(_as_layer_callback(fn)))
+        self.net.add_hooks(before_backward=after_sync(_as_layer_callback(fn)))
 
     def after_backward(self, fn):
         """``fn(layer index)`` after each layer's step of backward, or a caffe.NCCL (its layer-wise exchange)."""
-        self.net.backward_hooks.append(after_sync(_as_layer_callback(fn)))
+        self.net.add_hooks(after_backward=after_sync(_as_layer_callback(fn)))
 
     @property
     def layer_dict(self):

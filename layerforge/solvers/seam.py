@@ -21,8 +21,8 @@ What data parallelism may do, and nothing more:
 - say which replica is the root (it displays, logs the test scores and writes the snapshots), and add lines to
   the periodic display.
 
-Implementations: layerforge/dataparallel/gradient_exchange.py (MPI ranks: the dense and the sparse gradient
-exchange, the ranks' agreement) and layerforge/dataparallel/cgdp (a host's workers: host and tree
+Implementations: layerforge/dataparallel/ranks.py (MPI ranks: the dense and the sparse gradient exchange, the
+ranks' agreement) and layerforge/dataparallel/cgdp (a host's workers: host and tree
 synchronisation, the CPU replicas' shared update, the worker's place among its peers, the split batch's mean
 outputs, the phase timer).
 """

@@ -126,7 +126,7 @@ def test_bad_record_on_one_rank_ends_the_job(tmp_path):
 def test_ranks_with_different_configs_refuse_to_start(tmp_path):
     script = ("from mpi4py import MPI\n"
               "from layerforge.comm import Communicator, launch_guard\n"
-              "from layerforge.dataparallel.gradient_exchange import check_same\n"
+              "from layerforge.dataparallel.rank_agreement import check_same\n"
               "with launch_guard():\n"
               "    comm = Communicator()\n"
               "    check_same(comm, bytes([comm.rank == 2] * 32), 'configuration')\n")

@@ -131,46 +131,13 @@ def update_shares(params, G):
     return shares
 
 
-class ChunkedBackward:
-    """Replaces ``net.backward`` with a layer-by-layer pass that calls ``on_chunk(chunk, token)`` per chunk.
-
-    Only the last of the solver's ``iter_size`` passes ships chunks: earlier passes accumulate locally.
-    """
-
-    def __init__(self, solver, on_chunk, timer, mark=lambda: None):
-        self.net, self.on_chunk, self.timer, self.mark = solver.net, on_chunk, timer, mark
-        self.iter_size, self.passes = solver.param.iter_size, 0
-        self.plain = self.net.backward
-        self.by_layer = {}
-        self.net.backward = self.backward
-
-    def set_chunks(self, chunks):
-        self.by_layer = {c.last_layer: c for c in chunks}
-
-    def backward(self, start=None, end=None):
-        self.passes += 1
-        t0 = time.perf_counter()
-        if self.passes < self.iter_size or start is not None or end is not None:
-            out = self.plain(start, end)
-        else:
-            net = self.net
-            clock, times = time.perf_counter, self.timer.layer_backward
-            for i in reversed(range(len(net.layers))):
-                t1 = clock()
-                net.backward_layer(i)
-                times[i] = times.get(i, 0.0) + clock() - t1
-                c = self.by_layer.get(i)
-                if c is not None:
-                    self.on_chunk(c, self.mark())
-            out = {name: net.blobs[name].diff for name in net.inputs}
-        self.timer.add("backward", time.perf_counter() - t0)
-        return out
-
-
 class HostSync(Seam):
-    """Worker side of host mode (see the module docstring): chunks leave during the last pass's backward (the
-    train net's backward is replaced by :class:`ChunkedBackward`), and before the update the worker waits for
-    the ones still in flight."""
+    """Worker side of host mode (see the module docstring): during the last of the solver's ``iter_size`` passes
+    a chunk leaves as soon as backward has finished its last layer (:meth:`layer_gradients_ready`, after each
+    layer's step of backward; earlier passes accumulate locally), and before the update the worker waits for the
+    ones still in flight. The sending passes' backward time per layer goes to the timer's ``layer_backward``."""
+
+    layer_hooks = True
 
     def __init__(self, solver, link, slot, chunk_size, mover, timer):
         if solver.param.cuda_graph:  # a replayed backward would post no chunk, and every worker would wait for them
@@ -180,15 +147,34 @@ class HostSync(Seam):
         self.units = param_units(solver.net)
         self.size = 1 if chunk_size == "auto" else chunk_size  # auto starts the search at 1, as the host does
         self.chunks = make_chunks(self.units, self.size)
+        self.by_layer = {c.last_layer: c for c in self.chunks}
         self.copies = not mover.attach_diffs(slot)
-        self.backward = ChunkedBackward(solver, self._post, timer, mover.mark)
-        self.backward.set_chunks(self.chunks)
+        self.iter_size, self.armed, self._layer_start = solver.param.iter_size, False, 0.0
+        solver.net.add_hooks(before_backward=self._before_layer)
         self.cond = threading.Condition()
         self.received, self.next_size = 0, None
         if self.copies:
             self.outbox = queue.SimpleQueue()
             threading.Thread(target=self._copy_out, name="cgdp-copy-out", daemon=True).start()
         link.handlers["ready"] = self._ready
+
+    def before_pass(self, k):
+        """Arm the chunks' sends for the last of the iter_size passes."""
+        self.armed = k == self.iter_size - 1
+
+    def _before_layer(self, i):
+        if self.armed:
+            self._layer_start = time.perf_counter()
+
+    def layer_gradients_ready(self, i):
+        """After layer ``i``'s step of backward: post the chunk it completes (when armed)."""
+        if not self.armed:
+            return
+        times = self.timer.layer_backward
+        times[i] = times.get(i, 0.0) + time.perf_counter() - self._layer_start
+        c = self.by_layer.get(i)
+        if c is not None:
+            self._post(c, self.mover.mark())
 
     def _post(self, chunk, token):
         if self.copies:
@@ -232,12 +218,12 @@ class HostSync(Seam):
                 self.cond.wait(0.5)
             self.received = 0
         self.mover.synchronize()
-        self.backward.passes = 0
+        self.armed = False
         self.timer.add("exchange", time.perf_counter() - t0)
         if self.next_size is not None and self.next_size != self.size:
             self.size = self.next_size
             self.chunks = make_chunks(self.units, self.size)
-            self.backward.set_chunks(self.chunks)
+            self.by_layer = {c.last_layer: c for c in self.chunks}
         self.timer.chunk_size = self.size
         return True
 

@@ -61,6 +61,4 @@ def table_size(count):
 def share_batch_statistics(net, group):
     """Make every BatchNorm of ``net`` normalise with the statistics of the whole batch of ``group``'s replicas,
     and every MultiBoxLoss count the matches of the whole batch."""
-    for layer in net.layers:
-        if layer.type in ("BatchNorm", "MultiBoxLoss"):
-            layer.batch_group = group
+    net.set_batch_group(group, ("BatchNorm", "MultiBoxLoss"))

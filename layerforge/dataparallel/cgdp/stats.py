@@ -14,18 +14,18 @@ PHASES = ("forward", "backward", "exchange", "update", "iteration")
 
 
 class PhaseTimer(Seam):
-    """Collects the phases of every iteration of one worker; :meth:`install` times the train net's forward passes,
-    and as the solver's last seam it sees the update between :meth:`before_update` and :meth:`after_update` and
-    the iteration's end (after the other seams' waits) at :meth:`end_iteration`."""
+    """Collects the phases of every iteration of one worker; :meth:`install` times the train net's forward and
+    backward passes, and as the solver's last seam it sees the update between :meth:`before_update` and
+    :meth:`after_update` and the iteration's end (after the other seams' waits) at :meth:`end_iteration`."""
 
     def __init__(self):
         self.current = dict.fromkeys(PHASES, 0.0)
         self.rows = []
         self.chunks = {}  # (kind, chunk name) -> [seconds, count]
         self.chunk_size = None
-        self.layer_backward = {}  # layer index -> seconds (chunked passes only)
+        self.layer_backward = {}  # layer index -> seconds (the passes that send chunks, HostSync)
         self.lock = threading.Lock()
-        self._exchange_end = self._iter_start = None
+        self._exchange_end = self._iter_start = self._pass_start = None
 
     def add(self, phase, seconds):
         self.current[phase] += seconds
@@ -37,19 +37,19 @@ class PhaseTimer(Seam):
             rec[1] += 1
 
     def install(self, solver):
-        """Time the forward passes of ``solver``'s train net; returns the timer, the seam to add last."""
-        net, plain = solver.net, solver.net.forward
-
-        def forward(*args, **kwargs):
-            if self._iter_start is None:
-                self._iter_start = time.perf_counter()
-            t0 = time.perf_counter()
-            out = plain(*args, **kwargs)
-            self.add("forward", time.perf_counter() - t0)
-            return out
-
-        net.forward = forward
+        """Time the forward and backward passes of ``solver``'s train net (through its hooks); returns the timer,
+        the seam to add last."""
+        solver.net.add_hooks(passes=self._pass)
         return self
+
+    def _pass(self, direction, finished):
+        now = time.perf_counter()
+        if not finished:
+            if self._iter_start is None and direction == "forward":
+                self._iter_start = now
+            self._pass_start = now
+        else:
+            self.add(direction, now - self._pass_start)
 
     def before_update(self):
         self._exchange_end = time.perf_counter()  # the other seams' exchange is done

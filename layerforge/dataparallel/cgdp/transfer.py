@@ -10,6 +10,7 @@ next layers while the copy engine moves the chunk.
 import numpy
 
 from ...backend import get_array_module
+from ...blob import pack_data, pack_diffs
 
 
 class Mover:
@@ -26,19 +27,14 @@ class Mover:
 
     def attach_diffs(self, flat):
         """Make every diff a view of its segment of ``flat`` (current values kept); returns True."""
-        for p, (off, n) in zip(self.params, self.offsets):
-            view = flat[off:off + n].reshape(p.diff.shape)
-            view[...] = p.diff
-            p.diff = view
+        pack_diffs(self.params, flat, self.offsets)
         self.attached = flat.__array_interface__["data"][0]
         return True
 
     def attach_params(self, flat, keep=()):
         """Make every parameter's data a view of its segment of ``flat``, whose values it takes (no copy), except
         the parameters whose indices are in ``keep``."""
-        for k, (p, (off, n)) in enumerate(zip(self.params, self.offsets)):
-            if k not in keep:
-                p.data = flat[off:off + n].reshape(p.data.shape)
+        pack_data(self.params, flat, self.offsets, keep)
 
     def history_views(self, history, rows):
         """Views of the segments of ``rows`` shaped as the solver's ``history`` arrays (Caffe's layout: row k holds

@@ -25,18 +25,6 @@ class TreeSync(Seam):
         self.mover, self.timer = mover, timer
         self.all = list(range(len(solver.net.learnable_params)))
         mover.attach_diffs(slots[g])  # CPU replicas: the gather needs no copy, the root reads the slots
-        self._wrap_backward()
-
-    def _wrap_backward(self):
-        net, timer, plain = self.solver.net, self.timer, self.solver.net.backward
-
-        def backward(start=None, end=None):
-            t0 = time.perf_counter()
-            out = plain(start, end)
-            timer.add("backward", time.perf_counter() - t0)
-            return out
-
-        net.backward = backward
 
     def before_update(self):
         """The gather: worker 0 adds the other slots into its diffs and averages; True on worker 0 alone."""
@@ -79,4 +67,5 @@ def add_slots_to_diffs(params, offsets, slots, xp):
 
 def scale_diffs(params, scale):
     for p in params:
-        p.diff *= p.diff.dtype.type(scale)
+        diff = p.diff
+        diff *= diff.dtype.type(scale)
