@@ -8,7 +8,7 @@ Rooms sit on the levels of ``LEVELS``, lowest first. A module may import a modul
 lower level, or (on the foundation level only, whose modules are peers) of the same level; and there may be
 no cycle among modules at all.
 
-Three rules keep what is inside the rooms in place (read from the code's syntax trees):
+Four rules keep what is inside the rooms in place (read from the code's syntax trees):
 
 - commands/ is a room of scripts: only the command line (``cli``) imports a command; library code lives below;
 - a Solver is changed only by solvers/: no module outside it assigns an attribute of a Solver (nor an item of
@@ -293,7 +293,8 @@ def training_entrances(root=ROOT, package=PACKAGE):
 
 def problems(root=ROOT, package=PACKAGE):
     """One line per problem: an unplaced room, an import up the levels or across rooms of one level, a cycle, a
-    command imported outside the command line, a Solver changed outside solvers/, engine selection in a layer."""
+    command imported outside the command line, a Solver changed outside solvers/, engine selection in a layer,
+    training entered other than through commands/train.py's runner."""
     graph = import_graph(root, package)
     lines = []
     for room in sorted({room_of(m, package) for m in graph}):
