@@ -275,3 +275,31 @@ def test_the_net_s_seam_and_its_own_rooms_pass(tmp_path):
 
 def test_nothing_outside_the_net_s_rooms_changes_a_net():
     assert graph_tool.net_assignments() == []
+
+
+ENTRANCE_ROOM = {"commands/__init__.py": "", "commands/train.py": "def run(args):\n    from ..dataparallel.runners import "
+                 "runner_for\n    return runner_for(args)(args)\n", "solvers/__init__.py": "",
+                 "dataparallel/__init__.py": "", "dataparallel/runners.py": "def runner_for(args):\n    pass\n",
+                 "cli.py": "from .commands import train\n"}
+
+
+@pytest.mark.parametrize("path, body, problem", [
+    ("commands/time.py", "def run(args):\n    from ..dataparallel.runners import runner_for\n",
+     "layerforge.commands.time (line 2) imports layerforge.dataparallel.runners: only layerforge.commands.train "
+     "enters training (it picks the runner)"),
+    ("pycaffe/__init__.py", "from ..dataparallel import runners\n",
+     "layerforge.pycaffe (line 1) imports layerforge.dataparallel.runners: only layerforge.commands.train enters "
+     "training (it picks the runner)"),
+    ("commands/train.py", "def run(args, solver):\n    if args.plain:\n        return solver.solve()\n",
+     "layerforge.commands.train (line 3) calls solve: the entrance trains through the runner it picks "
+     "(layerforge.dataparallel.runners)"),
+    ("commands/train.py", "from ..dataparallel.cgdp import train_parallel\n\n\ndef run(args):\n"
+     "    return train_parallel(args.solver, workers=2)\n",
+     "layerforge.commands.train (line 5) calls train_parallel: the entrance trains through the runner it picks "
+     "(layerforge.dataparallel.runners)"),
+])
+def test_training_has_one_entrance(tmp_path, path, body, problem):
+    assert _problems_with(tmp_path, ENTRANCE_ROOM) == []
+    found = _problems_with(tmp_path, {**ENTRANCE_ROOM, "pycaffe/__init__.py": "", "dataparallel/cgdp/__init__.py":
+                                      "def train_parallel(source, workers):\n    pass\n", path: body})
+    assert found == [problem]

@@ -184,7 +184,8 @@ def plan_workers(args):
     the ``--devices``), host mode, chunk size 1, ``--iterations`` after a warm-up.
     """
     from ..dataparallel.cgdp import train_parallel
-    from .data_parallel import predict_rows, prediction_text
+    from ..dataparallel.cgdp.cost_model import predict_rows
+    from .data_parallel import prediction_text
 
     try:
         Gs = [int(g) for g in args.workers.split(",")]

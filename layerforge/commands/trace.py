@@ -5,8 +5,8 @@
     layerforge trace merge all.json run.rank0.json run.rank1.json
 
 Also here, for ``layerforge train`` and ``layerforge time``: :func:`add_run_arguments` (``--trace``,
-``--trace-iterations``, ``--tensorboard``), :func:`telemetry_wanted` (what they, or the solver's keys, ask for)
-and :class:`Telemetry` (finishing the trace and closing the scalars).
+``--trace-iterations``, ``--tensorboard``); what they, or the solver's keys, ask for is recorded by
+layerforge/dataparallel/telemetry.py.
 """
 import argparse
 import json
@@ -107,35 +107,6 @@ def window_argument(text):
         return parse_window(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-class Telemetry:
-    """The run's trace file and TensorBoard scalars, as ``--trace`` / ``--tensorboard`` (or the solver's
-    ``trace`` / ``tensorboard`` keys) ask; both optional."""
-
-    def __init__(self, tracing, comm, scalars):
-        self.tracing, self.comm, self.scalars = tracing, comm, scalars
-
-    def finish(self):
-        if self.tracing:
-            from .. import trace
-
-            trace.finish(comm=self.comm)
-            self.tracing = False
-
-    def close(self):
-        if self.tracing and self.comm is None:  # a failed single process still writes what it recorded
-            self.finish()
-        if self.scalars is not None:
-            self.scalars.close()
-
-
-def telemetry_wanted(args, sp):
-    """``(trace file or None, window text, TensorBoard folder or None)`` that ``--trace``, ``--trace-iterations``
-    and ``--tensorboard`` ask for, else the solver's ``trace``, ``trace_iterations`` and ``tensorboard`` keys
-    (``sp``: the SolverParameter)."""
-    return (getattr(args, "trace", None) or sp.trace, getattr(args, "trace_iterations", None) or sp.trace_iterations,
-            getattr(args, "tensorboard", None) or sp.tensorboard)
 
 
 def add_run_arguments(parser):

@@ -3,8 +3,8 @@ import argparse
 import logging
 
 from . import add_decode_workers, add_net_state, apply_decode_workers, train_state
+from .data_parallel import add_parallel_arguments, print_report, wants_parallel
 from ..errors import LayerforgeError
-from ..logs import setup_logging
 
 HELP = "train a net from a solver YAML (resume with --snapshot, fine-tune with --weights)"
 
@@ -36,7 +36,6 @@ def add_arguments(parser):
     parser.add_argument("--allreduce", choices=("auto", "recursive", "topology", "ring", "doubling", "hierarchical",
                                                 "mpi", "nccl"),
                         help="gradient allreduce under mpiexec (overrides the solver's allreduce)")
-    from .data_parallel import add_parallel_arguments
     from .trace import add_run_arguments
 
     add_run_arguments(parser)  # --trace FILE, --trace-iterations A:B, --tensorboard DIR (docs/trace.md)
@@ -87,6 +86,8 @@ def add_cpu_parallel_argument(parser):
 
 
 def solver_overrides(args):
+    """The solver keys the command line sets (``--gpu``, ``--max-iter``, ``--sync`` ...), applied once, as the file is
+    read (:func:`solver_param`)."""
     overrides = {}
     if args.gpu is not None:
         overrides.update(solver_mode="GPU", device_id=args.gpu)
@@ -100,129 +101,53 @@ def solver_overrides(args):
         overrides["allreduce"] = args.allreduce
     if getattr(args, "weights", None):
         overrides["weights"] = args.weights
+    if wants_parallel(args):  # CGDP's workers: their exchange
+        if getattr(args, "sync", None):
+            overrides["sync"] = args.sync.upper()
+        if getattr(args, "chunk_size", None) is not None:
+            overrides["chunk_size"] = str(args.chunk_size)
     overrides.update(train_state(args))
     return overrides
 
 
 def solver_param(args):
-    """The solver file of ``args`` with the command line's overrides, read once here and handed down."""
+    """The solver file of ``args`` with the command line's overrides: read and normalised once in this process, and
+    handed down to whichever runner runs."""
     from ..solvers import SOLVER_REGISTRY, load_solver_param
 
     return load_solver_param(args.solver, SOLVER_REGISTRY, **solver_overrides(args))
 
 
+# train's options that go to the runner as they are (TrainRun's attributes of the same names)
+RUN_OPTIONS = ("snapshot", "weights", "argv", "ranks", "hostfile", "mpiexec", "max_restarts", "min_ranks", "workers",
+               "devices", "cpu_parallel", "sigint_effect", "sighup_effect", "trace", "trace_iterations", "tensorboard")
+
+
+def train_run(args):
+    """What the command line asks of the run besides the solver (layerforge/dataparallel/runners.py)."""
+    from ..dataparallel.runners import TrainRun
+
+    given = {name: getattr(args, name) for name in RUN_OPTIONS if getattr(args, name, None) is not None}
+    return TrainRun(**given, progress=None if args.no_progress else args.status_interval, report=report)
+
+
+def report(stats, replicas):
+    """A job of workers' phases: on stdout, or for the replicas of one split batch in the log (stderr, as
+    train's other lines)."""
+    if replicas:
+        log = logging.getLogger("layerforge")
+        print_report(stats, out=lambda line: log.info("%s", line.strip()), chunks=False)
+    else:
+        print_report(stats)
+
+
 def run(args):
+    """Read the solver once, pick the one runner for the run and call it (layerforge/dataparallel/runners.py)."""
+    from ..dataparallel.runners import process_guard, runner_for
+
     apply_decode_workers(args)
     resolve_gpu_list(args)
-    from ..cores import mpi_world_size
-    from ..dataparallel import restarts
-    from ..dataparallel.supervisor import release_held_signals
-    from .data_parallel import train_command, wants_parallel
-
-    if mpi_world_size() > 1:
-        restarts.refuse_under_mpiexec(args)
-    else:
+    job = train_run(args)
+    with process_guard(job) as rank:  # under mpiexec: a bad solver file ends every rank
         sp = solver_param(args)
-        if restarts.wants_restarts(args, sp):  # this process starts the job (mpiexec), and again after a failure
-            setup_logging()
-            return restarts.train_with_restarts(args.argv, sp, args.ranks, args.hostfile, args.mpiexec,
-                                                restarts.restarts_of(args, sp), args.min_ranks, args.snapshot,
-                                                args.weights)
-    if wants_parallel(args):  # several workers/devices on this host (and MPI ranks as hosts)
-        release_held_signals()
-        setup_logging()
-        return train_command(args, solver_overrides(args))
-
-    if mpi_world_size() > 1:
-        from ..comm import launch_guard
-        from ..solvers.signals import signal_handlers
-
-        # a rank's signals are requests from its first moment: its supervisor started it with them held, and
-        # what came since is recorded now and carried out, agreed by every rank, at the first iteration. A rank
-        # may stop because the others asked before its own copy of the signal arrives (its supervisor forwards
-        # it late on a loaded machine): that copy is moot then, and must not kill the rank while MPI finalises.
-        requests = []
-        with signal_handlers(requests, args.sigint_effect, args.sighup_effect, escalate=False, then_ignore=True):
-            release_held_signals()
-            with launch_guard() as mpi_comm:  # a bad solver file ends every rank: read inside
-                return train(args, solver_param(args), mpi_comm, requests)
-    release_held_signals()
-    choice = cpu_choice(args, sp)
-    if choice is not None and choice.mode == "REPLICAS":
-        from .data_parallel import train_replicas
-
-        return train_replicas(args, sp, choice)
-    return train(args, sp)
-
-
-def cpu_choice(args, sp):
-    """The CPU configuration of the SolverParameter ``sp`` (layerforge/dataparallel/cpu_parallel.py), logged in one
-    line; None on a GPU."""
-    from ..dataparallel.cpu_parallel import resolve
-
-    setup_logging()
-    choice = resolve(sp, requested=getattr(args, "cpu_parallel", None), training=True,
-                     resume=getattr(args, "snapshot", None))
-    if choice is not None and not choice.quiet:  # a short run, untimed, says nothing
-        logging.getLogger("layerforge").info("%s", choice.describe())
-    return choice
-
-
-def train(args, sp, mpi_comm=None, requests=()):
-    """Build the solver of the SolverParameter ``sp`` (data parallel over ``mpi_comm`` when given) and solve;
-    returns the exit code. ``requests``: what signals asked before the loop's own handlers were in place."""
-    from ..solvers import get_solver
-
-    setup_logging()
-    if mpi_comm is None:
-        solver = get_solver(sp)
-    else:
-        from ..cores import local_rank
-        from ..backend import rank_device
-        from ..comm import Communicator
-        from ..dataparallel.rank_agreement import config_digest
-        from ..dataparallel.ranks import make_data_parallel
-
-        rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
-        if rank != 0:
-            logging.getLogger("layerforge").setLevel(logging.WARNING)  # rank 0 logs for the job
-        else:
-            from ..dataparallel.restarts import note_under_mpiexec
-
-            note_under_mpiexec(sp)
-        overrides = solver_overrides(args)
-        digest = config_digest(sp, overrides)  # the job's configuration, before each rank picks its own device
-        if sp.solver_mode == "GPU":  # one GPU per rank of a node, from device_id on
-            overrides["device_id"] = rank_device(sp.device_id, local_rank())
-        solver = get_solver(sp, shard=(rank, size), **overrides)
-        comm = Communicator(mpi_comm, group_size=solver.param.group_size or None)
-        make_data_parallel(solver, comm, digest=digest)
-    solver.check_memory()
-    recording = start_telemetry(args, solver, mpi_comm)
-    close_progress = solver.show_progress(args.status_interval) if solver.root and not args.no_progress else None
-    try:
-        solver.solve(resume_file=args.snapshot, sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect,
-                     requests=requests)
-        recording.finish()  # collective under mpiexec: only where every rank got here
-    finally:
-        if close_progress is not None:
-            close_progress()
-        recording.close()
-    return 0
-
-
-def start_telemetry(args, solver, mpi_comm=None):
-    """Start recording the trace and TensorBoard scalars that ``args`` and the solver file ask for."""
-    from .. import trace
-    from .trace import Telemetry, telemetry_wanted
-
-    sp = solver.param
-    path, window, logdir = telemetry_wanted(args, sp)
-    if path:
-        trace.start(path, trace.parse_window(window), comm=mpi_comm, xp=solver.xp)
-    scalars = None
-    if logdir and solver.root:
-        ranks = mpi_comm.Get_size() if mpi_comm is not None else 1
-        images = solver.images_per_iteration()
-        scalars = solver.write_scalars(logdir, images and images * ranks)
-    return Telemetry(bool(path), mpi_comm, scalars)
+        return runner_for(job, sp, rank)(sp, job, rank)

@@ -12,7 +12,7 @@ Signals the supervisor gets (Ctrl-C, SIGTERM, SIGHUP, SIGUSR1/2) go on to the ch
 signals a rank's whole process group (its Ctrl-C, and the SIGTERM mpiexec gets), so the child leads a
 process group of its own, which only the supervisor's forwarding reaches. A signal that comes before the
 supervisor has started the child is forwarded once it has. ``train``'s child starts with SIGINT, SIGTERM and
-SIGHUP held (blocked, across exec) and lets them in once it records them as requests (commands/train.py):
+SIGHUP held (blocked, across exec) and lets them in once it records them as requests (dataparallel/runners.py, process_guard):
 a Ctrl-C during its start-up (imports, MPI_Init, building the nets) is carried out at the first iteration,
 as one during training is, instead of raising wherever the child happens to be.
 

@@ -9,12 +9,14 @@ Each worker process holds a replica built from the same solver file and reads it
 (tree.py). Under ``mpiexec`` every rank is one host: its accumulated chunks go through the communicator's
 allreduce. docs/cgdp.md has the design, the cost model (cost_model.py) and measurements.
 """
+import contextlib
+
 from ...errors import LayerforgeError
 from .chunks import ChunkSearch, make_chunks, param_units, parse_chunk_size
 from .pool import Result, WorkerPool, run_parallel
 from .workers import WorkerOptions
 
-__all__ = ["ChunkSearch", "Result", "WorkerOptions", "WorkerPool", "make_chunks", "param_units",
+__all__ = ["ChunkSearch", "Result", "WorkerOptions", "WorkerPool", "host_comm", "make_chunks", "param_units",
            "parse_chunk_size", "run_parallel", "train_parallel"]
 
 
@@ -59,3 +61,17 @@ def train_parallel(source, workers=None, devices=None, sync=None, chunk_size=Non
                             iterations, resume, log and node == 0, setup, split, progress, trace, tensorboard)
     search = (sp.chunk_search_interval, sp.chunk_search_step, sp.chunk_search_range)
     return run_parallel(int(workers), options, search=search, comm=comm, signal_effects=signal_effects)
+
+
+@contextlib.contextmanager
+def host_comm():
+    """A Communicator over the hosts (one rank each) under mpiexec, inside MPI's launch guard; None outside."""
+    from ...cores import mpi_world_size
+
+    if mpi_world_size() <= 1:
+        yield None
+        return
+    from ...comm import Communicator, launch_guard
+
+    with launch_guard() as mpi_comm:
+        yield Communicator(mpi_comm)

@@ -130,6 +130,19 @@ def from_stats(stats, compute=None):
                      Rates(**stats["rates"]), lam=stats.get("latency_s", 1e-4), backward_rest=rest)
 
 
+def predict_rows(stats, Gs=(2, 4, 8)):
+    """Cost-model rows per G from a host-mode run's stats: host T and tree T' (ms) at chunk size 1, their
+    ratio, the winner, the speed-ups over one replica and the chunk size the model prefers (with its T)."""
+    m = from_stats(stats)
+    rows = []
+    for G in Gs:
+        p, best = m.predict(G, 1), m.best_chunk_size(G)
+        rows.append({"G": G, "host_ms": 1000 * p["host"], "tree_ms": 1000 * p["tree"], "ratio": p["ratio"],
+                     "winner": p["winner"], "speedup_host": p["speedup_host"], "speedup_tree": p["speedup_tree"],
+                     "best_chunk_size": best, "best_host_ms": 1000 * m.host(G, best)})
+    return rows
+
+
 def measure_rates(params, mover, slots, acc, xp, repeats=3):
     """Times the exchange's operations on this replica's parameters; returns a :class:`Rates` as a dict.
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from layerforge.commands.data_parallel import predict_rows
+from layerforge.dataparallel.cgdp.cost_model import predict_rows
 from layerforge.dataparallel.cgdp.cost_model import Rates, from_stats
 from tests.dataparallel.cgdp.helpers import SMALL_NET as NET
 from tests.test_cli import ROOT
