@@ -23,7 +23,7 @@ import numpy
 from .. import backend, rng
 from ..caffe import solverstate
 from ..errors import LayerforgeError
-from ..npz import load_npz, save_npz_atomic
+from ..npz import load_npz, save_npz_atomic, shape_of
 
 log = logging.getLogger("layerforge")
 
@@ -148,11 +148,11 @@ def restore(solver, path):
         raise LayerforgeError(f"{path}: holds {kept} history arrays ({arrays['type'].item() or 'unknown'} solver) "
                               f"but this {solver.type} solver has {n}")
     for i, h in enumerate(solver.history):
-        a = arrays[f"history/{i}"]
-        if tuple(a.shape) != tuple(h.shape):
-            raise LayerforgeError(f"{path}: history/{i} has shape {tuple(a.shape)}, the net's parameter "
+        shape = tuple(shape_of(arrays, f"history/{i}"))  # from the header alone: a wrong entry is never read
+        if shape != tuple(h.shape):
+            raise LayerforgeError(f"{path}: history/{i} has shape {shape}, the net's parameter "
                                   f"{tuple(h.shape)}; was it written for another net?")
-        h[...] = solver.xp.asarray(a, dtype=h.dtype)
+        h[...] = solver.xp.asarray(arrays[f"history/{i}"], dtype=h.dtype)
     weights = arrays["learned_net"].item()
     if weights and not os.path.isabs(weights):
         weights = os.path.join(os.path.dirname(path), weights)
