@@ -106,7 +106,10 @@ def _read_hdf5_state(path):
         learned = learned[()] if learned is not None else b""
         learned = (learned.decode() if isinstance(learned, bytes) else str(learned)).rstrip("\0")
         group = stored(h5, "history", path)
-        history = [stored(group, str(i), path)[()] for i in range(len(group))]
+        history = [stored(group, str(i), path) for i in range(len(group))]
+        if any(h is None for h in history):
+            raise LayerforgeError(f"{path}: not a Caffe HDF5 solver state: no 'history/{history.index(None)}'")
+        history = [h[()] for h in history]
     return it, learned, history
 
 
