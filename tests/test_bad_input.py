@@ -480,3 +480,182 @@ def test_weights_that_match_no_layer_are_one_line(tmp_path, command, suffix):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.strip().splitlines() if not line.startswith("I")]  # Caffe's log aside
     assert len(errors) == 1 and errors[0].startswith(f"error: {weights}: ") and "no layer" in errors[0], proc.stderr
+
+
+# issue 50: deep nesting, HDF5 external links, and iteration counts that are not counts
+SMALL_NET = ("name: small\nlayers:\n"
+             "- {name: data, type: DummyData, top: [data, label], dummy_data: {shape: [[4, 3], [4]], "
+             "data_filler: [{type: gaussian}, {type: constant}]}}\n"
+             "- {name: ip, type: InnerProduct, bottom: data, top: ip, inner_product: {num_output: 2, "
+             "weight_filler: {type: xavier}}}\n"
+             "- {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}\n")
+
+
+def one_line(proc, starts):
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.strip().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {starts}"), proc.stderr
+    return errors[0]
+
+
+def run_layerforge(*args, cwd=ROOT, env=None):
+    env = dict(env or os.environ, PYTHONPATH=str(ROOT))  # this tree's layerforge from any working directory
+    return subprocess.run([sys.executable, "-m", "layerforge", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("what", ["net", "solver"])
+def test_a_prototxt_nested_500_deep_is_one_line(tmp_path, what):
+    nested = "layer { " * 500 + "}" * 500
+    if what == "net":
+        path = tmp_path / "deep.prototxt"
+        path.write_text(f"name: 'x'\n{nested}\n")
+        proc = run_layerforge("check", path)
+    else:
+        path = tmp_path / "solver.prototxt"
+        path.write_text(f"base_lr: 0.1\nmax_iter: 1\nnet_param {{\n  {nested}\n}}\n")
+        proc = run_layerforge("train", "--solver", path)
+    assert "messages nested more than 100 deep" in one_line(proc, f"{path}:{2 if what == 'net' else 4}: ")
+
+
+def test_a_prototxt_nested_100_deep_is_read(tmp_path):
+    from layerforge.caffe.prototxt import MAX_DEPTH, parse
+
+    message = parse("a { " * MAX_DEPTH + "}" * MAX_DEPTH)
+    for _ in range(MAX_DEPTH):
+        message = message.entries[0].value
+    assert message.entries == []
+
+
+@pytest.fixture(scope="module")
+def small_state(tmp_path_factory):
+    """A solver (its file) and the solver state of its first iteration."""
+    from layerforge.solvers import get_solver
+
+    folder = tmp_path_factory.mktemp("state")
+    (folder / "net.yaml").write_text(SMALL_NET)
+    solver = folder / "solver.yaml"
+    solver.write_text(f"net: {folder / 'net.yaml'}\nbase_lr: 0.1\nmax_iter: 2\nsnapshot: 1\ndisplay: 0\n"
+                      f"snapshot_prefix: {folder / 'run'}\nrandom_seed: 1\n")
+    get_solver(str(solver), max_iter=1).solve()
+    return solver, dict(numpy.load(folder / "run_iter_1.solverstate.npz"))
+
+
+DEEP_JSON = "[" * 100000 + "]" * 100000
+BAD_STATES = {  # field -> value -> what the one line says
+    "iter_negative": ("iter", numpy.array(-5), "field 'iter' is malformed (expected a whole number of iterations, "
+                                               "got -5)"),
+    "iter_fraction": ("iter", numpy.array(2.5), "field 'iter' is malformed (expected a whole number of iterations, "
+                                                "got 2.5)"),
+    "deep_data_state": ("data_state", numpy.array(DEEP_JSON), "field 'data_state' is malformed (nested too deeply"),
+    "deep_rng": ("rng", numpy.array(DEEP_JSON), "field 'rng' is malformed (nested too deeply"),
+    "deep_replicas": ("replicas", numpy.array(DEEP_JSON), "field 'replicas' is malformed (nested too deeply"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_STATES))
+@pytest.mark.parametrize("cpu_parallel", ["THREADS", "REPLICAS"])
+def test_a_bad_solver_state_is_one_line(tmp_path, small_state, case, cpu_parallel):
+    solver, arrays = small_state
+    field, value, message = BAD_STATES[case]
+    state = tmp_path / "bad.solverstate.npz"
+    arrays = dict(arrays, **{field: value})
+    arrays["learned_net"] = numpy.array(str(solver.parent / "run_iter_1.npz"))
+    numpy.savez(state, **arrays)
+    proc = run_layerforge("train", "--solver", solver, "--snapshot", state, "--cpu-parallel", cpu_parallel,
+                          cwd=tmp_path, env=TWO_CORES)
+    assert message in one_line(proc, f"{state}: "), proc.stderr
+
+
+def test_a_negative_iteration_in_a_caffe_solver_state_is_one_line(tmp_path, small_state):
+    from layerforge.caffe import solverstate
+    from layerforge.solvers import get_solver
+
+    solver, _ = small_state
+    trained = get_solver(str(solver), snapshot_prefix=str(tmp_path / "c"), snapshot_format="BINARYPROTO")
+    trained.iter = -5
+    path = solverstate.snapshot(trained, str(tmp_path / "c_iter_-5"), "BINARYPROTO")
+    from layerforge.errors import LayerforgeError
+
+    with pytest.raises(LayerforgeError, match=r"'iter' is -5; a solver state counts the iterations done, from 0"):
+        get_solver(str(solver)).restore(path)
+
+
+def external_link(path, name, target):
+    import h5py
+
+    with h5py.File(path, "a") as f:
+        f[name] = h5py.ExternalLink(str(target), "/elsewhere")
+
+
+def test_an_hdf5_external_link_in_hdf5data_is_one_line(tmp_path):
+    import h5py
+
+    data = tmp_path / "d.h5"
+    with h5py.File(data, "w") as f:
+        f["label"] = numpy.zeros(4)
+    external_link(data, "data", tmp_path / "notes.txt")
+    (tmp_path / "notes.txt").write_text("not HDF5\n")
+    (tmp_path / "list.txt").write_text(f"{data}\n")
+    net = tmp_path / "net.yaml"
+    net.write_text("name: h\nlayers:\n- {name: data, type: HDF5Data, top: [data, label], "
+                   f"hdf5_data: {{source: {tmp_path / 'list.txt'}, batch_size: 2}}}}\n")
+    line = one_line(run_layerforge("check", net), f"{net}:3: layer 'data' (HDF5Data): ")
+    assert line.endswith(f"{data}: '/data' is an external link to {tmp_path / 'notes.txt'}:/elsewhere; only data "
+                         "stored in the file itself is read (copy it in, e.g. with h5py's Group.copy)"), line
+
+
+@pytest.mark.parametrize("kind", ["weights", "state"])
+def test_an_hdf5_external_link_in_a_snapshot_is_one_line(tmp_path, small_state, kind):
+    import h5py
+
+    from layerforge.solvers import get_solver
+
+    solver, _ = small_state
+    trained = get_solver(str(solver), max_iter=1, snapshot_prefix=str(tmp_path / "h"), snapshot_format="HDF5")
+    trained.solve()
+    weights, state = tmp_path / "h_iter_1.caffemodel.h5", tmp_path / "h_iter_1.solverstate.h5"
+    if kind == "weights":
+        with h5py.File(weights, "a") as f:
+            del f["data/ip/0"]
+        external_link(weights, "data/ip/0", tmp_path / "other.h5")
+        proc, link = run_layerforge("train", "--solver", solver, "--weights", weights, cwd=tmp_path), "/data/ip/0"
+        path = weights
+    else:
+        with h5py.File(state, "a") as f:
+            del f["history/0"]
+        external_link(state, "history/0", tmp_path / "other.h5")
+        proc, link, path = run_layerforge("train", "--solver", solver, "--snapshot", state, cwd=tmp_path), \
+            "/history/0", state
+    line = one_line(proc, f"{path}: '{link}' is an external link to {tmp_path / 'other.h5'}:/elsewhere")
+    assert "Iteration 0" not in proc.stderr, line
+
+
+UNTRAINABLE = {  # issue 50: a net that trains nothing is refused by train, as a trainer should
+    "no_layers": ("name: empty\nlayers: []\n", "net 'empty' has no layers in the TRAIN phase: there is nothing to train"),
+    "no_loss": ("name: deploy\nlayers:\n" + INPUT
+                + "- {name: ip, type: InnerProduct, bottom: data, top: ip, inner_product: {num_output: 2}}\n",
+                "net 'deploy' has no loss in the TRAIN phase (no layer with a loss_weight): training would change "
+                "nothing"),
+    "loss_only_in_test": ("name: t\nlayers:\n" + SMALL_NET.split("layers:\n")[1].replace(
+        "top: loss}", "top: loss, include: {phase: TEST}}"), "net 't' has no loss in the TRAIN phase"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNTRAINABLE))
+def test_train_refuses_a_net_that_trains_nothing(tmp_path, case):
+    text, message = UNTRAINABLE[case]
+    net = tmp_path / "net.yaml"
+    net.write_text(text)
+    solver = tmp_path / "solver.yaml"
+    solver.write_text(f"net: {net}\nbase_lr: 0.1\nmax_iter: 2\nsnapshot: 1\nsnapshot_prefix: {tmp_path / 's'}\n")
+    line = one_line(run_layerforge("train", "--solver", solver, "--cpu-parallel", "THREADS"), f"{net}: ")
+    assert message in line
+    assert not list(tmp_path.glob("s_iter_*"))
+    if case == "no_loss":  # time and test still take a deploy net
+        assert run_layerforge("time", "--model", net, "--iterations", 1).returncode == 0
+        from layerforge import Net
+
+        Net(str(net), phase="test").save(str(tmp_path / "w.npz"))
+        tested = run_layerforge("test", "--model", net, "--weights", tmp_path / "w.npz", "--iterations", 1)
+        assert tested.returncode == 0, tested.stderr

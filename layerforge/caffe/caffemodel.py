@@ -22,6 +22,7 @@ from .. import backend
 from ..errors import LayerforgeError
 from ..npz import write_atomic
 from . import caffe_pb
+from .hdf5 import members, stored
 
 log = logging.getLogger("layerforge")
 _LEGACY = ("num", "channels", "height", "width")
@@ -129,7 +130,8 @@ def hdf5_arrays(path):
         with h5py.File(path, "r") as h5:
             if "data" not in h5:
                 raise LayerforgeError(f"{path}: not a Caffe HDF5 weights file: no group /data")
-            return {f"{name}/{j}": ds[()] for name, group in h5["data"].items() for j, ds in group.items()}
+            return {f"{name}/{j}": ds[()] for name, group in members(stored(h5, "data", path), path)
+                    for j, ds in members(group, path)}
     except OSError as e:
         raise LayerforgeError(f"{path}: not a readable HDF5 weights file: {e}") from None
 
@@ -222,19 +224,20 @@ def copy_from_hdf5(net, path):
     with h5:
         if "data" not in h5:
             raise LayerforgeError(f"{path}: not a Caffe HDF5 weights file: no group /data")
-        data, copied = h5["data"], []
+        data, copied = stored(h5, "data", path), []
         for layer, owned in zip(net.layers, _owned_blobs(net)):
-            if layer.name not in data:
+            group = stored(data, layer.name, path)
+            if group is None:
                 log.info("Ignoring source layer %s", layer.name)
                 continue
-            group = data[layer.name]
             if len(group) > len(layer.blobs):
                 raise LayerforgeError(f"{path}: layer '{layer.name}' has {len(group)} blob(s) in the file but "
                                       f"{len(layer.blobs)} in the net")
             for j, blob in owned:
-                if str(j) not in group:
+                stored_blob = stored(group, str(j), path)
+                if stored_blob is None:
                     raise LayerforgeError(f"{path}: layer '{layer.name}' has no blob {j} in the file")
-                values = group[str(j)][()]
+                values = stored_blob[()]
                 if tuple(values.shape) != tuple(blob.shape):
                     raise LayerforgeError(f"{path}: layer '{layer.name}' blob {j} has shape {tuple(values.shape)} "
                                           f"in the file but {tuple(blob.shape)} in the net")

@@ -96,9 +96,12 @@ _SPECIAL_FLOATS = {"inf": float("inf"), "infinity": float("inf"), "nan": float("
 _BOOLS = {"true": True, "True": True, "false": False, "False": False}
 
 
+MAX_DEPTH = 100  # messages inside messages: protobuf's own parsers stop at 100 (its default recursion limit)
+
+
 class _Tokens:
     def __init__(self, text, path):
-        self.path, self.items = path, []
+        self.path, self.items, self.depth = path, [], 0
         line, pos = 1, 0
         while pos < len(text):
             m = _TOKEN.match(text, pos)
@@ -205,8 +208,12 @@ def _parse_field_value(tokens, msg, name, line):
 
 def _parse_message(tokens):
     _, opening, line = tokens.next()
+    if tokens.depth == MAX_DEPTH:
+        raise ConfigError(f"messages nested more than {MAX_DEPTH} deep (protobuf's limit too)", tokens.path, line)
+    tokens.depth += 1
     sub = Message(line, tokens.path)
     _parse_fields(tokens, sub, closing="}" if opening == "{" else ">")
+    tokens.depth -= 1
     return sub
 
 

@@ -20,6 +20,7 @@ from .. import backend
 from ..errors import LayerforgeError
 from . import caffe_pb
 from .caffemodel import array_to_blob, blob_to_array, read_message, save_caffemodel, save_hdf5, write_message
+from .hdf5 import stored
 
 log = logging.getLogger("layerforge")
 _WORDS = {"BINARYPROTO": "binary proto", "HDF5": "HDF5"}
@@ -100,10 +101,15 @@ def _read_hdf5_state(path):
         missing = [k for k in ("iter", "history") if k not in h5]
         if missing:
             raise LayerforgeError(f"{path}: not a Caffe HDF5 solver state: no '{missing[0]}'")
-        it = int(numpy.asarray(h5["iter"][()]).ravel()[0])
-        learned = h5["learned_net"][()] if "learned_net" in h5 else b""
+        it = int(numpy.asarray(stored(h5, "iter", path)[()]).ravel()[0])
+        learned = stored(h5, "learned_net", path)
+        learned = learned[()] if learned is not None else b""
         learned = (learned.decode() if isinstance(learned, bytes) else str(learned)).rstrip("\0")
-        history = [h5["history"][str(i)][()] for i in range(len(h5["history"]))]
+        group = stored(h5, "history", path)
+        history = [stored(group, str(i), path) for i in range(len(group))]
+        if any(h is None for h in history):
+            raise LayerforgeError(f"{path}: not a Caffe HDF5 solver state: no 'history/{history.index(None)}'")
+        history = [h[()] for h in history]
     return it, learned, history
 
 
@@ -112,6 +118,8 @@ def restore(solver, path):
     (the solver takes it)."""
     path = os.fspath(path)
     it, learned, history = read_state(path)
+    if it < 0:
+        raise LayerforgeError(f"{path}: 'iter' is {it}; a solver state counts the iterations done, from 0")
     if len(history) != len(solver.history):
         raise LayerforgeError(f"{path}: holds {len(history)} history blobs but this {solver.type} solver has "
                               f"{len(solver.history)}")

@@ -155,7 +155,7 @@ def resume_refusal(path, replicas):
         with numpy.load(path, allow_pickle=False) as state:
             layers = json.loads(state["data_state"].item()).get("train", {})
         positions = [(name, int(s["position"])) for name, s in layers.items() if "position" in s]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, zipfile.BadZipFile):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, RecursionError, zipfile.BadZipFile):
         return None
     for name, position in positions:
         if position % replicas:

@@ -6,6 +6,7 @@ import numpy
 
 from .. import rng
 from ..backend import to_numpy
+from ..caffe.hdf5 import stored
 from ..data import read_text
 from ..data.batches import BatchStream
 from ..data.device_feed import DeviceFeed
@@ -34,7 +35,7 @@ def load_hdf5_rows(filename, datasets, dtype):
         with h5py.File(filename, "r") as f:
             arrays = []
             for name in datasets:
-                ds = f.get(name)
+                ds = stored(f, name, filename, DataError)
                 if not isinstance(ds, h5py.Dataset):
                     found = ", ".join(k for k in f.keys()) or "none"
                     raise DataError(f"{filename}: no dataset '{name}' (datasets: {found})")

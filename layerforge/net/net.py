@@ -18,7 +18,7 @@ from ..errors import ConfigError, DataError, LabelError, LayerforgeError, ShapeE
 from ..layers import LAYER_REGISTRY
 from ..layers.layer_param import layer_included
 from .netdef import batch_sizes, load_net_def, set_shard, split_batch
-from ..npz import load_npz, save_npz_atomic
+from ..npz import load_npz, save_npz_atomic, shape_of
 from ..schema import Params, suggest
 
 
@@ -632,11 +632,11 @@ class Net:
                     continue
                 if not filled or filled[-1] != name:
                     filled.append(name)
-                a = arrays[key]
-                if tuple(a.shape) != tuple(blob.shape):
-                    raise LayerforgeError(f"{source}: layer '{name}' parameter {j} has shape {tuple(a.shape)} in the file "
+                shape = tuple(shape_of(arrays, key))  # from the header alone: a wrong entry is never read
+                if shape != tuple(blob.shape):
+                    raise LayerforgeError(f"{source}: layer '{name}' parameter {j} has shape {shape} in the file "
                                           f"but {tuple(blob.shape)} in the net")
-                blob.data[...] = self.xp.asarray(a, dtype=self.dtype)
+                blob.data[...] = self.xp.asarray(arrays[key], dtype=self.dtype)
         return filled
 
     def __repr__(self):

@@ -23,7 +23,7 @@ import numpy
 from .. import backend, rng
 from ..caffe import solverstate
 from ..errors import LayerforgeError
-from ..npz import load_npz, save_npz_atomic
+from ..npz import load_npz, save_npz_atomic, shape_of
 
 log = logging.getLogger("layerforge")
 
@@ -148,11 +148,11 @@ def restore(solver, path):
         raise LayerforgeError(f"{path}: holds {kept} history arrays ({arrays['type'].item() or 'unknown'} solver) "
                               f"but this {solver.type} solver has {n}")
     for i, h in enumerate(solver.history):
-        a = arrays[f"history/{i}"]
-        if tuple(a.shape) != tuple(h.shape):
-            raise LayerforgeError(f"{path}: history/{i} has shape {tuple(a.shape)}, the net's parameter "
+        shape = tuple(shape_of(arrays, f"history/{i}"))  # from the header alone: a wrong entry is never read
+        if shape != tuple(h.shape):
+            raise LayerforgeError(f"{path}: history/{i} has shape {shape}, the net's parameter "
                                   f"{tuple(h.shape)}; was it written for another net?")
-        h[...] = solver.xp.asarray(a, dtype=h.dtype)
+        h[...] = solver.xp.asarray(arrays[f"history/{i}"], dtype=h.dtype)
     weights = arrays["learned_net"].item()
     if weights and not os.path.isabs(weights):
         weights = os.path.join(os.path.dirname(path), weights)
@@ -193,6 +193,15 @@ def _state_fields(solver, arrays, path):
         except (TypeError, ValueError, AttributeError) as e:  # json's errors are ValueErrors
             raise LayerforgeError(f"{path}: field '{name}' is malformed ({str(e).splitlines()[0][:120]})") \
                 from None
+        except RecursionError:  # JSON nested deeper than Python's stack (json.loads recurses)
+            raise LayerforgeError(f"{path}: field '{name}' is malformed (nested too deeply to read)") from None
+
+    def iteration(a):
+        if a.shape != () or a.dtype.kind not in "iu":
+            raise ValueError(f"expected a whole number of iterations, got {_shown(a)}")
+        if int(a) < 0:
+            raise ValueError(f"expected a whole number of iterations, got {int(a)}")
+        return int(a)
 
     def random_state(state):
         probe = type(rng.get_rng().bit_generator)()
@@ -216,9 +225,14 @@ def _state_fields(solver, arrays, path):
     saved_type = field("type", lambda a: str(a.item())) if "type" in arrays else ""
     if saved_type and saved_type != solver.type:
         log.warning("%s was written by a %s solver; continuing with %s", path, saved_type, solver.type)
-    return (field("iter", lambda a: int(a)), field("rng", text(random_state)), field("data_state", text(layer_states)),
+    return (field("iter", iteration), field("rng", text(random_state)), field("data_state", text(layer_states)),
             field("losses", lambda a: [float(v) for v in a]),
             field("replicas", text(replica_states)) if "replicas" in arrays else None)  # older snapshots: none
+
+
+def _shown(a):
+    text = repr(a.tolist()) if a.size <= 4 else f"an array of shape {a.shape}"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def finite(a):

@@ -50,13 +50,13 @@ from ..kernels.average_precision import AP_VERSIONS
 from ..layers.data import input_display
 from . import cuda_graph
 from ..kernels.threadpool import num_threads, parallel_for
-from ..npz import check_writable
 from ..registry import registrar
-from . import snapshot as snapshots
+from . import snapshot as snapshots, snapshot_lock
 from .evaluation import caffe_float as _g, evaluate, log_outputs, output_weights
 from .param import learning_rate, load_solver_param
 from .seam import Seams
 from .signals import signal_handlers
+from .train_net import refuse_untrainable
 
 log = logging.getLogger("layerforge")
 
@@ -295,12 +295,21 @@ class Solver:
         before the first is handled raises KeyboardInterrupt (in one process; ranks that agree on requests
         never raise). The previous handlers are restored on return. ``requests``: ``(signal, effect)`` pairs
         that signals made before (during start-up), carried out as if they came now.
+
+        A TRAIN net without layers or without a loss is refused (:mod:`~layerforge.solvers.train_net`). The
+        replica that writes snapshots holds the prefix's lock (:mod:`~layerforge.solvers.snapshot_lock`) until
+        it returns: a second run with the same ``snapshot_prefix`` is refused before its first iteration.
         """
         sp = self.param
-        if self.root and (sp.snapshot or sp.snapshot_after_train):
-            # fail now, not after hours of training
-            check_writable(os.path.dirname(os.path.abspath(self.snapshot_prefix)),
-                           f"{sp.path or 'solver'}: snapshot_prefix '{self.snapshot_prefix}'")
+        refuse_untrainable(self.net, sp.path)  # (step() trains any net: `layerforge time` times deploy nets)
+        if not (self.root and (sp.snapshot or sp.snapshot_after_train)):
+            return self._solve(resume_file, sigint_effect, sighup_effect, requests)
+        # fail now, not after hours of training, nor after replacing another run's snapshots
+        with snapshot_lock.acquire(self.snapshot_prefix, sp.path, f"{sp.path or 'solver'}: snapshot_prefix"):
+            return self._solve(resume_file, sigint_effect, sighup_effect, requests)
+
+    def _solve(self, resume_file, sigint_effect, sighup_effect, requests):
+        sp = self.param
         log.info("Solving %s", self.net.name)
         if self.xp is not numpy:  # Caffe's "GPU 0: <name>" line: which device trains
             device = self.xp.cuda.Device().id
