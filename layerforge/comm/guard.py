@@ -2,7 +2,9 @@
 
 ``python -m mpi4py`` arranges the same: a rank that dies in Python while its peers wait in a collective
 would otherwise deadlock the job (or hang in MPI_Finalize). The guard prints ``rank R: <reason>`` on stderr
-and calls ``MPI_Abort``, so ``mpiexec`` kills every rank and exits non-zero.
+and calls ``MPI_Abort``, so ``mpiexec`` kills every rank and exits non-zero. An MPI error (a peer that died inside a
+collective) is not reported at once: the launcher ends the job first, and the dead rank is named once, by its
+supervisor.
 """
 import array
 import contextlib
@@ -79,11 +81,24 @@ def launch_guard(comm=None):
     except BaseException as e:  # noqa: BLE001 - every escape must reach MPI_Abort
         if comm.Get_size() == 1:
             raise
+        if isinstance(e, MPI.Exception):
+            _wait_for_the_launcher()
         if isinstance(e, LayerforgeError):
             abort(f"error: {e}", 2, comm)
         if isinstance(e, KeyboardInterrupt):
             abort("interrupted", 130, comm)
         abort(f"{type(e).__name__}: {e}", 1, comm, details=traceback.format_exc())
+
+
+PEER_LOST_GRACE = 10.0  # seconds an MPI error waits for the launcher to end the job, before it is reported
+
+
+def _wait_for_the_launcher(grace=PEER_LOST_GRACE):
+    """An MPI error in a communication is, nearly always, a peer that died inside it ("Other MPI error"): its
+    supervisor names it (supervisor.py) and the launcher ends the job within a second or so. This rank then adds
+    nothing, no second line and no traceback: it waits here to be ended. An MPI error that is this rank's own
+    (the job goes on) is reported after ``grace`` seconds, as any other error."""
+    time.sleep(grace)
 
 
 def guarded(fn):
