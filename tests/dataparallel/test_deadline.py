@@ -72,3 +72,46 @@ def test_a_rank_killed_inside_a_collective_is_named_once_and_the_others_add_noth
         assert log.count(named) == 1, log[-3000:]
         assert "Traceback" not in log and "MPI error" not in log, log[-3000:]
         assert code == 128 + signal.SIGKILL, log[-3000:]
+
+
+def _worker(job, g, timeout=60):
+    """The pid of worker ``g`` of the job's one process (its spawned children, in the order they started)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == job.proc.pid and b"spawn_main" in cmdline:
+                found.append(int(entry))
+        if len(found) > g:
+            return sorted(found)[g]
+        time.sleep(0.05)
+    pytest.fail(f"no worker {g}:\n{job.log[-3000:]}")
+
+
+@pytest.mark.parametrize("noun, how", [("worker", ["--workers", "2"]), ("replica", ["--cpu-parallel", "REPLICAS"])])
+def test_a_stopped_worker_or_replica_is_named_and_ends_the_run(tmp_path, noun, how):
+    solver = write_solver(tmp_path, snapshot=2)
+    with Job(train(solver, "--collective-timeout", TIMEOUT, *how)) as job:
+        job.wait_for(r"Snapshotting to \S+_iter_2\.")
+        job.wait_for(r"Iteration 4 \(")
+        pid = _worker(job, 1)
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        code = job.finish(60)
+    elapsed, log = time.monotonic() - stopped, job.log
+    assert elapsed < TIMEOUT + 15, f"the run took {elapsed:.0f} s to end:\n{log[-3000:]}"
+    late = f"{noun} 1 (host {socket.gethostname()}, pid {pid}; it is stopped (SIGSTOP, or a debugger))"
+    assert f"{late} is " in log and f"s late to the wait of the {noun}s" in log, log[-3000:]
+    ends = [line for line in log.splitlines() if "within the collective timeout of 6 s" in line]
+    assert len(ends) == 1 and ends[0].startswith(f"{late} did not reach "), log[-3000:]
+    assert "Traceback" not in log and code == EXIT_STATUS, log[-3000:]
+    taken = snapshots(tmp_path)
+    assert taken and int(load_npz(str(tmp_path / "snap" / f"net_iter_{taken[-1]}.solverstate.npz"))["iter"]) == \
+        taken[-1]
