@@ -3,11 +3,12 @@ job ends with one line naming it, as PyTorch's process-group timeout and NCCL's 
 
 Every collective of a :class:`~layerforge.comm.Communicator` made with a ``timeout`` runs inside
 :meth:`Deadline.collective`, which only numbers it and notes when this rank arrived: the hot path stays a few
-attribute writes. A watchdog thread does the rest, on a duplicate of the communicator (so its messages never meet
+attribute writes. Each thread that makes collectives (the training thread, the gradient exchange's) has a numbering
+of its own, a lane, which the same thread of every other rank follows. A watchdog thread does the rest, on a duplicate of the communicator (so its messages never meet
 the algorithms'), every :data:`POLL` seconds:
 
-* it answers the other ranks' questions: ``(the number of the last collective this rank entered, how long it has
-  waited in it or -1)``. The thread answers while the main thread computes or writes a snapshot, so a rank that does
+* it answers the other ranks' questions about a lane: ``(the number of the last collective this rank entered in it,
+  how long it has waited in it or -1)``. The thread answers while the main thread computes or writes a snapshot, so a rank that does
   not answer at all is stopped (SIGSTOP, a swapped-out host) or stuck outside Python;
 * while this rank has waited more than a second, it asks every other rank, and counts as arrived those whose answer
   carries this collective's number or a later one. The lowest arrived rank logs the late ones after
@@ -24,6 +25,7 @@ import os
 import socket
 import threading
 import time
+import zlib
 
 import numpy
 
@@ -42,27 +44,28 @@ def describe_timeout(seconds):
     return f"{seconds:g} s"
 
 
-class _Arrival:
-    """The context :meth:`Deadline.collective` returns (a class, cheaper than a generator per collective)."""
+class _Lane:
+    """The collectives one thread makes (the training thread's, the gradient exchange's): numbered in the order it
+    makes them, which every rank's thread of the same name follows too. ``since``: when this rank arrived at the
+    one it is in (None: in none); ``what`` its name for the messages. The lane is its own context (a class, cheaper
+    than a generator per collective)."""
 
-    __slots__ = ("deadline", "what")
+    __slots__ = ("key", "seq", "depth", "since", "what", "asked", "answers", "noted")
 
-    def __init__(self, deadline, what):
-        self.deadline, self.what = deadline, what
+    def __init__(self, key):
+        self.key, self.seq, self.depth, self.since, self.what = key, 0, 0, None, None
+        self.asked, self.answers, self.noted = 0.0, {}, None
 
     def __enter__(self):
-        d = self.deadline
-        d.depth += 1
-        if d.depth == 1:
-            d.seq += 1
-            d.what = self.what
-            d.since = time.monotonic()
+        self.depth += 1
+        if self.depth == 1:
+            self.seq += 1
+            self.since = time.monotonic()
 
     def __exit__(self, *exc):
-        d = self.deadline
-        d.depth -= 1
-        if d.depth == 0:
-            d.since = None
+        self.depth -= 1
+        if self.depth == 0:
+            self.since = None
         return False
 
 
@@ -74,19 +77,27 @@ class Deadline:
     def __init__(self, comm, timeout):
         self.timeout = float(timeout)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.seq, self.depth, self.since, self.what = 0, 0, None, None
+        self.lanes = {}  # thread name -> _Lane
         self.ctl = comm.Dup()
         self.peers = self.ctl.allgather((socket.gethostname(), os.getpid()))
-        self._sends, self._answers, self._asked = [], {}, 0.0
-        self._noted = None  # (seq, late) last logged
+        self._sends = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="layerforge-deadline", daemon=True)
         self._thread.start()
         atexit.register(self.close)  # before MPI_Finalize (mpi4py registered its own first, so it runs later)
 
     def collective(self, what):
-        """Context around one collective (nested ones count once): ``with deadline.collective("allreduce"): ...``."""
-        return _Arrival(self, what)
+        """Context around one collective of the calling thread (nested ones count once)::
+
+            with deadline.collective("allreduce"): ...
+        """
+        name = threading.current_thread().name
+        lane = self.lanes.get(name)
+        if lane is None:
+            lane = self.lanes[name] = _Lane(zlib.crc32(name.encode()))
+        if lane.depth == 0:
+            lane.what = what
+        return lane
 
     def close(self):
         self._stop.set()
@@ -101,9 +112,11 @@ class Deadline:
         while not self._stop.wait(POLL):
             try:
                 self._answer(MPI, status)
-                since, seq = self.since, self.seq
-                if since is not None:
-                    self._check(MPI, status, seq, time.monotonic() - since)
+                self._collect(MPI, status)
+                for lane in list(self.lanes.values()):
+                    since, seq = lane.since, lane.seq
+                    if since is not None:
+                        self._check(lane, seq, time.monotonic() - since)
                 self._sends = [(req, buf) for req, buf in self._sends if not req.Test()]
             except MPI.Exception:  # the job is being torn down (a peer died): the main thread reports it
                 return
@@ -111,42 +124,53 @@ class Deadline:
     def _send(self, buf, dest, tag):
         self._sends.append((self.ctl.Isend(buf, dest, tag), buf))
 
-    def _answer(self, MPI, status):
-        while self.ctl.Iprobe(MPI.ANY_SOURCE, _QUESTION, status):
-            source = status.Get_source()
-            self.ctl.Recv(numpy.empty(1, numpy.float64), source, _QUESTION)
-            since = self.since
-            waited = -1.0 if since is None else time.monotonic() - since
-            self._send(numpy.array([self.seq, waited], numpy.float64), source, _ANSWER)
+    def _lane(self, key):
+        return next((lane for lane in list(self.lanes.values()) if lane.key == key), None)
 
-    def _check(self, MPI, status, seq, waited):
+    def _answer(self, MPI, status):
+        """Answer each question ``[lane]`` with ``[lane, seq, waited or -1]`` (seq 0: no collective in it yet)."""
+        while self.ctl.Iprobe(MPI.ANY_SOURCE, _QUESTION, status):
+            source, got = status.Get_source(), numpy.empty(1, numpy.float64)
+            self.ctl.Recv(got, source, _QUESTION)
+            lane = self._lane(int(got[0]))
+            since = None if lane is None else lane.since
+            waited = -1.0 if since is None else time.monotonic() - since
+            self._send(numpy.array([got[0], 0 if lane is None else lane.seq, waited], numpy.float64), source,
+                       _ANSWER)
+
+    def _collect(self, MPI, status):
         now = time.monotonic()
-        if waited >= ASK_AFTER and now - self._asked >= 1.0:
-            self._asked = now
+        while self.ctl.Iprobe(MPI.ANY_SOURCE, _ANSWER, status):
+            source, got = status.Get_source(), numpy.empty(3, numpy.float64)
+            self.ctl.Recv(got, source, _ANSWER)
+            lane = self._lane(int(got[0]))
+            if lane is not None:
+                lane.answers[source] = (int(got[1]), float(got[2]), now)
+
+    def _check(self, lane, seq, waited):
+        now = time.monotonic()
+        if waited >= ASK_AFTER and now - lane.asked >= 1.0:
+            lane.asked = now
             for r in range(self.size):
                 if r != self.rank:
-                    self._send(numpy.zeros(1, numpy.float64), r, _QUESTION)
-        while self.ctl.Iprobe(MPI.ANY_SOURCE, _ANSWER, status):
-            source, got = status.Get_source(), numpy.empty(2, numpy.float64)
-            self.ctl.Recv(got, source, _ANSWER)
-            self._answers[source] = (int(got[0]), float(got[1]), now)
+                    self._send(numpy.array([lane.key], numpy.float64), r, _QUESTION)
         if waited < ASK_AFTER + 2 * POLL:
             return  # the answers to the first question are still coming
-        fresh = {r: a for r, a in self._answers.items() if now - a[2] <= min(waited, 3.0)}
+        fresh = {r: a for r, a in lane.answers.items() if now - a[2] <= min(waited, 3.0)}
         arrived = [self.rank] + [r for r, (s, _, _) in fresh.items() if s >= seq]
         late = [r for r in range(self.size) if r not in arrived]
         first = max([waited] + [w + now - t for s, w, t in fresh.values() if s == seq and w >= 0])
         reporter = min(arrived) == self.rank
-        if late and reporter and waited >= STATUS_AFTER and self._noted != (seq, late):
-            self._noted = (seq, late)
+        if late and reporter and waited >= STATUS_AFTER and lane.noted != (seq, late):
+            lane.noted = (seq, late)
             who, verb = self._who(late, fresh)
             log.warning("%s %s %.0f s late to the %s (collective %d); the job ends at %s (collective_timeout)",
-                        who, verb, first, self.what, seq, describe_timeout(self.timeout))
+                        who, verb, first, lane.what, seq, describe_timeout(self.timeout))
         if first >= self.timeout and (reporter or waited >= self.timeout + GRACE):
             from .guard import abort
 
             who = self._who(late, fresh)[0] if late else "a rank (every one answers)"
-            abort(f"{who} did not reach the {self.what} (collective {seq}) within the collective timeout of "
+            abort(f"{who} did not reach the {lane.what} (collective {seq}) within the collective timeout of "
                   f"{describe_timeout(self.timeout)}; ending the job (--collective-timeout, docs/distributed.md)",
                   EXIT_STATUS, self.ctl)
 

@@ -144,6 +144,7 @@ class RankSum(Seam):
 
     def __init__(self, comm):
         self.comm, self.count, self.armed = comm.comm.Dup(), comm.size, False
+        self.collective = comm.collective  # the deadline of the ranks' collectives
 
     def before_pass(self, k):
         self.armed = True
@@ -153,5 +154,6 @@ class RankSum(Seam):
 
         self.armed = False
         out = numpy.array(values, numpy.float64).reshape(-1)
-        self.comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
+        with self.collective("sum over the ranks"):
+            self.comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
         return out
