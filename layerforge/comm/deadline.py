@@ -3,16 +3,17 @@ job ends with one line naming it, as PyTorch's process-group timeout and NCCL's 
 
 Every collective of a :class:`~layerforge.comm.Communicator` made with a ``timeout`` runs inside
 :meth:`Deadline.collective`, which only numbers it and notes when this rank arrived: the hot path stays a few
-attribute writes. Each thread that makes collectives (the training thread, the gradient exchange's) has a numbering
-of its own, a lane, which the same thread of every other rank follows. A watchdog thread does the rest, on a duplicate of the communicator (so its messages never meet
-the algorithms'), every :data:`POLL` seconds:
+attribute writes. Each thread that makes collectives (the training thread, the gradient exchange's) numbers its own,
+a lane, which the same thread of every other rank follows. A watchdog thread does the rest, on a duplicate of the
+communicator (so its messages never meet the algorithms'), every :data:`POLL` seconds:
 
 * it answers the other ranks' questions about a lane: ``(the number of the last collective this rank entered in it,
-  how long it has waited in it or -1)``. The thread answers while the main thread computes or writes a snapshot, so a rank that does
-  not answer at all is stopped (SIGSTOP, a swapped-out host) or stuck outside Python;
+  how long it has waited in it or -1)``. It answers while the main thread computes or writes a snapshot too, so a
+  rank that does not answer at all is stopped (SIGSTOP, a swapped-out host) or stuck outside Python;
 * while this rank has waited more than a second, it asks every other rank, and counts as arrived those whose answer
   carries this collective's number or a later one. The lowest arrived rank logs the late ones after
-  :data:`STATUS_AFTER` seconds (``rank 2 (host h, pid p; it does not answer: ...) is 3 s late to the allreduce``);
+  :data:`STATUS_AFTER` seconds, and every :data:`STATUS_EVERY` seconds while they stay late
+  (``rank 2 (host h, pid p; it does not answer: ...) is 3 s late to the allreduce ...``);
 * the deadline counts from the first arrival (the longest wait among the arrived ranks' answers): past it, the lowest
   arrived rank ends the job with ``MPI_Abort`` and one line naming the late ranks and their hosts, exit
   :data:`EXIT_STATUS`. Any other waiting rank does the same :data:`GRACE` seconds later, should that one be gone.
@@ -31,6 +32,7 @@ import numpy
 
 DEFAULT_TIMEOUT = 600.0  # seconds; PyTorch's NCCL process groups and NCCL's watchdog default to 10 minutes too
 STATUS_AFTER = 3.0  # seconds a collective waits before the late ranks are named in the log
+STATUS_EVERY = 60.0  # seconds between two such lines while the same ranks stay late
 POLL = 0.2  # seconds between the watchdog's looks (questions are answered within this)
 ASK_AFTER = 1.0  # seconds of waiting before the watchdog asks the others where they are
 GRACE = 5.0  # seconds the other waiting ranks leave the reporting one before they end the job themselves
@@ -38,10 +40,6 @@ EXIT_STATUS = 124  # a collective ran past its deadline (the status GNU timeout 
 _QUESTION, _ANSWER = 1, 2
 
 log = logging.getLogger("layerforge")
-
-
-def describe_timeout(seconds):
-    return f"{seconds:g} s"
 
 
 class _Lane:
@@ -161,17 +159,16 @@ class Deadline:
         late = [r for r in range(self.size) if r not in arrived]
         first = max([waited] + [w + now - t for s, w, t in fresh.values() if s == seq and w >= 0])
         reporter = min(arrived) == self.rank
-        if late and reporter and waited >= STATUS_AFTER and lane.noted != (seq, late):
-            lane.noted = (seq, late)
+        if late and reporter and waited >= STATUS_AFTER and note_late(lane, (seq, late), now):
             who, verb = self._who(late, fresh)
             log.warning("%s %s %.0f s late to the %s (collective %d); the job ends at %s (collective_timeout)",
-                        who, verb, first, lane.what, seq, describe_timeout(self.timeout))
+                        who, verb, first, lane.what, seq, f"{self.timeout:g} s")
         if first >= self.timeout and (reporter or waited >= self.timeout + GRACE):
             from .guard import abort
 
             who = self._who(late, fresh)[0] if late else "a rank (every one answers)"
             abort(f"{who} did not reach the {lane.what} (collective {seq}) within the collective timeout of "
-                  f"{describe_timeout(self.timeout)}; ending the job (--collective-timeout, docs/distributed.md)",
+                  f"{self.timeout:g} s; ending the job (--collective-timeout, docs/distributed.md)",
                   EXIT_STATUS, self.ctl)
 
     def _who(self, late, fresh):
@@ -183,6 +180,15 @@ class Deadline:
                    else "it does not answer: stopped, swapped out or stuck")
             parts.append(f"rank {r} (host {host}, pid {pid}; {why})")
         return " and ".join(parts), "is" if len(parts) == 1 else "are"
+
+
+def note_late(holder, what, now):
+    """True when ``what`` (the late ones at a wait) should be logged: new, or last logged STATUS_EVERY s ago;
+    ``holder.noted`` keeps ``(what, when)``."""
+    if holder.noted is not None and holder.noted[0] == what and now - holder.noted[1] < STATUS_EVERY:
+        return False
+    holder.noted = (what, now)
+    return True
 
 
 _DEADLINES = {}

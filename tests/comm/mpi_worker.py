@@ -5,7 +5,8 @@ Modes:
   bytes N Q      rank 0 prints one JSON line per algorithm: bytes sent per rank, intra and inter (N bytes)
   raise          rank 1 raises ValueError("boom") inside the launch guard
   kill           rank 1 SIGKILLs itself while the others wait in an allreduce
-  stall T ALG    allreduces with a deadline of T s (algorithm ALG); rank 1 SIGSTOPs itself at the tenth
+  stall T ALG [busy]  allreduces with a deadline of T s (algorithm ALG); rank 1 SIGSTOPs itself at the tenth
+                 (busy: it sleeps 60 s there instead, alive but late)
 """
 import json
 import os
@@ -104,7 +105,9 @@ def main(argv):
             comm.allreduce(numpy.zeros(10), algorithm="ring")
         if mode == "stall":
             for i in range(1000):
-                if i == 10 and comm.rank == 1:
+                if i == 10 and comm.rank == 1 and argv[4:] == ["busy"]:
+                    time.sleep(60)  # as a rank writing a long snapshot
+                elif i == 10 and comm.rank == 1:
                     os.kill(os.getpid(), signal.SIGSTOP)  # as a swapped-out or stopped process
                 comm.allreduce(numpy.ones(1000), algorithm=argv[3])
                 time.sleep(0.01)

@@ -26,6 +26,15 @@ def test_a_stopped_rank_is_named_and_the_job_ends_within_the_deadline(algorithm)
     assert proc.returncode in (EXIT_STATUS, 9), proc.stderr  # hydra's: the reporter's, or the stopped rank's kill
 
 
+@pytest.mark.mpi
+def test_a_busy_rank_is_told_from_a_stopped_one():
+    proc = run_mpi(2, [WORKER, "stall", "5", "recursive", "busy"], timeout=60)
+    ends = [line for line in proc.stderr.splitlines() if "within the collective timeout of 5 s" in line]
+    assert len(ends) == 1, proc.stderr
+    assert ends[0].startswith(f"rank 0: rank 1 (host {socket.gethostname()}, pid "), proc.stderr
+    assert "it answers but has not got there: busy computing, or writing a snapshot" in ends[0]
+
+
 def test_the_command_line_sets_the_solver_key(tmp_path):
     from layerforge.cli import build_parser
     from layerforge.commands.train import solver_overrides

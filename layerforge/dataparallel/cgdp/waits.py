@@ -13,7 +13,7 @@ import socket
 import sys
 import time
 
-from ...comm.deadline import EXIT_STATUS, STATUS_AFTER
+from ...comm.deadline import EXIT_STATUS, STATUS_AFTER, note_late
 
 POLL = 1.0  # seconds between the parent's looks at the workers' waits
 
@@ -79,8 +79,7 @@ class Watch:
                   f"{self.timeout:g} s; ending the job (--collective-timeout, docs/distributed.md)",
                   file=sys.stderr, flush=True)
             raise SystemExit(EXIT_STATUS)
-        if late and first >= STATUS_AFTER and self.noted != (min(waiting), late):
-            self.noted = (min(waiting), late)
+        if late and first >= STATUS_AFTER and note_late(self, (min(waiting), late), time.monotonic()):
             who, verb = self._who(late, stopped)
             log.warning("%s %s %.0f s late to the wait of the %ss; the job ends at %g s (collective_timeout)",
                         who, verb, first, self.noun, self.timeout)
