@@ -19,8 +19,8 @@ from ..errors import LayerforgeError
 
 
 def abort(reason, code=1, comm=None, details=None):
-    """Print ``rank R: reason`` (then ``details``, e.g. a traceback) and abort ``comm`` (default COMM_WORLD) with
-    exit ``code``; never returns.
+    """Print ``rank R: reason`` (then ``details``, e.g. a traceback; nothing for a None ``reason``) and abort ``comm``
+    (default COMM_WORLD) with exit ``code``; never returns.
 
     The one line goes first: MPI_Abort can kill the job before mpiexec has forwarded everything a rank wrote
     last (seen at 4 ranks on 2 busy cores), and the line is what the user needs.
@@ -29,7 +29,8 @@ def abort(reason, code=1, comm=None, details=None):
 
     comm = comm or MPI.COMM_WORLD
     sys.stdout.flush()
-    print(f"rank {comm.Get_rank()}: {reason}", file=sys.stderr, flush=True)
+    if reason is not None:  # None: this rank said it already
+        print(f"rank {comm.Get_rank()}: {reason}", file=sys.stderr, flush=True)
     if details:
         print(details, file=sys.stderr, end="", flush=True)
     _read_by_the_launcher(sys.stderr)
@@ -77,7 +78,10 @@ def launch_guard(comm=None):
     except SystemExit as e:
         if e.code in (None, 0) or comm.Get_size() == 1:
             raise
-        abort(f"exit status {e.code}", e.code if isinstance(e.code, int) else 1, comm)
+        from .deadline import EXIT_STATUS
+
+        # a deadline one host's workers missed was said in one line already (dataparallel/cgdp/waits.py)
+        abort(None if e.code == EXIT_STATUS else f"exit status {e.code}", e.code if isinstance(e.code, int) else 1, comm)
     except BaseException as e:  # noqa: BLE001 - every escape must reach MPI_Abort
         if comm.Get_size() == 1:
             raise
