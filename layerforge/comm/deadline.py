@@ -30,13 +30,15 @@ import zlib
 
 import numpy
 
+from .guard import DEADLINE_STATUS, abort
+
 DEFAULT_TIMEOUT = 600.0  # seconds; PyTorch's NCCL process groups and NCCL's watchdog default to 10 minutes too
 STATUS_AFTER = 3.0  # seconds a collective waits before the late ranks are named in the log
 STATUS_EVERY = 60.0  # seconds between two such lines while the same ranks stay late
 POLL = 0.2  # seconds between the watchdog's looks (questions are answered within this)
 ASK_AFTER = 1.0  # seconds of waiting before the watchdog asks the others where they are
 GRACE = 5.0  # seconds the other waiting ranks leave the reporting one before they end the job themselves
-EXIT_STATUS = 124  # a collective ran past its deadline (the status GNU timeout uses)
+EXIT_STATUS = DEADLINE_STATUS  # 124, a collective ran past its deadline (the status GNU timeout uses)
 _QUESTION, _ANSWER = 1, 2
 
 log = logging.getLogger("layerforge")
@@ -164,8 +166,6 @@ class Deadline:
             log.warning("%s %s %.0f s late to the %s (collective %d); the job ends at %s (collective_timeout)",
                         who, verb, first, lane.what, seq, f"{self.timeout:g} s")
         if first >= self.timeout and (reporter or waited >= self.timeout + GRACE):
-            from .guard import abort
-
             who = self._who(late, fresh)[0] if late else "a rank (every one answers)"
             abort(f"{who} did not reach the {lane.what} (collective {seq}) within the collective timeout of "
                   f"{self.timeout:g} s; ending the job (--collective-timeout, docs/distributed.md)",

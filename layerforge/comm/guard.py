@@ -78,10 +78,8 @@ def launch_guard(comm=None):
     except SystemExit as e:
         if e.code in (None, 0) or comm.Get_size() == 1:
             raise
-        from .deadline import EXIT_STATUS
-
         # a deadline one host's workers missed was said in one line already (dataparallel/cgdp/waits.py)
-        abort(None if e.code == EXIT_STATUS else f"exit status {e.code}", e.code if isinstance(e.code, int) else 1, comm)
+        abort(None if e.code == DEADLINE_STATUS else f"exit status {e.code}", e.code if isinstance(e.code, int) else 1, comm)
     except BaseException as e:  # noqa: BLE001 - every escape must reach MPI_Abort
         if comm.Get_size() == 1:
             raise
@@ -94,6 +92,7 @@ def launch_guard(comm=None):
         abort(f"{type(e).__name__}: {e}", 1, comm, details=traceback.format_exc())
 
 
+DEADLINE_STATUS = 124  # a collective, or a wait on a peer, ran past its deadline (deadline.py; GNU timeout's status)
 PEER_LOST_GRACE = 10.0  # seconds an MPI error waits for the launcher to end the job, before it is reported
 
 
