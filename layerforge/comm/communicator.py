@@ -1,4 +1,5 @@
 """Communicator: an mpi4py communicator plus the group layout and the byte counters the algorithms need."""
+import contextlib
 import os
 
 import numpy
@@ -44,9 +45,11 @@ class Communicator:
         group_size: Q ranks per group, contiguous; default ``$LAYERFORGE_GROUP_SIZE`` or shared-memory nodes.
         groups: explicit group id per rank (overrides both).
         cost_params: a :class:`~layerforge.comm.cost_model.CostParams` for ``auto``; measured lazily otherwise.
+        timeout: seconds a collective may wait for the last rank from the first rank's arrival, or None for no
+            deadline (:mod:`.deadline`: the late rank is named while the others wait, then the job ends).
     """
 
-    def __init__(self, comm=None, group_size=None, groups=None, cost_params=None):
+    def __init__(self, comm=None, group_size=None, groups=None, cost_params=None, timeout=None):
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         if groups is None:
@@ -60,6 +63,17 @@ class Communicator:
         self.last_choice = None  # what ``auto`` picked last
         self.bytes_sent = {"intra": 0, "inter": 0}
         self._scratch = numpy.empty(0, numpy.uint8)
+        from .deadline import deadline_for
+
+        self.deadline = deadline_for(self.comm, timeout)
+
+    def collective(self, what):
+        """Context around a collective on this communicator (its deadline, when there is one)::
+
+            with comm.collective("allgather of the digests"):
+                comm.comm.Allgather(mine, everyone)
+        """
+        return _NO_DEADLINE if self.deadline is None else self.deadline.collective(what)
 
     # -- counted point-to-point ------------------------------------------------------------------------------
     def _count(self, nbytes, peer):
@@ -100,10 +114,12 @@ class Communicator:
         out = sendbuf if recvbuf is None else recvbuf
         xp = get_array_module(sendbuf, out)
         if xp is numpy or algorithm == "nccl":
-            fn(self, sendbuf, out)
+            with self.collective("allreduce"):
+                fn(self, sendbuf, out)
             return out
         host = numpy.ascontiguousarray(to_numpy(sendbuf))  # .get() synchronises the stream first
-        fn(self, host, None)
+        with self.collective("allreduce"):
+            fn(self, host, None)
         out.set(host.reshape(out.shape))
         return out
 
@@ -116,15 +132,21 @@ class Communicator:
     def bcast(self, buf, root=0):
         """Broadcast a contiguous array in place from ``root`` (buffer-based ``Bcast``); returns it."""
         if get_array_module(buf) is numpy:
-            self.comm.Bcast([buf, MPI.BYTE], root=root)
+            with self.collective("broadcast"):
+                self.comm.Bcast([buf, MPI.BYTE], root=root)
             return buf
         host = numpy.ascontiguousarray(to_numpy(buf))
-        self.comm.Bcast([host, MPI.BYTE], root=root)
+        with self.collective("broadcast"):
+            self.comm.Bcast([host, MPI.BYTE], root=root)
         buf.set(host)
         return buf
 
     def barrier(self):
-        self.comm.Barrier()
+        with self.collective("barrier"):
+            self.comm.Barrier()
+
+
+_NO_DEADLINE = contextlib.nullcontext()
 
 
 def as_communicator(comm):

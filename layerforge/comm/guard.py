@@ -2,7 +2,9 @@
 
 ``python -m mpi4py`` arranges the same: a rank that dies in Python while its peers wait in a collective
 would otherwise deadlock the job (or hang in MPI_Finalize). The guard prints ``rank R: <reason>`` on stderr
-and calls ``MPI_Abort``, so ``mpiexec`` kills every rank and exits non-zero.
+and calls ``MPI_Abort``, so ``mpiexec`` kills every rank and exits non-zero. An MPI error (a peer that died inside a
+collective) is not reported at once: the launcher ends the job first, and the dead rank is named once, by its
+supervisor.
 """
 import array
 import contextlib
@@ -17,8 +19,8 @@ from ..errors import LayerforgeError
 
 
 def abort(reason, code=1, comm=None, details=None):
-    """Print ``rank R: reason`` (then ``details``, e.g. a traceback) and abort ``comm`` (default COMM_WORLD) with
-    exit ``code``; never returns.
+    """Print ``rank R: reason`` (then ``details``, e.g. a traceback; nothing for a None ``reason``) and abort ``comm``
+    (default COMM_WORLD) with exit ``code``; never returns.
 
     The one line goes first: MPI_Abort can kill the job before mpiexec has forwarded everything a rank wrote
     last (seen at 4 ranks on 2 busy cores), and the line is what the user needs.
@@ -27,7 +29,8 @@ def abort(reason, code=1, comm=None, details=None):
 
     comm = comm or MPI.COMM_WORLD
     sys.stdout.flush()
-    print(f"rank {comm.Get_rank()}: {reason}", file=sys.stderr, flush=True)
+    if reason is not None:  # None: this rank said it already
+        print(f"rank {comm.Get_rank()}: {reason}", file=sys.stderr, flush=True)
     if details:
         print(details, file=sys.stderr, end="", flush=True)
     _read_by_the_launcher(sys.stderr)
@@ -75,15 +78,30 @@ def launch_guard(comm=None):
     except SystemExit as e:
         if e.code in (None, 0) or comm.Get_size() == 1:
             raise
-        abort(f"exit status {e.code}", e.code if isinstance(e.code, int) else 1, comm)
+        # a deadline one host's workers missed was said in one line already (dataparallel/cgdp/waits.py)
+        abort(None if e.code == DEADLINE_STATUS else f"exit status {e.code}", e.code if isinstance(e.code, int) else 1, comm)
     except BaseException as e:  # noqa: BLE001 - every escape must reach MPI_Abort
         if comm.Get_size() == 1:
             raise
+        if isinstance(e, MPI.Exception):
+            _wait_for_the_launcher()
         if isinstance(e, LayerforgeError):
             abort(f"error: {e}", 2, comm)
         if isinstance(e, KeyboardInterrupt):
             abort("interrupted", 130, comm)
         abort(f"{type(e).__name__}: {e}", 1, comm, details=traceback.format_exc())
+
+
+DEADLINE_STATUS = 124  # a collective, or a wait on a peer, ran past its deadline (deadline.py; GNU timeout's status)
+PEER_LOST_GRACE = 10.0  # seconds an MPI error waits for the launcher to end the job, before it is reported
+
+
+def _wait_for_the_launcher(grace=PEER_LOST_GRACE):
+    """An MPI error in a communication is, nearly always, a peer that died inside it ("Other MPI error"): its
+    supervisor names it (supervisor.py) and the launcher ends the job within a second or so. This rank then adds
+    nothing, no second line and no traceback: it waits here to be ended. An MPI error that is this rank's own
+    (the job goes on) is reported after ``grace`` seconds, as any other error."""
+    time.sleep(grace)
 
 
 def guarded(fn):

@@ -36,6 +36,10 @@ def add_arguments(parser):
     parser.add_argument("--allreduce", choices=("auto", "recursive", "topology", "ring", "doubling", "hierarchical",
                                                 "mpi", "nccl"),
                         help="gradient allreduce under mpiexec (overrides the solver's allreduce)")
+    parser.add_argument("--collective-timeout", type=float, metavar="SECONDS",
+                        help="end the job, naming the late rank (CPU replica, worker) and its host, when a collective "
+                             "or a wait on a peer lasts this long from the first arrival (overrides the solver's "
+                             "collective_timeout, default 600; 0: none; docs/distributed.md)")
     from .trace import add_run_arguments
 
     add_run_arguments(parser)  # --trace FILE, --trace-iterations A:B, --tensorboard DIR (docs/trace.md)
@@ -99,6 +103,8 @@ def solver_overrides(args):
         overrides["iter_size"] = args.iter_size
     if getattr(args, "allreduce", None):
         overrides["allreduce"] = args.allreduce
+    if getattr(args, "collective_timeout", None) is not None:
+        overrides["collective_timeout"] = args.collective_timeout
     if getattr(args, "weights", None):
         overrides["weights"] = args.weights
     if wants_parallel(args):  # CGDP's workers: their exchange

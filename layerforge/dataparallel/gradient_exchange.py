@@ -145,7 +145,8 @@ class GradientExchange(Seam):
         if self.algorithm == "mpi" and self._pending:
             from mpi4py import MPI
             started = self._pending[0][0]
-            MPI.Request.Waitall([r for _, r, _ in self._pending])
+            with self.comm.collective("allreduce"):
+                MPI.Request.Waitall([r for _, r, _ in self._pending])
             done = time.perf_counter()
             self.comm_seconds += done - started
             for posted, _, k in self._pending:  # the library progressed them somewhere: posted until waited for

@@ -26,7 +26,8 @@ def pack(blobs, what="data"):
 def _allgather_digest(comm, digest):
     mine = numpy.frombuffer(digest, dtype=numpy.uint8).copy()
     everyone = numpy.zeros((comm.size, mine.size), numpy.uint8)
-    comm.comm.Allgather(mine, everyone)
+    with comm.collective("allgather of the digests"):
+        comm.comm.Allgather(mine, everyone)
     return [bytes(row) for row in everyone]
 
 
@@ -97,16 +98,18 @@ class RankAgreement(Seam):
 
         rows = numpy.ascontiguousarray(rows, numpy.float64).reshape(-1)
         counts = numpy.zeros(self.comm.size, numpy.int64)
-        self.comm.comm.Allgather(numpy.array([rows.size], numpy.int64), counts)
-        gathered = numpy.empty(int(counts.sum()), numpy.float64)
-        self.comm.comm.Allgatherv(rows, [gathered, counts, numpy.cumsum(counts) - counts, MPI.DOUBLE])
+        with self.comm.collective("allgather of the detections"):
+            self.comm.comm.Allgather(numpy.array([rows.size], numpy.int64), counts)
+            gathered = numpy.empty(int(counts.sum()), numpy.float64)
+            self.comm.comm.Allgatherv(rows, [gathered, counts, numpy.cumsum(counts) - counts, MPI.DOUBLE])
         return gathered.reshape(-1, 5)
 
     def agree(self, action):
         from mpi4py import MPI
 
         code = numpy.array([_ACTIONS.index(action)], numpy.int32)
-        self.comm.comm.Allreduce(MPI.IN_PLACE, code, op=MPI.MAX)
+        with self.comm.collective("agreement on signals"):
+            self.comm.comm.Allreduce(MPI.IN_PLACE, code, op=MPI.MAX)
         return _ACTIONS[int(code[0])]
 
     def before_snapshot(self):
@@ -118,9 +121,10 @@ class RankAgreement(Seam):
         comm, root = self.comm.comm, self.comm.rank == 0
         mine = numpy.frombuffer(json.dumps(states).encode(), numpy.uint8)
         counts = numpy.zeros(self.comm.size, numpy.int64)
-        comm.Gather(numpy.array([mine.size], numpy.int64), counts, root=0)
-        everyone = numpy.empty(int(counts.sum()) if root else 0, numpy.uint8)
-        comm.Gatherv(mine, [everyone, counts, MPI.BYTE] if root else None, root=0)
+        with self.comm.collective("gather of the data states"):
+            comm.Gather(numpy.array([mine.size], numpy.int64), counts, root=0)
+            everyone = numpy.empty(int(counts.sum()) if root else 0, numpy.uint8)
+            comm.Gatherv(mine, [everyone, counts, MPI.BYTE] if root else None, root=0)
         if not root:
             return states
         bounds = numpy.cumsum([0, *counts])
@@ -140,6 +144,7 @@ class RankSum(Seam):
 
     def __init__(self, comm):
         self.comm, self.count, self.armed = comm.comm.Dup(), comm.size, False
+        self.collective = comm.collective  # the deadline of the ranks' collectives
 
     def before_pass(self, k):
         self.armed = True
@@ -149,5 +154,6 @@ class RankSum(Seam):
 
         self.armed = False
         out = numpy.array(values, numpy.float64).reshape(-1)
-        self.comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
+        with self.collective("sum over the ranks"):
+            self.comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
         return out

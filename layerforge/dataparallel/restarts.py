@@ -48,6 +48,7 @@ PROBE_SECONDS = 15.0  # a host that has not run one process within this long is 
 KILLED = re.compile(r"^rank (\d+) \(host (\S+), pid (\d+)\): killed by signal (\d+) \((\w+)\)")
 USER_ERROR = re.compile(r"^(?:rank \d+: )?error: ")
 RANK_FAILED = re.compile(r"^rank (\d+): (.+)$")
+TIMED_OUT = re.compile(r"^rank \d+: .* within the collective timeout of ")  # comm/deadline.py's last line
 ITERATION = re.compile(r"\] Iteration (\d+) \(")
 TRAINING = re.compile(r"\] Solving ")
 # hydra's report of a rank process (a supervisor) that ended badly; it names the pid and host, not the rank
@@ -194,6 +195,7 @@ class Job:
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, errors="replace", preexec_fn=child_preexec)
         self.killed, self.failures, self.user_error, self.iteration = [], [], None, None
+        self.timed_out = False
         self._readers = [threading.Thread(target=self._pass_on, args=(pipe, out), daemon=True)
                          for pipe, out in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))]
         for reader in self._readers:
@@ -213,6 +215,7 @@ class Job:
                 self.user_error = self.user_error or text
             elif RANK_FAILED.match(text):
                 self.failures.append(text)
+                self.timed_out = self.timed_out or bool(TIMED_OUT.match(text))
             for key, pattern in (("pid", HYDRA_PID), ("signal", HYDRA_SIGNAL)):
                 found = pattern.search(text)
                 if found and key not in self.hydra:
@@ -251,6 +254,17 @@ class Job:
         code = self.proc.wait()
         for reader in self._readers:
             reader.join()
+        return code
+
+    def status(self, code):
+        """The job's exit status, the same from run to run where the job said what happened: hydra's own status
+        mixes the ranks' (the one that reported, and those it killed, in the order they ended)."""
+        from ..comm.deadline import EXIT_STATUS
+
+        if code and self.timed_out:
+            return EXIT_STATUS
+        if code and self.killed:
+            return 128 + int(self.killed[0].group(4))
         return code
 
     def cause(self, code):
@@ -309,6 +323,7 @@ def train_with_restarts(argv, sp, ranks=None, hostfile=None, mpiexec=None, max_r
             stop.job = job
             code = job.wait()
             code = 128 - code if code < 0 else code  # killed by signal S: exit 128 + S, as a shell reports it
+            code = job.status(code)
             # exit status 2 is layerforge's for a user's error (cli.py, comm.guard), also where its line was lost
             if code in (0, USER_ERROR_STATUS) or stop.requested or job.user_error:
                 return code

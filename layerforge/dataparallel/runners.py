@@ -126,7 +126,7 @@ def train_workers(sp, run, rank=None):
     from .cgdp import train_parallel
     from .telemetry import host_telemetry
 
-    comm = Communicator(rank.comm) if rank is not None else None
+    comm = Communicator(rank.comm, timeout=sp.collective_timeout) if rank is not None else None
     with host_telemetry(run, sp, comm) as wanted:
         result = train_parallel(sp, workers=run.workers, devices=run.devices, comm=comm, resume=run.snapshot,
                                 **wanted)
@@ -173,7 +173,7 @@ def train_ranks(sp, run, rank):
     digest = config_digest(sp, sp.as_dict())  # every key as the job set it, before each rank picks its own device
     device = {"device_id": rank_device(sp.device_id, local_rank())} if sp.solver_mode == "GPU" else {}
     solver = get_solver(sp, shard=(index, size), **device)  # one GPU per rank of a node, from device_id on
-    comm = Communicator(mpi_comm, group_size=solver.param.group_size or None)
+    comm = Communicator(mpi_comm, group_size=solver.param.group_size or None, timeout=sp.collective_timeout)
     make_data_parallel(solver, comm, digest=digest)
     return solve(solver, run, mpi_comm, rank.requests)
 

@@ -36,7 +36,8 @@ class SparseGradientExchange(Seam):
         for k, p in enumerate(self.params):
             grad = p.sparse_diff()
             with trace.wait("comm", f"sparse {k}", algorithm=self.paths[k] or "allgather"):
-                summed = aggregate(self.comm, grad, p.shape[0], self.paths[k] or "allgather", self.allreduce)
+                with self.comm.collective("sparse aggregation"):
+                    summed = aggregate(self.comm, grad, p.shape[0], self.paths[k] or "allgather", self.allreduce)
             if self.paths[k] is None:
                 self.paths[k] = self._choose(k, p, grad, summed)
             summed.rows /= summed.rows.dtype.type(self.comm.size)
@@ -51,7 +52,8 @@ class SparseGradientExchange(Seam):
         if comm.cost_params is None:
             comm.cost_params = cost_model.load_or_calibrate(comm)
         counts = numpy.empty(comm.size, numpy.int64)
-        comm.comm.Allgather(numpy.array([len(grad)], numpy.int64), counts)
+        with comm.collective("allgather of the row counts"):
+            comm.comm.Allgather(numpy.array([len(grad)], numpy.int64), counts)
         row_bytes = int(numpy.prod(p.shape[1:], dtype=numpy.int64)) * p.dtype.itemsize
         args = (counts.tolist(), len(summed), row_bytes, p.shape[0], comm.group_size, comm.cost_params)
         path = cost_model.choose_sparse(*args)

@@ -106,6 +106,11 @@ SOLVER_KEYS = {
                                     "the cost model picks from the measured density"),
     "group_size": Field("int", 0, min=0, doc="ranks per node group for the topology-aware allreduce "
                                               "(0: discover shared-memory nodes)"),
+    "collective_timeout": Field("float", 600.0, min=0.0,
+                                doc="seconds a collective, or a wait on another rank, CPU replica or worker, may "
+                                    "last from the first one's arrival before the job ends naming the late one; "
+                                    "it is named in the log after a few seconds (0: no deadline; "
+                                    "--collective-timeout overrides; docs/distributed.md)"),
     "sync": Field("enum", "TREE", choices=("TREE", "HOST"), doc="how ranks synchronise (distributed training)"),
     "max_restarts": Field("int", 0, min=0, doc="layerforge train: restart the job from its last snapshot when a rank "
                                                "(or the one process) dies, up to this many times (--max-restarts "

@@ -5,6 +5,8 @@ Modes:
   bytes N Q      rank 0 prints one JSON line per algorithm: bytes sent per rank, intra and inter (N bytes)
   raise          rank 1 raises ValueError("boom") inside the launch guard
   kill           rank 1 SIGKILLs itself while the others wait in an allreduce
+  stall T ALG [busy]  allreduces with a deadline of T s (algorithm ALG); rank 1 SIGSTOPs itself at the tenth
+                 (busy: it sleeps 60 s there instead, alive but late)
 """
 import json
 import os
@@ -85,7 +87,8 @@ def main(argv):
         # fixed model parameters: no calibration file written by tests
         params = CostParams(alpha=2e-6, beta_intra=3e-10, beta_inter=1e-9, gamma=2e-10)
         group_size = int(argv[3]) if mode == "bytes" else (int(argv[2]) if mode == "sums" and len(argv) > 2 else None)
-        comm = Communicator(group_size=group_size, cost_params=params)
+        timeout = float(argv[2]) if mode == "stall" else None
+        comm = Communicator(group_size=group_size, cost_params=params, timeout=timeout)
         if mode == "sums":
             return check_sums(comm)
         if mode == "bytes":
@@ -100,6 +103,14 @@ def main(argv):
                 time.sleep(0.2)
                 os.kill(os.getpid(), signal.SIGKILL)
             comm.allreduce(numpy.zeros(10), algorithm="ring")
+        if mode == "stall":
+            for i in range(1000):
+                if i == 10 and comm.rank == 1 and argv[4:] == ["busy"]:
+                    time.sleep(60)  # as a rank writing a long snapshot
+                elif i == 10 and comm.rank == 1:
+                    os.kill(os.getpid(), signal.SIGSTOP)  # as a swapped-out or stopped process
+                comm.allreduce(numpy.ones(1000), algorithm=argv[3])
+                time.sleep(0.01)
         time.sleep(60)  # a rank still here when the job should have died shows up as a timeout
         return 0
 

@@ -34,6 +34,7 @@ import numpy
 
 from ... import trace
 from ...solvers.seam import Seam
+from . import waits
 from .chunks import ChunkSearch, make_chunks, param_units, units_from_sizes
 
 BLOCK_BYTES = 1 << 19  # the G slots' part of one block and the sum stay in a core's cache between passes
@@ -110,7 +111,8 @@ class SharedUpdate(Seam):
 
     def end_iteration(self, iteration, loss):
         t0 = time.perf_counter()
-        self.barrier.wait()
+        with waits.waiting():
+            self.barrier.wait()
         self.timer.add("exchange", time.perf_counter() - t0)
 
 
@@ -212,7 +214,7 @@ class HostSync(Seam):
     def before_update(self):
         """Wait for the chunks still in flight, then switch layout if the search asked."""
         t0 = time.perf_counter()
-        with trace.wait("comm", what="chunks"), self.cond:
+        with trace.wait("comm", what="chunks"), waits.waiting(), self.cond:
             while self.received < len(self.chunks):
                 self.link.check()
                 self.cond.wait(0.5)

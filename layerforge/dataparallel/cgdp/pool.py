@@ -13,6 +13,7 @@ from ...errors import LayerforgeError, describe_exit
 from ...kernels.threadpool import num_threads
 from . import shm
 from .host import HostAccumulator
+from .waits import POLL, Watch
 from .workers import WORKER_THREADS_ENV, Shared, worker_main
 
 MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "MPI_LOCAL")
@@ -61,6 +62,7 @@ class WorkerPool:
         self.shared = Shared(self.ctx, G)
         self.finished = set()
         self.started = threading.Event()  # set once the workers train
+        self.watch = None  # the deadline on the workers' waits, once they train (waits.py)
 
     # -- start-up ---------------------------------------------------------------------------------------------
     def _start(self):
@@ -125,7 +127,10 @@ class WorkerPool:
 
     def _poll(self):
         live = [g for g in range(self.G) if g not in self.finished]
-        ready = multiprocessing.connection.wait([self.conns[g] for g in live] + [self.procs[g].sentinel for g in live])
+        ready = multiprocessing.connection.wait([self.conns[g] for g in live] + [self.procs[g].sentinel for g in live],
+                                                timeout=None if self.watch is None else POLL)
+        if self.watch is not None:
+            self.watch.check()
         out = []
         for g in live:
             conn = self.conns[g]
@@ -199,6 +204,8 @@ class WorkerPool:
                                                self.host_threads, start_iter, combine=not hellos[0][5])
         for g in range(self.G):
             self.send(g, ("start", start_iter))
+        self.watch = Watch(self.shared.waits, self.procs, self.options.solver_param.collective_timeout,
+                           "replica" if self.options.split else "worker")
         self.started.set()
         if self.signal_effects is None:
             done = self._receive(set(range(self.G)))

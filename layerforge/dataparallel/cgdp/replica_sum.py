@@ -12,6 +12,8 @@ import time
 
 import numpy
 
+from .waits import waiting
+
 CAPACITY = 4096  # values per exchange; longer vectors go in several
 SPINS = 200  # the wait yields the core this many times before it sleeps between looks
 
@@ -43,13 +45,14 @@ class ReplicaSum:
         rows[self.g, 1:1 + n] = part
         rows[self.g, 0] = self.calls  # written last: the row is complete
         spins = 0
-        while (rows[:, 0] < self.calls).any():
-            spins += 1
-            if spins < SPINS:
-                os.sched_yield()
-            else:
-                self.check()
-                time.sleep(0.00005)
+        with waiting():
+            while (rows[:, 0] < self.calls).any():
+                spins += 1
+                if spins < SPINS:
+                    os.sched_yield()
+                else:
+                    self.check()
+                    time.sleep(0.00005)
         return rows[:, 1:1 + n].sum(axis=0)
 
 

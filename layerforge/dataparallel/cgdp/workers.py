@@ -30,6 +30,7 @@ from ... import trace
 from ...cores import THREAD_VARS
 from ...errors import LayerforgeError, out_of_memory
 from ...solvers.seam import Seam
+from . import waits
 
 WORKER_THREADS_ENV = THREAD_VARS
 
@@ -103,7 +104,8 @@ class Link:
             raise LayerforgeError(self.error)
 
     def expect(self, kind):
-        msg = self.mailbox.get()
+        with waits.waiting():
+            msg = self.mailbox.get()
         self.check()
         if msg[0] != kind:
             raise LayerforgeError(f"protocol error: expected '{kind}', got '{msg[0]}'")
@@ -114,8 +116,8 @@ class Shared:
     """What the G workers share besides the gradient buffers, made by the parent before they start (picklable
     only then): ``barrier`` (host mode's CPU replicas wait there after their share of the update), ``control``
     (``[iteration to act after, effect code, each worker's iteration]``: signal requests, :meth:`Worker.agree`),
-    ``outputs`` (replicas of one batch: their train outputs, :class:`MeanOutputs`) and ``statistics`` (their
-    BatchNorm sums, layerforge/dataparallel/cgdp/replica_sum.py)."""
+    ``outputs`` (replicas of one batch: their train outputs, :class:`MeanOutputs`), ``statistics`` (their
+    BatchNorm sums, layerforge/dataparallel/cgdp/replica_sum.py) and ``waits`` (waits.py)."""
 
     def __init__(self, ctx, G):
         from .replica_sum import table_size
@@ -125,6 +127,7 @@ class Shared:
         self.control[0] = -1
         self.outputs = ctx.Array("d", G * (2 + OUTPUT_VALUES), lock=False)
         self.statistics = ctx.Array("d", table_size(G), lock=False)
+        self.waits = ctx.Array("d", G, lock=False)  # since when each worker waits for the others (waits.py)
 
 
 def worker_main(g, G, options, conn, shared):
@@ -133,6 +136,7 @@ def worker_main(g, G, options, conn, shared):
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # and a hang-up (a worker whose parent is gone exits)
     link = Link(conn)
+    waits.install(shared.waits, g)
     try:
         _run_worker(g, G, options, link, shared)
     except LayerforgeError as e:  # the user's: the parent says it as one process would (user=True)
@@ -261,7 +265,8 @@ class Worker(Seam):
         return EFFECTS[self.control[1]] if self.control[0] == self.solver.iter else "none"
 
     def after_snapshot(self):
-        self.barrier.wait()
+        with waits.waiting():
+            self.barrier.wait()
 
 
 def record(solver, g, G, options):
@@ -339,7 +344,7 @@ class MeanOutputs(Seam):
         row[0] = iteration + 1  # written last: the row is complete
         if self.g != 0:
             return loss
-        with trace.wait("comm", what="train outputs"):  # the other replicas' forward passes
+        with trace.wait("comm", what="train outputs"), waits.waiting():  # the other replicas' forward passes
             while (table[:, 0] < iteration + 1).any():
                 self.link.check()
                 time.sleep(0.0002)
