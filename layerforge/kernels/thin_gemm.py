@@ -11,16 +11,20 @@ in order. Only where OpenBLAS leaves that path does an element's value depend on
 contraction only, no reassociation), so that with kernels/blas.py routing them here every float32 product gives each
 element the same bits in any batch (blas.batch_invariant).
 
-Two layouts run without a copy: ``b`` C-contiguous (K, N) (a convolution's columns; vectorised across 16 columns)
-and ``b`` the transpose of a C-contiguous (N, K) (InnerProduct's ``x @ W.T``; 8 rows of W at a time). The
-columns are split between the kernel threads (kernels/threadpool.py): each element is computed alone, so the bits
-do not depend on the split either.
+Two layouts run without a copy (kernels/_thin_jit.py: FMA chains in zmm registers): ``b`` C-contiguous (K, N) (a
+convolution's columns; 64 columns at a time) and ``b`` the transpose of a C-contiguous (N, K) (InnerProduct's
+``x @ W.T``; 16 rows of W at a time, transposed in registers); the columns after the last whole group of 16 from a
+copy padded with zeros.
+The columns are split between the kernel threads (kernels/threadpool.py): each element is computed alone, so the
+bits do not depend on the split either.
 """
+import functools
 import math
+import threading
 
 import numpy
 
-from .threadpool import cpu_kernel, parallel_for
+from .threadpool import MIN_PARALLEL_ELEMENTS, parallel_for
 
 BLOCK_K, UNROLL = 448, 16  # OpenBLAS's SGEMM_DEFAULT_Q and SGEMM_DEFAULT_UNROLL_M on SkylakeX
 SMALL_MNK = 100 ** 3  # OpenBLAS's small-matrix kernel takes products of at most this many multiply-adds
@@ -46,61 +50,22 @@ def is_thin(m, n, k):
     return m == 1 or n == 1 or m * n * k <= SMALL_MNK
 
 
-@cpu_kernel(fastmath=("contract",))
-def _nn(a, b, c, blocks, j0, j1):  # pragma: no cover - compiled
-    # c[i, j0:j1] = a[i] @ b[:, j0:j1]: a (M, K), b (K, N), c (M, N) C-contiguous; 16 columns at a time
-    m = a.shape[0]
-    acc = numpy.empty(16, numpy.float32)
-    total = numpy.empty(16, numpy.float32)
-    for i in range(m):
-        for jb in range(j0, j1, 16):
-            width = min(16, j1 - jb)
-            for q in range(blocks.shape[0]):
-                for t in range(16):
-                    acc[t] = 0
-                if width == 16:
-                    for kk in range(blocks[q, 0], blocks[q, 1]):
-                        x = a[i, kk]
-                        for t in range(16):
-                            acc[t] = x * b[kk, jb + t] + acc[t]
-                else:
-                    for kk in range(blocks[q, 0], blocks[q, 1]):
-                        x = a[i, kk]
-                        for t in range(width):
-                            acc[t] = x * b[kk, jb + t] + acc[t]
-                for t in range(16):
-                    total[t] = acc[t] if q == 0 else total[t] + acc[t]
-            for t in range(width):
-                c[i, jb + t] = total[t]
+_lock = threading.Lock()
+_jit = []
 
 
-@cpu_kernel(fastmath=("contract",))
-def _nt(a, bt, c, blocks, j0, j1):  # pragma: no cover - compiled
-    # c[i, j0:j1] = a[i] @ bt[j0:j1].T: a (M, K), bt (N, K), c (M, N) C-contiguous; 8 rows of bt at a time
-    m = a.shape[0]
-    acc = numpy.empty(8, numpy.float32)
-    total = numpy.empty(8, numpy.float32)
-    for i in range(m):
-        for jb in range(j0, j1, 8):
-            width = min(8, j1 - jb)
-            for q in range(blocks.shape[0]):
-                if width == 8:
-                    for t in range(8):
-                        acc[t] = 0
-                    for kk in range(blocks[q, 0], blocks[q, 1]):
-                        x = a[i, kk]
-                        for t in range(8):
-                            acc[t] = x * bt[jb + t, kk] + acc[t]
-                else:
-                    for t in range(width):
-                        s = numpy.float32(0)
-                        for kk in range(blocks[q, 0], blocks[q, 1]):
-                            s = a[i, kk] * bt[jb + t, kk] + s
-                        acc[t] = s
-                for t in range(8):
-                    total[t] = acc[t] if q == 0 else total[t] + acc[t]
-            for t in range(width):
-                c[i, jb + t] = total[t]
+def _kernels():
+    """kernels/_thin_jit.py (imported, and its loops compiled or loaded from numba's cache, at the first product)."""
+    if not _jit:
+        with _lock:
+            from . import _thin_jit
+            _jit[:] = [_thin_jit]
+    return _jit[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _blocks(k, threaded):
+    return numpy.array(k_blocks(k, threaded), numpy.int64)
 
 
 def _matrix(a, b, c, threaded):
@@ -111,22 +76,41 @@ def _matrix(a, b, c, threaded):
         c[...] = 0
         return
     a = numpy.ascontiguousarray(a)
-    blocks = numpy.array(k_blocks(k, threaded), numpy.int64)
-    if b.T.flags.c_contiguous and not b.flags.c_contiguous:
-        kernel, b, unit = _nt, b.T, 8
-    else:
-        kernel, b, unit = _nn, numpy.ascontiguousarray(b), 16
-    pieces = math.ceil(n / unit)
-
-    def body(lo, hi):
-        kernel(a, b, c, blocks, lo * unit, min(hi * unit, n))
-    parallel_for(pieces, body, work=m * n * k // 8)
+    blocks = _blocks(k, threaded)
+    transposed = b.T.flags.c_contiguous and not b.flags.c_contiguous
+    b = b.T if transposed else numpy.ascontiguousarray(b)
+    jit = _kernels()
+    done = 0
+    for unit in (16,) if transposed else (64, 16):  # the kernels' widths: a thread's columns come in multiples
+        whole = (n - done) // unit
+        if whole and m * n * k < 8 * MIN_PARALLEL_ELEMENTS:
+            jit.gemm(a, b, c, blocks, done, done + whole * unit, transposed, unit)  # too little to hand out
+        elif whole:
+            parallel_for(whole, lambda lo, hi, at=done, unit=unit: jit.gemm(
+                a, b, c, blocks, at + lo * unit, at + hi * unit, transposed, unit), work=m * n * k // 8)
+        done += whole * unit
+    if done < n:  # the last columns, through a copy padded with zeros to 16
+        rest = n - done
+        padded = numpy.zeros((16, k) if transposed else (k, 16), numpy.float32)
+        if transposed:
+            padded[:rest] = b[done:]
+        else:
+            padded[:, :rest] = b[:, done:]
+        part = numpy.empty((m, 16), numpy.float32)
+        jit.gemm(a, padded, part, blocks, 0, 16, transposed, 16)
+        c[:, done:] = part[:, :rest]
 
 
 def matmul(a, b, out=None, threaded=True):
     """``a @ b`` of float32 arrays (numpy's matmul rules for 2-D and batched operands) with every element computed
     as OpenBLAS's large-product SGEMM computes it (see above; ``threaded``: as it does on several threads); into
     ``out`` when given."""
+    if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype == numpy.float32 and a.shape[1] == b.shape[0]:
+        shape = (a.shape[0], b.shape[1])
+        c = out if out is not None and out.shape == shape and out.flags.c_contiguous and out.dtype == a.dtype \
+            else numpy.empty(shape, numpy.float32)
+        _matrix(a, b, c, threaded)
+        return _done(c, out)
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"thin_gemm.matmul takes matrices, got {a.shape} and {b.shape}")
     batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -142,6 +126,10 @@ def matmul(a, b, out=None, threaded=True):
     for i in range(flat.shape[0]):
         _matrix(a[i].astype(numpy.float32, copy=False), b[i].astype(numpy.float32, copy=False), flat[i],
                 threaded)
+    return _done(c, out)
+
+
+def _done(c, out):
     if out is not None and c is not out:
         out[...] = c
         return out

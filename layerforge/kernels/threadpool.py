@@ -133,17 +133,13 @@ def _sum_into(out, *arrays):
         out += a
 
 
-def cpu_kernel(fn=None, *, fastmath=("reassoc",)):
+def cpu_kernel(fn):
     """Compile a CPU kernel body with numba: nopython, releasing the GIL (so :func:`parallel_for`'s threads run
     it side by side), cached on disk. Used where numpy would need several passes or a pass per window
     position for what one loop does; each body computes its slice in a fixed order, so results stay
     bit-identical for any thread count. Floating-point reductions may be reassociated (vectorised), always
     the same way for the same lengths. numba is imported at the first call (it takes a quarter of a second,
-    which commands that run no kernel, and every rank's start, would pay). ``fastmath``: numba's fast-math
-    flags; ``cpu_kernel(fastmath=("contract",))`` fuses ``x * y + z`` into one FMA and keeps every sum in the
-    order written (kernels/thin_gemm.py)."""
-    if fn is None:
-        return functools.partial(cpu_kernel, fastmath=fastmath)
+    which commands that run no kernel, and every rank's start, would pay)."""
     compiled = []
     lock = threading.Lock()
 
@@ -154,7 +150,7 @@ def cpu_kernel(fn=None, *, fastmath=("reassoc",)):
                 if not compiled:
                     import numba
 
-                    compiled.append(numba.njit(nogil=True, cache=True, fastmath=set(fastmath))(fn))
+                    compiled.append(numba.njit(nogil=True, cache=True, fastmath={"reassoc"})(fn))
         return compiled[0](*args)
     return call
 
