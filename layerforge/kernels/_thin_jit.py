@@ -168,3 +168,29 @@ def gemm(a, b, c, blocks, j0, j1, transposed, width):
                     for t in range(width):
                         c[i + r, jb + t] = part[r, t] if q == 0 else c[i + r, jb + t] + part[r, t]
         i += rows
+
+
+STREAM = 4096  # columns of c whose chains one pass of stream() keeps in the cache
+
+
+@jit
+def stream(a, b, c, blocks, j0, j1):
+    """c[:, j0:j1] = a @ b[:, j0:j1] for a few rows of a (a GEMV: a data gradient ``gy @ W`` of one image) with b
+    C-contiguous: each k step adds a[i, k] times b's row k to a row of STREAM chains in the cache (vectorised across
+    the columns), so that b is read row after row, as it lies, rather than in strips of 64 columns."""
+    acc = numpy.empty(STREAM, numpy.float32)
+    for i in range(a.shape[0]):
+        for jc in range(j0, j1, STREAM):
+            width = min(STREAM, j1 - jc)
+            for q in range(blocks.shape[0]):
+                acc[:width] = 0
+                for kk in range(blocks[q, 0], blocks[q, 1]):
+                    x = a[i, kk]
+                    row = b[kk, jc:jc + width]
+                    for t in range(width):
+                        acc[t] = x * row[t] + acc[t]
+                if q == 0:
+                    c[i, jc:jc + width] = acc[:width]
+                else:
+                    for t in range(width):
+                        c[i, jc + t] = c[i, jc + t] + acc[t]

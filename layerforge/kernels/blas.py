@@ -202,7 +202,7 @@ def matmul(a, b, out=None):
     switch; into ``out`` when given. cupy arrays go to cuBLAS (``kernels/cuda/gemm.py``)."""
     if get_array_module(a, b) is not numpy:
         from .cuda.gemm import gemm_gpu
-        return gemm_gpu(a, b, out, gemm_precision())
+        return gemm_gpu(a, b, out, gemm_precision(), invariant=batch_invariant())
     if _bf16_kernel(a, b):
         return bf16_gemm.matmul(a, b, out)
     a, b = _operands(a, b)
@@ -218,7 +218,7 @@ def add_matmul(c, a, b, overwrite=False):
     whose zeros were deferred, Blob.diff_to_overwrite); returns c."""
     if get_array_module(c, a, b) is not numpy:
         from .cuda.gemm import gemm_gpu
-        return gemm_gpu(a, b, c, gemm_precision(), accumulate=not overwrite)
+        return gemm_gpu(a, b, c, gemm_precision(), accumulate=not overwrite, invariant=batch_invariant())
     if _bf16_kernel(a, b) and c.dtype == numpy.float32 and c.shape == numpy.broadcast_shapes(
             c.shape, a.shape[:-1] + b.shape[-1:]):
         return bf16_gemm.matmul(a, b, c, accumulate=not overwrite)

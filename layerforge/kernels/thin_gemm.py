@@ -80,6 +80,11 @@ def _matrix(a, b, c, threaded):
     transposed = b.T.flags.c_contiguous and not b.flags.c_contiguous
     b = b.T if transposed else numpy.ascontiguousarray(b)
     jit = _kernels()
+    if not transposed and m < jit.ROWS:
+        unit = 256  # one row or a few: b read as it lies, in passes of up to STREAM columns of a thread's share
+        parallel_for(math.ceil(n / unit), lambda lo, hi: jit.stream(a, b, c, blocks, lo * unit, min(hi * unit, n)),
+                     work=m * n * k // 8)
+        return
     done = 0
     for unit in (16,) if transposed else (64, 16):  # the kernels' widths: a thread's columns come in multiples
         whole = (n - done) // unit

@@ -168,3 +168,45 @@ def test_the_autotuner_leaves_out_winograd_with_the_blas_path(monkeypatch, switc
     monkeypatch.setitem(blas._BATCH_INVARIANT, "on", switch)
     conv3x3 = (3, 3, 1, 1, 1, 1, 1, 1)
     assert candidate_engines("AUTO", conv3x3, 1, (2, 64, 8, 8), (2, 64, 8, 8), 4, compiled=True) == expected
+
+
+@pytest.mark.parametrize("k, n", [(500, 10), (800, 500), (4096, 1000)])
+def test_the_emulated_gpu_gives_a_row_the_same_bits_in_any_batch_and_the_cpus(canonical, k, n):
+    from tests.conftest import REAL_GPU
+
+    if REAL_GPU:
+        pytest.skip("cuBLAS chooses its kernels by the shapes: only the emulated device's GEMM is the host's")
+    import cupy
+
+    from layerforge.backend import to_numpy
+    rs = numpy.random.RandomState(2)
+    x, w = rs.randn(64, k).astype(numpy.float32), rs.randn(n, k).astype(numpy.float32)
+    gx, gw = cupy.asarray(x), cupy.asarray(w)
+    whole = to_numpy(blas.matmul(gx, gw.T))
+    for lo, hi in [(0, 1), (5, 7), (63, 64)]:
+        numpy.testing.assert_array_equal(to_numpy(blas.matmul(gx[lo:hi], gw.T)), whole[lo:hi])
+    numpy.testing.assert_array_equal(whole, blas.matmul(x, w.T))
+    acc = cupy.ones((1, n), cupy.float32)
+    blas.add_matmul(acc, gx[:1], gw.T)
+    numpy.testing.assert_array_equal(to_numpy(acc), 1 + whole[:1])
+
+
+def test_every_layers_output_is_the_same_in_any_batch_on_the_emulated_gpu(canonical):
+    from tests.conftest import REAL_GPU
+
+    if REAL_GPU:
+        pytest.skip("cuBLAS chooses its kernels by the shapes: only the emulated device's GEMM is the host's")
+    import cupy
+
+    from layerforge.backend import to_numpy
+    rs = numpy.random.RandomState(3)
+    images = rs.randn(4, 3, 9, 9).astype(numpy.float32) * 20
+    nets = {n: Net(small_net(n, "AUTO"), phase="train", xp=cupy) for n in (1, 4)}
+    nets[1].share_params_with(nets[4])
+    for _ in range(3):  # AUTO's trials
+        for n, net in nets.items():
+            net.blobs["data"].data[...] = cupy.asarray(images[4 - n:])
+            net.forward()
+        for name in ("conv1", "conv2", "ip"):
+            numpy.testing.assert_array_equal(to_numpy(nets[1].blobs[name].data)[0],
+                                             to_numpy(nets[4].blobs[name].data)[3], err_msg=name)
