@@ -5,8 +5,8 @@
 
 For each net of bench_train.py (Input layers, random weights) and each batch: the time of one forward pass
 (inference) and of one forward + backward pass (training) with the switch off (the default: AUTO picks among all
-convolution engines, InnerProduct runs one GEMM over the batch) and on (AUTO among the batch-invariant engines
-only, InnerProduct one product per sample), side by side in one run, each mode in its own subprocess (the switch
+convolution engines, InnerProduct runs one GEMM over the batch) and on (the products OpenBLAS computes off its
+large path go to kernels/thin_gemm.py, AUTO among IM2COL and IMPLICIT), side by side in one run, each mode in its own subprocess (the switch
 is read when a net is built), and the largest |output of one image alone - the same image's output in the batch|
 over the net's last layer before the loss in each mode. Times are the minimum of ``--repeat`` passes after AUTO
 has settled its engines, over ``--rounds`` pairs of processes run off, on, off, on (the least disturbed figure on
