@@ -94,8 +94,11 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
     :data:`AUTO_WINOGRAD_MIN_CHANNELS` input channels per group, or where its tiles would exceed
     :data:`AUTO_WORKSPACE_LIMIT` (``compiled``: the CPU's compiled transforms); and IM2COL where its column buffer
     would (like cuDNN's workspace limit: a huge column buffer is never allocated just to try it). Under
-    :func:`blas.batch_invariant <layerforge.kernels.blas.batch_invariant>` AUTO times only the engines whose
-    results do not depend on the batch (``batch_invariant`` of the engine classes, implicit_gemm.ENGINES).
+    :func:`blas.batch_invariant <layerforge.kernels.blas.batch_invariant>` AUTO times only engines that give an
+    image the same bits in any batch and agree with each other bit for bit, so that its choice, which follows the
+    timings at this batch, cannot move an image's result: with a BLAS that passes :func:`blas.canonical_blas
+    <layerforge.kernels.blas.canonical_blas>` the GEMM engines (IM2COL, IMPLICIT: the same sums, each computed as
+    one blocked FMA chain), leaving out Winograd (other sums); else those that declare ``batch_invariant``.
     """
     names = ENGINE_CHOICES[engine]
     if len(names) > 1 and not (winograd.eligible(geometry)
@@ -106,7 +109,8 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
     if len(names) > 1 and im2col_bytes(x_shape, y_shape, geometry[:2], itemsize) > AUTO_WORKSPACE_LIMIT:
         names = tuple(k for k in names if k != "IM2COL")
     if len(names) > 1 and blas.batch_invariant():
-        names = tuple(k for k in names if ENGINES[k].batch_invariant)
+        canonical = blas.canonical_blas()
+        names = tuple(k for k in names if (k not in WINOGRAD_ENGINES if canonical else ENGINES[k].batch_invariant))
     return names
 
 

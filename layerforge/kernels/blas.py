@@ -26,19 +26,23 @@ without them, or for cupy arrays, the plain expression runs. So does any c under
 links its own OpenBLAS with its own thread pool, and two pools on two cores cost more than a small
 temporary (LeNet's ip1 backward went from 1 to 9 ms with both pools at 2 threads).
 
-Batch invariance (:func:`set_batch_invariant` or ``LAYERFORGE_BATCH_INVARIANT=1``): one sample's results do not
-depend on the batch it is in, bit for bit. A BLAS GEMM over the whole batch does not promise that (OpenBLAS's
-blocking, edge kernels and thread split follow the matrix sizes: a row of ``x @ W.T`` changes in the last bits
-with the number of rows); one call of the same shape per sample does. Under the switch :func:`matmul_rows` makes
-one product per row and the convolution engines that are not invariant (``batch_invariant = False``) are left out
-of AUTO's choice (autotune.candidate_engines; docs/performance.md, "Batch-invariant results").
+Batch invariance (:func:`set_batch_invariant` or ``LAYERFORGE_BATCH_INVARIANT=1``; ``0`` turns it off): one sample's
+results do not depend on the batch it is in, bit for bit. OpenBLAS's large-product SGEMM computes each element as
+one blocked FMA chain whatever the matrix sizes (kernels/thin_gemm.py); only its small-matrix kernel and GEMV, which
+it takes for small or one-row products, compute otherwise. Under the switch, where the installed BLAS passes
+:func:`canonical_blas`'s check, :func:`matmul` sends those products to thin_gemm, which computes them with the
+large path's arithmetic: every float32 product then gives an element the same bits whatever the other rows and
+columns, so InnerProduct and every GEMM-based convolution engine are invariant (autotune.candidate_engines keeps
+IM2COL and IMPLICIT, which agree bit for bit, and leaves out Winograd, whose sums differ). With another BLAS (MKL,
+another OpenBLAS core) it falls back to one product of the same shape per sample (:func:`matmul_rows`) and the
+engines that declare ``batch_invariant`` (docs/performance.md, "Batch-invariant results").
 """
 import os
 
 import numpy
 
 from ..backend import get_array_module
-from . import bf16_gemm
+from . import bf16_gemm, thin_gemm
 
 try:
     from scipy.linalg import blas as _blas
@@ -111,13 +115,63 @@ def batch_invariant():
 
 
 def matmul_rows(a, b, out):
-    """``out = a @ b`` for a (m, k), b (k, n): one product for the whole of ``a``, or, under :func:`batch_invariant`,
-    one product of the same (1, k) x (k, n) shape per row, so that a row's result is the same in any batch."""
-    if not batch_invariant():
+    """``out = a @ b`` for a (m, k), b (k, n): one product for the whole of ``a``, or, under :func:`batch_invariant`
+    with a BLAS that fails :func:`canonical_blas`, one product of the same (1, k) x (k, n) shape per row, so that a
+    row's result is the same in any batch."""
+    if not batch_invariant() or canonical_blas():
         return matmul(a, b, out=out)
     for i in range(a.shape[0]):
         matmul(a[i:i + 1], b, out=out[i:i + 1])
     return out
+
+
+_CANONICAL = {"checked": None, "threads": None}
+
+
+def _blas_threads():
+    # the thread count numpy's BLAS runs a product with now (threadpoolctl's controller, looked up once)
+    if _CANONICAL["threads"] is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            libs = [c for c in ThreadpoolController().select(user_api="blas").lib_controllers
+                    if "numpy" in c.filepath] or [None]
+            _CANONICAL["threads"] = libs[0]
+        except Exception:  # noqa: BLE001 - threadpoolctl missing or unable to read the library
+            _CANONICAL["threads"] = False
+    lib = _CANONICAL["threads"]
+    return lib.get_num_threads() if lib else 1
+
+
+def canonical_blas():
+    """Whether numpy's BLAS computes large float32 products as thin_gemm does (checked once, bit for bit, on
+    products of summed lengths that exercise every block rule, plain and with a transposed operand)."""
+    if _CANONICAL["checked"] is None:
+        rs = numpy.random.RandomState(7)
+        ok = True
+        for m, n, k in ((64, 70, 600), (9, 300, 1000), (40, 130, 2001)):
+            a, b = rs.randn(m, k).astype(numpy.float32), rs.randn(k, n).astype(numpy.float32)
+            threaded = _blas_threads() > 1
+            ok = ok and numpy.array_equal(numpy.matmul(a, b), thin_gemm.matmul(a, b, threaded=threaded))
+            bt = numpy.ascontiguousarray(b.T)
+            ok = ok and numpy.array_equal(numpy.matmul(a, bt.T), thin_gemm.matmul(a, bt.T, threaded=threaded))
+        _CANONICAL["checked"] = ok
+    return _CANONICAL["checked"]
+
+
+def _blasable(x):
+    # x as numpy's matmul hands it to the BLAS (a unit stride in one of the last two axes), copied if need be
+    item = x.itemsize
+    return x if x.strides[-1] == item or x.strides[-2] == item else numpy.ascontiguousarray(x)
+
+
+def _invariant_matmul(a, b, out):
+    """``a @ b`` of float32 arrays with every element computed as OpenBLAS's large path does: by numpy's BLAS
+    where it takes that path, else by thin_gemm."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if thin_gemm.is_thin(m, n, k):
+        return thin_gemm.matmul(a, b, out, threaded=_blas_threads() > 1)
+    return numpy.matmul(_blasable(a), _blasable(b), out=out)
 
 
 def _bf16_kernel(a, b):
@@ -148,10 +202,13 @@ def matmul(a, b, out=None):
     switch; into ``out`` when given. cupy arrays go to cuBLAS (``kernels/cuda/gemm.py``)."""
     if get_array_module(a, b) is not numpy:
         from .cuda.gemm import gemm_gpu
-        return gemm_gpu(a, b, out, gemm_precision())
+        return gemm_gpu(a, b, out, gemm_precision(), invariant=batch_invariant())
     if _bf16_kernel(a, b):
         return bf16_gemm.matmul(a, b, out)
     a, b = _operands(a, b)
+    if a.dtype == numpy.float32 and b.dtype == numpy.float32 and a.ndim >= 2 and b.ndim >= 2 and \
+            batch_invariant() and canonical_blas():
+        return _invariant_matmul(a, b, out)
     return numpy.matmul(a, b, out=out)
 
 
@@ -161,7 +218,7 @@ def add_matmul(c, a, b, overwrite=False):
     whose zeros were deferred, Blob.diff_to_overwrite); returns c."""
     if get_array_module(c, a, b) is not numpy:
         from .cuda.gemm import gemm_gpu
-        return gemm_gpu(a, b, c, gemm_precision(), accumulate=not overwrite)
+        return gemm_gpu(a, b, c, gemm_precision(), accumulate=not overwrite, invariant=batch_invariant())
     if _bf16_kernel(a, b) and c.dtype == numpy.float32 and c.shape == numpy.broadcast_shapes(
             c.shape, a.shape[:-1] + b.shape[-1:]):
         return bf16_gemm.matmul(a, b, c, accumulate=not overwrite)

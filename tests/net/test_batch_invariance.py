@@ -11,7 +11,16 @@ from layerforge.kernels.implicit_gemm import ENGINES
 
 @pytest.fixture
 def invariant(monkeypatch):
+    """The switch on with a BLAS that fails blas.canonical_blas (MKL, another core): the per-sample fallback."""
     monkeypatch.setitem(blas._BATCH_INVARIANT, "on", True)
+    monkeypatch.setitem(blas._CANONICAL, "checked", False)
+
+
+@pytest.fixture
+def canonical(monkeypatch):
+    """The switch on with this machine's OpenBLAS, whose large products thin_gemm reproduces."""
+    monkeypatch.setitem(blas._BATCH_INVARIANT, "on", True)
+    assert blas.canonical_blas()
 
 
 def net_def(batch, engine):
@@ -61,6 +70,7 @@ def test_auto_keeps_only_the_invariant_engines(invariant):
 @pytest.mark.parametrize("switch, expected", [(False, ("IM2COL", "IMPLICIT", "WINOGRAD_F2")), (True, ("IMPLICIT",))])
 def test_the_autotuner_offers_only_invariant_engines_under_the_switch(monkeypatch, switch, expected):
     monkeypatch.setitem(blas._BATCH_INVARIANT, "on", switch)
+    monkeypatch.setitem(blas._CANONICAL, "checked", False)
     conv3x3 = (3, 3, 1, 1, 1, 1, 1, 1)  # Winograd-eligible, 64 channels: AUTO would time all three
     assert candidate_engines("AUTO", conv3x3, 1, (2, 64, 8, 8), (2, 64, 8, 8), 4, compiled=True) == expected
     assert candidate_engines("WINOGRAD_F2", conv3x3, 1, (2, 64, 8, 8), (2, 64, 8, 8), 4, compiled=True) == (
@@ -81,3 +91,122 @@ def test_matmul_rows_is_row_by_row_under_the_switch(invariant, k, n):
         numpy.testing.assert_array_equal(blas.matmul_rows(x[lo:hi], w, numpy.empty((hi - lo, n), numpy.float32)),
                                          whole[lo:hi])
     numpy.testing.assert_allclose(whole, x.astype(numpy.float64) @ w, rtol=1e-4, atol=1e-3)
+
+
+def small_net(batch, phase_engine, num_output=24, spatial=9, kernel=3, pad=1, stride=1):
+    filler = {"weight_filler": {"type": "gaussian", "std": 0.1}, "bias_filler": {"type": "constant", "value": 0.1}}
+    return {"name": "shapes", "layers": [
+        {"name": "data", "type": "Input", "top": "data", "input": {"shape": [batch, 3, spatial, spatial]}},
+        {"name": "conv1", "type": "Convolution", "bottom": "data", "top": "conv1", "convolution": dict(
+            filler, num_output=num_output, kernel_size=kernel, pad=pad, stride=stride, engine=phase_engine)},
+        {"name": "bn", "type": "BatchNorm", "bottom": "conv1", "top": "conv1",
+         "batch_norm": {"use_global_stats": True}},
+        {"name": "relu1", "type": "ReLU", "bottom": "conv1", "top": "conv1"},
+        {"name": "conv2", "type": "Convolution", "bottom": "conv1", "top": "conv2",
+         "convolution": dict(filler, num_output=16, kernel_size=1, engine=phase_engine)},
+        {"name": "ip", "type": "InnerProduct", "bottom": "conv2", "top": "ip", "inner_product": dict(filler, num_output=10)}]}
+
+
+@pytest.mark.parametrize("phase", ["train", "test"])
+@pytest.mark.parametrize("spatial, kernel, pad, stride", [(9, 3, 1, 1), (7, 7, 0, 1), (7, 3, 0, 1), (31, 5, 2, 2)])
+def test_every_layers_output_is_the_same_in_any_batch_with_the_blas_path(canonical, phase, spatial, kernel, pad,
+                                                                           stride):
+    """Every blob, not only the last: 1x1 outputs (a 7x7 kernel on 7x7: each image's product has one column), 5x5
+    outputs, IM2COL and IMPLICIT both tried by AUTO (the first passes), TRAIN and TEST (BatchNorm on its stored
+    statistics: with batch statistics an image's output depends on its batch by definition)."""
+    rs = numpy.random.RandomState(3)
+    images = rs.randn(6, 3, spatial, spatial).astype(numpy.float32) * 20
+    nets = {n: Net(small_net(n, "AUTO", spatial=spatial, kernel=kernel, pad=pad, stride=stride), phase=phase)
+            for n in (1, 2, 6)}
+    nets[6].params["bn"][0].data[...] = rs.rand(nets[6].params["bn"][0].count)
+    nets[6].params["bn"][1].data[...] = rs.rand(nets[6].params["bn"][1].count) + 0.5
+    nets[6].params["bn"][2].data[...] = 1
+    for n in (1, 2):
+        nets[n].share_params_with(nets[6])
+    for _ in range(4):
+        for n, net in nets.items():
+            net.forward(data=images[6 - n:])
+        for name in ("conv1", "conv2", "ip"):
+            whole = nets[6].blobs[name].data
+            numpy.testing.assert_array_equal(nets[1].blobs[name].data[0], whole[5], err_msg=name)
+            numpy.testing.assert_array_equal(nets[2].blobs[name].data, whole[4:], err_msg=name)
+    assert any("IM2COL" in layer.engines for layer in nets[6].layers if layer.type == "Convolution")
+
+
+@pytest.mark.parametrize("k, n", [(9216, 64), (500, 10), (1000, 3), (800, 500), (147, 64), (4096, 1000)])
+def test_products_give_a_row_the_same_bits_in_any_batch(canonical, k, n):
+    """x @ W.T (InnerProduct's layout) and x @ B: one row is a GEMV, a few rows OpenBLAS's small kernel, many its
+    large path; all three give the same bits under the switch (and not without it, for most of these shapes)."""
+    rs = numpy.random.RandomState(1)
+    x, w = rs.randn(64, k).astype(numpy.float32), rs.randn(n, k).astype(numpy.float32)
+    for b in (w.T, numpy.ascontiguousarray(w.T)):
+        whole = blas.matmul(x, b)
+        for lo, hi in [(0, 1), (5, 7), (20, 33), (63, 64)]:
+            numpy.testing.assert_array_equal(blas.matmul(x[lo:hi], b), whole[lo:hi])
+        numpy.testing.assert_allclose(whole, x.astype(numpy.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_without_the_switch_a_row_moves_with_its_batch(monkeypatch):
+    monkeypatch.setitem(blas._BATCH_INVARIANT, "on", False)
+    rs = numpy.random.RandomState(1)
+    x, w = rs.randn(64, 4096).astype(numpy.float32), rs.randn(1000, 4096).astype(numpy.float32)
+    assert not numpy.array_equal(blas.matmul(x[:1], w.T), blas.matmul(x, w.T)[:1])
+
+
+def test_im2col_and_implicit_agree_bit_for_bit_with_the_blas_path(canonical):
+    rs = numpy.random.RandomState(5)
+    images = rs.randn(4, 3, 31, 31).astype(numpy.float32) * 20
+    nets = {engine: Net(small_net(4, engine, spatial=31, kernel=5, pad=2, stride=2), phase="test")
+            for engine in ("IM2COL", "IMPLICIT")}
+    nets["IMPLICIT"].share_params_with(nets["IM2COL"])
+    out = {engine: {k: v.copy() for k, v in net.forward(data=images).items()} for engine, net in nets.items()}
+    numpy.testing.assert_array_equal(out["IM2COL"]["ip"], out["IMPLICIT"]["ip"])
+
+
+@pytest.mark.parametrize("switch, expected", [(False, ("IM2COL", "IMPLICIT", "WINOGRAD_F2")), (True, ("IM2COL", "IMPLICIT"))])
+def test_the_autotuner_leaves_out_winograd_with_the_blas_path(monkeypatch, switch, expected):
+    monkeypatch.setitem(blas._BATCH_INVARIANT, "on", switch)
+    conv3x3 = (3, 3, 1, 1, 1, 1, 1, 1)
+    assert candidate_engines("AUTO", conv3x3, 1, (2, 64, 8, 8), (2, 64, 8, 8), 4, compiled=True) == expected
+
+
+@pytest.mark.parametrize("k, n", [(500, 10), (800, 500), (4096, 1000)])
+def test_the_emulated_gpu_gives_a_row_the_same_bits_in_any_batch_and_the_cpus(canonical, k, n):
+    from tests.conftest import REAL_GPU
+
+    if REAL_GPU:
+        pytest.skip("cuBLAS chooses its kernels by the shapes: only the emulated device's GEMM is the host's")
+    import cupy
+
+    from layerforge.backend import to_numpy
+    rs = numpy.random.RandomState(2)
+    x, w = rs.randn(64, k).astype(numpy.float32), rs.randn(n, k).astype(numpy.float32)
+    gx, gw = cupy.asarray(x), cupy.asarray(w)
+    whole = to_numpy(blas.matmul(gx, gw.T))
+    for lo, hi in [(0, 1), (5, 7), (63, 64)]:
+        numpy.testing.assert_array_equal(to_numpy(blas.matmul(gx[lo:hi], gw.T)), whole[lo:hi])
+    numpy.testing.assert_array_equal(whole, blas.matmul(x, w.T))
+    acc = cupy.ones((1, n), cupy.float32)
+    blas.add_matmul(acc, gx[:1], gw.T)
+    numpy.testing.assert_array_equal(to_numpy(acc), 1 + whole[:1])
+
+
+def test_every_layers_output_is_the_same_in_any_batch_on_the_emulated_gpu(canonical):
+    from tests.conftest import REAL_GPU
+
+    if REAL_GPU:
+        pytest.skip("cuBLAS chooses its kernels by the shapes: only the emulated device's GEMM is the host's")
+    import cupy
+
+    from layerforge.backend import to_numpy
+    rs = numpy.random.RandomState(3)
+    images = rs.randn(4, 3, 9, 9).astype(numpy.float32) * 20
+    nets = {n: Net(small_net(n, "AUTO"), phase="train", xp=cupy) for n in (1, 4)}
+    nets[1].share_params_with(nets[4])
+    for _ in range(3):  # AUTO's trials
+        for n, net in nets.items():
+            net.blobs["data"].data[...] = cupy.asarray(images[4 - n:])
+            net.forward()
+        for name in ("conv1", "conv2", "ip"):
+            numpy.testing.assert_array_equal(to_numpy(nets[1].blobs[name].data)[0],
+                                             to_numpy(nets[4].blobs[name].data)[3], err_msg=name)

@@ -5,6 +5,13 @@ So ``C = A @ B`` (row-major, (M, K) @ (K, N)) is computed as ``C^T = B^T A^T``: 
 K, its first operand is B and its second A. An operand that is the transpose of a C-contiguous matrix
 (``x.T``, ``x.transpose(0, 2, 1)``) is passed as it lies with the transpose flag; any other layout is
 copied. Batch axes are flattened to one stride per operand: 0 for an operand broadcast over the batch.
+
+Batch invariance (``invariant``: blas.batch_invariant): a product that the host BLAS would compute off its
+large-product path (thin_gemm.is_thin: one row or column, or few multiply-adds) is padded with zero rows / columns
+until it is not, and the product's corner taken. On the emulated device, whose GEMM is the host's OpenBLAS, every
+element then gets the large path's blocked FMA chain, the bits the CPU gives it, whatever the batch; the padding
+adds zeros to no sum. On a real GPU cuBLAS chooses its kernels (split-K among them) by the shapes and makes no such
+promise; the padding costs a few microseconds there.
 """
 import math
 
@@ -49,12 +56,38 @@ def operand(x, batch):
     return x, op, max(ld, 1), stride
 
 
-def gemm_gpu(a, b, out, precision, accumulate=False):
+def _padded(a, b, out, precision, accumulate):
+    # gemm_gpu of a and b padded with zeros past the host BLAS's small-product sizes (see above); the corner kept
+    import cupy
+
+    from ..thin_gemm import SMALL_MNK
+
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    wide = max(n, 2)
+    tall = max(m, 2, SMALL_MNK // (wide * k) + 1)
+    big_a = cupy.zeros(a.shape[:-2] + (tall, k), a.dtype)
+    big_a[..., :m, :] = a
+    big_b = cupy.zeros(b.shape[:-2] + (k, wide), b.dtype)
+    big_b[..., :n] = b
+    product = gemm_gpu(big_a, big_b, None, precision)[..., :m, :n]
+    if out is None:
+        return cupy.ascontiguousarray(product)
+    if accumulate:
+        out += product
+    else:
+        out[...] = product
+    return out
+
+
+def gemm_gpu(a, b, out, precision, accumulate=False, invariant=False):
     """``a @ b`` of cupy arrays (2-D or batched, numpy's broadcasting) through cuBLAS; written into ``out``
-    (``out += a @ b`` with ``accumulate``) when given. float32 uses the compute type of ``precision``."""
+    (``out += a @ b`` with ``accumulate``) when given. float32 uses the compute type of ``precision``;
+    ``invariant``: the padding of thin products (see above)."""
     import cupy
     from cupy.cuda import device
     from cupy_backends.cuda.libs import cublas
+
+    from ..thin_gemm import is_thin
 
     if a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.dtype not in (numpy.float32, numpy.float64):
         raise TypeError(f"gemm_gpu takes float32 or float64 matrices of one dtype, got {a.dtype} {a.shape} "
@@ -72,6 +105,8 @@ def gemm_gpu(a, b, out, precision, accumulate=False):
     c = out if direct else cupy.empty(shape, a.dtype)
     if accumulate and not direct:
         c[...] = out
+    if invariant and K and c.size and a.dtype == numpy.float32 and is_thin(M, N, K):
+        return _padded(a, b, out, precision, accumulate)
     if c.size == 0:
         return c if out is None else out
     if K == 0:

@@ -1,0 +1,196 @@
+"""The compiled part of kernels/thin_gemm.py (imported at its first product, as kernels/_bf16_jit.py): two
+micro-kernels in LLVM IR that keep 16 or 64 FMA chains in zmm registers, and the numba loops around them.
+
+Every chain is ``acc = fma(a[k], b[k, j], acc)`` from zero over one block of k, in the order of k (``llvm.fma``:
+one rounding per step, as OpenBLAS's kernels); the loops add each block's chains to the sum of the blocks before.
+
+- ``chain_nn64`` / ``chain_nn16``: 64 or 16 columns of a C-contiguous b, four rows of a (one: ``_row``): 16 zmm
+  chains (or fewer), each k step a broadcast of each row's a[k] times the vector loads of b's row k.
+- :func:`chain_nt`: 16 rows of a C-contiguous bt (b = bt.T: InnerProduct's ``x @ W.T``), one row of a. The chains
+  run across rows of bt while its rows are contiguous along k, so each 16 x 16 block of bt is loaded as 16 vectors
+  and transposed in registers (four stages of two-vector shuffles, each swapping one bit of the row index with
+  the same bit of the column index); the k left after the last whole 16 go one vector of 16 loaded values at a time.
+"""
+import numba
+import numpy
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+f32 = ir.FloatType()
+f32x16, i32, i64 = ir.VectorType(f32, 16), ir.IntType(32), ir.IntType(64)
+PREFETCH = 1024  # bytes ahead in each row of bt that chain_nt asks the cache for
+
+
+def _fma(builder):
+    return builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(f32x16, [f32x16] * 3))
+
+
+def _splat(builder, value):
+    one = builder.insert_element(ir.Constant(f32x16, None), value, ir.Constant(i32, 0))
+    return builder.shuffle_vector(one, ir.Constant(f32x16, None), ir.Constant(ir.VectorType(i32, 16), None))
+
+
+def _pointer(builder, address, offset_bytes, kind):
+    return builder.inttoptr(builder.add(address, offset_bytes), kind.as_pointer())
+
+
+def _chain_nn(vectors, rows):
+    """The intrinsic ``chain(a_addr, lda, b_addr, ldb, k0, count, out_addr)``: out[r, 0:16 vectors] = chains over k
+    in [k0, k0 + count) of a[r, k] * b[k, 0:16 vectors] for ``rows`` rows of a (float32, rows lda floats apart, at
+    a_addr), b's first column at b_addr (rows ldb floats apart); out rows 64 floats apart. rows x vectors
+    independent chains, so that the FMA latency is hidden."""
+    @intrinsic
+    def chain(typingctx, a_addr, lda, b_addr, ldb, k0, count, out_addr):
+        sig = types.void(*[types.intp] * 7)
+
+        def codegen(context, builder, signature, args):
+            a_base, la, b_base, ld, start, n, out = args
+            fma = _fma(builder)
+            four = ir.Constant(i64, 4)
+            zero = ir.Constant(f32x16, [0.0] * 16)
+            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(vectors)] for _ in range(rows)]
+            for r in range(rows):
+                for h in range(vectors):
+                    builder.store(zero, acc[r][h])
+            a_rows = [builder.add(a_base, builder.mul(builder.mul(la, four), ir.Constant(i64, r))) for r in range(rows)]
+            with cgutils.for_range(builder, n) as loop:
+                k = builder.add(start, loop.index)
+                row = builder.add(b_base, builder.mul(builder.mul(k, ld), four))
+                b = [builder.load(_pointer(builder, row, ir.Constant(i64, 64 * h), f32x16), align=4)
+                     for h in range(vectors)]
+                for r in range(rows):
+                    x = _splat(builder, builder.load(_pointer(builder, a_rows[r], builder.mul(k, four), f32)))
+                    for h in range(vectors):
+                        builder.store(builder.call(fma, [x, b[h], builder.load(acc[r][h])]), acc[r][h])
+            for r in range(rows):
+                for h in range(vectors):
+                    builder.store(builder.load(acc[r][h]),
+                                  _pointer(builder, out, ir.Constant(i64, 256 * r + 64 * h), f32x16), align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return chain
+
+
+ROWS = 4  # rows of a per call of the chain_nn kernels
+chain_nn64, chain_nn16 = _chain_nn(4, ROWS), _chain_nn(1, ROWS)
+chain_nn64_row, chain_nn16_row = _chain_nn(4, 1), _chain_nn(1, 1)
+
+
+def _transpose(builder, rows):
+    # 16 vectors of 16 -> their transpose: stage s swaps bit s of the row index with bit s of the column index
+    for s in (1, 2, 4, 8):
+        low = ir.Constant(ir.VectorType(i32, 16), [e if not e & s else 16 + e - s for e in range(16)])
+        high = ir.Constant(ir.VectorType(i32, 16), [e + s if not e & s else 16 + e for e in range(16)])
+        out = list(rows)
+        for i in range(16):
+            if not i & s:
+                out[i] = builder.shuffle_vector(rows[i], rows[i + s], low)
+                out[i + s] = builder.shuffle_vector(rows[i], rows[i + s], high)
+        rows = out
+    return rows
+
+
+@intrinsic
+def chain_nt(typingctx, a_addr, bt_addr, ldb, k0, count, out_addr):
+    """out[0:16] = chains over k in [k0, k0 + count) of a[k] * bt[0:16, k] (a float32 row at a_addr, bt's row 0 at
+    bt_addr, rows ldb floats apart)."""
+    sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        a_base, b_base, ld, start, n, out = args
+        fma = _fma(builder)
+        prefetch = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
+            ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]))
+        four = ir.Constant(i64, 4)
+        row_bytes = builder.mul(ld, four)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(f32x16, [0.0] * 16))
+        builder.store(ir.Constant(f32x16, [0.0] * 16), acc)
+        whole = builder.udiv(n, ir.Constant(i64, 16))
+        with cgutils.for_range(builder, whole) as loop:
+            k = builder.add(start, builder.mul(loop.index, ir.Constant(i64, 16)))
+            column = builder.mul(k, four)
+            starts = [builder.add(b_base, builder.mul(row_bytes, ir.Constant(i64, t))) for t in range(16)]
+            for t in range(16):  # each row's line PREFETCH bytes ahead: 16 streams are more than the prefetchers follow
+                ahead = _pointer(builder, starts[t], builder.add(column, ir.Constant(i64, PREFETCH)), ir.IntType(8))
+                builder.call(prefetch, [ahead, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+            rows = [builder.load(_pointer(builder, starts[t], column, f32x16), align=4) for t in range(16)]
+            value = builder.load(acc)
+            for u, col in enumerate(_transpose(builder, rows)):
+                x = builder.load(_pointer(builder, a_base, builder.add(column, ir.Constant(i64, 4 * u)), f32))
+                value = builder.call(fma, [_splat(builder, x), col, value])
+            builder.store(value, acc)
+        with cgutils.for_range(builder, builder.sub(n, builder.mul(whole, ir.Constant(i64, 16)))) as loop:
+            k = builder.add(builder.add(start, builder.mul(whole, ir.Constant(i64, 16))), loop.index)
+            column = builder.mul(k, four)
+            col = ir.Constant(f32x16, None)
+            for t in range(16):
+                element = _pointer(builder, builder.add(b_base, builder.mul(row_bytes, ir.Constant(i64, t))), column, f32)
+                col = builder.insert_element(col, builder.load(element), ir.Constant(i32, t))
+            x = builder.load(_pointer(builder, a_base, column, f32))
+            builder.store(builder.call(fma, [_splat(builder, x), col, builder.load(acc)]), acc)
+        builder.store(builder.load(acc), _pointer(builder, out, ir.Constant(i64, 0), f32x16), align=4)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+jit = numba.njit(nogil=True, cache=True, fastmath={"contract"})
+
+
+@jit
+def gemm(a, b, c, blocks, j0, j1, transposed, width):
+    """c[:, j0:j1] = a @ b[:, j0:j1] (a (M, K), b (K, N) or, ``transposed``, bt (N, K), c (M, N), all C-contiguous;
+    j1 - j0 a multiple of ``width``: 16 transposed, else 64 or 16)."""
+    part = numpy.empty((ROWS, 64), numpy.float32)
+    out = part.ctypes.data
+    ld, lda, m = b.shape[1], a.shape[1], a.shape[0]
+    i = 0
+    while i < m:
+        rows = ROWS if i + ROWS <= m and not transposed else 1
+        a_row = a[i].ctypes.data
+        for jb in range(j0, j1, width):
+            start = b[jb].ctypes.data if transposed else b[0, jb:].ctypes.data
+            for q in range(blocks.shape[0]):
+                k0, count = blocks[q, 0], blocks[q, 1] - blocks[q, 0]
+                if transposed:
+                    chain_nt(a_row, start, ld, k0, count, out)
+                elif rows == ROWS:
+                    if width == 64:
+                        chain_nn64(a_row, lda, start, ld, k0, count, out)
+                    else:
+                        chain_nn16(a_row, lda, start, ld, k0, count, out)
+                elif width == 64:
+                    chain_nn64_row(a_row, lda, start, ld, k0, count, out)
+                else:
+                    chain_nn16_row(a_row, lda, start, ld, k0, count, out)
+                for r in range(rows):
+                    for t in range(width):
+                        c[i + r, jb + t] = part[r, t] if q == 0 else c[i + r, jb + t] + part[r, t]
+        i += rows
+
+
+STREAM = 4096  # columns of c whose chains one pass of stream() keeps in the cache
+
+
+@jit
+def stream(a, b, c, blocks, j0, j1):
+    """c[:, j0:j1] = a @ b[:, j0:j1] for a few rows of a (a GEMV: a data gradient ``gy @ W`` of one image) with b
+    C-contiguous: each k step adds a[i, k] times b's row k to a row of STREAM chains in the cache (vectorised across
+    the columns), so that b is read row after row, as it lies, rather than in strips of 64 columns."""
+    acc = numpy.empty(STREAM, numpy.float32)
+    for i in range(a.shape[0]):
+        for jc in range(j0, j1, STREAM):
+            width = min(STREAM, j1 - jc)
+            for q in range(blocks.shape[0]):
+                acc[:width] = 0
+                for kk in range(blocks[q, 0], blocks[q, 1]):
+                    x = a[i, kk]
+                    row = b[kk, jc:jc + width]
+                    for t in range(width):
+                        acc[t] = x * row[t] + acc[t]
+                if q == 0:
+                    c[i, jc:jc + width] = acc[:width]
+                else:
+                    for t in range(width):
+                        c[i, jc + t] = c[i, jc + t] + acc[t]

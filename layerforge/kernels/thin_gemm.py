@@ -1,0 +1,141 @@
+"""float32 products whose every element is OpenBLAS's blocked FMA chain, for the shapes OpenBLAS computes otherwise.
+
+OpenBLAS's large-product SGEMM (the SkylakeX / Haswell cores of this project's machines) computes each element
+``c[i, j]`` the same way whatever the matrix sizes, the element's place or the thread count: the summed axis is cut
+into blocks (:func:`k_blocks`: 448 long; a remainder between 448 and 896 split in two halves: rounded up to 16 where
+OpenBLAS runs the product on one thread, ``(rest + 1) // 2`` where on several: level3.c and level3_thread.c), each
+block is one FMA chain ``acc = a[i, k] * b[k, j] + acc`` from zero in the order of k, and the blocks' sums are added
+in order. Only where OpenBLAS leaves that path does an element's value depend on the shape: products of at most
+:data:`SMALL_MNK` multiply-adds go to its small-matrix kernel, and a product with one row or one column to GEMV
+(:func:`is_thin`). :func:`matmul` computes such products with that same per-element arithmetic (numba, FMA
+contraction only, no reassociation), so that with kernels/blas.py routing them here every float32 product gives each
+element the same bits in any batch (blas.batch_invariant).
+
+Two layouts run without a copy (kernels/_thin_jit.py: FMA chains in zmm registers): ``b`` C-contiguous (K, N) (a
+convolution's columns; 64 columns at a time) and ``b`` the transpose of a C-contiguous (N, K) (InnerProduct's
+``x @ W.T``; 16 rows of W at a time, transposed in registers); the columns after the last whole group of 16 from a
+copy padded with zeros.
+The columns are split between the kernel threads (kernels/threadpool.py): each element is computed alone, so the
+bits do not depend on the split either.
+"""
+import functools
+import math
+import threading
+
+import numpy
+
+from .threadpool import MIN_PARALLEL_ELEMENTS, parallel_for
+
+BLOCK_K, UNROLL = 448, 16  # OpenBLAS's SGEMM_DEFAULT_Q and SGEMM_DEFAULT_UNROLL_M on SkylakeX
+SMALL_MNK = 100 ** 3  # OpenBLAS's small-matrix kernel takes products of at most this many multiply-adds
+
+
+def k_blocks(k, threaded):
+    """The ``(start, stop)`` of each block of a summed axis of length ``k``, as OpenBLAS's level-3 driver cuts it
+    (``threaded``: the driver of a product split between threads)."""
+    blocks, start = [], 0
+    while start < k:
+        rest = k - start
+        if rest >= 2 * BLOCK_K or rest <= BLOCK_K:
+            size = min(rest, BLOCK_K)
+        else:
+            size = (rest + 1) // 2 if threaded else ((rest // 2 + UNROLL - 1) // UNROLL) * UNROLL
+        blocks.append((start, start + size))
+        start += size
+    return blocks
+
+
+def is_thin(m, n, k):
+    """Whether OpenBLAS would compute an (m, k) x (k, n) product off its large-product path (GEMV or small kernel)."""
+    return m == 1 or n == 1 or m * n * k <= SMALL_MNK
+
+
+_lock = threading.Lock()
+_jit = []
+
+
+def _kernels():
+    """kernels/_thin_jit.py (imported, and its loops compiled or loaded from numba's cache, at the first product)."""
+    if not _jit:
+        with _lock:
+            from . import _thin_jit
+            _jit[:] = [_thin_jit]
+    return _jit[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _blocks(k, threaded):
+    return numpy.array(k_blocks(k, threaded), numpy.int64)
+
+
+def _matrix(a, b, c, threaded):
+    # one (M, K) x (K, N) float32 product into the C-contiguous c, on the kernel threads
+    m, k = a.shape
+    n = b.shape[1]
+    if k == 0:
+        c[...] = 0
+        return
+    a = numpy.ascontiguousarray(a)
+    blocks = _blocks(k, threaded)
+    transposed = b.T.flags.c_contiguous and not b.flags.c_contiguous
+    b = b.T if transposed else numpy.ascontiguousarray(b)
+    jit = _kernels()
+    if not transposed and m < jit.ROWS:
+        unit = 256  # one row or a few: b read as it lies, in passes of up to STREAM columns of a thread's share
+        parallel_for(math.ceil(n / unit), lambda lo, hi: jit.stream(a, b, c, blocks, lo * unit, min(hi * unit, n)),
+                     work=m * n * k // 8)
+        return
+    done = 0
+    for unit in (16,) if transposed else (64, 16):  # the kernels' widths: a thread's columns come in multiples
+        whole = (n - done) // unit
+        if whole and m * n * k < 8 * MIN_PARALLEL_ELEMENTS:
+            jit.gemm(a, b, c, blocks, done, done + whole * unit, transposed, unit)  # too little to hand out
+        elif whole:
+            parallel_for(whole, lambda lo, hi, at=done, unit=unit: jit.gemm(
+                a, b, c, blocks, at + lo * unit, at + hi * unit, transposed, unit), work=m * n * k // 8)
+        done += whole * unit
+    if done < n:  # the last columns, through a copy padded with zeros to 16
+        rest = n - done
+        padded = numpy.zeros((16, k) if transposed else (k, 16), numpy.float32)
+        if transposed:
+            padded[:rest] = b[done:]
+        else:
+            padded[:, :rest] = b[:, done:]
+        part = numpy.empty((m, 16), numpy.float32)
+        jit.gemm(a, padded, part, blocks, 0, 16, transposed, 16)
+        c[:, done:] = part[:, :rest]
+
+
+def matmul(a, b, out=None, threaded=True):
+    """``a @ b`` of float32 arrays (numpy's matmul rules for 2-D and batched operands) with every element computed
+    as OpenBLAS's large-product SGEMM computes it (see above; ``threaded``: as it does on several threads); into
+    ``out`` when given."""
+    if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype == numpy.float32 and a.shape[1] == b.shape[0]:
+        shape = (a.shape[0], b.shape[1])
+        c = out if out is not None and out.shape == shape and out.flags.c_contiguous and out.dtype == a.dtype \
+            else numpy.empty(shape, numpy.float32)
+        _matrix(a, b, c, threaded)
+        return _done(c, out)
+    if a.ndim < 2 or b.ndim < 2:
+        raise ValueError(f"thin_gemm.matmul takes matrices, got {a.shape} and {b.shape}")
+    batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    shape = tuple(batch) + (a.shape[-2], b.shape[-1])
+    if a.shape[-1] != b.shape[-2] or (out is not None and out.shape != shape):
+        raise ValueError(f"matmul: shapes {a.shape}, {b.shape} and out {None if out is None else out.shape}")
+    c = out if out is not None and out.flags.c_contiguous and out.dtype == numpy.float32 else numpy.empty(
+        shape, numpy.float32)
+    count = math.prod(batch)
+    a = numpy.broadcast_to(a, tuple(batch) + a.shape[-2:]).reshape((count,) + a.shape[-2:])
+    b = numpy.broadcast_to(b, tuple(batch) + b.shape[-2:]).reshape((count,) + b.shape[-2:])
+    flat = c.reshape((count,) + shape[-2:])
+    for i in range(flat.shape[0]):
+        _matrix(a[i].astype(numpy.float32, copy=False), b[i].astype(numpy.float32, copy=False), flat[i],
+                threaded)
+    return _done(c, out)
+
+
+def _done(c, out):
+    if out is not None and c is not out:
+        out[...] = c
+        return out
+    return c

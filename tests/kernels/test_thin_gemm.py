@@ -1,0 +1,40 @@
+"""kernels/thin_gemm.py: OpenBLAS's large-product SGEMM arithmetic, element by element, for any shape."""
+import numpy
+import pytest
+from threadpoolctl import threadpool_limits
+
+from layerforge.kernels import blas, thin_gemm
+
+
+def test_the_summed_axis_is_cut_as_openblas_cuts_it():
+    assert thin_gemm.k_blocks(448, True) == [(0, 448)]
+    assert thin_gemm.k_blocks(1000, False) == [(0, 448), (448, 736), (736, 1000)]  # 552 -> 276 rounded up to 16
+    assert thin_gemm.k_blocks(1000, True) == [(0, 448), (448, 724), (724, 1000)]  # 552 -> (552 + 1) // 2
+    assert thin_gemm.k_blocks(9216, True)[-2:] == [(8512, 8864), (8864, 9216)]
+
+
+def test_thin_products_are_the_ones_openblas_computes_otherwise():
+    assert thin_gemm.is_thin(1, 4096, 9216) and thin_gemm.is_thin(4096, 1, 9216) and thin_gemm.is_thin(100, 100, 100)
+    assert not thin_gemm.is_thin(101, 100, 100)
+
+
+@pytest.mark.skipif(not blas.canonical_blas(), reason="numpy's BLAS is not OpenBLAS's SkylakeX / Haswell SGEMM")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m, n, k", [(64, 70, 600), (7, 300, 1000), (2, 1000, 4096), (40, 33, 2001), (5, 1400, 147)])
+def test_elements_equal_openblas_large_path_bit_for_bit(threads, m, n, k):
+    rs = numpy.random.RandomState(m + n + k)
+    a, b = rs.randn(m, k).astype(numpy.float32), rs.randn(k, n).astype(numpy.float32)
+    with threadpool_limits(threads, user_api="blas"):
+        for rhs in (b, numpy.ascontiguousarray(b.T).T):
+            numpy.testing.assert_array_equal(thin_gemm.matmul(a, rhs, threaded=threads > 1), a @ rhs)
+            numpy.testing.assert_array_equal(thin_gemm.matmul(a[:1], rhs, threaded=threads > 1), (a @ rhs)[:1])
+
+
+def test_batched_and_broadcast_operands_and_out():
+    rs = numpy.random.RandomState(0)
+    a, b = rs.randn(3, 4, 50).astype(numpy.float32), rs.randn(50, 9).astype(numpy.float32)
+    out = numpy.empty((3, 4, 9), numpy.float32)
+    assert thin_gemm.matmul(a, b, out) is out
+    numpy.testing.assert_allclose(out, a.astype(numpy.float64) @ b, rtol=1e-5, atol=1e-4)
+    numpy.testing.assert_array_equal(out[1], thin_gemm.matmul(a[1], b))
+    numpy.testing.assert_array_equal(thin_gemm.matmul(a[:, :, :0], b[:0]), numpy.zeros((3, 4, 9), numpy.float32))
