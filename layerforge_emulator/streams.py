@@ -21,6 +21,8 @@ Devices, current streams and events follow cupy's classes of the same names.
 """
 import collections
 import itertools
+import os
+import random
 import threading
 import time
 import weakref
@@ -33,6 +35,7 @@ from . import runtime
 from .allocations import lookup
 from .runtime import CUDARuntimeError
 
+SEED_ENV = "LAYERFORGE_EMULATED_GPU_SEED"  # the scheduler's choices among unordered streams
 _handles = itertools.count(0x5000)  # fake cudaStream_t / cudaEvent_t handles
 _lock = threading.RLock()
 _local = threading.local()
@@ -67,10 +70,10 @@ class Ref(NamedTuple):
 class Op:
     """One device operation: ``fn(*args)`` with every :class:`Ref` in ``args`` resolved when it runs."""
 
-    __slots__ = ("fn", "args", "name")
+    __slots__ = ("fn", "args", "name", "after")
 
     def __init__(self, fn, args, name):
-        self.fn, self.args, self.name = fn, args, name
+        self.fn, self.args, self.name, self.after = fn, args, name, ()
 
     def run(self):
         self.fn(*_map_arrays(self.args, Ref.resolve, Ref))
@@ -92,58 +95,140 @@ def _map_arrays(args, fn, kind):
 
 
 class _Queue:
-    """The work one stream has queued on one device, run in order by whoever orders it."""
+    """The work one stream (the legacy one included) has queued on one device: operations numbered from 1 in
+    submission order; ``started`` / ``completed`` count those taken and finished."""
 
-    def __init__(self, device_id, blocking):
-        self.device_id, self.blocking = device_id, blocking
-        self.ops, self.submitted, self.completed = collections.deque(), 0, 0
-        self.lock = threading.RLock()
+    def __init__(self, device, blocking, legacy=False):
+        self.device, self.device_id, self.blocking, self.legacy = device, device.id, blocking, legacy
+        self.ops, self.submitted, self.started, self.completed = collections.deque(), 0, 0, 0
+        self.waits = []  # (queue, seq) that the next operation comes after (wait_event)
+        self.runner = None  # the thread running this queue's operation now
+        self.stream_alive = lambda: True
 
-    def push(self, op):
-        with self.lock:
-            self.ops.append(op)
-            self.submitted += 1
-            return self.submitted
+    def pending(self):
+        return self.submitted > self.completed
 
-    def run_until(self, seq):
-        """Run the queued operations up to number ``seq`` (1-based; all of them for None)."""
-        with self.lock:
-            seq = self.submitted if seq is None else seq
-            while self.completed < seq:
-                op = self.ops.popleft()
-                self.completed += 1
-                try:
-                    op.run()
-                except BaseException:
+
+def _seed():
+    try:
+        return int(os.environ.get(SEED_ENV, "0"))
+    except ValueError:
+        raise ValueError(f"{SEED_ENV} must be an integer, got {os.environ[SEED_ENV]!r}") from None
+
+
+class _Device:
+    """The queues of one device and the scheduler that runs them: an operation runs once something waits for
+    it, after what it comes after (its stream's earlier work, the events its stream waited for, and the legacy
+    stream's implicit order); among the streams whose next operation may run, a seeded random one goes first."""
+
+    def __init__(self, device_id):
+        self.id, self.cond = device_id, threading.Condition(threading.RLock())
+        self.legacy = _Queue(self, blocking=True, legacy=True)
+        self.queues = [self.legacy]
+        self.rng = random.Random(_seed() * 7919 + device_id)
+
+    def live_queues(self):
+        self.queues[:] = [q for q in self.queues if q.legacy or q.pending() or q.stream_alive()]
+        return list(self.queues)
+
+    def push(self, queue, op):
+        """Queue ``op`` on ``queue``; returns its number there."""
+        with self.cond:
+            after, queue.waits = queue.waits, []
+            if queue.legacy:  # the legacy stream waits for the blocking streams' earlier work
+                after += [(q, q.submitted) for q in self.live_queues() if q.blocking and not q.legacy and q.pending()]
+            elif queue.blocking and self.legacy.pending():  # and they wait for its
+                after.append((self.legacy, self.legacy.submitted))
+            op.after = after
+            queue.ops.append(op)
+            queue.submitted += 1
+            return queue.submitted
+
+    def _closure(self, targets):
+        """``targets`` (queue -> number) grown by everything they come after; the other devices' part apart."""
+        others, todo = [], list(targets.items())
+        while todo:
+            queue, seq = todo.pop()
+            for op in itertools.islice(queue.ops, 0, max(0, seq - queue.started)):
+                for q, s in op.after:
+                    if q.device is not self:
+                        others.append((q, s))
+                    elif s > targets.get(q, 0) and s > q.completed:
+                        targets[q] = s
+                        todo.append((q, s))
+        return others
+
+    def run(self, targets):
+        """Run the operations up to ``targets`` (queue -> number) and everything they come after."""
+        with self.cond:
+            targets = {q: s for q, s in targets.items() if s > q.completed}
+            others = self._closure(targets)
+        for q, s in others:
+            q.device.run({q: s})
+        me = threading.get_ident()
+        while True:
+            with self.cond:
+                left = [q for q, s in targets.items() if q.completed < s]
+                if not left:
+                    return
+                ready = [q for q in left if q.started == q.completed and q.started < targets[q]
+                         and all(d.completed >= s for d, s in q.ops[0].after)]
+                if not ready:
+                    if any(q.runner == me for q in self.queues):
+                        return  # called from inside an operation this thread runs (a finalizer): it cannot wait
+                    self.cond.wait(0.05)
+                    continue
+                queue = ready[self.rng.randrange(len(ready))] if len(ready) > 1 else ready[0]
+                op = queue.ops.popleft()
+                queue.started += 1
+                queue.runner = me
+            try:
+                op.run()
+            except BaseException:
+                with self.cond:
                     # as after a device fault, the stream's later work is lost; it fails where it is waited for
-                    self.completed += len(self.ops)
-                    self.ops.clear()
-                    raise
+                    queue.started = queue.completed = queue.submitted
+                    queue.ops.clear()
+                    queue.runner = None
+                    self.cond.notify_all()
+                raise
+            with self.cond:
+                queue.completed += 1
+                queue.runner = None
+                self.cond.notify_all()
 
 
-_queues = collections.defaultdict(list)  # device -> [_Queue] of the non-legacy streams
-_by_ptr = weakref.WeakValueDictionary()  # handle -> Stream, for calls that take a raw stream (NCCL)
+_devices = {}
 
 
-def _queues_of(device_id):
+def _device(device_id):
     with _lock:
-        queues = _queues[device_id]
-        queues[:] = [q for q in queues if q.ops or q.stream_alive()]
-        return list(queues)
+        device = _devices.get(device_id)
+        if device is None:
+            device = _devices[device_id] = _Device(device_id)
+        return device
 
 
-def flush_blocking(device_id):
-    """What the legacy stream waits for before its next operation: the queued work of blocking streams."""
-    for queue in _queues_of(device_id):
-        if queue.blocking:
-            queue.run_until(None)
+def _queue_of(stream):
+    """The queue of ``stream`` (the legacy stream's of the current device)."""
+    return _device(runtime.getDevice()).legacy if stream._is_legacy else stream._queue
+
+
+def run_queue(queue, seq=None):
+    """Run ``queue``'s work up to number ``seq`` (all of it for None) and what it comes after."""
+    queue.device.run({queue: queue.submitted if seq is None else seq})
+
+
+_by_ptr = weakref.WeakValueDictionary()  # handle -> Stream, for calls that take a raw stream (NCCL)
 
 
 def synchronize_device(device_id):
     """``cudaDeviceSynchronize``: every queued operation of the device runs."""
     graphs.check_no_capture("cudaDeviceSynchronize", device_id)
-    for queue in _queues_of(device_id):
-        queue.run_until(None)
+    device = _device(device_id)
+    with device.cond:
+        targets = {q: q.submitted for q in device.live_queues()}
+    device.run(targets)
 
 
 def deviceSynchronize():
@@ -167,12 +252,13 @@ class Stream:
             return
         self.ptr, self.device_id = next(_handles), runtime.getDevice()
         runtime.check_device(self.device_id)
-        self._queue = _Queue(self.device_id, blocking=not self.non_blocking)
+        device = _device(self.device_id)
+        self._queue = _Queue(device, blocking=not self.non_blocking)
         _by_ptr[self.ptr] = self
         alive = weakref.ref(self)
         self._queue.stream_alive = lambda: alive() is not None
-        with _lock:
-            _queues[self.device_id].append(self._queue)
+        with device.cond:
+            device.queues.append(self._queue)
 
     @property
     def _is_legacy(self):
@@ -218,10 +304,7 @@ class Stream:
     def synchronize(self):
         """Wait for the stream's work (``cudaErrorStreamCaptureUnsupported`` while it captures)."""
         graphs.check_not_capturing(self, "cudaStreamSynchronize")
-        if self._is_legacy:
-            flush_blocking(runtime.getDevice())
-        else:
-            self._queue.run_until(None)
+        run_queue(_queue_of(self))
 
     @property
     def done(self):
@@ -235,12 +318,14 @@ class Stream:
         return event
 
     def wait_event(self, event):
-        """Later work of this stream comes after the work before ``event``: that work runs now."""
+        """Later work of this stream comes after the work before ``event`` (nothing runs now)."""
         graphs.check_wait(self, event)
         if event._mark is not None:
             queue, seq = event._mark
-            if queue is not self._queue:
-                queue.run_until(seq)
+            mine = _queue_of(self)
+            if queue is not mine and seq > queue.completed:
+                with mine.device.cond:
+                    mine.waits.append((queue, seq))
 
     def add_callback(self, callback, arg):
         submit_host(lambda: callback(self, 0, arg), "stream callback", self)
@@ -312,16 +397,12 @@ class Event:
         def stamp():
             self._time = time.perf_counter()
 
-        if stream._is_legacy:
-            self._mark = None
-            submit_host(stamp, "event record", stream)
-        else:
-            self._mark = (stream._queue, submit_host(stamp, "event record", stream))
+        self._mark = (_queue_of(stream), submit_host(stamp, "event record", stream))
 
     def synchronize(self):
         graphs.check_event(self)
         if self._mark is not None:
-            self._mark[0].run_until(self._mark[1])
+            run_queue(*self._mark)
 
     @property
     def done(self):
@@ -372,10 +453,8 @@ def submit(fn, *args, name="operation", stream=None):
         return None
     if stream._is_legacy:
         graphs.check_legacy_use(device_id)
-        flush_blocking(device_id)
-        fn(*_map_arrays(_map_arrays(args, lambda a: a._host, DeviceData), Ref.resolve, Ref))
-        return None
-    return stream._queue.push(Op(fn, _map_arrays(args, _ref_of, DeviceData), name))
+    queue = _queue_of(stream)
+    return queue.device.push(queue, Op(fn, _map_arrays(args, _ref_of, DeviceData), name))
 
 
 def host_views(args):

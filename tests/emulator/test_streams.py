@@ -56,7 +56,7 @@ def test_the_legacy_stream_waits_for_blocking_streams_only(cupy):
 
 def test_a_device_synchronize_runs_every_stream(cupy):
     a = cupy.ones(3)
-    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(3)]
+    streams = [cupy.cuda.Stream() for _ in range(3)]  # blocking: they wait for `a` on the legacy stream
     outs = []
     for i, s in enumerate(streams):
         with s:
@@ -72,6 +72,7 @@ def test_a_pinned_copy_reads_the_host_buffer_when_it_runs(cupy):
     pinned, pageable = cupyx.empty_pinned((4,), numpy.float32), numpy.empty(4, numpy.float32)
     to_pinned, to_pageable = cupy.empty(4, numpy.float32), cupy.empty(4, numpy.float32)
     pinned[...] = pageable[...] = 1
+    copy.wait_event(cupy.cuda.Stream.null.record())  # the arrays' memory came from the legacy stream's pool
     to_pinned.set(pinned, stream=copy)
     to_pageable.set(pageable, stream=copy)
     pinned[...] = pageable[...] = 2  # overwritten before the copies ran
