@@ -36,6 +36,7 @@ from .allocations import lookup
 from .runtime import CUDARuntimeError
 
 SEED_ENV = "LAYERFORGE_EMULATED_GPU_SEED"  # the scheduler's choices among unordered streams
+_tickets = itertools.count(1)  # the order operations were queued in, across streams
 _handles = itertools.count(0x5000)  # fake cudaStream_t / cudaEvent_t handles
 _lock = threading.RLock()
 _local = threading.local()
@@ -70,10 +71,10 @@ class Ref(NamedTuple):
 class Op:
     """One device operation: ``fn(*args)`` with every :class:`Ref` in ``args`` resolved when it runs."""
 
-    __slots__ = ("fn", "args", "name", "after")
+    __slots__ = ("fn", "args", "name", "after", "ticket")
 
     def __init__(self, fn, args, name):
-        self.fn, self.args, self.name, self.after = fn, args, name, ()
+        self.fn, self.args, self.name, self.after, self.ticket = fn, args, name, (), 0
 
     def run(self):
         self.fn(*_map_arrays(self.args, Ref.resolve, Ref))
@@ -139,7 +140,7 @@ class _Device:
                 after += [(q, q.submitted) for q in self.live_queues() if q.blocking and not q.legacy and q.pending()]
             elif queue.blocking and self.legacy.pending():  # and they wait for its
                 after.append((self.legacy, self.legacy.submitted))
-            op.after = after
+            op.after, op.ticket = after, next(_tickets)
             queue.ops.append(op)
             queue.submitted += 1
             return queue.submitted
@@ -157,6 +158,16 @@ class _Device:
                         targets[q] = s
                         todo.append((q, s))
         return others
+
+    def _pick(self, ready):
+        """Which of the streams that may run goes first: mostly the one whose next operation was queued last
+        (work nothing ordered runs late, so a consumer that did not wait sees its producer's old data), else a
+        random one; seeded (``LAYERFORGE_EMULATED_GPU_SEED``), so a schedule repeats."""
+        if len(ready) == 1:
+            return ready[0]
+        if self.rng.random() < 0.75:
+            return max(ready, key=lambda q: q.ops[0].ticket)
+        return ready[self.rng.randrange(len(ready))]
 
     def run(self, targets):
         """Run the operations up to ``targets`` (queue -> number) and everything they come after."""
@@ -178,7 +189,7 @@ class _Device:
                         return  # called from inside an operation this thread runs (a finalizer): it cannot wait
                     self.cond.wait(0.05)
                     continue
-                queue = ready[self.rng.randrange(len(ready))] if len(ready) > 1 else ready[0]
+                queue = self._pick(ready)
                 op = queue.ops.popleft()
                 queue.started += 1
                 queue.runner = me
@@ -227,8 +238,15 @@ def synchronize_device(device_id):
     graphs.check_no_capture("cudaDeviceSynchronize", device_id)
     device = _device(device_id)
     with device.cond:
-        targets = {q: q.submitted for q in device.live_queues()}
-    device.run(targets)
+        queues = [q for q in device.live_queues() if q.ops]
+        # one stream after another, each with only what it waited for: the stream queued to last goes first, so
+        # the others' work runs after it, as late as nothing forbids (seeded: sometimes another order)
+        queues.sort(key=lambda q: -q.ops[-1].ticket)
+        if len(queues) > 1 and device.rng.random() < 0.25:
+            device.rng.shuffle(queues)
+        targets = [(q, q.submitted) for q in queues]
+    for queue, seq in targets:
+        device.run({queue: seq})
 
 
 def deviceSynchronize():
