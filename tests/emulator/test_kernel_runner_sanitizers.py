@@ -5,6 +5,8 @@ as a KernelFault naming kernel, GPU thread, access and source line.
 Small shapes and float32 only: each sanitized launch is a process of its own (about 0.1 s), and each source is
 built once per sanitizer (about 1 s here).
 """
+import re
+
 import numpy
 import pytest
 
@@ -63,31 +65,80 @@ def test_a_syncthreads_removed_from_implicit_gemm_is_a_race_report():
     assert message.startswith("kernel conv_forward, block (0,0,0), thread (")
     assert "ThreadSanitizer: data race" in message
     assert "Location: the block's __shared__ memory" in message
-    # the tile's store and the read of another thread's element, with their lines in implicit_gemm.cu
-    assert "tiled_product at " in message and ".cu:76" in message and ".cu:78" in message
+    # the tile's store and the read of another thread's element, with their lines in the planted source
+    text = implicit_gemm_without_barrier(0)
+    store = line_of(text, r"a_tile\[threadIdx\.y\]\[threadIdx\.x\] = a\(")
+    read = line_of(text, r"acc \+= a_tile\[threadIdx\.y\]\[t\]")
+    assert "tiled_product at " in message and f".cu:{store}" in message and f".cu:{read}" in message
 
 
-def test_plain_adds_in_place_of_atomics_race_between_blocks():
-    # planted: the filter gradient's blocks add their partial sums into gW without atomicAdd
-    text = cuda.sources()["implicit_gemm"].read_text()
-    broken = text.replace("atomicAdd(&gw[(long long)(g * m + row) * k_total + col], acc);",
-                          "gw[(long long)(g * m + row) * k_total + col] += acc;")
-    assert broken != text
-    x, W, gy = rand((1, 1, 4, 4), F), rand((2, 1, 3, 3), F, 1), rand((1, 2, 2, 2), F, 2)
-    gW = numpy.zeros_like(W)
+ATOMIC_ADD = re.compile(r"atomicAdd\(\s*&\s*(?P<target>[^;]+?)\s*,\s*(?P<value>[^;]+?)\)\s*;")
+KERNEL = re.compile(r'extern "C" __global__ void (\w+)\(')
+
+
+def line_of(text, pattern):
+    """The line (1-based) of the one match of ``pattern`` in ``text``; fails when there is not exactly one."""
+    found = [m.start() for m in re.finditer(pattern, text)]
+    assert len(found) == 1, f"{pattern!r} is in the kernel source {len(found)} times, not once: the planted site moved"
+    return text.count("\n", 0, found[0]) + 1
+
+
+def atomic_sites():
+    """Every ``atomicAdd(&target, value);`` of layerforge's .cu sources: (stem, kernel, match index)."""
+    sites = []
+    for stem, path in sorted(cuda.sources().items()):
+        text = path.read_text()
+        for i, m in enumerate(ATOMIC_ADD.finditer(text)):
+            kernels = [k.group(1) for k in KERNEL.finditer(text, 0, m.start())]
+            sites.append((stem, kernels[-1], i))
+    return sites
+
+
+def _filter_gradient(text, sanitizer):
+    # two blocks along every axis: 17 output channels (y), 18 = 2 x 3 x 3 columns (x), 18 positions in chunks
+    # of 16 (z); every element of gW gets the partial sums of both z blocks
+    x, W = rand((2, 2, 5, 5), F), rand((17, 2, 3, 3), F, 1)
+    gy, gW = rand((2, 17, 3, 3), F, 2), numpy.zeros_like(W)
     q = gpu_conv._geometry(x.shape, W.shape, (3, 3, 1, 1, 0, 0, 1, 1), 1)
-    # the reduction over 4 positions in chunks of 2: blocks z = 0 and 1 add into every element of gW
-    launch("implicit_gemm", "conv_backward_filter", F, (1, 1, 2), (16, 16), (x, gy, gW) + q + (2,), sanitizer="thread")
-    with pytest.raises(KernelFault, match=r"(?s)ThreadSanitizer: data race.*by block \(0,0,[01]\) thread"):
-        launch("implicit_gemm", "conv_backward_filter", F, (1, 1, 2), (16, 16), (x, gy, gW) + q + (2,),
-               sanitizer="thread", text=broken)
+    launch("implicit_gemm", "conv_backward_filter", F, (2, 2, 2), (16, 16), (x, gy, gW) + q + (16,),
+           sanitizer=sanitizer, text=text)
+    return gW
+
+
+# the kernel that holds an atomicAdd -> a launch of (an edited copy of) its source with two blocks on every axis
+ATOMIC_LAUNCHES = {("implicit_gemm", "conv_backward_filter"): _filter_gradient}
+
+
+def test_every_atomic_add_has_a_launch_of_two_blocks_per_axis():
+    assert {site[:2] for site in atomic_sites()} == set(ATOMIC_LAUNCHES)
+
+
+@pytest.mark.parametrize("stem,kernel,index", atomic_sites())
+def test_a_plain_add_in_place_of_an_atomic_is_a_race_report(stem, kernel, index):
+    # planted: the kernel's blocks add their partial sums without atomicAdd
+    text = cuda.sources()[stem].read_text()
+    site = list(ATOMIC_ADD.finditer(text))[index]
+    broken = text[:site.start()] + f"{site['target']} += {site['value']};" + text[site.end():]
+    ATOMIC_LAUNCHES[stem, kernel](text, "thread")  # clean as written
+    with pytest.raises(KernelFault, match=r"(?s)ThreadSanitizer: data race.*by block \(\d,\d,\d\) thread"):
+        ATOMIC_LAUNCHES[stem, kernel](broken, "thread")
+
+
+def test_the_atomic_kernels_agree_with_numpy_at_two_blocks_per_axis():
+    text = cuda.sources()["implicit_gemm"].read_text()
+    for sanitizer in SANITIZERS:
+        gW = _filter_gradient(text, sanitizer)
+        x, gy = rand((2, 2, 5, 5), F), rand((2, 17, 3, 3), F, 2)
+        cols = numpy.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))  # n c oy ox kh kw
+        want = numpy.einsum("nohw,nchwij->ocij", gy.astype(numpy.float64), cols.astype(numpy.float64))
+        numpy.testing.assert_allclose(gW, want, rtol=1e-4, atol=1e-4)
 
 
 def test_an_out_of_bounds_read_is_an_address_sanitizer_report():
     # planted: im2col's bounds check lets the row below the image through
     text = cuda.sources()["im2col"].read_text()
+    check = line_of(text, r"iy < height &&")
     broken = text.replace("iy < height &&", "iy <= height &&")
-    assert broken != text
     x, col = rand((1, 2, 5, 5), F), numpy.zeros((2, 3, 3, 1, 5, 5), F)
     args = (x, col, col.size, 1, 2, 5, 5, 3, 3, 1, 1, 1, 1, 1, 1, 5, 5)
     with pytest.raises(KernelFault) as error:
@@ -95,7 +146,7 @@ def test_an_out_of_bounds_read_is_an_address_sanitizer_report():
     message = str(error.value)
     assert message.startswith("kernel im2col, block (0,0,0), thread (")
     assert "AddressSanitizer: heap-buffer-overflow" in message and "READ of size 4" in message
-    assert "im2col at " in message and ".cu:22" in message
+    assert "im2col at " in message and f".cu:{check + 1}" in message  # the read the check guards
     assert "0 bytes to the right of 200-byte region" in message  # x: an exact-size copy
     assert "Location: the allocation a kernel argument points into" in message
 

@@ -24,6 +24,9 @@ from tests.emulator.emulated import cupy  # noqa: F401 - the fixture
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HERE = "tests/emulator/test_stream_sites.py::"
 FEED = "tests/data/test_device_feed.py::"
+CGDP = ("tests/dataparallel/cgdp/test_devices.py::"
+        "test_train_on_two_devices_with_host_sync_is_one_process_with_the_whole_batch[--devices]")
+GRAPHS = "tests/solvers/test_cuda_graph.py::test_training_with_graphs_on_the_device_equals_training_without"
 SCENARIOS = [HERE + "test_a_device_feed_read_without_host_reads_between_batches",
              HERE + "test_a_device_feed_closed_while_a_copy_is_pending"]
 
@@ -36,6 +39,30 @@ SITES = {
         ("DeviceFeed._stage", "self.copy_stream.wait_event(slot.consumed)"): SCENARIOS,
         ("DeviceFeed.close", "self.copy_stream.synchronize()"): SCENARIOS,
     },
+    "layerforge.dataparallel.cgdp.transfer": {
+        ("CupyMover.to_host", "self.stream.wait_event(token)"): [CGDP],
+        ("CupyMover.to_host", "self.stream.synchronize()"): [CGDP],
+        ("CupyMover.synchronize", "self.stream.synchronize()"): [CGDP],
+        ("CupyMover.close", "self.stream.synchronize()"): None,
+    },
+    "layerforge.dataparallel.cgdp.host": {
+        ("HostSync.before_update", "self.mover.synchronize()"): [CGDP],
+    },
+    "layerforge.solvers.solver": {
+        ("Solver.step", "self._stream.wait_event(self.xp.cuda.Stream.null.record())"): [GRAPHS],
+        ("Solver.step", "self._stream.synchronize()"): [GRAPHS],
+    },
+    "layerforge.comm.nccl": {  # the overlapped exchange's device allreduce
+        ("allreduce_nccl", "stream.synchronize()"): None,
+        ("broadcast_nccl", "stream.synchronize()"): None,
+    },
+}
+# None: no GPU test fails without the site yet, and why
+NOT_CAUGHT = {
+    "CupyMover.close": "the host buffers are unpinned while a copy from them may be pending; the emulator reads "
+                       "an unpinned buffer when the copy runs all the same",
+    "allreduce_nccl": "redundant on the stream it uses: the .get() that follows waits for the same stream",
+    "broadcast_nccl": "the callers read the buffer on the same stream, which orders the read after the broadcast",
 }
 
 
@@ -64,12 +91,14 @@ def _run(tests, remove=None):
 def test_removing_the_site_fails_a_gpu_test(module, function, call):
     tests = SITES[module][function, call]
     assert (function, call) in found_sites()[module], f"{call} is no longer in {module}.{function}"
+    if tests is None:
+        pytest.xfail(f"not caught yet: {NOT_CAUGHT[function]}")
     proc = _run(tests, f"{module}|{function}|{call}")
     assert proc.returncode == 1 and " failed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def test_the_tables_tests_pass_with_every_site_in_place():
-    tests = sorted({t for sites in SITES.values() for ts in sites.values() for t in ts})
+    tests = sorted({t for sites in SITES.values() for ts in sites.values() for t in ts or ()})
     proc = _run(tests)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
