@@ -14,6 +14,7 @@ from layerforge.kernels import cuda
 from layerforge.kernels.cuda import implicit_gemm as gpu_conv
 from layerforge_emulator import kernel_runner
 from layerforge_emulator.kernel_runner import DevicePointer, KernelFault
+from tests.emulator import helpers
 from tests.emulator import test_kernel_runner as kernels
 from tests.emulator.helpers import implicit_gemm_without_barrier, launch, numpy_as_cupy, rand
 
@@ -32,7 +33,8 @@ def sanitizer(request, monkeypatch):
 # one case of each source's kernels, forward and backward, on shapes of a few blocks
 CASES = {
     "im2col": lambda: kernels.test_im2col_col2im(F, (3, 2, 2, 1, 0, 1, 1, 1)),
-    "implicit_gemm": lambda: kernels.check_implicit_gemm_conv(F, (3, 3, 1, 1, 1, 1, 1, 1), 1, (1, 2, 5, 5), 3),
+    # two groups of 17 channels: two blocks along x (25 positions), y (17 rows) and z (the groups)
+    "implicit_gemm": lambda: kernels.check_implicit_gemm_conv(F, (3, 3, 1, 1, 1, 1, 1, 1), 2, (1, 34, 5, 5), 34),
     "pooling": lambda: kernels.test_pooling(F, (3, 3), (2, 2), (1, 1)),
     "lrn": lambda: kernels.test_lrn(F, 5, 0.75),
     "softmax_loss": lambda: kernels.test_softmax_loss(F, 2),
@@ -47,8 +49,54 @@ def test_every_source_has_a_case():
 
 @pytest.mark.parametrize("stem", sorted(CASES))
 def test_layerforge_kernels_run_clean_under_the_sanitizer(stem, sanitizer):
+    del helpers.LAUNCHES[:]
     with numpy_as_cupy():
         CASES[stem]()
+    grids = {}
+    for name, grid in helpers.LAUNCHES:
+        grids.setdefault(name, []).append(grid)
+    # every kernel that reduces across threads ran with two blocks or more along every axis it uses
+    for kernel, axes in reducing_kernels(cuda.sources()[stem].read_text()).items():
+        assert kernel in grids, f"{stem}.cu's {kernel} reduces across threads and its case does not launch it"
+        for axis in axes:
+            assert min(g["xyz".index(axis)] for g in grids[kernel]) >= 2, (kernel, axis, grids[kernel])
+
+
+REDUCES = re.compile(r"__shared__|\batomic\w*\(|__shfl\w*\(")
+
+
+def _functions(text):
+    """The top-level functions of a .cu text: name -> (is a kernel, body)."""
+    found = {}
+    for m in re.finditer(r"^[^\n;{}#/]*?\b(\w+)\s*\([^;{]*?\)\s*\{", text, re.M):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        found[m.group(1)] = ("__global__" in m.group(0), text[m.end():i])
+    return found
+
+
+def reducing_kernels(text):
+    """The kernels of ``text`` that reduce across threads (shared memory, atomics, warp shuffles, themselves or in a
+    device function they call) -> the block axes they read (``blockIdx.x/y/z``)."""
+    functions = _functions(text)
+    reducing = {name for name, (_, body) in functions.items() if REDUCES.search(body)}
+    grew = True
+    while grew:
+        callers = {name for name, (_, body) in functions.items()
+                   if any(re.search(rf"\b{callee}\s*[<(]", body) for callee in reducing)}
+        grew = not callers <= reducing
+        reducing |= callers
+    return {name: sorted(set(re.findall(r"blockIdx\.([xyz])", body))) for name, (kernel, body) in functions.items()
+            if kernel and name in reducing}
+
+
+def test_the_reducing_kernels_are_found():
+    found = {stem: sorted(reducing_kernels(path.read_text())) for stem, path in cuda.sources().items()}
+    assert found["implicit_gemm"] == ["conv_backward_data", "conv_backward_filter", "conv_forward"]
+    assert reducing_kernels(cuda.sources()["implicit_gemm"].read_text())["conv_forward"] == ["x", "y", "z"]
+    assert found["batch_norm"] and found["fused_batch_norm"] and not found["im2col"]
 
 
 def _conv_forward(text, sanitizer):

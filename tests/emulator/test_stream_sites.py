@@ -26,6 +26,7 @@ HERE = "tests/emulator/test_stream_sites.py::"
 FEED = "tests/data/test_device_feed.py::"
 CGDP = ("tests/dataparallel/cgdp/test_devices.py::"
         "test_train_on_two_devices_with_host_sync_is_one_process_with_the_whole_batch[--devices]")
+WORKER = "tests/trace/test_cgdp.py::test_a_gpu_worker_records_copy_out_and_copy_back_between_backward_and_its_wait"
 GRAPHS = "tests/solvers/test_cuda_graph.py::test_training_with_graphs_on_the_device_equals_training_without"
 SCENARIOS = [HERE + "test_a_device_feed_read_without_host_reads_between_batches",
              HERE + "test_a_device_feed_closed_while_a_copy_is_pending"]
@@ -40,13 +41,13 @@ SITES = {
         ("DeviceFeed.close", "self.copy_stream.synchronize()"): SCENARIOS,
     },
     "layerforge.dataparallel.cgdp.transfer": {
-        ("CupyMover.to_host", "self.stream.wait_event(token)"): [CGDP],
+        ("CupyMover.to_host", "self.stream.wait_event(token)"): [WORKER],
         ("CupyMover.to_host", "self.stream.synchronize()"): [CGDP],
-        ("CupyMover.synchronize", "self.stream.synchronize()"): [CGDP],
+        ("CupyMover.synchronize", "self.stream.synchronize()"): [WORKER],
         ("CupyMover.close", "self.stream.synchronize()"): None,
     },
     "layerforge.dataparallel.cgdp.host": {
-        ("HostSync.before_update", "self.mover.synchronize()"): [CGDP],
+        ("HostSync.before_update", "self.mover.synchronize()"): [WORKER],
     },
     "layerforge.solvers.solver": {
         ("Solver.step", "self._stream.wait_event(self.xp.cuda.Stream.null.record())"): [GRAPHS],
