@@ -93,8 +93,9 @@ def store(value):
 
 def run(fn, *args, name=None, **kwargs):
     """``fn(*args, **kwargs)`` (a numpy function) as a device operation on the current stream; the result
-    in new device arrays. On a queued or capturing stream the result's shape and dtype come from calling
-    ``fn`` on memory-free stand-ins of the arrays first."""
+    in new device arrays. The operation runs later (when its stream's work is waited for), so the result's shape
+    and dtype come from calling ``fn`` on memory-free stand-ins of the arrays first (remembered per function and
+    argument kinds)."""
     name = name or getattr(fn, "__name__", "operation")
     kw = list(kwargs.items())
     value = _result_kinds(fn, list(args), kw)

@@ -3,15 +3,19 @@
 The execution model (stricter than a device, never wrong for correctly ordered code):
 
 - Every operation that reads or writes device memory (an array operation, a copy, a cuBLAS call, a kernel,
-  a collective) is *submitted* to the current stream of the current device (:func:`submit`).
-- The legacy default stream (``Stream.null``) runs an operation at once, in the calling thread, after
-  running what every blocking stream of the device still has queued (the legacy stream waits for them).
-- Any other stream only queues its operations. They run, in order, when something orders them: a host
-  synchronisation of that stream (``synchronize``, ``.get()``, ``float()``, ...), of the device, or of an
-  event recorded after them; another stream waiting for such an event (``wait_event``, which runs the
-  producer up to the event at once, a legal schedule); an operation on the legacy stream, for a blocking
-  stream; ``cudaFree``. So a missing synchronisation reads stale data deterministically instead of
-  racing: a consumer that does not wait runs before the producer's work.
+  a collective) is *submitted* to the current stream of the current device (:func:`submit`) and queued there,
+  on the legacy default stream (``Stream.null``) too. Nothing runs when it is queued.
+- An operation runs when something waits for it: a host synchronisation of its stream (``synchronize``,
+  ``.get()``, ``float()``, ...), of its device (``cudaDeviceSynchronize``, ``cudaFree``) or of an event recorded
+  after it, or an operation that comes after it and is itself run. What comes after what: a stream's own
+  order; ``wait_event`` (the waiting stream's later work comes after the event's work; nothing runs at the
+  call); the legacy stream's implicit order (its operations come after the blocking streams' earlier work, and
+  a blocking stream's after the legacy stream's earlier work; non-blocking streams are ordered by nothing).
+- Work that nothing orders runs in an order that differs from the queue order (:meth:`_Device._pick`): mostly
+  the stream queued to last goes first, so the others' work runs as late as nothing forbids. The choices are
+  seeded (``LAYERFORGE_EMULATED_GPU_SEED``, 0 by default), so a schedule repeats. A missing synchronisation
+  therefore reads stale data, or overwrites what pending work still needs, deterministically, instead of racing
+  now and then.
 - An operation that runs later refers to its arrays by address (:class:`Ref`), resolved through the
   allocation registry when it runs, as a device does: an array freed before that reads what the address
   holds then (or ``cudaErrorIllegalAddress`` if the memory went back to the device).
