@@ -5,7 +5,8 @@ with the ast module: layerforge_emulator/planted.py), never by line number. For 
 tests of its table in a subprocess with ``LAYERFORGE_EMULATED_GPU_REMOVE`` naming the site (the module is compiled
 with that statement replaced by ``pass``, in the workers that subprocess starts too) and asserts that they fail.
 The table and the sites found must agree: a site that moved to another function or changed its text, or a new one,
-fails :func:`test_the_table_names_every_site`.
+fails :func:`test_the_table_names_every_site`, and a module of layerforge with such a statement must be in the table
+or among the modules whose waits only time work (:data:`TIMING`).
 
 The scenarios below are GPU tests of their own: the stream code used as training uses it, with no host read
 between iterations (a host read waits for everything, which hides a missing wait).
@@ -65,6 +66,21 @@ NOT_CAUGHT = {
     "allreduce_nccl": "redundant on the stream it uses: the .get() that follows waits for the same stream",
     "broadcast_nccl": "the callers read the buffer on the same stream, which orders the read after the broadcast",
 }
+
+
+# modules whose waits only time work (their removal changes a measurement, not a result)
+TIMING = {
+    "layerforge.backend": "Stopwatch.stop waits for its end event to read the device time",
+    "layerforge.trace.nvtx": "DeviceTimer waits for its events to read device spans",
+    "layerforge.dataparallel.cgdp.cost_model": "measure_rates waits so that its clock times the copies",
+}
+
+
+def test_every_module_with_stream_waits_is_in_the_table_or_only_times():
+    package = ROOT / "layerforge"
+    having = {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in package.rglob("*.py")
+              if planted.stream_calls(p.read_text())}
+    assert having == set(SITES) | set(TIMING)
 
 
 def found_sites():
