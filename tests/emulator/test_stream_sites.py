@@ -61,8 +61,8 @@ SITES = {
 }
 # None: no GPU test fails without the site yet, and why
 NOT_CAUGHT = {
-    "CupyMover.close": "the host buffers are unpinned while a copy from them may be pending; the emulator reads "
-                       "an unpinned buffer when the copy runs all the same",
+    "CupyMover.close": "when a run closes its mover, HostSync.before_update has already waited for every copy; "
+                       "the wait guards a run interrupted mid-iteration, which no GPU test makes",
     "allreduce_nccl": "redundant on the stream it uses: the .get() that follows waits for the same stream",
     "broadcast_nccl": "the callers read the buffer on the same stream, which orders the read after the broadcast",
 }
