@@ -93,18 +93,60 @@ def store(value):
 
 def run(fn, *args, name=None, **kwargs):
     """``fn(*args, **kwargs)`` (a numpy function) as a device operation on the current stream; the result
-    in new device arrays. On a queued or capturing stream the result's shape and dtype come from calling
-    ``fn`` on memory-free stand-ins of the arrays first."""
+    in new device arrays. The operation runs later (when its stream's work is waited for), so the result's shape
+    and dtype come from calling ``fn`` on memory-free stand-ins of the arrays first (remembered per function and
+    argument kinds)."""
     name = name or getattr(fn, "__name__", "operation")
     kw = list(kwargs.items())
-    if streams.get_current_stream()._is_legacy:
-        box = []
-        streams.submit(lambda a, k: box.append(_call(fn, a, k)), list(args), kw, name=name)
-        return store(box[0])
-    value = _call(fn, _probe(list(args)), [(k, _probe(v)) for k, v in kw])
-    outs = [empty(v.shape, v.dtype) for v in _results(value)]
+    value = _result_kinds(fn, list(args), kw)
+    outs = [empty(shape, dtype) for shape, dtype in value]
     streams.submit(lambda o, a, k: _store_into(o, _call(fn, a, k)), outs, list(args), kw, name=name)
-    return _shaped(outs, value)
+    return tuple(outs) if value.is_tuple else outs[0]
+
+
+class _Kinds(list):
+    """The (shape, dtype) of each result of a call, and whether the call returns a tuple of them."""
+
+    is_tuple = False
+
+
+_KINDS = {}  # the results' kinds of calls seen before, by function and the arguments' kinds
+
+
+def _kind_key(x):
+    """What of an argument can decide a result's shape and dtype (None when it cannot be told)."""
+    if isinstance(x, ndarray):
+        return ("a", x.shape, x.dtype.str)
+    if type(x) in (tuple, list):
+        keys = tuple(_kind_key(v) for v in x)
+        return None if None in keys else (type(x).__name__,) + keys
+    if x is None or type(x) in (bool, int, float, complex, str, slice, type(Ellipsis)):
+        return (type(x).__name__, repr(x))
+    if isinstance(x, numpy.generic):
+        return ("g", x.dtype.str, repr(x))
+    if isinstance(x, (numpy.dtype, type)):
+        return ("t", str(x))
+    return None
+
+
+def _result_kinds(fn, args, kw):
+    """The kinds of ``fn(*args, **kw)``'s results, from a call on memory-free stand-ins of the device arrays
+    (remembered: the stand-ins cost a full computation)."""
+    key = _kind_key([args, kw])
+    try:
+        key = None if key is None else (fn, key)
+        kinds = _KINDS.get(key) if key is not None else None
+    except TypeError:  # an unhashable function
+        key = kinds = None
+    if kinds is None:
+        value = _call(fn, _probe(args), [(k, _probe(v)) for k, v in kw])
+        kinds = _Kinds((v.shape, v.dtype) for v in _results(value))
+        kinds.is_tuple = isinstance(value, (tuple, list))
+        if key is not None:
+            if len(_KINDS) > 4096:  # functions made per call (lambdas) would only grow it
+                _KINDS.clear()
+            _KINDS[key] = kinds
+    return kinds
 
 
 def run_into(fn, out, *args, name=None, **kwargs):

@@ -20,6 +20,8 @@ import sys
 import threading
 import types
 
+from . import planted
+
 ENV = "LAYERFORGE_EMULATED_GPU"  # the variable layerforge reads to call install() (layerforge/emulated_gpu.py)
 VERSION = "14.0.0+layerforge.emulator"
 PREFIXES = ("cupy", "cupyx", "cupy_backends")
@@ -194,6 +196,7 @@ def install():
     ``sys.modules``). Nothing is imported until someone imports cupy."""
     if _Finder not in sys.meta_path:
         sys.meta_path.insert(0, _Finder)
+    planted.install_if_requested()  # a test's planted removal of a stream wait (planted.py)
     for name, module in _ours().items():
         if module is not _modules().get(name):
             del sys.modules[name]

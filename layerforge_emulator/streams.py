@@ -3,15 +3,19 @@
 The execution model (stricter than a device, never wrong for correctly ordered code):
 
 - Every operation that reads or writes device memory (an array operation, a copy, a cuBLAS call, a kernel,
-  a collective) is *submitted* to the current stream of the current device (:func:`submit`).
-- The legacy default stream (``Stream.null``) runs an operation at once, in the calling thread, after
-  running what every blocking stream of the device still has queued (the legacy stream waits for them).
-- Any other stream only queues its operations. They run, in order, when something orders them: a host
-  synchronisation of that stream (``synchronize``, ``.get()``, ``float()``, ...), of the device, or of an
-  event recorded after them; another stream waiting for such an event (``wait_event``, which runs the
-  producer up to the event at once, a legal schedule); an operation on the legacy stream, for a blocking
-  stream; ``cudaFree``. So a missing synchronisation reads stale data deterministically instead of
-  racing: a consumer that does not wait runs before the producer's work.
+  a collective) is *submitted* to the current stream of the current device (:func:`submit`) and queued there,
+  on the legacy default stream (``Stream.null``) too. Nothing runs when it is queued.
+- An operation runs when something waits for it: a host synchronisation of its stream (``synchronize``,
+  ``.get()``, ``float()``, ...), of its device (``cudaDeviceSynchronize``, ``cudaFree``) or of an event recorded
+  after it, or an operation that comes after it and is itself run. What comes after what: a stream's own
+  order; ``wait_event`` (the waiting stream's later work comes after the event's work; nothing runs at the
+  call); the legacy stream's implicit order (its operations come after the blocking streams' earlier work, and
+  a blocking stream's after the legacy stream's earlier work; non-blocking streams are ordered by nothing).
+- Work that nothing orders runs in an order that differs from the queue order (:meth:`_Device._pick`): mostly
+  the stream queued to last goes first, so the others' work runs as late as nothing forbids. The choices are
+  seeded (``LAYERFORGE_EMULATED_GPU_SEED``, 0 by default), so a schedule repeats. A missing synchronisation
+  therefore reads stale data, or overwrites what pending work still needs, deterministically, instead of racing
+  now and then.
 - An operation that runs later refers to its arrays by address (:class:`Ref`), resolved through the
   allocation registry when it runs, as a device does: an array freed before that reads what the address
   holds then (or ``cudaErrorIllegalAddress`` if the memory went back to the device).
@@ -21,6 +25,8 @@ Devices, current streams and events follow cupy's classes of the same names.
 """
 import collections
 import itertools
+import os
+import random
 import threading
 import time
 import weakref
@@ -33,6 +39,8 @@ from . import runtime
 from .allocations import lookup
 from .runtime import CUDARuntimeError
 
+SEED_ENV = "LAYERFORGE_EMULATED_GPU_SEED"  # the scheduler's choices among unordered streams
+_tickets = itertools.count(1)  # the order operations were queued in, across streams
 _handles = itertools.count(0x5000)  # fake cudaStream_t / cudaEvent_t handles
 _lock = threading.RLock()
 _local = threading.local()
@@ -67,10 +75,10 @@ class Ref(NamedTuple):
 class Op:
     """One device operation: ``fn(*args)`` with every :class:`Ref` in ``args`` resolved when it runs."""
 
-    __slots__ = ("fn", "args", "name")
+    __slots__ = ("fn", "args", "name", "after", "ticket")
 
     def __init__(self, fn, args, name):
-        self.fn, self.args, self.name = fn, args, name
+        self.fn, self.args, self.name, self.after, self.ticket = fn, args, name, (), 0
 
     def run(self):
         self.fn(*_map_arrays(self.args, Ref.resolve, Ref))
@@ -92,58 +100,157 @@ def _map_arrays(args, fn, kind):
 
 
 class _Queue:
-    """The work one stream has queued on one device, run in order by whoever orders it."""
+    """The work one stream (the legacy one included) has queued on one device: operations numbered from 1 in
+    submission order; ``started`` / ``completed`` count those taken and finished."""
 
-    def __init__(self, device_id, blocking):
-        self.device_id, self.blocking = device_id, blocking
-        self.ops, self.submitted, self.completed = collections.deque(), 0, 0
-        self.lock = threading.RLock()
+    def __init__(self, device, blocking, legacy=False):
+        self.device, self.device_id, self.blocking, self.legacy = device, device.id, blocking, legacy
+        self.ops, self.submitted, self.started, self.completed = collections.deque(), 0, 0, 0
+        self.waits = []  # (queue, seq) that the next operation comes after (wait_event)
+        self.runner = None  # the thread running this queue's operation now
+        self.stream_alive = lambda: True
 
-    def push(self, op):
-        with self.lock:
-            self.ops.append(op)
-            self.submitted += 1
-            return self.submitted
+    def pending(self):
+        return self.submitted > self.completed
 
-    def run_until(self, seq):
-        """Run the queued operations up to number ``seq`` (1-based; all of them for None)."""
-        with self.lock:
-            seq = self.submitted if seq is None else seq
-            while self.completed < seq:
-                op = self.ops.popleft()
-                self.completed += 1
-                try:
-                    op.run()
-                except BaseException:
+
+def _seed():
+    try:
+        return int(os.environ.get(SEED_ENV, "0"))
+    except ValueError:
+        raise ValueError(f"{SEED_ENV} must be an integer, got {os.environ[SEED_ENV]!r}") from None
+
+
+class _Device:
+    """The queues of one device and the scheduler that runs them: an operation runs once something waits for
+    it, after what it comes after (its stream's earlier work, the events its stream waited for, and the legacy
+    stream's implicit order); among the streams whose next operation may run, a seeded random one goes first."""
+
+    def __init__(self, device_id):
+        self.id, self.cond = device_id, threading.Condition(threading.RLock())
+        self.legacy = _Queue(self, blocking=True, legacy=True)
+        self.queues = [self.legacy]
+        self.rng = random.Random(_seed() * 7919 + device_id)
+
+    def live_queues(self):
+        self.queues[:] = [q for q in self.queues if q.legacy or q.pending() or q.stream_alive()]
+        return list(self.queues)
+
+    def push(self, queue, op):
+        """Queue ``op`` on ``queue``; returns its number there."""
+        with self.cond:
+            after, queue.waits = queue.waits, []
+            if queue.legacy:  # the legacy stream waits for the blocking streams' earlier work
+                after += [(q, q.submitted) for q in self.live_queues() if q.blocking and not q.legacy and q.pending()]
+            elif queue.blocking and self.legacy.pending():  # and they wait for its
+                after.append((self.legacy, self.legacy.submitted))
+            op.after, op.ticket = after, next(_tickets)
+            queue.ops.append(op)
+            queue.submitted += 1
+            return queue.submitted
+
+    def _closure(self, targets):
+        """``targets`` (queue -> number) grown by everything they come after; the other devices' part apart."""
+        others, todo = [], list(targets.items())
+        while todo:
+            queue, seq = todo.pop()
+            for op in itertools.islice(queue.ops, 0, max(0, seq - queue.started)):
+                for q, s in op.after:
+                    if q.device is not self:
+                        others.append((q, s))
+                    elif s > targets.get(q, 0) and s > q.completed:
+                        targets[q] = s
+                        todo.append((q, s))
+        return others
+
+    def _pick(self, ready):
+        """Which of the streams that may run goes first: mostly the one whose next operation was queued last
+        (work nothing ordered runs late, so a consumer that did not wait sees its producer's old data), else a
+        random one; seeded (``LAYERFORGE_EMULATED_GPU_SEED``), so a schedule repeats."""
+        if len(ready) == 1:
+            return ready[0]
+        if self.rng.random() < 0.75:
+            return max(ready, key=lambda q: q.ops[0].ticket)
+        return ready[self.rng.randrange(len(ready))]
+
+    def run(self, targets):
+        """Run the operations up to ``targets`` (queue -> number) and everything they come after."""
+        with self.cond:
+            targets = {q: s for q, s in targets.items() if s > q.completed}
+            others = self._closure(targets)
+        for q, s in others:
+            q.device.run({q: s})
+        me = threading.get_ident()
+        while True:
+            with self.cond:
+                left = [q for q, s in targets.items() if q.completed < s]
+                if not left:
+                    return
+                ready = [q for q in left if q.started == q.completed and q.started < targets[q]
+                         and all(d.completed >= s for d, s in q.ops[0].after)]
+                if not ready:
+                    if any(q.runner == me for q in self.queues):
+                        return  # called from inside an operation this thread runs (a finalizer): it cannot wait
+                    self.cond.wait(0.05)
+                    continue
+                queue = self._pick(ready)
+                op = queue.ops.popleft()
+                queue.started += 1
+                queue.runner = me
+            try:
+                op.run()
+            except BaseException:
+                with self.cond:
                     # as after a device fault, the stream's later work is lost; it fails where it is waited for
-                    self.completed += len(self.ops)
-                    self.ops.clear()
-                    raise
+                    queue.started = queue.completed = queue.submitted
+                    queue.ops.clear()
+                    queue.runner = None
+                    self.cond.notify_all()
+                raise
+            with self.cond:
+                queue.completed += 1
+                queue.runner = None
+                self.cond.notify_all()
 
 
-_queues = collections.defaultdict(list)  # device -> [_Queue] of the non-legacy streams
-_by_ptr = weakref.WeakValueDictionary()  # handle -> Stream, for calls that take a raw stream (NCCL)
+_devices = {}
 
 
-def _queues_of(device_id):
+def _device(device_id):
     with _lock:
-        queues = _queues[device_id]
-        queues[:] = [q for q in queues if q.ops or q.stream_alive()]
-        return list(queues)
+        device = _devices.get(device_id)
+        if device is None:
+            device = _devices[device_id] = _Device(device_id)
+        return device
 
 
-def flush_blocking(device_id):
-    """What the legacy stream waits for before its next operation: the queued work of blocking streams."""
-    for queue in _queues_of(device_id):
-        if queue.blocking:
-            queue.run_until(None)
+def _queue_of(stream):
+    """The queue of ``stream`` (the legacy stream's of the current device)."""
+    return _device(runtime.getDevice()).legacy if stream._is_legacy else stream._queue
+
+
+def run_queue(queue, seq=None):
+    """Run ``queue``'s work up to number ``seq`` (all of it for None) and what it comes after."""
+    queue.device.run({queue: queue.submitted if seq is None else seq})
+
+
+_by_ptr = weakref.WeakValueDictionary()  # handle -> Stream, for calls that take a raw stream (NCCL)
 
 
 def synchronize_device(device_id):
     """``cudaDeviceSynchronize``: every queued operation of the device runs."""
     graphs.check_no_capture("cudaDeviceSynchronize", device_id)
-    for queue in _queues_of(device_id):
-        queue.run_until(None)
+    device = _device(device_id)
+    with device.cond:
+        queues = [q for q in device.live_queues() if q.ops]
+        # one stream after another, each with only what it waited for: the stream queued to last goes first, so
+        # the others' work runs after it, as late as nothing forbids (seeded: sometimes another order)
+        queues.sort(key=lambda q: -q.ops[-1].ticket)
+        if len(queues) > 1 and device.rng.random() < 0.25:
+            device.rng.shuffle(queues)
+        targets = [(q, q.submitted) for q in queues]
+    for queue, seq in targets:
+        device.run({queue: seq})
 
 
 def deviceSynchronize():
@@ -167,12 +274,13 @@ class Stream:
             return
         self.ptr, self.device_id = next(_handles), runtime.getDevice()
         runtime.check_device(self.device_id)
-        self._queue = _Queue(self.device_id, blocking=not self.non_blocking)
+        device = _device(self.device_id)
+        self._queue = _Queue(device, blocking=not self.non_blocking)
         _by_ptr[self.ptr] = self
         alive = weakref.ref(self)
         self._queue.stream_alive = lambda: alive() is not None
-        with _lock:
-            _queues[self.device_id].append(self._queue)
+        with device.cond:
+            device.queues.append(self._queue)
 
     @property
     def _is_legacy(self):
@@ -218,10 +326,7 @@ class Stream:
     def synchronize(self):
         """Wait for the stream's work (``cudaErrorStreamCaptureUnsupported`` while it captures)."""
         graphs.check_not_capturing(self, "cudaStreamSynchronize")
-        if self._is_legacy:
-            flush_blocking(runtime.getDevice())
-        else:
-            self._queue.run_until(None)
+        run_queue(_queue_of(self))
 
     @property
     def done(self):
@@ -235,12 +340,14 @@ class Stream:
         return event
 
     def wait_event(self, event):
-        """Later work of this stream comes after the work before ``event``: that work runs now."""
+        """Later work of this stream comes after the work before ``event`` (nothing runs now)."""
         graphs.check_wait(self, event)
         if event._mark is not None:
             queue, seq = event._mark
-            if queue is not self._queue:
-                queue.run_until(seq)
+            mine = _queue_of(self)
+            if queue is not mine and seq > queue.completed:
+                with mine.device.cond:
+                    mine.waits.append((queue, seq))
 
     def add_callback(self, callback, arg):
         submit_host(lambda: callback(self, 0, arg), "stream callback", self)
@@ -312,16 +419,12 @@ class Event:
         def stamp():
             self._time = time.perf_counter()
 
-        if stream._is_legacy:
-            self._mark = None
-            submit_host(stamp, "event record", stream)
-        else:
-            self._mark = (stream._queue, submit_host(stamp, "event record", stream))
+        self._mark = (_queue_of(stream), submit_host(stamp, "event record", stream))
 
     def synchronize(self):
         graphs.check_event(self)
         if self._mark is not None:
-            self._mark[0].run_until(self._mark[1])
+            run_queue(*self._mark)
 
     @property
     def done(self):
@@ -372,10 +475,8 @@ def submit(fn, *args, name="operation", stream=None):
         return None
     if stream._is_legacy:
         graphs.check_legacy_use(device_id)
-        flush_blocking(device_id)
-        fn(*_map_arrays(_map_arrays(args, lambda a: a._host, DeviceData), Ref.resolve, Ref))
-        return None
-    return stream._queue.push(Op(fn, _map_arrays(args, _ref_of, DeviceData), name))
+    queue = _queue_of(stream)
+    return queue.device.push(queue, Op(fn, _map_arrays(args, _ref_of, DeviceData), name))
 
 
 def host_views(args):

@@ -2,6 +2,7 @@
 buffers: ``numpy_as_cupy`` stands numpy in for the few cupy functions the launchers call (allocation and
 layout) and puts :func:`kernel_runner.compile_module` behind ``cupy.RawModule``, so the launchers' own argument
 lists reach the kernels. The cupy stand-in of the emulated device is not needed for that."""
+import re
 import sys
 import types
 from contextlib import contextmanager
@@ -39,7 +40,11 @@ class RawKernel:
         self.function = function
 
     def __call__(self, grid, block, args, shared_mem=0):
+        LAUNCHES.append((self.function.name, tuple(grid) + (1,) * (3 - len(tuple(grid)))))
         self.function.launch(grid, block, device_args(args), shared_mem)
+
+
+LAUNCHES = []  # (kernel name, grid as 3 ints) of every launch through RawKernel, for the shape checks
 
 
 class RawModule:
@@ -94,7 +99,8 @@ def launch(stem, name, dtype, grid, block, args, shared_mem=0, sanitizer=None, t
 def implicit_gemm_without_barrier(index):
     """implicit_gemm.cu with the tile loop's ``index``-th ``__syncthreads`` (0: after the loads, 1: after their
     use) removed: a planted race."""
-    barrier = "        __syncthreads();\n"
-    parts = cuda.sources()["implicit_gemm"].read_text().split(barrier)
-    assert len(parts) == 3, "implicit_gemm.cu's tile loop has two barriers"
-    return parts[0] + ("" if index == 0 else barrier) + parts[1] + ("" if index == 1 else barrier) + parts[2]
+    text = cuda.sources()["implicit_gemm"].read_text()
+    barriers = list(re.finditer(r"^[ \t]*__syncthreads\(\);[^\n]*\n", text, re.M))  # found by what they are
+    assert len(barriers) == 2, f"implicit_gemm.cu's tile loop has two barriers, found {len(barriers)}"
+    gone = barriers[index]
+    return text[:gone.start()] + text[gone.end():]

@@ -20,6 +20,7 @@ nc = nccl.NcclCommunicator(size, uid, rank)
 stream = cupy.cuda.Stream(non_blocking=True)
 x = cupy.asarray(numpy.arange(6, dtype=numpy.float32) + rank)
 out = cupy.empty_like(x)
+stream.wait_event(cupy.cuda.Stream.null.record())  # x was copied on the legacy stream
 nc.allReduce(x.data.ptr, out.data.ptr, 6, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
 stream.synchronize()
 assert (out.get() == 2 * numpy.arange(6) + sum(range(size))).all(), out.get()

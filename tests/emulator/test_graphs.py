@@ -12,6 +12,7 @@ from tests.emulator.emulated import cupy  # noqa: F401 - the fixture
 def test_capture_records_and_replay_reruns_on_the_same_buffers(cupy):
     x, y = cupy.ones(4, numpy.float32), cupy.zeros(4, numpy.float32)
     s = cupy.cuda.Stream(non_blocking=True)
+    s.wait_event(cupy.cuda.Stream.null.record())  # x, y were written on the legacy stream
     with s:
         s.begin_capture()
         assert s.is_capturing()
@@ -23,6 +24,7 @@ def test_capture_records_and_replay_reruns_on_the_same_buffers(cupy):
     s.synchronize()
     assert (y.get() == 4).all()
     x[...] = 2
+    s.wait_event(cupy.cuda.Stream.null.record())
     graph.launch(s)
     graph.launch(s)
     s.synchronize()
@@ -73,6 +75,7 @@ def test_allocation_in_relaxed_capture_grows_the_pool(cupy):
     s = cupy.cuda.Stream(non_blocking=True)
     x = cupy.ones(5, numpy.float32)
     out = cupy.empty(5, numpy.float32)
+    s.wait_event(cupy.cuda.Stream.null.record())  # x were written on the legacy stream
     with s, cupy.cuda.using_allocator(pool.malloc):
         s.begin_capture()  # cupy's default mode: relaxed
         tmp = x * 2  # a fresh cudaMalloc in the private pool: allowed
@@ -124,6 +127,7 @@ def test_replay_after_the_memory_went_back_to_the_device_is_an_illegal_address(c
 def test_layerforges_recorder_records_and_replays(cupy):
     s = cupy.cuda.Stream(non_blocking=True)
     w, y = cupy.full((3,), 2.0, numpy.float32), cupy.zeros(3, numpy.float32)
+    s.wait_event(cupy.cuda.Stream.null.record())  # w, y were written on the legacy stream
     with s:
         replay = cuda_recorder(cupy)(lambda: cupy.multiply(w * w, 0.5, out=y))
         w[...] = 4

@@ -76,6 +76,7 @@ def test_mismatched_calls_and_foreign_buffers_are_errors(cupy):
         x = cupy.zeros(2 + rank, numpy.float32)
         with pytest.raises(nccl.NcclError, match="NCCL_ERROR_INVALID_USAGE"):
             comm.allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+            cupy.cuda.Stream.null.synchronize()  # the collective runs when something waits for it
         return True
 
     assert on_devices(cupy, work) == [True, True]
@@ -96,6 +97,7 @@ def test_a_rank_that_waits_too_long_raises(cupy, monkeypatch):
     x = cupy.zeros(2, numpy.float32)
     with pytest.raises(nccl.NcclError, match="waited 0.5 s"):
         comm.allReduce(x.data.ptr, x.data.ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+        cupy.cuda.Stream.null.synchronize()
 
 
 def test_allreduce_and_broadcast_across_two_mpi_ranks():

@@ -7,6 +7,7 @@ run shows. The kernel bugs are planted in the .cu text by test_kernel_runner_che
 out-of-bounds read the sanitizers report).
 """
 import inspect
+import re
 import textwrap
 
 import numpy
@@ -18,14 +19,16 @@ from tests.layers import test_every_layer_on_xp as every_layer
 from tests.solvers import test_cuda_graph as cuda_graph
 
 
-def plant(monkeypatch, owner, name, old, new):
-    """For the test, ``owner.name`` (a function or method) is its own source with ``old`` (once there) replaced
-    by ``new``."""
+def plant(monkeypatch, owner, name, pattern, new):
+    """For the test, ``owner.name`` (a function or method) is its own source with the one match of ``pattern`` (a
+    regular expression: the site is found by what the code does, wherever it sits) replaced by ``new``; fails
+    loudly when the site is gone or ambiguous."""
     function = getattr(owner, name)
     source = textwrap.dedent(inspect.getsource(function))
-    assert source.count(old) == 1, f"{old!r} is not once in {owner.__name__}.{name}"
+    planted, n = re.subn(pattern, new, source)
+    assert n == 1, f"{pattern!r} matches {n} times in {owner.__name__}.{name}, not once: the planted site moved"
     made = {}
-    exec(compile(source.replace(old, new), inspect.getsourcefile(function), "exec"), function.__globals__, made)
+    exec(compile(planted, inspect.getsourcefile(function), "exec"), function.__globals__, made)
     monkeypatch.setattr(owner, name, made[name])
 
 
@@ -33,7 +36,7 @@ def test_a_numpy_array_in_a_cupy_operation(monkeypatch):
     import cupy
 
     # planted: MultiBoxLoss subtracts its host-side targets without copying them to the device first
-    plant(monkeypatch, MultiBoxLoss, "location_loss", "- xp.asarray(target, self.dtype))", "- target)")
+    plant(monkeypatch, MultiBoxLoss, "location_loss", r"-\s*xp\.asarray\(\s*target\s*,\s*self\.dtype\s*\)\)", "- target)")
     every_layer.test_layer_agrees_with_numpy("MultiBoxLoss", numpy)  # numpy does not mind
     with pytest.raises(TypeError, match="Unsupported type <class 'numpy.ndarray'>"):
         every_layer.test_layer_agrees_with_numpy("MultiBoxLoss", cupy)
@@ -42,7 +45,7 @@ def test_a_numpy_array_in_a_cupy_operation(monkeypatch):
 def test_a_host_synchronisation_inside_graph_capture(monkeypatch):
     # planted: ReLU reads a device value on the host in the middle of the recorded body (the training goes on
     # without graphs, with the same results, so the device test's check that recording succeeded is what fails)
-    plant(monkeypatch, ReLU, "forward", "if self.negative_slope == 0:",
+    plant(monkeypatch, ReLU, "forward", r"if self\.negative_slope == 0\s*:",
           "if self.negative_slope == 0 and float(x.max()) > -1:")
     with pytest.raises(AssertionError) as failure:
         cuda_graph.test_training_with_graphs_on_the_device_equals_training_without("resnet block", 12)

@@ -62,11 +62,13 @@ def test_arguments_are_converted_as_cupys_launcher_does(cupy, launches):
     assert grid == (1, 1, 1) and block == (8, 1, 1) and shared == 0
     assert args[0] == DevicePointer(x.data.ptr, numpy.dtype(numpy.float32), x.data.ptr, 32)
     kernel((1,), (8,), (x[2:], 2.0, 3))  # Python float -> double, int -> long long, pointer inside the allocation
+    cupy.cuda.Stream.null.synchronize()  # the launch runs when something waits for it
     _, _, args, _ = log[-1]
     assert args[0].address == x.data.ptr + 8 and args[0].base == x.data.ptr and args[0].size == 32
     assert type(args[1]) is numpy.float64 and type(args[2]) is numpy.int64
     assert x.get().tolist() == [3, 3, 6, 6, 6, 3, 3, 3]
     kernel((1,), (1,), (None, numpy.array([2.0], numpy.float32), 2 ** 63))
+    cupy.cuda.Stream.null.synchronize()
     _, _, args, _ = log[-1]
     assert args[0].address == 0 and type(args[1]) is numpy.float32 and type(args[2]) is numpy.uint64
 

@@ -56,7 +56,7 @@ def test_the_legacy_stream_waits_for_blocking_streams_only(cupy):
 
 def test_a_device_synchronize_runs_every_stream(cupy):
     a = cupy.ones(3)
-    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(3)]
+    streams = [cupy.cuda.Stream() for _ in range(3)]  # blocking: they wait for `a` on the legacy stream
     outs = []
     for i, s in enumerate(streams):
         with s:
@@ -72,6 +72,7 @@ def test_a_pinned_copy_reads_the_host_buffer_when_it_runs(cupy):
     pinned, pageable = cupyx.empty_pinned((4,), numpy.float32), numpy.empty(4, numpy.float32)
     to_pinned, to_pageable = cupy.empty(4, numpy.float32), cupy.empty(4, numpy.float32)
     pinned[...] = pageable[...] = 1
+    copy.wait_event(cupy.cuda.Stream.null.record())  # the arrays' memory came from the legacy stream's pool
     to_pinned.set(pinned, stream=copy)
     to_pageable.set(pageable, stream=copy)
     pinned[...] = pageable[...] = 2  # overwritten before the copies ran
@@ -106,3 +107,35 @@ def test_current_stream_and_devices(cupy):
         with pytest.raises(RuntimeError, match=r"created on \(0\) does not match with the current device \(1\)"):
             with s:
                 pass
+
+
+def test_work_runs_when_something_waits_for_it_not_when_it_is_queued(cupy):
+    ran = []
+    cupy.cuda.Stream.null.launch_host_func(ran.append, "legacy")
+    producer, consumer = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    producer.launch_host_func(ran.append, "producer")
+    consumer.wait_event(producer.record())
+    consumer.launch_host_func(ran.append, "consumer")
+    assert ran == []  # queued, the legacy stream's work too; wait_event ran nothing
+    consumer.synchronize()
+    assert ran == ["producer", "consumer"]  # what the consumer waited for, and not the legacy stream's work
+    cupy.cuda.Stream.null.synchronize()
+    assert ran[-1] == "legacy"
+
+
+def test_streams_that_nothing_orders_run_out_of_queue_order_and_a_seed_repeats_it(cupy):
+    from layerforge_emulator import streams
+
+    def schedule(seed):
+        streams._device(0).rng.seed(seed)
+        queues = [cupy.cuda.Stream(non_blocking=True) for _ in range(3)]
+        order = []
+        for i in range(12):
+            queues[i % 3].launch_host_func(order.append, i)
+        cupy.cuda.Device().synchronize()
+        return order
+
+    first = schedule(0)
+    assert first != list(range(12)) and sorted(first) == list(range(12))
+    assert all([i for i in first if i % 3 == k] == list(range(k, 12, 3)) for k in range(3))  # each stream in order
+    assert schedule(0) == first and {tuple(schedule(seed)) for seed in range(8)} != {tuple(first)}
