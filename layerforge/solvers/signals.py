@@ -55,7 +55,8 @@ def _interrupt(signum, frame):
 
 @contextlib.contextmanager
 def interrupting():
-    """Within the block, SIGINT and SIGTERM raise :class:`Interrupted` (the previous handlers are back after it).
+    """Within the block, SIGINT and SIGTERM raise :class:`Interrupted` (the previous handlers are back after it,
+    unless the block left others in place: a rank's ``then_ignore``).
     A signal that came during the block wins over whatever the block did: when the block returns, or raises
     something else (a worker that the same Ctrl-C killed, a trial that fails because of it), Interrupted is raised
     instead, so that no caller takes a cut-short result, or the failure it caused, for a real one."""
@@ -78,7 +79,8 @@ def interrupting():
             raise Interrupted(_ending[0])
     finally:
         for s, h in old.items():
-            signal.signal(s, h)
+            if signal.getsignal(s) is _interrupt:  # what a block set for after itself (then_ignore) stays
+                signal.signal(s, h)
         _depth[0] -= 1
         if not _depth[0]:
             _ending.clear()
