@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from .errors import LayerforgeError, out_of_memory
+from .errors import LayerforgeError, interrupting, out_of_memory
 
 # command name -> module under layerforge.commands; names are Caffe's tools' style, words joined by "_"
 COMMANDS = {
@@ -185,16 +185,14 @@ def main(argv=None):
     # decided before anything heavy is imported, so that the supervisor forwards signals from its first moments
     if needs_supervisor():
         return supervise(argv)
-    args = build_parser(argv[0] if argv and command_name(argv[0]) in COMMANDS else None).parse_args(argv)
-    args.argv = argv[1:]  # the command's own arguments as given: train's restarts start it again with them
-    if getattr(args, "verbose", False):
-        from .logs import VERBOSE_ENV
-
-        os.environ[VERBOSE_ENV] = "1"  # in the environment: the workers, replicas and ranks it starts show them too
-    from .solvers.signals import exit_status, interrupting
-
     try:
-        with interrupting():
+        with interrupting():  # from here on (the command's imports included) a signal ends it in one line
+            args = build_parser(argv[0] if argv and command_name(argv[0]) in COMMANDS else None).parse_args(argv)
+            args.argv = argv[1:]  # the command's own arguments as given: train's restarts start it again with them
+            if getattr(args, "verbose", False):
+                from .logs import VERBOSE_ENV
+
+                os.environ[VERBOSE_ENV] = "1"  # in the environment: the processes it starts show them too
             return int(args.run(args) or 0)
     except LayerforgeError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -202,8 +200,8 @@ def main(argv=None):
     except MemoryError as e:  # an allocation no check foresaw (the blobs check theirs before allocating)
         print(f"error: {out_of_memory(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:
-        status = exit_status(e)
+    except KeyboardInterrupt as e:  # Python's own, or errors.Interrupted
+        status = getattr(e, "exit_status", 128 + signal.SIGINT)
         print(f"interrupted by {signal.Signals(status - 128).name}", file=sys.stderr)
         return status
 

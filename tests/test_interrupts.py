@@ -123,6 +123,17 @@ def test_a_signal_during_the_cpu_parallelism_trial_ends_train_and_caches_no_figu
     assert "Solving" not in command.log  # no training after the trial
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_train_s_start_up_ends_it(tmp_path, signum):
+    """A second after the start: Python runs, the command's modules are loading or the solver is being read (the
+    trial, which follows, takes seconds more)."""
+    command = Command(tmp_path, "train", "--solver", write_net(tmp_path), "--no-progress")
+    time.sleep(1.0)
+    code, took = command.signal(signum, group=signum == signal.SIGINT)
+    interrupted(command, code, took, signum)
+    assert command.cached("cpu_parallel.json") == {}
+
+
 def test_ctrl_c_during_the_engine_choice_of_time_caches_no_timing(tmp_path):
     write_net(tmp_path)
     command = Command(tmp_path, "time", "--model", tmp_path / "net.yaml", "--iterations", 5,

@@ -31,7 +31,7 @@ import time
 
 import numpy
 
-from ..errors import ConfigError, LayerforgeError
+from ..errors import ConfigError, LayerforgeError, interrupting
 from ..kernels.engine_cache import ChoiceCache, machine_key
 
 log = logging.getLogger("layerforge")
@@ -191,7 +191,7 @@ def choose(sp, layers, requested, measure, replicas=None, run=None, resume=None)
 
     Returns a :class:`Choice`; ConfigError when REPLICAS is asked for a net it would change. A trial that fails
     with the user's error (LayerforgeError) leaves THREADS, remembered nowhere: the run itself then reports it
-    as one process does. A Ctrl-C or SIGTERM during a trial ends the command (solvers/signals.py, Interrupted),
+    as one process does. A Ctrl-C or SIGTERM during a trial ends the command (errors.Interrupted),
     whatever the trial then did: neither its cut-short figure nor a failure the signal caused (a replica it killed)
     is remembered, or taken for THREADS.
     """
@@ -215,8 +215,6 @@ def choose(sp, layers, requested, measure, replicas=None, run=None, resume=None)
                       f"remembered from a trial: {cached.get('trial', '?')}")
     if run is not None and run < SHORT_RUN:
         return Choice("THREADS", 1, f"a run of {run} iterations, too short for a trial", quiet=True)
-    from ..solvers.signals import interrupting
-
     try:
         with interrupting():  # a Ctrl-C ends the command: neither a cut-short figure nor the failure it caused counts
             threads_rate = measure("THREADS", 1)

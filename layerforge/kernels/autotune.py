@@ -7,7 +7,7 @@ have settled (:func:`settle_engines`). The choices persist in snapshots and in t
 The log says what AUTO does in two lines at the default level, one when the timing starts and one when every
 convolution timing at that moment has chosen (:class:`_Summary`); each layer's choice and times, and each layer that
 found its choice in the cache, are lines marked ``detail`` (logs.DETAIL), shown with ``--verbose`` (``GLOG_v=1``).
-A timed call that a signal interrupts (Ctrl-C outside training's loop raises) records nothing, so no cut-short
+A timed call that a signal interrupts (Ctrl-C outside training's loop raises: errors.interrupting) records nothing, so no cut-short
 timing is ever chosen from or cached.
 """
 import collections

@@ -11,9 +11,9 @@ that raised would abort the job without a snapshot, and hydra has its own second
 to force abort"), which ends every rank.
 
 Outside the training loop (start-up, the CPU-parallelism trial, ``time``, ``test``, ``plan``) a SIGINT or SIGTERM
-ends the command at once: :func:`interrupting` turns it into :class:`Interrupted`, which the ``layerforge`` command
+ends the command at once: errors.interrupting turns it into errors.Interrupted, which the ``layerforge`` command
 reports in one line (``interrupted by SIGTERM``) and exits 128 + the signal's number (130, 143), as a shell
-reports a process a signal ended; a trial inside :func:`interrupting` is never taken cut short.
+reports a process a signal ended; a trial inside ``interrupting`` is never taken cut short.
 """
 import contextlib
 import signal
@@ -22,70 +22,6 @@ import threading
 from ..errors import LayerforgeError
 
 EFFECTS = ("snapshot", "stop", "none")
-ENDING = (signal.SIGINT, signal.SIGTERM)
-
-
-class Interrupted(KeyboardInterrupt):
-    """A SIGINT or SIGTERM that ends a command outside the training loop; ``signum``: which."""
-
-    def __init__(self, signum=signal.SIGINT):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = int(signum)
-
-    @property
-    def exit_status(self):
-        """128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as a shell reports it."""
-        return 128 + self.signum
-
-
-def exit_status(interrupt):
-    """The exit status of a command that a KeyboardInterrupt (or :class:`Interrupted`) ended."""
-    return getattr(interrupt, "exit_status", 128 + signal.SIGINT)
-
-
-_ending = []  # the signal that is ending this process, once one came within :func:`interrupting`
-_depth = [0]
-
-
-def _interrupt(signum, frame):
-    if not _ending:  # one Interrupted per process: a copy that follows (a decode worker forwards its Ctrl-C) is moot
-        _ending.append(signum)
-        raise Interrupted(signum)
-
-
-@contextlib.contextmanager
-def interrupting():
-    """Within the block, SIGINT and SIGTERM raise :class:`Interrupted` (the previous handlers are back after it,
-    unless the block left others in place: a rank's ``then_ignore``).
-    A signal that came during the block wins over whatever the block did: when the block returns, or raises
-    something else (a worker that the same Ctrl-C killed, a trial that fails because of it), Interrupted is raised
-    instead, so that no caller takes a cut-short result, or the failure it caused, for a real one."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = list(_ending)
-    old = {s: signal.signal(s, _interrupt) for s in ENDING}
-    _depth[0] += 1
-    try:
-        yield
-    except Interrupted:
-        raise
-    except BaseException as e:
-        if _ending and not before:
-            raise Interrupted(_ending[0]) from e
-        raise
-    else:
-        if _ending and not before:
-            raise Interrupted(_ending[0])
-    finally:
-        for s, h in old.items():
-            if signal.getsignal(s) is _interrupt:  # what a block set for after itself (then_ignore) stays
-                signal.signal(s, h)
-        _depth[0] -= 1
-        if not _depth[0]:
-            _ending.clear()
-
-
 @contextlib.contextmanager
 def signal_handlers(pending, sigint_effect, sighup_effect, escalate=True, then_ignore=False):
     """Within the block, each handled signal appends ``(signal number, effect)`` to the list ``pending``, unless

@@ -59,13 +59,13 @@ def test_outside_the_loop_a_signal_ends_the_block_and_wins_over_what_it_caused()
     """interrupting(): SIGTERM raises Interrupted (exit status 143); a failure the signal caused (a worker it ended)
     is reported as the signal, and a second copy of it (a decode worker forwards its Ctrl-C) is moot."""
     from layerforge.errors import LayerforgeError
-    from layerforge.solvers.signals import Interrupted, exit_status, interrupting
+    from layerforge.errors import Interrupted, interrupting
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     with pytest.raises(Interrupted) as ended:
         with interrupting():
             deliver(signal.SIGTERM)
-    assert ended.value.signum == signal.SIGTERM and exit_status(ended.value) == 143
+    assert ended.value.signum == signal.SIGTERM and ended.value.exit_status == 143
     with pytest.raises(Interrupted) as ended:
         with interrupting():
             try:
@@ -73,13 +73,13 @@ def test_outside_the_loop_a_signal_ends_the_block_and_wins_over_what_it_caused()
             except Interrupted:
                 deliver(signal.SIGTERM)  # moot: this process is ending already
                 raise LayerforgeError("worker 1 (pid 7) was killed by signal 2; the job was stopped") from None
-    assert ended.value.signum == signal.SIGINT and exit_status(ended.value) == 130
+    assert ended.value.signum == signal.SIGINT and ended.value.exit_status == 130
     assert {s: signal.getsignal(s) for s in before} == before
 
 
 def test_a_rank_s_then_ignore_outlasts_interrupting():
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    from layerforge.solvers.signals import interrupting
+    from layerforge.errors import interrupting
 
     try:
         with interrupting():
