@@ -1,13 +1,17 @@
 """The ``layerforge`` command: one subcommand per module in ``layerforge/commands/``.
 
 Each command module has ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
-Errors caused by the user's input (LayerforgeError) print one line and exit 2, never a traceback.
+Errors caused by the user's input (LayerforgeError) print one line and exit 2, never a traceback. Ctrl-C or SIGTERM
+outside training's loop (which takes them as requests: solvers/signals.py) ends a command at once with one line,
+``interrupted by SIGINT``, and the exit status a shell gives a process the signal ended (130, 143).
 """
 import argparse
 import importlib
+import os
+import signal
 import sys
 
-from .errors import LayerforgeError, out_of_memory
+from .errors import LayerforgeError, interrupting, out_of_memory
 
 # command name -> module under layerforge.commands; names are Caffe's tools' style, words joined by "_"
 COMMANDS = {
@@ -81,6 +85,8 @@ def build_parser(only=None):
         p = sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=_DefaultsHelp,
                            aliases=[old for old, new in ALIASES.items() if new == name])
         module.add_arguments(p)
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help="show the log's lines of detail (each convolution's engine choice; GLOG_v=1 does too)")
         p.set_defaults(run=module.run)
     return parser
 
@@ -179,19 +185,25 @@ def main(argv=None):
     # decided before anything heavy is imported, so that the supervisor forwards signals from its first moments
     if needs_supervisor():
         return supervise(argv)
-    args = build_parser(argv[0] if argv and command_name(argv[0]) in COMMANDS else None).parse_args(argv)
-    args.argv = argv[1:]  # the command's own arguments as given: train's restarts start it again with them
     try:
-        return int(args.run(args) or 0)
+        with interrupting():  # from here on (the command's imports included) a signal ends it in one line
+            args = build_parser(argv[0] if argv and command_name(argv[0]) in COMMANDS else None).parse_args(argv)
+            args.argv = argv[1:]  # the command's own arguments as given: train's restarts start it again with them
+            if getattr(args, "verbose", False):
+                from .logs import VERBOSE_ENV
+
+                os.environ[VERBOSE_ENV] = "1"  # in the environment: the processes it starts show them too
+            return int(args.run(args) or 0)
     except LayerforgeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except MemoryError as e:  # an allocation no check foresaw (the blobs check theirs before allocating)
         print(f"error: {out_of_memory(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Python's own, or errors.Interrupted
+        status = getattr(e, "exit_status", 128 + signal.SIGINT)
+        print(f"interrupted by {signal.Signals(status - 128).name}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

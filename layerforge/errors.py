@@ -1,4 +1,12 @@
-"""Errors that reach the user as one line (the CLI prints ``error: <line>`` and exits 2)."""
+"""Errors that reach the user as one line (the CLI prints ``error: <line>`` and exits 2), and the signals that end a
+command (:func:`interrupting`: the CLI prints ``interrupted by SIGINT`` and exits 130, or 143 for SIGTERM).
+
+Here, at the foundation, so that the command line puts :func:`interrupting` in place before it loads anything heavy;
+training's own signal handling (requests carried out between iterations) is layerforge/solvers/signals.py's.
+"""
+import contextlib
+import signal
+import threading
 
 
 class LayerforgeError(Exception):
@@ -77,3 +85,62 @@ def describe_exit(code):
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+ENDING = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A SIGINT or SIGTERM that ends a command outside the training loop; ``signum``: which."""
+
+    def __init__(self, signum=signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+    @property
+    def exit_status(self):
+        """128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as a shell reports it."""
+        return 128 + self.signum
+
+
+_ending = []  # the signal that is ending this process, once one came within :func:`interrupting`
+_depth = [0]
+
+
+def _interrupt(signum, frame):
+    if not _ending:  # one Interrupted per process: a copy that follows (a decode worker forwards its Ctrl-C) is moot
+        _ending.append(signum)
+        raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interrupting():
+    """Within the block, SIGINT and SIGTERM raise :class:`Interrupted` (the previous handlers are back after it,
+    unless the block left others in place: a rank's ``then_ignore``).
+    A signal that came during the block wins over whatever the block did: when the block returns, or raises
+    something else (a worker that the same Ctrl-C killed, a trial that fails because of it), Interrupted is raised
+    instead, so that no caller takes a cut-short result, or the failure it caused, for a real one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = list(_ending)
+    old = {s: signal.signal(s, _interrupt) for s in ENDING}
+    _depth[0] += 1
+    try:
+        yield
+    except Interrupted:
+        raise
+    except BaseException as e:
+        if _ending and not before:
+            raise Interrupted(_ending[0]) from e
+        raise
+    else:
+        if _ending and not before:
+            raise Interrupted(_ending[0])
+    finally:
+        for s, h in old.items():
+            if signal.getsignal(s) is _interrupt:  # what a block set for after itself (then_ignore) stays
+                signal.signal(s, h)
+        _depth[0] -= 1
+        if not _depth[0]:
+            _ending.clear()

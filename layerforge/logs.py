@@ -10,6 +10,19 @@ import sys
 import time
 
 LOGGER_NAME = "layerforge"
+VERBOSE_ENV = "GLOG_v"  # glog's verbosity variable (Caffe's): 1 or more shows the lines marked DETAIL
+DETAIL = {"detail": True}  # ``log.info(..., extra=DETAIL)``: a line of detail, shown only at a verbose level
+
+
+def verbose():
+    """True when the lines marked :data:`DETAIL` are shown: ``GLOG_v`` >= 1 (``layerforge COMMAND --verbose`` sets it,
+    so that the processes a command starts show them too)."""
+    value = os.environ.get(VERBOSE_ENV, "0").strip()
+    return value.lstrip("-").isdigit() and int(value) >= 1
+
+
+def _shown(record):
+    return not getattr(record, "detail", False) or verbose()
 
 
 class GlogFormatter(logging.Formatter):
@@ -38,7 +51,8 @@ class _ProgressAwareHandler(logging.StreamHandler):
 def setup_logging(stream=None, level=logging.INFO):
     """Send the ``layerforge`` logger to ``stream`` (default stderr, as glog and so Caffe do) in glog format.
 
-    Idempotent; ``layerforge train ... 2> log`` captures the whole training log.
+    Idempotent; ``layerforge train ... 2> log`` captures the whole training log. Lines marked :data:`DETAIL` (each
+    convolution's engine choice) are left out unless :func:`verbose`.
     """
     logger = logging.getLogger(LOGGER_NAME)
     logger.setLevel(level)
@@ -47,10 +61,47 @@ def setup_logging(stream=None, level=logging.INFO):
             logger.removeHandler(h)
     handler = _ProgressAwareHandler(stream or sys.stderr)
     handler.setFormatter(GlogFormatter())
+    handler.addFilter(_shown)
     handler._layerforge = True
     logger.addHandler(handler)
     logger.propagate = False
     return logger
+
+
+LONG_RUN_S = 86400.0  # a run longer than this (a day) is said at its start, with the flag that shortens it
+
+
+class LongRun:
+    """Says once, at a run's start, when its iterations would take days here: timed over its second iteration (the
+    first also builds what it needs), ``update(iteration)`` after each iteration as Progress gets it."""
+
+    def __init__(self, total, start=0):
+        self.total, self.start = int(total), int(start)
+        self.clock, self.said = None, False
+
+    def update(self, iteration):
+        if self.said:
+            return
+        now = time.monotonic()
+        if self.clock is None or iteration <= self.start + 1:  # the first iteration is done: its end starts the clock
+            self.clock = (now, iteration)
+            return
+        self.said = True
+        line = long_run_line((now - self.clock[0]) / max(iteration - self.clock[1], 1), self.total - iteration,
+                             self.total)
+        if line:
+            logging.getLogger(LOGGER_NAME).warning("%s", line)
+
+
+def long_run_line(seconds_per_iteration, left, total):
+    """The line for a run of ``left`` more iterations (to max_iter ``total``) at ``seconds_per_iteration`` each, when
+    that is longer than :data:`LONG_RUN_S`; else None."""
+    seconds = seconds_per_iteration * left
+    if seconds <= LONG_RUN_S:
+        return None
+    hour = max(1, int(3600 / seconds_per_iteration))
+    return (f"max_iter {total:,} at about {seconds_per_iteration:.3g} s an iteration here: {seconds / 86400:.1f} days "
+            f"to go; `--max-iter N` shortens the run (about {hour:,} iterations an hour)")
 
 
 class Progress:
@@ -69,6 +120,7 @@ class Progress:
         self.stream = stream or sys.stderr
         self.bar = None
         self.interval = interval
+        self.long_run = LongRun(total, start)
         self.t0 = self.last = time.monotonic()
         if _isatty(self.stream):
             from tqdm import tqdm
@@ -85,6 +137,7 @@ class Progress:
 
     def update(self, iteration, loss):
         """Called after each iteration with the number of iterations done and the iteration's loss."""
+        self.long_run.update(iteration)
         if self.bar is not None:
             self.bar.set_postfix_str(f"loss {loss:.4g}", refresh=False)
             self.bar.update(iteration - self.bar.n)

@@ -93,3 +93,20 @@ def test_plan_includes_the_sparse_paths_of_an_embedding(tmp_path):
     assert sparse["chosen"] == "allgather" and sparse["ms"]["dense"] > sparse["ms"]["allgather"]
     rows = {r["algorithm"]: r for r in result["rows"]}
     assert rows["ring"]["allreduce_ms"] > sparse["ms"]["allgather"]
+
+
+def test_plan_takes_the_calibration_of_its_rank_count_or_says_which_it_took(tmp_path, monkeypatch):
+    from layerforge.commands.plan import load_cost_params
+    from layerforge.comm.cost_model import CACHE_ENV
+
+    entry = {"alpha": 1e-5, "beta_intra": 1e-9, "beta_inter": 4e-9, "gamma": 1e-10}
+    table = {"h|p=2|groups=1x2|mpich": dict(entry, alpha=2e-5), "h|p=4|groups=1x4|mpich": entry}
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv(CACHE_ENV, str(path))
+    params, source = load_cost_params(None, 2)
+    assert params.alpha == 2e-5 and source == f"{path} [h|p=2|groups=1x2|mpich]"
+    params, source = load_cost_params(None, 1024)
+    assert params.alpha == 1e-5
+    assert source == (f"{path} [h|p=4|groups=1x4|mpich], measured with 4 ranks, not 1024: `mpiexec -n 1024 layerforge "
+                      "bench_allreduce` measures these")

@@ -15,11 +15,15 @@ exchange runs through the whole next iteration); both assume communication takes
 passes, and the sparse path's predicted time (the solver's choice, or the cheapest for auto) is added.
 """
 import json
+import logging
 
 import numpy
 
 from .. import backend
 from ..errors import LayerforgeError
+from ..logs import setup_logging
+
+log = logging.getLogger("layerforge")
 
 HELP = "predict data-parallel iteration time, efficiency and throughput per allreduce algorithm at N ranks"
 
@@ -40,8 +44,10 @@ def add_arguments(parser):
     parser.add_argument("--json", action="store_true")
 
 
-def load_cost_params(spec):
-    """CostParams from ``"a,bi,bx,g"``, or from the calibration cache (the entry measured with most ranks)."""
+def load_cost_params(spec, nodes=None):
+    """``(CostParams, where from)``: from ``"a,bi,bx,g"``, or from the calibration cache: the entry measured with
+    ``nodes`` ranks, else the one measured with most ranks, the rank count said in ``where from`` (the model's
+    per-message and per-byte costs then stand for those of ``nodes`` ranks)."""
     from ..comm.cost_model import CostParams, cache_path
 
     if spec:
@@ -64,8 +70,12 @@ def load_cost_params(spec):
         part = [p for p in key.split("|") if p.startswith("p=")]
         return int(part[0][2:]) if part else 0
 
-    key = max(table, key=ranks)
-    return CostParams.from_dict(table[key]), f"{path} [{key}]"
+    exact = [k for k in table if ranks(k) == nodes]
+    key = exact[0] if exact else max(table, key=ranks)
+    note = "" if exact or nodes is None else (
+        f", measured with {ranks(key)} ranks, not {nodes}: `mpiexec -n {nodes} layerforge bench_allreduce` "
+        "measures these")
+    return CostParams.from_dict(table[key]), f"{path} [{key}]{note}"
 
 
 def read_timing(path):
@@ -141,13 +151,17 @@ def run(args):
         raise LayerforgeError("give --nodes N (MPI ranks) or --workers LIST (workers on one host)")
     if args.nodes < 1 or args.group < 1 or args.group > args.nodes:
         raise LayerforgeError(f"need 1 <= --group ({args.group}) <= --nodes ({args.nodes})")
+    setup_logging()  # what takes a while (timing the net) is said on stderr; the plan goes to stdout
     sp = load_solver_param(args.solver, SOLVER_REGISTRY)
+    params, source_of_params = load_cost_params(args.cost, args.nodes)  # before the timing: a missing one fails now
     net = Net(sp.train_net_source(), phase="train", dtype=sp.dtype.lower())
+    if not args.timing:
+        log.info("plan: timing the train net of %s for its forward-backward time (--timing FILE, a `layerforge time "
+                 "--json` output, skips this)", args.solver)
     timing = read_timing(args.timing) if args.timing else time_net(net, args.iterations)
     compute_ms = float(timing["forward_backward_ms"]) * sp.iter_size
     itemsize = 2 if sp.allreduce_fp16 else net.dtype.itemsize
     batch = batch_size(net)
-    params, source_of_params = load_cost_params(args.cost)
     sparse = sparse_plan(net, sp, args.nodes, args.group, params)
     sparse_names = {s["name"] for s in sparse}
     grad_bytes = sum(b.count for b in net.learnable_params if b.name not in sparse_names) * itemsize
@@ -198,6 +212,9 @@ def plan_workers(args):
         if stats.get("sync") != "HOST" or "rates" not in stats or "units" not in stats:
             raise LayerforgeError(f"{args.timing}: not a host-mode `layerforge time --workers G --json` output")
     else:
+        setup_logging()
+        log.info("plan: timing %s workers in host mode, %d iterations after a warm-up, for the cost model (--timing "
+                 "FILE, a `layerforge time --workers G --json` output, skips this)", args.devices or 2, args.iterations)
         stats = train_parallel(args.solver, workers=None if args.devices else 2, devices=args.devices, sync="host",
                                chunk_size=1, iterations=args.iterations + 1, log=False, snapshot=0,
                                snapshot_after_train=False, test_interval=0, display=0).stats

@@ -26,20 +26,24 @@ import resource
 import sys
 import time
 
+import logging
+
 import numpy
 
 from . import add_decode_workers, add_net_state, apply_decode_workers, net_state, train_state
 from ..cores import local_rank, mpi_world_size
 from .. import trace
 from ..backend import Stopwatch, gpu_array_module, gpu_name, rank_device
-from ..kernels.autotune import settle_engines
+from ..kernels.autotune import passes_to_settle, settle_engines
 from ..layers.data import input_stats, reset_input_stats
 from ..errors import LayerforgeError
 from ..net.memory import layer_bytes
 from ..net.net import Net
 from ..net.netdef import load_net_def, set_batch_size
-from ..logs import format_shape
+from ..logs import format_shape, setup_logging
 from .summary import print_table
+
+log = logging.getLogger("layerforge")
 
 HELP = "time each layer's forward and backward passes and print a table with totals"
 
@@ -78,7 +82,9 @@ def time_net(net, iterations):
     """
     n = len(net.layers)
     fwd, bwd = [0.0] * n, [0.0] * n
-    warmups = warm_up(net)
+    log.info("Timing net '%s': forward-backward passes until AUTO has chosen the convolution engines (at most %d), "
+             "then %d passes timed layer by layer and %d timed whole", net.name, WARM_UP_LIMIT, iterations, iterations)
+    warmups = warm_up(net, iterations=iterations)
     watch = Stopwatch(net.xp)
     for k in range(iterations):
         trace.iteration(warmups + k)
@@ -214,15 +220,26 @@ def time_training(args, solver):
     return {"training": training, "images_per_second": rate}
 
 
-def warm_up(net, limit=20):
-    """Forward-backward passes until every AUTO convolution has chosen its engines (at least one pass).
+WARM_UP_LIMIT = 20
+
+
+def warm_up(net, limit=WARM_UP_LIMIT, iterations=None):
+    """Forward-backward passes until every AUTO convolution has chosen its engines (at least one pass); the first
+    pass's time and what is left are logged when it took more than a second.
 
     Returns the number of passes; timings taken before then would include AUTO's trials of both engines.
     """
     def one_pass(k):
         trace.iteration(k)
+        t0 = time.perf_counter()
         net.forward()
         net.backward()
+        seconds = time.perf_counter() - t0
+        if k == 0 and seconds > 1.0:
+            left = min(passes_to_settle(net), limit - 1)
+            log.info("Timing net '%s': the first pass took %.1f s; %d more until the engines are chosen%s", net.name,
+                     seconds, left, "" if iterations is None else
+                     f", then {2 * iterations} timed: about {(left + 2 * iterations) * seconds:.0f} s to go")
 
     return settle_engines(net, one_pass, limit)
 
@@ -245,6 +262,7 @@ def mib(n):
 
 def run(args):
     apply_decode_workers(args)
+    setup_logging()  # what takes a while (AUTO's timing, a trial) is said on stderr; the figures go to stdout
     from .data_parallel import time_command, wants_parallel
 
     if wants_parallel(args):

@@ -61,12 +61,16 @@ class InputStats:
         """Images per second the workers would deliver if never idle (0 before they finished any)."""
         return self.decoded * self.workers / self.decode_s if self.decode_s > 0 else 0.0
 
-    def summary(self):
-        """One line for a log: input rate, wait per batch and its share of the time, the workers' capacity."""
+    def summary(self, replicas=1):
+        """One line for a log: input rate, wait per batch and its share of the time, the workers' capacity; with
+        ``replicas`` > 1 these counts are one replica's of a split batch, each reading its shard alike, and the rate,
+        workers and capacity are given for all of them together."""
         per_batch = 1e3 * self.wait_s / max(self.batches, 1)
-        return (f"input {self.rate:,.0f} img/s, waited {per_batch:.1f} ms per batch ({100 * self.wait_share:.1f}% "
-                f"of the time); {self.workers} decode worker{'s' * (self.workers != 1)} could deliver "
-                f"{self.capacity:,.0f} img/s")
+        workers = self.workers * replicas
+        whose = f" ({replicas} replicas' shards)" if replicas > 1 else ""
+        return (f"input {self.rate * replicas:,.0f} img/s{whose}, waited {per_batch:.1f} ms per batch "
+                f"({100 * self.wait_share:.1f}% of the time); {workers} decode worker{'s' * (workers != 1)} could "
+                f"deliver {self.capacity * replicas:,.0f} img/s")
 
     def input_bound(self):
         """True when forwards waited for input more than :data:`INPUT_BOUND_SHARE` of the time since the reset."""

@@ -31,7 +31,7 @@ import time
 
 import numpy
 
-from ..errors import ConfigError, LayerforgeError
+from ..errors import ConfigError, LayerforgeError, interrupting
 from ..kernels.engine_cache import ChoiceCache, machine_key
 
 log = logging.getLogger("layerforge")
@@ -191,7 +191,9 @@ def choose(sp, layers, requested, measure, replicas=None, run=None, resume=None)
 
     Returns a :class:`Choice`; ConfigError when REPLICAS is asked for a net it would change. A trial that fails
     with the user's error (LayerforgeError) leaves THREADS, remembered nowhere: the run itself then reports it
-    as one process does.
+    as one process does. A Ctrl-C or SIGTERM during a trial ends the command (errors.Interrupted),
+    whatever the trial then did: neither its cut-short figure nor a failure the signal caused (a replica it killed)
+    is remembered, or taken for THREADS.
     """
     replicas = cores() if replicas is None else replicas
     if requested == "THREADS":
@@ -214,11 +216,13 @@ def choose(sp, layers, requested, measure, replicas=None, run=None, resume=None)
     if run is not None and run < SHORT_RUN:
         return Choice("THREADS", 1, f"a run of {run} iterations, too short for a trial", quiet=True)
     try:
-        threads_rate = measure("THREADS", 1)
+        with interrupting():  # a Ctrl-C ends the command: neither a cut-short figure nor the failure it caused counts
+            threads_rate = measure("THREADS", 1)
     except LayerforgeError:  # the run will meet it again and say it, with its log, as one process does
         return Choice("THREADS", 1, "the trial failed")
     try:
-        replicas_rate = measure("REPLICAS", replicas)
+        with interrupting():
+            replicas_rate = measure("REPLICAS", replicas)
     except LayerforgeError as e:  # the net ran in one process: train it so, and time the replicas next time
         log.warning("CPU parallelism: the replicas' trial failed (%s)", e)
         return Choice("THREADS", 1, "the replicas' trial failed")
@@ -256,9 +260,7 @@ def resolve(source, overrides=None, requested=None, measure=None, batch=None, tr
                               sp.line_of("cpu_parallel"), key="cpu_parallel")
         return None if sp.solver_mode == "GPU" else Choice("THREADS", 1, elsewhere)
     if measure is None:
-        def measure(mode, replicas):
-            log.info("CPU parallelism: timing %s for the choice (once per net, batch and machine)", mode)
-            return trial(sp, mode, replicas, batch=batch)
+        measure = timed_trial(sp, batch)
     return choose(sp, train_layers(sp, batch), requested, measure, run=sp.max_iter if training else None,
                   resume=resume)
 
@@ -266,20 +268,56 @@ def resolve(source, overrides=None, requested=None, measure=None, batch=None, tr
 # ------------------------------------------------------------------------------------------------------------
 # the timed trial
 
+WARM_UP_LIMIT = 20  # warm-up iterations at most, until AUTO's convolutions have chosen their engines
+
+
+def timed_trial(sp, batch=None):
+    """``measure(mode, replicas)`` of :func:`choose` for the SolverParameter ``sp``: the timed trial, said in the log
+    (what it times and, once the first iteration has run, about how long it takes)."""
+    took = {}
+
+    def measure(mode, replicas):
+        if mode == "THREADS":
+            log.info("CPU parallelism: a trial times THREADS, then REPLICAS (%d replicas), on a throwaway copy of the "
+                     "net: iterations until AUTO has chosen the convolution engines (at most %d), then %d timed; once "
+                     "per net, batch and machine (--cpu-parallel THREADS or REPLICAS skips it)", cores(),
+                     WARM_UP_LIMIT, TRIAL_ITERATIONS)
+        else:
+            about = f", about {took['THREADS']:.0f} s as THREADS took" if "THREADS" in took else ""
+            log.info("CPU parallelism: timing REPLICAS, %d single-threaded replicas%s", replicas, about)
+        t0 = time.perf_counter()
+        rate = trial(sp, mode, replicas, batch=batch)
+        took[mode] = time.perf_counter() - t0
+        return rate
+    return measure
+
+
+def announce_trial(seconds, passes_left):
+    """The trial's line once its first iteration has run (``seconds``), with ``passes_left`` warm-up iterations
+    before the timed ones."""
+    left = (passes_left + TRIAL_ITERATIONS) * seconds
+    log.info("CPU parallelism: timing THREADS: the first iteration took %.1f s, about %.0f s to go (%d more warm-up "
+             "iteration(s), %d timed)", seconds, left, passes_left, TRIAL_ITERATIONS)
+
 # a trial trains a throwaway copy: no display, testing or snapshots
 QUIET = dict(display=0, test_interval=0, test_initialization=False, snapshot=0, snapshot_after_train=False,
              max_iter=10 ** 9)
 
 
-def warm_up(solver, limit=20):
+def warm_up(solver, limit=WARM_UP_LIMIT, announce=None):
     """Iterations of ``solver`` until every AUTO convolution has chosen its engines (at least one); returns
-    how many ran."""
-    from ..kernels.autotune import settle_engines
+    how many ran. ``announce(seconds, passes_left)`` is told the first iteration's time (:func:`announce_trial`)."""
+    from ..kernels.autotune import passes_to_settle, settle_engines
 
-    return settle_engines(solver.net, lambda k: solver.step(1), limit)
+    def one_pass(k):
+        t0 = time.perf_counter()
+        solver.step(1)
+        if k == 0 and announce is not None:
+            announce(time.perf_counter() - t0, min(passes_to_settle(solver.net), limit - 1))
+    return settle_engines(solver.net, one_pass, limit)
 
 
-def warm_up_replica(g, solver, limit=20):
+def warm_up_replica(g, solver, limit=WARM_UP_LIMIT):
     """WorkerOptions.setup of a trial: forward-backward passes of replica ``g`` until its AUTO convolutions
     have chosen (before the replicas start exchanging), so the timed iterations use the choice."""
     from ..kernels.autotune import settle_engines
@@ -309,15 +347,15 @@ def trial(sp, mode, replicas, iterations=TRIAL_ITERATIONS, batch=None):
     solver = build_solver(quiet, {}, batch)
     try:
         solver.check_memory()
-        return threads_rate(solver, iterations)
+        return threads_rate(solver, iterations, announce=announce_trial)
     finally:
         close_data_layers(solver)
 
 
-def threads_rate(solver, iterations, best=True):
+def threads_rate(solver, iterations, best=True, announce=None):
     """Images per second of full iterations of the Solver ``solver`` in this process, after the warm-up
-    (:func:`warm_up`): the fastest of ``iterations`` (``best``) or their mean."""
-    warm_up(solver)
+    (:func:`warm_up`, which tells ``announce``): the fastest of ``iterations`` (``best``) or their mean."""
+    warm_up(solver, announce=announce)
     times = iteration_times(solver, iterations)
     return solver.images_per_iteration() / (min(times) if best else sum(times) / len(times))
 

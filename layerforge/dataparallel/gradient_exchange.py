@@ -48,8 +48,10 @@ class GradientExchange(Seam):
 
     Attributes:
         seconds: wall time inside before_update, summed (packing, waiting, unpacking).
-        comm_seconds: time the allreduce calls themselves took, summed (on whichever thread ran them).
-        exposed_seconds: time the training thread waited for communication after backward, summed.
+        comm_seconds: per iteration, the time some allreduce was in progress or the training thread waited for one
+            (the union of those intervals, as ``layerforge trace summary`` counts comm), summed.
+        exposed_seconds: the part of it the training thread spent in communication (running an allreduce itself,
+            or waiting for buckets in flight), summed: never more than comm_seconds.
     """
 
     def __init__(self, params, comm, algorithm="auto", bucket_bytes=0, fp16=False, ready_after=None,
@@ -74,6 +76,7 @@ class GradientExchange(Seam):
         self.bucket_layers = [list(dict.fromkeys(n for n, lo, hi in zip(names, self.offsets[:-1], self.offsets[1:])
                                                  if lo < b_hi and hi > b_lo and n)) for b_lo, b_hi in self.buckets]
         self.seconds = self.comm_seconds = self.exposed_seconds = 0.0
+        self._spans = []  # this exchange's (start, end, on the training thread) intervals of communication
         self.calls = 0
         self.armed = False  # True during the backward whose gradients are exchanged (the last iter_size pass)
         self._launched = 0
@@ -114,7 +117,7 @@ class GradientExchange(Seam):
         spanned = trace.wait if inline else trace.span
         with spanned("comm", f"bucket {k}", **self._bucket_args(k)), self._device or contextlib.nullcontext():
             self.comm.allreduce(self.buffer[b_lo:b_hi], algorithm=self.algorithm)
-        self.comm_seconds += time.perf_counter() - t0
+        self._spans.append((t0, time.perf_counter(), inline))
 
     def _launch(self, k, diffs=None):
         b_lo, b_hi = self.buckets[k]
@@ -148,7 +151,7 @@ class GradientExchange(Seam):
             with self.comm.collective("allreduce"):
                 MPI.Request.Waitall([r for _, r, _ in self._pending])
             done = time.perf_counter()
-            self.comm_seconds += done - started
+            self._spans.append((started, done, False))
             for posted, _, k in self._pending:  # the library progressed them somewhere: posted until waited for
                 trace.complete("comm", f"bucket {k}", posted, done - posted, self._bucket_args(k), thread="comm")
         else:
@@ -161,7 +164,8 @@ class GradientExchange(Seam):
         t0 = time.perf_counter()
         with trace.wait("comm"):
             self._wait()
-        self.exposed_seconds += time.perf_counter() - t0
+        self._spans.append((t0, time.perf_counter(), True))
+        self._count_spans()
         if not self.fp16:
             self.buffer /= self.buffer.dtype.type(self.comm.size)
         for p, lo, hi in zip(self.params, self.offsets[:-1], self.offsets[1:]):
@@ -177,17 +181,31 @@ class GradientExchange(Seam):
         if self.double_buffering:
             update = self._swap_with_stale()
         else:
-            comm_before = self.comm_seconds
             while self._launched < len(self.buckets):
                 self._launch(self._launched)
                 self._launched += 1
-            if not self.overlap:  # the allreduces ran right here, all of them exposed
-                self.exposed_seconds += self.comm_seconds - comm_before
             self._finish()
         self._launched = 0
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         return update
+
+    def _count_spans(self):
+        """Add the exchange just waited for to comm_seconds and exposed_seconds: the union of its intervals, and of
+        those on the training thread (a subset, so exposed never exceeds comm)."""
+        from ..trace.summary import union_length
+
+        spans, self._spans = self._spans, []
+        comm = union_length([(lo, hi) for lo, hi, _ in spans])
+        self.comm_seconds += comm
+        self.exposed_seconds += min(comm, union_length([(lo, hi) for lo, hi, mine in spans if mine]))
+
+    @property
+    def overlaps(self):
+        """True when some bucket can leave while backward still runs: with overlap (or double buffering), and buckets
+        ready after different layers. One bucket (or all ready after the same layer) leaves only when backward has
+        ended, and nothing of it overlaps."""
+        return self.double_buffering or (self.overlap and len(set(self.bucket_ready)) > 1)
 
     def _swap_with_stale(self):
         # this iteration's gradients go out now; the update applies the ones that went out last iteration
@@ -213,7 +231,7 @@ class GradientExchange(Seam):
         exposed = (self.exposed_seconds - getattr(self, "_logged_exposed", 0.0)) / max(iters, 1)
         self._logged_comm, self._logged_exposed = self.comm_seconds, self.exposed_seconds
         share = 100.0 * exposed / seconds_per_iter if seconds_per_iter else 0.0
-        mode = "double buffering" if self.double_buffering else ("overlapped" if self.overlap else "after backward")
+        mode = "double buffering" if self.double_buffering else ("overlapped" if self.overlaps else "after backward")
         return [f"comm exposed {exposed * 1000:.3g} ms of {comm * 1000:.3g} ms per iteration "
                 f"({share:.3g}% of the iteration; {mode})"]
 

@@ -78,7 +78,9 @@ def make_data_parallel(solver, comm, algorithm=None, digest=None):
         solver.add_seam(batch_sum)
         solver.net.set_batch_group(batch_sum, ("MultiBoxLoss",))
     mode = ("double buffering (updates use the previous iteration's gradients)" if sp.double_buffering else
-            "overlapped with backward" if overlap else "after backward")
+            "overlapped with backward" if exchange.overlaps else
+            "after backward (allreduce_overlap, but every bucket is ready only when backward ends; a "
+            "smaller allreduce_bucket_mb splits them)" if overlap else "after backward")
     log.info("Data parallel over %d ranks (%d node group(s)): allreduce %s, %d gradient values in %d bucket(s)%s, %s",
              comm.size, comm.num_groups, exchange.algorithm, exchange.buffer.size, len(exchange.buckets),
              ", float16 payload" if exchange.fp16 else "", mode)

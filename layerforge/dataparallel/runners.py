@@ -193,6 +193,11 @@ def solve(solver, run, mpi_comm=None, requests=()):
     solver.check_memory()
     recording = start_telemetry(run, solver, mpi_comm)
     close_progress = solver.show_progress(run.progress) if solver.root and run.progress is not None else None
+    if solver.root and run.progress is None:  # the progress display says a run of days; without it, this does
+        from ..logs import LongRun
+
+        long_run = LongRun(solver.param.max_iter, solver.iter)
+        solver.add_callback(lambda iteration, loss: long_run.update(iteration + 1))
     try:
         solver.solve(resume_file=run.snapshot, sigint_effect=run.sigint_effect, sighup_effect=run.sighup_effect,
                      requests=requests)

@@ -3,18 +3,29 @@
 runs (:class:`ConvEngines`: candidates, timing, the cache, the snapshot state), and waiting until a net's choices
 have settled (:func:`settle_engines`). The choices persist in snapshots and in the on-disk cache beside this module
 (engine_cache.py); the engines themselves are implicit_gemm.py's and winograd.py's.
+
+The log says what AUTO does in two lines at the default level, one when the timing starts and one when every
+convolution timing at that moment has chosen (:class:`_Summary`); each layer's choice and times, and each layer that
+found its choice in the cache, are lines marked ``detail`` (logs.DETAIL), shown with ``--verbose`` (``GLOG_v=1``).
+A timed call that a signal interrupts (Ctrl-C outside training's loop raises: errors.interrupting) records nothing, so no cut-short
+timing is ever chosen from or cached.
 """
+import collections
 import logging
+import time
+import weakref
 from collections.abc import Mapping
 
 import numpy
 
 from .. import trace
 from ..backend import Stopwatch
+from ..logs import DETAIL
 from . import blas, engine_cache, winograd
 from .implicit_gemm import ENGINES, free_arenas
 
 logger = logging.getLogger("layerforge")
+ROUNDS = "1 untimed round, then 2 timed"  # AutoChoice's defaults
 
 
 class AutoChoice:
@@ -26,13 +37,18 @@ class AutoChoice:
     choice can only change results by float rounding.
     """
 
-    def __init__(self, names, warmup=1, trials=2):
+    def __init__(self, names, warmup=1, trials=2):  # the defaults: ROUNDS
         self.names, self.warmup, self.trials = tuple(names), warmup, trials
         self.calls, self.choice = 0, (self.names[0] if len(self.names) == 1 else None)
         self.times = {name: [] for name in self.names}
 
     def next(self):
         return self.choice or self.names[self.calls % len(self.names)]
+
+    @property
+    def calls_left(self):
+        """Calls until the choice (0 once made)."""
+        return 0 if self.choice else (self.warmup + self.trials) * len(self.names) - self.calls
 
     def record(self, name, seconds):
         """Note one call's time; returns True when this call settled the choice."""
@@ -62,9 +78,30 @@ WINOGRAD_ENGINES = ("WINOGRAD", "WINOGRAD_F2")
 AUTO_WINOGRAD_MIN_CHANNELS = 64
 
 
-def engines_settled(net):
-    """True once every AUTO convolution (or deconvolution) of ``net`` has chosen its engines."""
-    return all(None not in getattr(layer, "engine_choice", {}).values() for layer in net.layers)
+def engines_settled(net, directions=None):
+    """True once every AUTO convolution (or deconvolution) of ``net`` has chosen its engines (of ``directions``,
+    default both)."""
+    return all(getattr(layer, "engine_choice", {}).get(d, "") is not None
+               for layer in net.layers for d in directions or DIRECTIONS)
+
+
+def settle_forward(net, limit=20):
+    """After a forward pass of ``net`` (a TEST net: its forward depends only on the batch its data layers read),
+    where some AUTO convolution has not yet chosen its forward engine: the pass again from the first layer that takes
+    inputs, on the same batch, until every one has, then once more; returns the passes made. What the blobs then
+    hold was computed with the chosen engines alone, as where the choices came from the cache: a test's scores
+    repeat whether this run timed the engines or a previous one did (timing calls round-robin over the engines,
+    whose results differ in the last bits)."""
+    takes = [bool(net.bottom_blobs(i)) for i in range(len(net.layers))]
+    if engines_settled(net, ("forward",)) or True not in takes or not all(takes[takes.index(True):]):
+        return 0  # (a layer that reads its own data after the first that takes inputs would read on: left alone)
+    start = net.layers[takes.index(True)].name
+    passes = 0
+    while passes < limit and not engines_settled(net, ("forward",)):
+        net.forward(start=start)
+        passes += 1
+    net.forward(start=start)
+    return passes + 1
 
 
 def settle_engines(net, one_pass, limit=20):
@@ -76,6 +113,60 @@ def settle_engines(net, one_pass, limit=20):
         one_pass(passes)
         passes += 1
     return passes
+
+
+def passes_to_settle(net):
+    """Passes (forward-backward, or training iterations) still needed before every AUTO convolution of ``net`` has
+    chosen: AUTO's round-robin takes one call per direction and pass."""
+    left = [t.calls_left for layer in net.layers if isinstance(getattr(layer, "engines", None), ConvEngines)
+            for t in layer.engines.tuning.values() if t.choice is None]
+    return max(left, default=0)
+
+
+class _Summary:
+    """The default log level's account of AUTO's timing in this process: a line when the first timed call runs, and
+    one when every direction that was being timed has chosen (counts of the engines chosen, the time it took)."""
+
+    def __init__(self):
+        self.timing = weakref.WeakValueDictionary()  # id -> ConvEngines with a direction timing now
+        self.chosen = collections.Counter()  # (direction, engine) settled since the last summary
+        self.cached = []  # layers that took their engines from the cache since the last line about it
+        self.started = None
+
+    def timed(self, engines):
+        if self.started is None:
+            self.started = time.perf_counter()
+            logger.info("AUTO is timing the engines of the Convolution layers: each tries its candidates (%s) over its first "
+                        "calls (%s), and keeps the fastest; one line when all have chosen (each layer's with "
+                        "--verbose)", ", ".join(ENGINE_CHOICES["AUTO"]), ROUNDS)
+        self.timing[id(engines)] = engines
+
+    def settled(self, engines, direction, name):
+        self.chosen[direction, name] += 1
+        if not any(t.calls and t.choice is None for t in engines.tuning.values()):
+            self.timing.pop(id(engines), None)
+        if any(t.calls and t.choice is None for e in self.timing.values() for t in e.tuning.values()):
+            return
+        per = {d: ", ".join(f"{k} {n}" for (dd, k), n in self.chosen.most_common() if dd == d) for d in DIRECTIONS}
+        where = engine_cache.cache_path()
+        logger.info("AUTO chose engines for %d directions of Convolution layers in %.1f s (%s); %s",
+                    sum(self.chosen.values()), time.perf_counter() - self.started,
+                    "; ".join(f"{d} engine {per[d]}" for d in DIRECTIONS if per[d]),
+                    f"remembered in {where}" if where else "the engine cache is off")
+        self.chosen.clear()
+        self.started = None
+
+    def from_cache(self, layer_name):
+        self.cached.append(layer_name)
+
+    def flush_cached(self):
+        if self.cached:
+            logger.info("%d Convolution layer(s) found their engines in the engine cache %s (each with --verbose)",
+                        len(self.cached), engine_cache.cache_path())
+            self.cached = []
+
+
+SUMMARY = _Summary()
 
 
 def im2col_bytes(x_shape, y_shape, kernel, itemsize):
@@ -125,7 +216,8 @@ class ConvEngines(Mapping):
     ``forward`` / ``backward``. Until a direction has settled, :meth:`run` goes round-robin over the candidates
     (:class:`AutoChoice`), timing each call with a :class:`~layerforge.backend.Stopwatch` (CUDA events on a GPU);
     a settled choice is logged, frees the other engines' workspaces and is stored in the engine cache
-    (engine_cache.py), which :meth:`choose` reads first. :meth:`get_state` / :meth:`set_state` are what a snapshot
+    (engine_cache.py), each direction once it has chosen (a TEST net's forward is remembered alone), which
+    :meth:`choose` reads first. :meth:`get_state` / :meth:`set_state` are what a snapshot
     keeps of it.
     """
 
@@ -166,11 +258,13 @@ class ConvEngines(Mapping):
             self.cache_key = (engine_cache.machine_key(xp), engine_cache.layer_key(
                 self.layer_type, x_shape, y_shape, w_shape, self.geometry, self.group, dtype, names))
             cached = engine_cache.lookup(*self.cache_key)
-            if cached and set(cached) == set(self.tuning) and set(cached.values()) <= set(names):
+            # a direction alone (a TEST net's forward, which never runs backward) is remembered too
+            if cached and set(cached) <= set(self.tuning) and set(cached.values()) <= set(names):
                 self.set_state({"shape": list(x_shape), "choice": cached})
-                logger.info("%s '%s': forward engine %s, backward engine %s (from the engine cache %s)",
-                            self.layer_type, self.layer_name, cached["forward"], cached["backward"],
-                            engine_cache.cache_path())
+                logger.info("%s '%s': %s (from the engine cache %s)", self.layer_type, self.layer_name,
+                            ", ".join(f"{d} engine {cached[d]}" for d in DIRECTIONS if d in cached),
+                            engine_cache.cache_path(), extra=DETAIL)
+                SUMMARY.from_cache(self.layer_name)
 
     @property
     def choice(self):
@@ -185,8 +279,11 @@ class ConvEngines(Mapping):
     def run(self, direction, *args, method=None):
         """Run engine ``method`` (default: ``direction``), timing it for AUTO's choice in ``direction``."""
         tune = self.tuning[direction]
+        if SUMMARY.cached:
+            SUMMARY.flush_cached()
         if tune.choice:
             return getattr(self._by_name[tune.choice], method or direction)(*args)
+        SUMMARY.timed(self)
         name = tune.next()
         with trace.span(direction, self.layer_name, trial=name):  # AUTO's trial of one engine, in the layer's span
             self._stopwatch.start()
@@ -194,10 +291,12 @@ class ConvEngines(Mapping):
             seconds = self._stopwatch.stop()
         if tune.record(name, seconds):
             times = ", ".join(f"{k} {1000 * min(v):.3f} ms" for k, v in tune.times.items())
-            logger.info("%s '%s': %s engine %s (%s)", self.layer_type, self.layer_name, direction, tune.choice, times)
+            logger.info("%s '%s': %s engine %s (%s)", self.layer_type, self.layer_name, direction, tune.choice, times,
+                        extra=DETAIL)
             self._release_unchosen()
-            if self.cache_key and None not in self.choice.values():
-                engine_cache.store(*self.cache_key, self.choice)
+            if self.cache_key:  # each direction once it has chosen
+                engine_cache.store(*self.cache_key, {d: k for d, k in self.choice.items() if k is not None})
+            SUMMARY.settled(self, direction, tune.choice)
 
     def get_state(self):
         """AUTO's engine choices and the input shape they were made for (a snapshot keeps them, so a resumed run

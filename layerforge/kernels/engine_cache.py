@@ -2,7 +2,7 @@
 
 The cache is one JSON file, ``$LAYERFORGE_CACHE_DIR/conv_engines.json`` (default
 ``$XDG_CACHE_HOME/layerforge``, else ``~/.cache/layerforge``): ``{machine key: {layer key: {"forward": engine,
-"backward": engine}}}``.
+"backward": engine}}}`` (a direction that never runs, as a TEST net's backward, left out).
 
 - The machine key names what makes one engine faster than another on this computer: the backend (``cpu``, or
   ``gpu`` with the device name and compute capability), the CPU model, the core count, the BLAS/OpenMP thread
@@ -19,6 +19,8 @@ the file, and is replaced by the next store; an unwritable cache directory costs
 Other choices timed once per machine keep their own file beside it through :class:`ChoiceCache` (the training
 configuration of a CPU, layerforge/dataparallel/cpu_parallel.py).
 """
+import contextlib
+import fcntl
 import functools
 import json
 import logging
@@ -92,20 +94,36 @@ class ChoiceCache:
         return choice
 
     def store(self, machine, key, choice):
-        """Add one settled choice (read, merge, atomic rename: concurrent processes lose nothing but each other's
-        newest entry)."""
+        """Add one settled choice: read, merge, atomic rename, under an exclusive lock of ``FILE.lock``, so that
+        processes storing at once (the replicas of a split batch time the same layers) lose none of each other's
+        entries; without the lock (a folder that takes no file) the newest entry of one may be lost."""
         path = self.path()
         if path is None:
             return
-        table = self._read(path)
-        if table.get(machine, {}).get(key) == choice:
-            return
-        table.setdefault(machine, {})[key] = dict(choice)
-        text = json.dumps(table, indent=1, sort_keys=True).encode()
-        try:
-            write_atomic(path, lambda f: f.write(text))
-        except LayerforgeError as e:  # a cache that cannot be written costs only the timing next time
-            self._warn_once(path, f"not writable: {str(e)[len(path) + 2:][:100]}")
+        with _locked(path + ".lock"):
+            table = self._read(path)
+            if table.get(machine, {}).get(key) == choice:
+                return
+            table.setdefault(machine, {})[key] = dict(choice)
+            text = json.dumps(table, indent=1, sort_keys=True).encode()
+            try:
+                write_atomic(path, lambda f: f.write(text))
+            except LayerforgeError as e:  # a cache that cannot be written costs only the timing next time
+                self._warn_once(path, f"not writable: {str(e)[len(path) + 2:][:100]}")
+
+
+@contextlib.contextmanager
+def _locked(path):
+    """An exclusive flock of ``path`` (made, with its folder, if need be) for the block; none where it cannot be."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        handle = open(path, "a")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 ENGINES = ChoiceCache(FILE_NAME, "engine cache")

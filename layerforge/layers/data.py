@@ -100,16 +100,20 @@ def reset_input_stats(net):
 def input_display(net):
     """The input's line of the solver's train display, ``fn(seconds per iteration, iterations) -> line``: each
     display, the input statistics of ``net`` since the previous one as one line, and a warning when the loop was
-    input-bound; None for a net without image data layers."""
+    input-bound (None, and a new window, for a display after no iteration); None for a net without image data layers.
+    A replica of a split batch (``net.split``) reads its shard: the line gives the rate of the whole batch, the
+    replicas' together, as the display's img/s does."""
     if not any(getattr(layer, "input_stats", None) is not None for layer in net.layers):
         return None
 
     def line(seconds_per_iteration, iterations):
         stats = input_stats(net)
         reset_input_stats(net)
+        if not iterations:
+            return None
         if stats.warning():
             log.warning("%s", stats.warning())
-        return stats.summary()
+        return stats.summary(replicas=(net.split or (0, 1))[1])
     return line
 
 

@@ -9,6 +9,11 @@ In one process, a second SIGINT while one is pending interrupts at once (Keyboar
 first Ctrl-C waits behind a long iteration. ``escalate=False`` (a rank under mpiexec) never interrupts: a rank
 that raised would abort the job without a snapshot, and hydra has its own second Ctrl-C ("Press Ctrl-C again
 to force abort"), which ends every rank.
+
+Outside the training loop (start-up, the CPU-parallelism trial, ``time``, ``test``, ``plan``) a SIGINT or SIGTERM
+ends the command at once: errors.interrupting turns it into errors.Interrupted, which the ``layerforge`` command
+reports in one line (``interrupted by SIGTERM``) and exits 128 + the signal's number (130, 143), as a shell
+reports a process a signal ended; a trial inside ``interrupting`` is never taken cut short.
 """
 import contextlib
 import signal
@@ -17,8 +22,6 @@ import threading
 from ..errors import LayerforgeError
 
 EFFECTS = ("snapshot", "stop", "none")
-
-
 @contextlib.contextmanager
 def signal_handlers(pending, sigint_effect, sighup_effect, escalate=True, then_ignore=False):
     """Within the block, each handled signal appends ``(signal number, effect)`` to the list ``pending``, unless

@@ -45,7 +45,7 @@ from .. import backend, rng, trace
 from ..errors import LayerforgeError
 from ..net.net import Net
 from ..kernels import blas
-from ..kernels.autotune import engines_settled
+from ..kernels.autotune import engines_settled, settle_forward
 from ..kernels.average_precision import AP_VERSIONS
 from ..layers.data import input_display
 from . import cuda_graph
@@ -376,9 +376,10 @@ class Solver:
         log.info("Iteration %d (%s iter/s, %ss/%d iters%s), loss = %s", self.iter, _g(per_s), _g(lapse), sp.display,
                  rate, _g(self.smoothed_loss))
         iters = self.iter - self._iter_last
+        # the input's window starts where the rate's does (the first display ends one with no line)
+        said = self._input_line(lapse / max(iters, 1), iters) if self._input_line is not None else None
         if iters:
-            lines = [self._input_line(lapse / iters, iters)] if self._input_line is not None else []
-            for line in lines + self.seam.describe(lapse / iters, iters):
+            for line in ([said] if said else []) + self.seam.describe(lapse / iters, iters):
                 log.info("    %s", line)
         self._timer, self._iter_last = time.perf_counter(), self.iter
         log_outputs("Train", ((name, backend.to_numpy(net.blobs[name].data).reshape(-1)) for name in net.outputs),
@@ -567,6 +568,7 @@ class Solver:
                 log.info("Test interrupted.")
                 return
             net.forward()
+            settle_forward(net)  # the scores repeat whether the engines were timed now or came from the cache
             yield
 
     # ------------------------------------------------------------------------------------------

@@ -7,11 +7,12 @@ Definitions (all in milliseconds per iteration, averaged over the iterations the
   process that contains its start). A rank's iteration time is the duration of its ``iteration`` span (or,
   without one, from the first start to the last end of its compute thread's spans of that iteration).
 - **compute thread**: the row named ``compute`` (the thread that runs forward, backward and update).
-- **comm**: the time some collective of the rank was in progress: the union of its ``comm`` spans on every
-  row, less those named ``wait``.
+- **comm**: the time some collective of the rank was in progress, or its compute thread waited for one: the
+  union of its ``comm`` spans on every row (a wait lasts until the compute thread learns the collective is done,
+  which on a loaded machine is later than its end).
 - **exposed comm**: the time the compute thread spent in ``comm`` spans: waiting for buckets in flight (spans
-  named ``wait``) or running an allreduce itself. Overlap ratio = 1 - exposed / comm (1: fully hidden behind
-  backward, 0: nothing hidden).
+  named ``wait``) or running an allreduce itself; a part of comm, so never more. Overlap ratio = 1 - exposed /
+  comm (1: fully hidden behind backward, 0: nothing hidden). GradientExchange's display line counts both alike.
 - **data wait**: the union of ``data`` spans on the compute thread (the training loop waiting for a batch).
 - **host**: the time some ``host`` span of the process was in progress, on any row (a CGDP host's accumulations,
   a GPU worker's copies to and from host memory).
@@ -138,8 +139,7 @@ def summarize(doc):
         if cat == "host":
             cell["host"].append(span)
         if cat == "comm":
-            if e["name"] != "wait":
-                cell["comm"].append(span)
+            cell["comm"].append(span)
             if on_compute:
                 cell["exposed"].append(span)
         elif on_compute:

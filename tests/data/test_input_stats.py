@@ -41,3 +41,10 @@ def test_input_bound_when_the_loop_waits_more_than_a_tenth_of_the_time(wait_s, b
         assert stats.warning().startswith("training is input-bound: it waited for its batches 50% of the time; "
                                           "2 decode workers deliver at most 800 img/s")
     assert not InputStats().input_bound()  # nothing handed out yet
+
+
+def test_a_replica_s_shard_is_given_as_the_whole_batch():
+    """A replica of a split batch counts its shard; the line gives the replicas' together, as the display's img/s."""
+    stats = window(2.0, 10, 640, 0.1, decoded=704, decode_s=1.1)
+    assert stats.summary(replicas=2) == ("input 640 img/s (2 replicas' shards), waited 10.0 ms per batch (5.0% of the "
+                                         "time); 4 decode workers could deliver 2,560 img/s")

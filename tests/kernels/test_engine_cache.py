@@ -179,3 +179,26 @@ def test_the_machine_key_follows_a_pinned_blas_kernel(monkeypatch):
     assert pinned != free and "OPENBLAS_CORETYPE=Haswell" in pinned
     monkeypatch.setenv("OPENBLAS_L2_SIZE", "512")
     assert engine_cache.machine_key(numpy) not in (free, pinned)
+
+
+def _store_many(path, worker, count):
+    os.environ[engine_cache.CACHE_DIR_ENV] = path
+    for k in range(count):
+        engine_cache.ENGINES.store("machine", f"layer {worker}.{k}", {"forward": "IM2COL"})
+
+
+def test_processes_storing_at_once_lose_none_of_each_other_s_choices(tmp_path, monkeypatch):
+    """The replicas of a split batch time the same layers and store at the same moments: each store reads, merges
+    and renames under a lock, so none overwrites another's entry with a table read before it."""
+    import multiprocessing
+
+    use_cache(monkeypatch, tmp_path)
+    ctx = multiprocessing.get_context("fork")
+    workers = [ctx.Process(target=_store_many, args=(str(tmp_path), w, 40)) for w in range(3)]
+    for p in workers:
+        p.start()
+    for p in workers:
+        p.join(60)
+    assert [p.exitcode for p in workers] == [0, 0, 0]
+    with open(engine_cache.cache_path()) as f:
+        assert len(json.load(f)["machine"]) == 120

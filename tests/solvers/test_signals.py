@@ -53,3 +53,39 @@ def test_a_rank_ignores_a_late_copy_of_a_request_it_has_carried_out():
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+def test_outside_the_loop_a_signal_ends_the_block_and_wins_over_what_it_caused():
+    """interrupting(): SIGTERM raises Interrupted (exit status 143); a failure the signal caused (a worker it ended)
+    is reported as the signal, and a second copy of it (a decode worker forwards its Ctrl-C) is moot."""
+    from layerforge.errors import LayerforgeError
+    from layerforge.errors import Interrupted, interrupting
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(Interrupted) as ended:
+        with interrupting():
+            deliver(signal.SIGTERM)
+    assert ended.value.signum == signal.SIGTERM and ended.value.exit_status == 143
+    with pytest.raises(Interrupted) as ended:
+        with interrupting():
+            try:
+                deliver(signal.SIGINT)
+            except Interrupted:
+                deliver(signal.SIGTERM)  # moot: this process is ending already
+                raise LayerforgeError("worker 1 (pid 7) was killed by signal 2; the job was stopped") from None
+    assert ended.value.signum == signal.SIGINT and ended.value.exit_status == 130
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_rank_s_then_ignore_outlasts_interrupting():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    from layerforge.errors import interrupting
+
+    try:
+        with interrupting():
+            with signal_handlers([], "stop", "snapshot", escalate=False, then_ignore=True):
+                pass
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # a late copy must not kill the finishing rank
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)

@@ -79,6 +79,10 @@ class WorkerPool:
                 os.environ.setdefault(k, str(max(1, (os.cpu_count() or 1) // self.G)))
         for k in launcher:  # under mpiexec: a worker that imports mpi4py must not join the parent's job
             del os.environ[k]
+        # a Ctrl-C to the terminal's process group reaches a worker too: it must find the worker ignoring it (the parent
+        # decides), not still starting with Python's KeyboardInterrupt, which would print a traceback; the workers
+        # start with it held (the mask survives the spawn's exec) and let it in once ignored (worker_main)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT,))
         try:
             for g in range(self.G):
                 parent, child = self.ctx.Pipe()
@@ -89,6 +93,7 @@ class WorkerPool:
                 self.procs.append(p)
                 self.conns.append(parent)
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)

@@ -133,6 +133,7 @@ class Shared:
 def worker_main(g, G, options, conn, shared):
     """Entry point of worker ``g`` of ``G`` (runs in a spawned process); ``shared``: a :class:`Shared`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the workers
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT,))  # held since the spawn (WorkerPool._start)
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # and a hang-up (a worker whose parent is gone exits)
     link = Link(conn)

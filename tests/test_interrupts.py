@@ -1,0 +1,177 @@
+"""Ctrl-C (SIGINT to the terminal's process group) and SIGTERM (``kill PID``) at each moment of a real
+``layerforge`` process: the command ends within a few seconds, in one line and with the exit status a shell gives
+a process the signal ended (130, 143), or, once training's loop runs, as a requested stop with a snapshot; and no
+figure of a trial cut short is left in a cache (cpu_parallel.json, conv_engines.json)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import yaml
+
+from layerforge.npz import load_npz
+from tests.test_cli import ROOT
+
+FEW_SECONDS = 15.0  # from the signal to the exit, on a loaded 2-core machine
+
+
+def write_net(tmp_path):
+    """A net whose iterations take a while (a 16 -> 32 channel 3x3 convolution at 48x48, batch 8) on synthetic data,
+    and its solver: long enough (max_iter 100000) for AUTO's CPU-parallelism trial, which splits its batch."""
+    net = {"name": "slow", "layers": [
+        {"name": "data", "type": "SyntheticData", "top": ["x", "label"],
+         "synthetic_data": {"batch_size": 8, "shape": [16, 48, 48], "classes": 4, "grid": 2}},
+        {"name": "conv", "type": "Convolution", "bottom": "x", "top": "conv",
+         "convolution": {"num_output": 32, "kernel_size": 3, "weight_filler": {"type": "xavier"}}},
+        {"name": "relu", "type": "ReLU", "bottom": "conv", "top": "conv"},
+        {"name": "ip", "type": "InnerProduct", "bottom": "conv", "top": "ip",
+         "inner_product": {"num_output": 4, "weight_filler": {"type": "xavier"}}},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]}
+    (tmp_path / "net.yaml").write_text(yaml.safe_dump(net))
+    solver = {"net": "net.yaml", "base_lr": 0.01, "momentum": 0.9, "max_iter": 100000, "display": 1,
+              "snapshot": 0, "snapshot_prefix": str(tmp_path / "snap" / "slow"), "random_seed": 1}
+    (tmp_path / "solver.yaml").write_text(yaml.safe_dump(solver))
+    return tmp_path / "solver.yaml"
+
+
+class Command:
+    """``python -m layerforge ARGS`` of this checkout, run in ``tmp_path`` in a session of its own (a terminal's
+    process group), its output read as it comes; the cache folder is the test's own."""
+
+    def __init__(self, tmp_path, *args):
+        self.cache = tmp_path / "cache"
+        path = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env = dict(os.environ, LAYERFORGE_CACHE_DIR=str(self.cache), PYTHONUNBUFFERED="1", PYTHONPATH=path)
+        self.proc = subprocess.Popen([sys.executable, "-m", "layerforge", *map(str, args)], cwd=tmp_path, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        self.err, self.out = [], []
+        self._readers = [threading.Thread(target=self._read, args=(stream, into), daemon=True)
+                         for stream, into in ((self.proc.stderr, self.err), (self.proc.stdout, self.out))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream, into):
+        for line in stream:
+            into.append(line)
+
+    @property
+    def log(self):
+        return "".join(self.err)
+
+    def wait_for(self, pattern, timeout=120):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if re.search(pattern, self.log):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        self.proc.kill()
+        pytest.fail(f"no {pattern!r} (exit {self.proc.poll()}):\n{self.log[-3000:]}")
+
+    def signal(self, signum, group):
+        """Send ``signum`` to the process group (a terminal's Ctrl-C) or to the process (``kill PID``); returns the
+        exit status and the seconds until the exit."""
+        sent = time.monotonic()
+        if group:
+            os.killpg(self.proc.pid, signum)
+        else:
+            self.proc.send_signal(signum)
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            pytest.fail(f"still running 60 s after {signal.Signals(signum).name}:\n{self.log[-3000:]}")
+        took = time.monotonic() - sent
+        for reader in self._readers:
+            reader.join(10)
+        return code, took
+
+    def cached(self, name):
+        """The cache file ``name``'s entries (``{key: value}`` over its machines), {} when there is none."""
+        path = self.cache / name
+        if not path.exists():
+            return {}
+        return {k: v for machine in json.loads(path.read_text()).values() for k, v in machine.items()}
+
+
+def interrupted(command, code, took, signum):
+    """The command ended at once, as the signal ends a command: its exit status, one line, no traceback."""
+    assert code == 128 + signum, command.log[-3000:]
+    assert took < FEW_SECONDS, (took, command.log[-3000:])
+    assert command.err[-1].strip() == f"interrupted by {signal.Signals(signum).name}", command.log[-3000:]
+    assert "Traceback" not in command.log and "KeyboardInterrupt" not in command.log, command.log[-3000:]
+
+
+@pytest.mark.parametrize("mode, signum, group", [("THREADS", signal.SIGINT, True), ("THREADS", signal.SIGTERM, False),
+                                                 ("REPLICAS", signal.SIGINT, True),
+                                                 ("REPLICAS", signal.SIGTERM, False)])
+def test_a_signal_during_the_cpu_parallelism_trial_ends_train_and_caches_no_figure(tmp_path, mode, signum, group):
+    command = Command(tmp_path, "train", "--solver", write_net(tmp_path), "--no-progress")
+    command.wait_for(r"timing THREADS: the first iteration took" if mode == "THREADS" else r"timing REPLICAS")
+    time.sleep(0.3)  # well inside the timing
+    code, took = command.signal(signum, group)
+    interrupted(command, code, took, signum)
+    assert command.cached("cpu_parallel.json") == {}
+    assert "Solving" not in command.log  # no training after the trial
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_train_s_start_up_ends_it(tmp_path, signum):
+    """A second after the start: Python runs, the command's modules are loading or the solver is being read (the
+    trial, which follows, takes seconds more)."""
+    command = Command(tmp_path, "train", "--solver", write_net(tmp_path), "--no-progress")
+    time.sleep(1.0)
+    code, took = command.signal(signum, group=signum == signal.SIGINT)
+    interrupted(command, code, took, signum)
+    assert command.cached("cpu_parallel.json") == {}
+
+
+def test_ctrl_c_during_the_engine_choice_of_time_caches_no_timing(tmp_path):
+    write_net(tmp_path)
+    command = Command(tmp_path, "time", "--model", tmp_path / "net.yaml", "--iterations", 5,
+                      "--cpu-parallel", "THREADS")
+    command.wait_for(r"AUTO is timing the engines")
+    code, took = command.signal(signal.SIGINT, group=True)
+    interrupted(command, code, took, signal.SIGINT)
+    assert command.cached("conv_engines.json") == {}  # the convolution was still timing: nothing chosen
+
+
+def test_ctrl_c_during_the_first_iteration_of_train_stops_it_with_a_snapshot(tmp_path):
+    command = Command(tmp_path, "train", "--solver", write_net(tmp_path), "--no-progress", "--cpu-parallel", "THREADS")
+    command.wait_for(r"AUTO is timing the engines")
+    code, took = command.signal(signal.SIGINT, group=True)
+    assert code == 0 and took < FEW_SECONDS, (code, took, command.log[-3000:])
+    assert command.log.count("Optimization stopped early.") == 1, command.log[-3000:]
+    assert "Traceback" not in command.log, command.log[-3000:]
+    state = load_npz(tmp_path / "snap" / "slow_iter_1.solverstate.npz")
+    assert '"timing": {"' in state["data_state"].item()  # the snapshot goes on with AUTO's round-robin
+    assert command.cached("conv_engines.json") == {}
+
+
+def test_sigterm_during_test_ends_it(tmp_path):
+    from layerforge.net.net import Net
+
+    write_net(tmp_path)
+    Net(str(tmp_path / "net.yaml"), phase="train").save(str(tmp_path / "w.npz"))
+    command = Command(tmp_path, "test", "--model", tmp_path / "net.yaml", "--weights", tmp_path / "w.npz",
+                      "--iterations", 100000)
+    command.wait_for(r"Batch 1, loss = ")
+    code, took = command.signal(signal.SIGTERM, group=False)
+    interrupted(command, code, took, signal.SIGTERM)
+
+
+def test_ctrl_c_while_plan_times_the_net_ends_it(tmp_path):
+    command = Command(tmp_path, "plan", "--solver", write_net(tmp_path), "--nodes", 1024, "--iterations", 1000,
+                      "--cost", "1e-5,1e-9,4e-9,1e-10")
+    command.wait_for(r"plan: timing the train net")
+    time.sleep(0.3)
+    code, took = command.signal(signal.SIGINT, group=True)
+    interrupted(command, code, took, signal.SIGINT)
