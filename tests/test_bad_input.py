@@ -563,7 +563,7 @@ def test_a_bad_solver_state_is_one_line(tmp_path, small_state, case, cpu_paralle
     arrays["learned_net"] = numpy.array(str(solver.parent / "run_iter_1.npz"))
     numpy.savez(state, **arrays)
     proc = run_layerforge("train", "--solver", solver, "--snapshot", state, "--cpu-parallel", cpu_parallel,
-                          cwd=tmp_path, env=TWO_CORES)
+                          cwd=tmp_path, env=two_cores())
     assert message in one_line(proc, f"{state}: "), proc.stderr
 
 
