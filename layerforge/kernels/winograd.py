@@ -507,7 +507,7 @@ def _f4_output_tiles_body(M, has_bias, bias, lo, hi, y):
     plane = numpy.empty((4 * th, 4 * tw), dtype=M.dtype)  # whole tiles; the part past the output is cut off
     u = numpy.empty((6, 4 * tw), dtype=M.dtype)
     for k in range(lo, hi):
-        add = bias[k] if has_bias else 0
+        add = bias[k] if has_bias else bias[0]  # (a zero of M's type: a literal 0 would widen the adds)
         for b in range(n):
             m = M[:, k, b]
             for ty in range(th):
