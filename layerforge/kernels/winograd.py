@@ -28,7 +28,7 @@ import numpy
 from ..backend import get_array_module
 from .blas import matmul
 from .output_size import conv_output_size
-from .threadpool import cpu_kernel, into_contiguous, parallel_for
+from .threadpool import cpu_kernel, into_contiguous, num_threads, parallel_for
 
 # (B^T, G, A^T) per output tile size m
 TRANSFORMS = {
@@ -204,7 +204,8 @@ class WinogradConv:
         kg, cg = k // groups, c // groups
         M = xp.empty((alpha, alpha, k, V.shape[-1]), dtype=x.dtype)
         for q in range(groups):
-            matmul(U[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg], out=M[:, :, q * kg:(q + 1) * kg])
+            _position_products(U[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg],
+                               M[:, :, q * kg:(q + 1) * kg])
         self._bytes += M.nbytes
         if compiled:
             _output_tiles(_COMPILED[m]["output"], M.reshape(alpha * alpha, k, n, th, tw), b, y)
@@ -234,8 +235,8 @@ class WinogradConv:
             V = self._input_transform(x, bt, compiled)
             dU = xp.empty((alpha, alpha, k, cg), dtype=gy.dtype)
             for q in range(groups):
-                matmul(dM[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg].swapaxes(2, 3),
-                       out=dU[:, :, q * kg:(q + 1) * kg])
+                _position_products(dM[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg].swapaxes(2, 3),
+                                   dU[:, :, q * kg:(q + 1) * kg])
             self._add_filter_gradient(dU, g, gW, compiled)
             del V  # dV takes its place below
         if gx is None:
@@ -243,8 +244,8 @@ class WinogradConv:
         U = self._filter_transform(W, g, compiled)
         dV = xp.empty((alpha, alpha, c, dM.shape[-1]), dtype=gy.dtype)
         for q in range(groups):
-            matmul(U[:, :, q * kg:(q + 1) * kg].swapaxes(2, 3), dM[:, :, q * kg:(q + 1) * kg],
-                   out=dV[:, :, q * cg:(q + 1) * cg])
+            _position_products(U[:, :, q * kg:(q + 1) * kg].swapaxes(2, 3), dM[:, :, q * kg:(q + 1) * kg],
+                               dV[:, :, q * cg:(q + 1) * cg])
         ph, pw = self.geometry[4:6]
         if compiled:
             dV, scatter = dV.reshape(alpha * alpha, c, n, th, tw), _COMPILED[m]["scatter"]
@@ -259,6 +260,37 @@ class WinogradConv:
         rows, cols = min(h, th * m + 2 - ph), min(w, tw * m + 2 - pw)
         gx[...] = 0
         gx[:, :, :rows, :cols] = gpad[:, :, ph:ph + rows, pw:pw + cols]
+
+
+_blas_control = []  # threadpoolctl's controller of the BLAS libraries, made once (half a millisecond)
+
+
+def _position_products(a, b, out):
+    """``out[i, j] = a[i, j] @ b[i, j]`` for every tile position (i, j).
+
+    On numpy with several kernel threads the positions are split over the threads, each product on one BLAS
+    thread: alpha^2 products on 2 BLAS threads are alpha^2 barriers between them, and a thread descheduled by other
+    work on the machine stretches each (F(4,3) forward + backward on 128 x 28 at batch 8, 2 threads, load 15 on 2
+    cores: 2083 ms, 92 with the positions split; docs/performance.md). Each product is the same BLAS call either
+    way (OpenBLAS splits a product's rows and columns over its threads, never its sums), so the results are too.
+    """
+    threads = num_threads() if isinstance(out, numpy.ndarray) else 1
+    if threads > 1 and not _blas_control:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _blas_control.append(ThreadpoolController())
+        except ImportError:  # pragma: no cover - threadpoolctl is optional: BLAS threads the batched product
+            _blas_control.append(None)
+    if threads <= 1 or _blas_control[0] is None:
+        matmul(a, b, out=out)
+        return
+    alpha = out.shape[1]
+
+    def body(lo, hi):
+        for p in range(lo, hi):
+            matmul(a[p // alpha, p % alpha], b[p // alpha, p % alpha], out=out[p // alpha, p % alpha])
+    with _blas_control[0].limit(limits=1, user_api="blas"):
+        parallel_for(out.shape[0] * alpha, body, work=out.size)
 
 
 class WinogradF4Conv(WinogradConv):

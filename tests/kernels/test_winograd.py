@@ -4,6 +4,7 @@ import numpy
 import pytest
 
 from layerforge.errors import ConfigError
+from layerforge.kernels.blas import matmul
 from layerforge.kernels.implicit_gemm import Im2colConv
 from layerforge.kernels.winograd import WinogradConv, eligible
 from layerforge.layers import create_layer
@@ -241,3 +242,29 @@ def test_compiled_f4_float32_error_per_resnet50_shape(c, size, bound):
     assert max(errors["IM2COL"]) < 1.5e-6
     assert all(e < bound for e in errors["WINOGRAD"])
     assert errors["WINOGRAD"][0] > 4 * errors["IM2COL"][0]  # why AUTO does not try it (autotune.ENGINE_CHOICES)
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_products_split_over_kernel_threads_give_the_same_bits(monkeypatch, tile):
+    """With several kernel threads the tile positions' products are split over them, one BLAS thread each
+    (winograd._position_products); the batched product on 2 BLAS threads gives the same bits."""
+    from threadpoolctl import threadpool_limits
+    from layerforge.kernels import threadpool
+    monkeypatch.setattr(threadpool, "MIN_PARALLEL_ELEMENTS", 0)
+    from layerforge.kernels import winograd
+    products = []  # the operands' dimensions of each product: 4 batched, 2 one position
+    monkeypatch.setattr(winograd, "matmul", lambda a, b, out: products.append(a.ndim) or matmul(a, b, out=out))
+    x, W, b, gy = random_problem(4, 64, 20, 19, 48, 1, 1, numpy.float32, seed=3)
+    results = []
+    try:
+        for n in (1, 2, 3):
+            threadpool.set_num_threads(n)
+            with threadpool_limits(2, "blas"):
+                results.append(run(WinogradConv((3, 3, 1, 1, 1, 1, 1, 1), 1, tile), x, W, b, gy))
+    finally:
+        threadpool.set_num_threads(None)
+    positions = (tile + 2) ** 2
+    assert products == [4] * 3 + [2] * (3 * positions) * 2  # forward, gW, gx: batched on 1 thread, then split
+    for got in results[1:]:
+        for a, e in zip(got, results[0]):
+            assert a.tobytes() == e.tobytes()
