@@ -310,33 +310,53 @@ class WinogradF2Conv(WinogradConv):
 # F(2x2, 3x3) on the CPU: B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], A^T = [[1, 1, 1, 0],
 # [0, 1, -1, -1]], written out. Arrays of transformed tiles are (16, C or K, N, th, tw), position i * 4 + j.
 
-# the two non-zeros of each row of B^T: (column, sign, column, sign)
-_F2_BT_ROWS = ((0, 1.0, 2, -1.0), (1, 1.0, 2, 1.0), (1, -1.0, 2, 1.0), (1, 1.0, 3, -1.0))
-
-
 @cpu_kernel
-def _f2_tiles(x, ph, pw, rows_of, lo, hi, out):
-    """out[4 i + j, c, image] = (L d L^T)[i, j] for every 4 x 4 tile d of each plane of x (N, C, H, W) placed
-    at (ph, pw) in a zero plane, tiles at stride 2; ``rows_of`` gives the two non-zeros of each row of L as
-    (column, sign, column, sign): B^T for the input tiles, A for the gradient tiles."""
+def _f2_input_tiles(x, ph, pw, lo, hi, out):
+    """out[4 i + j, c, image] = (B^T d B)[i, j] for every 4 x 4 tile d of each plane of x (N, C, H, W) placed at
+    (ph, pw) in a zero plane, tiles at stride 2: B^T (rows d0 - d2 | d1 + d2 | d2 - d1 | d1 - d3) down the four
+    plane rows of a tile row, every column at once, then along each transformed row, tile by tile."""
     n, _, h, w = x.shape
     _, _, _, th, tw = out.shape
-    plane = numpy.zeros((2 * th + 2, 2 * tw + 2), dtype=x.dtype)  # one zero-padded (image, channel) plane
-    rows, cols = min(h, 2 * th + 2 - ph), min(w, 2 * tw + 2 - pw)
+    width = 2 * tw + 2
+    plane = numpy.zeros((2 * th + 2, width), dtype=x.dtype)  # one zero-padded (image, channel) plane
+    t = numpy.empty((4, width), dtype=x.dtype)
+    rows, cols = min(h, 2 * th + 2 - ph), min(w, width - pw)
     for c in range(lo, hi):
         for b in range(n):
             plane[ph:ph + rows, pw:pw + cols] = x[b, c, :rows, :cols]
-            for i in range(4):
-                ra, sa, rb, sb = rows_of[i]
-                for j in range(4):
-                    ca, ta, cb, tb = rows_of[j]
-                    dst = out[4 * i + j, c, b]
-                    for ty in range(th):
-                        top, bottom = plane[2 * ty + ra], plane[2 * ty + rb]
-                        for tx in range(tw):
-                            q = 2 * tx
-                            dst[ty, tx] = sa * (ta * top[q + ca] + tb * top[q + cb]) + \
-                                sb * (ta * bottom[q + ca] + tb * bottom[q + cb])
+            for ty in range(th):
+                p = plane[2 * ty:2 * ty + 4]
+                for q in range(width):  # t = B^T d
+                    d0, d1, d2, d3 = p[0, q], p[1, q], p[2, q], p[3, q]
+                    t[0, q], t[1, q], t[2, q], t[3, q] = d0 - d2, d1 + d2, d2 - d1, d1 - d3
+                for i in range(4):  # V = t B
+                    r, dst = t[i], out[4 * i:4 * i + 4, c, b, ty]
+                    for tx in range(tw):
+                        q = 2 * tx
+                        d0, d1, d2, d3 = r[q], r[q + 1], r[q + 2], r[q + 3]
+                        dst[0, tx], dst[1, tx], dst[2, tx], dst[3, tx] = d0 - d2, d1 + d2, d2 - d1, d1 - d3
+
+
+@cpu_kernel
+def _f2_gradient_tiles(gy, lo, hi, out):
+    """out[4 i + j, k, image] = (A g A^T)[i, j] for every 2 x 2 tile g of each plane of gy (N, K, out_h, out_w),
+    zero-padded to whole tiles; A's rows, for (g0, g1): g0 | g0 + g1 | g0 - g1 | -g1."""
+    n, _, h, w = gy.shape
+    _, _, _, th, tw = out.shape
+    plane = numpy.zeros((2 * th, 2 * tw), dtype=gy.dtype)
+    t = numpy.empty((4, 2 * tw), dtype=gy.dtype)
+    for k in range(lo, hi):
+        for b in range(n):
+            plane[:h, :w] = gy[b, k]
+            for ty in range(th):
+                for q in range(2 * tw):  # t = A g
+                    g0, g1 = plane[2 * ty, q], plane[2 * ty + 1, q]
+                    t[0, q], t[1, q], t[2, q], t[3, q] = g0, g0 + g1, g0 - g1, -g1
+                for i in range(4):  # dM = t A^T
+                    r, dst = t[i], out[4 * i:4 * i + 4, k, b, ty]
+                    for tx in range(tw):
+                        g0, g1 = r[2 * tx], r[2 * tx + 1]
+                        dst[0, tx], dst[1, tx], dst[2, tx], dst[3, tx] = g0, g0 + g1, g0 - g1, -g1
 
 
 @cpu_kernel
@@ -375,18 +395,6 @@ def _output_tiles(body, M, b, y):
         M.shape[1], lambda lo, hi: body(M, has_bias, bias, lo, hi, target), work=y.size))
 
 
-# the non-zeros of each row of A: (index, sign) x 2 (a zero sign where the row has one)
-_F2_A_ROWS = ((0, 1.0, 1, 0.0), (0, 1.0, 1, 1.0), (0, 1.0, 1, -1.0), (0, 0.0, 1, -1.0))
-
-
-def _f2_input_tiles(x, ph, pw, lo, hi, out):
-    _f2_tiles(x, ph, pw, _F2_BT_ROWS, lo, hi, out)
-
-
-def _f2_gradient_tiles(gy, lo, hi, out):
-    _f2_tiles(gy, 0, 0, _F2_A_ROWS, lo, hi, out)
-
-
 @cpu_kernel
 def _f2_scatter_input_grad(dV, ph, pw, lo, hi, gx):
     _, _, n, th, tw = dV.shape
@@ -420,40 +428,44 @@ def _f2_scatter_input_grad(dV, ph, pw, lo, hi, gx):
 
 @cpu_kernel
 def _f2_filter_tiles(W, lo, hi, U):
-    # U = G w G^T, G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]
+    # U = G w G^T, G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]], over all input channels of a
+    # filter at once (U's rows are written in order, not 16 of them a step apart)
     _, cg, _, _ = W.shape
-    t = numpy.empty((4, 3), dtype=W.dtype)
+    t = numpy.empty((4, 3, cg), dtype=W.dtype)
     for k in range(lo, hi):
-        for c in range(cg):
-            w = W[k, c]
-            for j in range(3):  # t = G w
-                t[0, j] = w[0, j]
-                t[1, j] = 0.5 * (w[0, j] + w[1, j] + w[2, j])
-                t[2, j] = 0.5 * (w[0, j] - w[1, j] + w[2, j])
-                t[3, j] = w[2, j]
-            for i in range(4):  # U = t G^T
-                U[4 * i, k, c] = t[i, 0]
-                U[4 * i + 1, k, c] = 0.5 * (t[i, 0] + t[i, 1] + t[i, 2])
-                U[4 * i + 2, k, c] = 0.5 * (t[i, 0] - t[i, 1] + t[i, 2])
-                U[4 * i + 3, k, c] = t[i, 2]
+        w = W[k]
+        for j in range(3):  # t = G w
+            for c in range(cg):
+                t[0, j, c] = w[c, 0, j]
+                t[1, j, c] = 0.5 * (w[c, 0, j] + w[c, 1, j] + w[c, 2, j])
+                t[2, j, c] = 0.5 * (w[c, 0, j] - w[c, 1, j] + w[c, 2, j])
+                t[3, j, c] = w[c, 2, j]
+        for i in range(4):  # U = t G^T
+            for c in range(cg):
+                U[4 * i, k, c] = t[i, 0, c]
+                U[4 * i + 1, k, c] = 0.5 * (t[i, 0, c] + t[i, 1, c] + t[i, 2, c])
+                U[4 * i + 2, k, c] = 0.5 * (t[i, 0, c] - t[i, 1, c] + t[i, 2, c])
+                U[4 * i + 3, k, c] = t[i, 2, c]
 
 
 @cpu_kernel
 def _f2_filter_gradient(dU, lo, hi, gW):
     # gW += G^T dU G, the adjoint of _f2_filter_tiles
     _, _, cg = dU.shape
-    e = numpy.empty((3, 4), dtype=dU.dtype)
+    e = numpy.empty((3, 4, cg), dtype=dU.dtype)
     for k in range(lo, hi):
-        for c in range(cg):
-            for j in range(4):  # e = G^T dU
+        for j in range(4):  # e = G^T dU
+            for c in range(cg):
                 d0, d1, d2, d3 = dU[j, k, c], dU[4 + j, k, c], dU[8 + j, k, c], dU[12 + j, k, c]
-                e[0, j] = d0 + 0.5 * (d1 + d2)
-                e[1, j] = 0.5 * (d1 - d2)
-                e[2, j] = 0.5 * (d1 + d2) + d3
-            for i in range(3):  # gW += e G
-                gW[k, c, i, 0] += e[i, 0] + 0.5 * (e[i, 1] + e[i, 2])
-                gW[k, c, i, 1] += 0.5 * (e[i, 1] - e[i, 2])
-                gW[k, c, i, 2] += 0.5 * (e[i, 1] + e[i, 2]) + e[i, 3]
+                e[0, j, c] = d0 + 0.5 * (d1 + d2)
+                e[1, j, c] = 0.5 * (d1 - d2)
+                e[2, j, c] = 0.5 * (d1 + d2) + d3
+        g = gW[k]
+        for i in range(3):  # gW += e G
+            for c in range(cg):
+                g[c, i, 0] += e[i, 0, c] + 0.5 * (e[i, 1, c] + e[i, 2, c])
+                g[c, i, 1] += 0.5 * (e[i, 1, c] - e[i, 2, c])
+                g[c, i, 2] += 0.5 * (e[i, 1, c] + e[i, 2, c]) + e[i, 3, c]
 
 
 # F(4x4, 3x3) on the CPU: TRANSFORMS[4] written out, each side of a tile in two passes. B^T's rows, for a column
