@@ -14,10 +14,10 @@ fewer for m = 2 and 4x for m = 4. The gradients are the exact adjoints of that c
 
 (the overlapping gx tiles add up). On the CPU, the transforms of both tile sizes (input tiles, output tiles,
 gradient tiles, the filters and their gradient, and the gx scatter) are compiled loops over channels on the
-kernel threads (kernels.threadpool): F(2,3)'s 4 x 4 tiles are a handful of signed adds each; F(4,3)'s 6 x 6
-ones are transformed in two passes, down the six plane rows of a tile row (every column at once) and then along
-each transformed row, where the ``xp`` path (cupy) copies every tile position out strided and runs small GEMMs
-over all tiles. Float rounding grows with m: the transforms of F(4,3) have entries up to 5 and 1/24 (the points
+kernel threads (kernels.threadpool): the tiles are transformed in two passes, down the plane rows of a tile row
+(every column at once) and then along each transformed row, a handful of adds per value in registers, where the
+``xp`` path (cupy) copies every tile position out strided and runs small GEMMs over all tiles. The products of
+the alpha^2 tile positions are split over the kernel threads (:func:`_position_products`). Float rounding grows with m: the transforms of F(4,3) have entries up to 5 and 1/24 (the points
 0, +-1, +-1/2, infinity), F(2,3) only 0, +-1/2, 1; docs/performance.md has the measured float32 error of both
 against a float64 direct convolution (F(4,3)'s is 10-20x direct convolution's, F(2,3)'s about the same as direct's).
 """
