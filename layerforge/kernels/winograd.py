@@ -22,6 +22,7 @@ the alpha^2 tile positions are split over the kernel threads (:func:`_position_p
 against a float64 direct convolution (F(4,3)'s is 10-20x direct convolution's, F(2,3)'s about the same as direct's).
 """
 import math
+import threading
 
 import numpy
 
@@ -263,6 +264,8 @@ class WinogradConv:
 
 
 _blas_control = []  # threadpoolctl's controller of the BLAS libraries, made once (half a millisecond)
+# one limit at a time: two threads' overlapping limits would restore each other's settings out of order
+_blas_lock = threading.Lock()
 
 
 def _position_products(a, b, out):
@@ -289,7 +292,7 @@ def _position_products(a, b, out):
     def body(lo, hi):
         for p in range(lo, hi):
             matmul(a[p // alpha, p % alpha], b[p // alpha, p % alpha], out=out[p // alpha, p % alpha])
-    with _blas_control[0].limit(limits=1, user_api="blas"):
+    with _blas_lock, _blas_control[0].limit(limits=1, user_api="blas"):
         parallel_for(out.shape[0] * alpha, body, work=out.size)
 
 
