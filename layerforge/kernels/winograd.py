@@ -12,21 +12,24 @@ fewer for m = 2 and 4x for m = 4. The gradients are the exact adjoints of that c
 
     dM = A gy_tile A^T,   dU = sum_tiles dM V^T  ->  gW = G^T dU G,   dV = U^T dM  ->  gx tiles = B dV B^T
 
-(the overlapping gx tiles add up). On the CPU, F(2,3)'s transforms (input tiles, output tiles, gradient
-tiles, the filters and their gradient, and the gx scatter) are compiled loops over channels on the kernel threads (kernels.threadpool): each
-tile's 4 x 4 transform is a handful of adds in registers, where the numpy path copies every tile position
-out strided and runs small GEMMs over all tiles. F(4,3) and cupy use the ``xp`` path. Float rounding grows with m: the transforms of F(4,3) have entries up to
-5 and 1/24 (the points 0, +-1, +-1/2, infinity), F(2,3) only 0, +-1/2, 1; docs/performance.md has the
-measured float32 error of both against a float64 direct convolution.
+(the overlapping gx tiles add up). On the CPU, the transforms of both tile sizes (input tiles, output tiles,
+gradient tiles, the filters and their gradient, and the gx scatter) are compiled loops over channels on the
+kernel threads (kernels.threadpool): the tiles are transformed in two passes, down the plane rows of a tile row
+(every column at once) and then along each transformed row, a handful of adds per value in registers, where the
+``xp`` path (cupy) copies every tile position out strided and runs small GEMMs over all tiles. The products of
+the alpha^2 tile positions are split over the kernel threads (:func:`_position_products`). Float rounding grows with m: the transforms of F(4,3) have entries up to 5 and 1/24 (the points
+0, +-1, +-1/2, infinity), F(2,3) only 0, +-1/2, 1; docs/performance.md has the measured float32 error of both
+against a float64 direct convolution (F(4,3)'s is 10-20x direct convolution's, F(2,3)'s about the same as direct's).
 """
 import math
+import threading
 
 import numpy
 
 from ..backend import get_array_module
 from .blas import matmul
 from .output_size import conv_output_size
-from .threadpool import cpu_kernel, into_contiguous, parallel_for
+from .threadpool import cpu_kernel, into_contiguous, num_threads, parallel_for
 
 # (B^T, G, A^T) per output tile size m
 TRANSFORMS = {
@@ -43,9 +46,9 @@ TRANSFORMS = {
 
 def workspace_estimate(x_shape, out_channels, geometry, tile, itemsize, compiled=False):
     """Bytes a call holds at its peak, for input (N, C, H, W) and ``out_channels`` filters: the input tiles and
-    their transform (and its transposed copies), the products and the output tiles; with ``compiled`` (F(2,3)
-    on the CPU, whose loops write the transforms straight from and into the images) one transformed array of
-    each side, input and output."""
+    their transform (and its transposed copies), the products and the output tiles; with ``compiled`` (the CPU,
+    whose loops write the transforms straight from and into the images) one transformed array of each side,
+    input and output."""
     n, c, h, w = x_shape
     ph, pw = geometry[4:6]
     out_h, out_w = conv_output_size(h, 3, 1, ph), conv_output_size(w, 3, 1, pw)
@@ -121,18 +124,20 @@ class WinogradConv:
         return d.reshape(alpha, alpha, c, n * th * tw)
 
     def _compiled(self, xp):
-        # F(2,3) on numpy arrays: the compiled transforms below (module docstring)
-        return self.m == 2 and xp is numpy
+        # numpy arrays: the compiled transforms below (module docstring)
+        return xp is numpy
 
     def _filter_transform(self, W, g, compiled):
         """U = G w G^T of every filter, (a, a, K, C/G)."""
         if not compiled:
             return self._to_tiles(W.transpose(2, 3, 0, 1), g, g.T)
+        alpha = self.m + 2
         k, cg = W.shape[:2]
         W = numpy.ascontiguousarray(W)
-        U = numpy.empty((16, k, cg), dtype=W.dtype)
-        parallel_for(k, lambda lo, hi: _f2_filter_tiles(W, lo, hi, U), work=U.size)
-        return U.reshape(4, 4, k, cg)
+        U = numpy.empty((alpha * alpha, k, cg), dtype=W.dtype)
+        kernel = _COMPILED[self.m]["filter"]
+        parallel_for(k, lambda lo, hi: kernel(W, lo, hi, U), work=U.size)
+        return U.reshape(alpha, alpha, k, cg)
 
     def _add_filter_gradient(self, dU, g, gW, compiled):
         """gW += G^T dU G for every filter, dU (a, a, K, C/G)."""
@@ -140,20 +145,23 @@ class WinogradConv:
             gW += self._to_tiles(dU, g.T, g).transpose(2, 3, 0, 1)
             return
         k, cg = dU.shape[2:]
-        parallel_for(k, lambda lo, hi: _f2_filter_gradient(dU.reshape(16, k, cg), lo, hi, gW), work=gW.size)
+        kernel = _COMPILED[self.m]["filter_gradient"]
+        parallel_for(k, lambda lo, hi: kernel(dU.reshape(-1, k, cg), lo, hi, gW), work=gW.size)
 
     def _input_transform(self, x, bt, compiled):
         """V = B^T d B of every input tile, (a, a, C, P)."""
         if not compiled:
             return self._to_tiles(self._tiles(x, x.dtype), bt, bt.T)
+        alpha = self.m + 2
         n, c, h, w = x.shape
         _, _, th, tw = self._layout(x.shape)
         x = numpy.ascontiguousarray(x)
-        V = numpy.empty((16, c, n, th, tw), dtype=x.dtype)
+        V = numpy.empty((alpha * alpha, c, n, th, tw), dtype=x.dtype)
         ph, pw = self.geometry[4:6]
-        parallel_for(c, lambda lo, hi: _f2_tiles(x, ph, pw, _F2_BT_ROWS, lo, hi, V), work=V.size // 16)
+        kernel = _f2_input_tiles if self.m == 2 else _f4_input_tiles  # (late binding: the tests spy on them)
+        parallel_for(c, lambda lo, hi: kernel(x, ph, pw, lo, hi, V), work=V.size // alpha ** 2)
         self._bytes = V.nbytes
-        return V.reshape(4, 4, c, n * th * tw)
+        return V.reshape(alpha, alpha, c, n * th * tw)
 
     def _gradient_transform(self, gy, at, th, tw, compiled):
         """dM = A gy_tile A^T of every output tile (gy zero-padded to whole tiles), (a, a, K, P)."""
@@ -165,10 +173,12 @@ class WinogradConv:
             gypad[:, :, :out_h, :out_w] = gy
             gyt = gypad.reshape(n, k, th, m, tw, m).transpose(3, 5, 1, 0, 2, 4).reshape(m, m, k, n * th * tw)
             return self._to_tiles(gyt, at.T, at)
+        alpha = self.m + 2
         gy = numpy.ascontiguousarray(gy)
-        dM = numpy.empty((16, k, n, th, tw), dtype=gy.dtype)
-        parallel_for(k, lambda lo, hi: _f2_tiles(gy, 0, 0, _F2_A_ROWS, lo, hi, dM), work=dM.size // 16)
-        return dM.reshape(4, 4, k, n * th * tw)
+        dM = numpy.empty((alpha * alpha, k, n, th, tw), dtype=gy.dtype)
+        kernel = _f2_gradient_tiles if self.m == 2 else _f4_gradient_tiles
+        parallel_for(k, lambda lo, hi: kernel(gy, lo, hi, dM), work=dM.size // alpha ** 2)
+        return dM.reshape(alpha, alpha, k, n * th * tw)
 
     @staticmethod
     def _to_tiles(v, left, right):
@@ -195,10 +205,11 @@ class WinogradConv:
         kg, cg = k // groups, c // groups
         M = xp.empty((alpha, alpha, k, V.shape[-1]), dtype=x.dtype)
         for q in range(groups):
-            matmul(U[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg], out=M[:, :, q * kg:(q + 1) * kg])
+            _position_products(U[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg],
+                               M[:, :, q * kg:(q + 1) * kg])
         self._bytes += M.nbytes
         if compiled:
-            _f2_output_tiles(M.reshape(16, k, n, th, tw), b, y)
+            _output_tiles(_COMPILED[m]["output"], M.reshape(alpha * alpha, k, n, th, tw), b, y)
             return
         Y = self._to_tiles(M, at, at.T).reshape(m, m, k, n, th, tw)  # (m, m, K, N, th, tw)
         full = Y.transpose(3, 2, 4, 0, 5, 1).reshape(n, k, th * m, tw * m)
@@ -225,8 +236,8 @@ class WinogradConv:
             V = self._input_transform(x, bt, compiled)
             dU = xp.empty((alpha, alpha, k, cg), dtype=gy.dtype)
             for q in range(groups):
-                matmul(dM[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg].swapaxes(2, 3),
-                       out=dU[:, :, q * kg:(q + 1) * kg])
+                _position_products(dM[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg].swapaxes(2, 3),
+                                   dU[:, :, q * kg:(q + 1) * kg])
             self._add_filter_gradient(dU, g, gW, compiled)
             del V  # dV takes its place below
         if gx is None:
@@ -234,13 +245,13 @@ class WinogradConv:
         U = self._filter_transform(W, g, compiled)
         dV = xp.empty((alpha, alpha, c, dM.shape[-1]), dtype=gy.dtype)
         for q in range(groups):
-            matmul(U[:, :, q * kg:(q + 1) * kg].swapaxes(2, 3), dM[:, :, q * kg:(q + 1) * kg],
-                   out=dV[:, :, q * cg:(q + 1) * cg])
+            _position_products(U[:, :, q * kg:(q + 1) * kg].swapaxes(2, 3), dM[:, :, q * kg:(q + 1) * kg],
+                               dV[:, :, q * cg:(q + 1) * cg])
         ph, pw = self.geometry[4:6]
         if compiled:
-            dV = dV.reshape(16, c, n, th, tw)
+            dV, scatter = dV.reshape(alpha * alpha, c, n, th, tw), _COMPILED[m]["scatter"]
             into_contiguous(gx, lambda target: parallel_for(
-                c, lambda lo, hi: _f2_scatter_input_grad(dV, ph, pw, lo, hi, target), work=gx.size))
+                c, lambda lo, hi: scatter(dV, ph, pw, lo, hi, target), work=gx.size))
             return
         dd = self._to_tiles(dV, bt.T, bt).reshape(alpha, alpha, c, n, th, tw)
         gpad = xp.zeros((n, c, th * m + 2, tw * m + 2), dtype=gy.dtype)
@@ -250,6 +261,39 @@ class WinogradConv:
         rows, cols = min(h, th * m + 2 - ph), min(w, tw * m + 2 - pw)
         gx[...] = 0
         gx[:, :, :rows, :cols] = gpad[:, :, ph:ph + rows, pw:pw + cols]
+
+
+_blas_control = []  # threadpoolctl's controller of the BLAS libraries, made once (half a millisecond)
+# one limit at a time: two threads' overlapping limits would restore each other's settings out of order
+_blas_lock = threading.Lock()
+
+
+def _position_products(a, b, out):
+    """``out[i, j] = a[i, j] @ b[i, j]`` for every tile position (i, j).
+
+    On numpy with several kernel threads the positions are split over the threads, each product on one BLAS
+    thread: alpha^2 products on 2 BLAS threads are alpha^2 barriers between them, and a thread descheduled by other
+    work on the machine stretches each (F(4,3) forward + backward on 128 x 28 at batch 8, 2 threads, load 15 on 2
+    cores: 2083 ms, 92 with the positions split; docs/performance.md). Each product is the same BLAS call either
+    way (OpenBLAS splits a product's rows and columns over its threads, never its sums), so the results are too.
+    """
+    threads = num_threads() if isinstance(out, numpy.ndarray) else 1
+    if threads > 1 and not _blas_control:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _blas_control.append(ThreadpoolController())
+        except ImportError:  # pragma: no cover - threadpoolctl is optional: BLAS threads the batched product
+            _blas_control.append(None)
+    if threads <= 1 or _blas_control[0] is None:
+        matmul(a, b, out=out)
+        return
+    alpha = out.shape[1]
+
+    def body(lo, hi):
+        for p in range(lo, hi):
+            matmul(a[p // alpha, p % alpha], b[p // alpha, p % alpha], out=out[p // alpha, p % alpha])
+    with _blas_lock, _blas_control[0].limit(limits=1, user_api="blas"):
+        parallel_for(out.shape[0] * alpha, body, work=out.size)
 
 
 class WinogradF4Conv(WinogradConv):
@@ -269,33 +313,53 @@ class WinogradF2Conv(WinogradConv):
 # F(2x2, 3x3) on the CPU: B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], A^T = [[1, 1, 1, 0],
 # [0, 1, -1, -1]], written out. Arrays of transformed tiles are (16, C or K, N, th, tw), position i * 4 + j.
 
-# the two non-zeros of each row of B^T: (column, sign, column, sign)
-_F2_BT_ROWS = ((0, 1.0, 2, -1.0), (1, 1.0, 2, 1.0), (1, -1.0, 2, 1.0), (1, 1.0, 3, -1.0))
-
-
 @cpu_kernel
-def _f2_tiles(x, ph, pw, rows_of, lo, hi, out):
-    """out[4 i + j, c, image] = (L d L^T)[i, j] for every 4 x 4 tile d of each plane of x (N, C, H, W) placed
-    at (ph, pw) in a zero plane, tiles at stride 2; ``rows_of`` gives the two non-zeros of each row of L as
-    (column, sign, column, sign): B^T for the input tiles, A for the gradient tiles."""
+def _f2_input_tiles(x, ph, pw, lo, hi, out):
+    """out[4 i + j, c, image] = (B^T d B)[i, j] for every 4 x 4 tile d of each plane of x (N, C, H, W) placed at
+    (ph, pw) in a zero plane, tiles at stride 2: B^T (rows d0 - d2 | d1 + d2 | d2 - d1 | d1 - d3) down the four
+    plane rows of a tile row, every column at once, then along each transformed row, tile by tile."""
     n, _, h, w = x.shape
     _, _, _, th, tw = out.shape
-    plane = numpy.zeros((2 * th + 2, 2 * tw + 2), dtype=x.dtype)  # one zero-padded (image, channel) plane
-    rows, cols = min(h, 2 * th + 2 - ph), min(w, 2 * tw + 2 - pw)
+    width = 2 * tw + 2
+    plane = numpy.zeros((2 * th + 2, width), dtype=x.dtype)  # one zero-padded (image, channel) plane
+    t = numpy.empty((4, width), dtype=x.dtype)
+    rows, cols = min(h, 2 * th + 2 - ph), min(w, width - pw)
     for c in range(lo, hi):
         for b in range(n):
             plane[ph:ph + rows, pw:pw + cols] = x[b, c, :rows, :cols]
-            for i in range(4):
-                ra, sa, rb, sb = rows_of[i]
-                for j in range(4):
-                    ca, ta, cb, tb = rows_of[j]
-                    dst = out[4 * i + j, c, b]
-                    for ty in range(th):
-                        top, bottom = plane[2 * ty + ra], plane[2 * ty + rb]
-                        for tx in range(tw):
-                            q = 2 * tx
-                            dst[ty, tx] = sa * (ta * top[q + ca] + tb * top[q + cb]) + \
-                                sb * (ta * bottom[q + ca] + tb * bottom[q + cb])
+            for ty in range(th):
+                p = plane[2 * ty:2 * ty + 4]
+                for q in range(width):  # t = B^T d
+                    d0, d1, d2, d3 = p[0, q], p[1, q], p[2, q], p[3, q]
+                    t[0, q], t[1, q], t[2, q], t[3, q] = d0 - d2, d1 + d2, d2 - d1, d1 - d3
+                for i in range(4):  # V = t B
+                    r, dst = t[i], out[4 * i:4 * i + 4, c, b, ty]
+                    for tx in range(tw):
+                        q = 2 * tx
+                        d0, d1, d2, d3 = r[q], r[q + 1], r[q + 2], r[q + 3]
+                        dst[0, tx], dst[1, tx], dst[2, tx], dst[3, tx] = d0 - d2, d1 + d2, d2 - d1, d1 - d3
+
+
+@cpu_kernel
+def _f2_gradient_tiles(gy, lo, hi, out):
+    """out[4 i + j, k, image] = (A g A^T)[i, j] for every 2 x 2 tile g of each plane of gy (N, K, out_h, out_w),
+    zero-padded to whole tiles; A's rows, for (g0, g1): g0 | g0 + g1 | g0 - g1 | -g1."""
+    n, _, h, w = gy.shape
+    _, _, _, th, tw = out.shape
+    plane = numpy.zeros((2 * th, 2 * tw), dtype=gy.dtype)
+    t = numpy.empty((4, 2 * tw), dtype=gy.dtype)
+    for k in range(lo, hi):
+        for b in range(n):
+            plane[:h, :w] = gy[b, k]
+            for ty in range(th):
+                for q in range(2 * tw):  # t = A g
+                    g0, g1 = plane[2 * ty, q], plane[2 * ty + 1, q]
+                    t[0, q], t[1, q], t[2, q], t[3, q] = g0, g0 + g1, g0 - g1, -g1
+                for i in range(4):  # dM = t A^T
+                    r, dst = t[i], out[4 * i:4 * i + 4, k, b, ty]
+                    for tx in range(tw):
+                        g0, g1 = r[2 * tx], r[2 * tx + 1]
+                        dst[0, tx], dst[1, tx], dst[2, tx], dst[3, tx] = g0, g0 + g1, g0 - g1, -g1
 
 
 @cpu_kernel
@@ -326,15 +390,12 @@ def _f2_output_tiles_body(M, has_bias, bias, lo, hi, y):
             y[b, k] = plane[:out_h, :out_w]
 
 
-def _f2_output_tiles(M, b, y):
+def _output_tiles(body, M, b, y):
+    """y = A^T m A (+ b) of every tile m of M (a^2, K, N, th, tw) by the compiled ``body``, cut to y's size."""
     has_bias = b is not None
     bias = numpy.ascontiguousarray(b if has_bias else numpy.zeros(1), dtype=M.dtype)
     into_contiguous(y, lambda target: parallel_for(
-        M.shape[1], lambda lo, hi: _f2_output_tiles_body(M, has_bias, bias, lo, hi, target), work=y.size))
-
-
-# the non-zeros of each row of A: (index, sign) x 2 (a zero sign where the row has one)
-_F2_A_ROWS = ((0, 1.0, 1, 0.0), (0, 1.0, 1, 1.0), (0, 1.0, 1, -1.0), (0, 0.0, 1, -1.0))
+        M.shape[1], lambda lo, hi: body(M, has_bias, bias, lo, hi, target), work=y.size))
 
 
 @cpu_kernel
@@ -370,37 +431,251 @@ def _f2_scatter_input_grad(dV, ph, pw, lo, hi, gx):
 
 @cpu_kernel
 def _f2_filter_tiles(W, lo, hi, U):
-    # U = G w G^T, G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]
+    # U = G w G^T, G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]], over all input channels of a
+    # filter at once (U's rows are written in order, not 16 of them a step apart)
     _, cg, _, _ = W.shape
-    t = numpy.empty((4, 3), dtype=W.dtype)
+    t = numpy.empty((4, 3, cg), dtype=W.dtype)
     for k in range(lo, hi):
-        for c in range(cg):
-            w = W[k, c]
-            for j in range(3):  # t = G w
-                t[0, j] = w[0, j]
-                t[1, j] = 0.5 * (w[0, j] + w[1, j] + w[2, j])
-                t[2, j] = 0.5 * (w[0, j] - w[1, j] + w[2, j])
-                t[3, j] = w[2, j]
-            for i in range(4):  # U = t G^T
-                U[4 * i, k, c] = t[i, 0]
-                U[4 * i + 1, k, c] = 0.5 * (t[i, 0] + t[i, 1] + t[i, 2])
-                U[4 * i + 2, k, c] = 0.5 * (t[i, 0] - t[i, 1] + t[i, 2])
-                U[4 * i + 3, k, c] = t[i, 2]
+        w = W[k]
+        for j in range(3):  # t = G w
+            for c in range(cg):
+                t[0, j, c] = w[c, 0, j]
+                t[1, j, c] = 0.5 * (w[c, 0, j] + w[c, 1, j] + w[c, 2, j])
+                t[2, j, c] = 0.5 * (w[c, 0, j] - w[c, 1, j] + w[c, 2, j])
+                t[3, j, c] = w[c, 2, j]
+        for i in range(4):  # U = t G^T
+            for c in range(cg):
+                U[4 * i, k, c] = t[i, 0, c]
+                U[4 * i + 1, k, c] = 0.5 * (t[i, 0, c] + t[i, 1, c] + t[i, 2, c])
+                U[4 * i + 2, k, c] = 0.5 * (t[i, 0, c] - t[i, 1, c] + t[i, 2, c])
+                U[4 * i + 3, k, c] = t[i, 2, c]
 
 
 @cpu_kernel
 def _f2_filter_gradient(dU, lo, hi, gW):
     # gW += G^T dU G, the adjoint of _f2_filter_tiles
     _, _, cg = dU.shape
-    e = numpy.empty((3, 4), dtype=dU.dtype)
+    e = numpy.empty((3, 4, cg), dtype=dU.dtype)
     for k in range(lo, hi):
-        for c in range(cg):
-            for j in range(4):  # e = G^T dU
+        for j in range(4):  # e = G^T dU
+            for c in range(cg):
                 d0, d1, d2, d3 = dU[j, k, c], dU[4 + j, k, c], dU[8 + j, k, c], dU[12 + j, k, c]
-                e[0, j] = d0 + 0.5 * (d1 + d2)
-                e[1, j] = 0.5 * (d1 - d2)
-                e[2, j] = 0.5 * (d1 + d2) + d3
-            for i in range(3):  # gW += e G
-                gW[k, c, i, 0] += e[i, 0] + 0.5 * (e[i, 1] + e[i, 2])
-                gW[k, c, i, 1] += 0.5 * (e[i, 1] - e[i, 2])
-                gW[k, c, i, 2] += 0.5 * (e[i, 1] + e[i, 2]) + e[i, 3]
+                e[0, j, c] = d0 + 0.5 * (d1 + d2)
+                e[1, j, c] = 0.5 * (d1 - d2)
+                e[2, j, c] = 0.5 * (d1 + d2) + d3
+        g = gW[k]
+        for i in range(3):  # gW += e G
+            for c in range(cg):
+                g[c, i, 0] += e[i, 0, c] + 0.5 * (e[i, 1, c] + e[i, 2, c])
+                g[c, i, 1] += 0.5 * (e[i, 1, c] - e[i, 2, c])
+                g[c, i, 2] += 0.5 * (e[i, 1, c] + e[i, 2, c]) + e[i, 3, c]
+
+
+# F(4x4, 3x3) on the CPU: TRANSFORMS[4] written out, each side of a tile in two passes. B^T's rows, for a column
+# (d0 .. d5): 4 d0 - 5 d2 + d4 | d4 + d3 - 4 (d1 + d2) | d4 - d3 + 4 (d1 - d2) | d4 - d2 + 2 (d3 - d1) |
+# d4 - d2 - 2 (d3 - d1) | 4 d1 - 5 d3 + d5. Arrays of transformed tiles are (36, C or K, N, th, tw), position
+# 6 i + j. The integer coefficients are float32 constants, so float32 tiles are transformed in float32 (a float64
+# literal would widen every operation, at half the vector width).
+
+@cpu_kernel
+def _f4_input_tiles(x, ph, pw, lo, hi, out):
+    """out[6 i + j, c, image] = (B^T d B)[i, j] for every 6 x 6 tile d of each plane of x (N, C, H, W) placed at
+    (ph, pw) in a zero plane, tiles at stride 4: B^T down the six plane rows of a tile row (every column at
+    once), then along each of the six transformed rows, tile by tile."""
+    n, _, h, w = x.shape
+    _, _, _, th, tw = out.shape
+    two, four, five = numpy.float32(2), numpy.float32(4), numpy.float32(5)
+    width = 4 * tw + 2
+    plane = numpy.zeros((4 * th + 2, width), dtype=x.dtype)
+    t = numpy.empty((6, width), dtype=x.dtype)
+    rows, cols = min(h, 4 * th + 2 - ph), min(w, width - pw)
+    for c in range(lo, hi):
+        for b in range(n):
+            plane[ph:ph + rows, pw:pw + cols] = x[b, c, :rows, :cols]
+            for ty in range(th):
+                p = plane[4 * ty:4 * ty + 6]
+                for q in range(width):  # t = B^T d
+                    d0, d1, d2, d3, d4, d5 = p[0, q], p[1, q], p[2, q], p[3, q], p[4, q], p[5, q]
+                    t[0, q] = four * d0 - five * d2 + d4
+                    t[1, q] = d4 + d3 - four * (d1 + d2)
+                    t[2, q] = d4 - d3 + four * (d1 - d2)
+                    t[3, q] = d4 - d2 + two * (d3 - d1)
+                    t[4, q] = d4 - d2 - two * (d3 - d1)
+                    t[5, q] = four * d1 - five * d3 + d5
+                for i in range(6):  # V = t B
+                    r, dst = t[i], out[6 * i:6 * i + 6, c, b, ty]
+                    for tx in range(tw):
+                        q = 4 * tx
+                        d0, d1, d2, d3, d4, d5 = r[q], r[q + 1], r[q + 2], r[q + 3], r[q + 4], r[q + 5]
+                        dst[0, tx] = four * d0 - five * d2 + d4
+                        dst[1, tx] = d4 + d3 - four * (d1 + d2)
+                        dst[2, tx] = d4 - d3 + four * (d1 - d2)
+                        dst[3, tx] = d4 - d2 + two * (d3 - d1)
+                        dst[4, tx] = d4 - d2 - two * (d3 - d1)
+                        dst[5, tx] = four * d1 - five * d3 + d5
+
+
+@cpu_kernel
+def _f4_gradient_tiles(gy, lo, hi, out):
+    """out[6 i + j, k, image] = (A g A^T)[i, j] for every 4 x 4 tile g of each plane of gy (N, K, out_h, out_w),
+    zero-padded to whole tiles; A's rows, for (g0 .. g3): g0 | e + o | e - o | e4 + o4 | e4 - o4 | g3 with
+    e = g0 + g2, o = g1 + g3, e4 = g0 + 4 g2, o4 = 2 g1 + 8 g3."""
+    n, _, h, w = gy.shape
+    _, _, _, th, tw = out.shape
+    two, four, eight = numpy.float32(2), numpy.float32(4), numpy.float32(8)
+    plane = numpy.zeros((4 * th, 4 * tw), dtype=gy.dtype)
+    t = numpy.empty((6, 4 * tw), dtype=gy.dtype)
+    for k in range(lo, hi):
+        for b in range(n):
+            plane[:h, :w] = gy[b, k]
+            for ty in range(th):
+                p = plane[4 * ty:4 * ty + 4]
+                for q in range(4 * tw):  # t = A g
+                    g0, g1, g2, g3 = p[0, q], p[1, q], p[2, q], p[3, q]
+                    e, o, e4, o4 = g0 + g2, g1 + g3, g0 + four * g2, two * g1 + eight * g3
+                    t[0, q], t[1, q], t[2, q], t[3, q], t[4, q], t[5, q] = g0, e + o, e - o, e4 + o4, e4 - o4, g3
+                for i in range(6):  # dM = t A^T
+                    r, dst = t[i], out[6 * i:6 * i + 6, k, b, ty]
+                    for tx in range(tw):
+                        q = 4 * tx
+                        g0, g1, g2, g3 = r[q], r[q + 1], r[q + 2], r[q + 3]
+                        e, o, e4, o4 = g0 + g2, g1 + g3, g0 + four * g2, two * g1 + eight * g3
+                        dst[0, tx], dst[1, tx], dst[2, tx] = g0, e + o, e - o
+                        dst[3, tx], dst[4, tx], dst[5, tx] = e4 + o4, e4 - o4, g3
+
+
+@cpu_kernel
+def _f4_output_tiles_body(M, has_bias, bias, lo, hi, y):
+    # A^T's rows, for (m0 .. m5): m0 + s + s4 | d + 2 d4 | s + 4 s4 | d + 8 d4 + m5 with s, d = m1 +- m2 and
+    # s4, d4 = m3 +- m4
+    _, _, n, th, tw = M.shape
+    out_h, out_w = y.shape[2], y.shape[3]
+    two, four, eight = numpy.float32(2), numpy.float32(4), numpy.float32(8)
+    plane = numpy.empty((4 * th, 4 * tw), dtype=M.dtype)  # whole tiles; the part past the output is cut off
+    u = numpy.empty((6, 4 * tw), dtype=M.dtype)
+    for k in range(lo, hi):
+        add = bias[k] if has_bias else bias[0]  # (a zero of M's type: a literal 0 would widen the adds)
+        for b in range(n):
+            m = M[:, k, b]
+            for ty in range(th):
+                for i in range(6):  # u = m A
+                    r = u[i]
+                    for tx in range(tw):
+                        m0, m1, m2 = m[6 * i, ty, tx], m[6 * i + 1, ty, tx], m[6 * i + 2, ty, tx]
+                        m3, m4, m5 = m[6 * i + 3, ty, tx], m[6 * i + 4, ty, tx], m[6 * i + 5, ty, tx]
+                        s, d, s4, d4 = m1 + m2, m1 - m2, m3 + m4, m3 - m4
+                        q = 4 * tx
+                        r[q], r[q + 1], r[q + 2], r[q + 3] = m0 + s + s4, d + two * d4, s + four * s4, \
+                            d + eight * d4 + m5
+                dst = plane[4 * ty:4 * ty + 4]
+                for q in range(4 * tw):  # y = A^T u
+                    m0, m1, m2, m3, m4, m5 = u[0, q], u[1, q], u[2, q], u[3, q], u[4, q], u[5, q]
+                    s, d, s4, d4 = m1 + m2, m1 - m2, m3 + m4, m3 - m4
+                    dst[0, q] = m0 + s + s4 + add
+                    dst[1, q] = d + two * d4 + add
+                    dst[2, q] = s + four * s4 + add
+                    dst[3, q] = d + eight * d4 + m5 + add
+            y[b, k] = plane[:out_h, :out_w]
+
+
+@cpu_kernel
+def _f4_scatter_input_grad(dV, ph, pw, lo, hi, gx):
+    """gx = the sum of the tiles B v B^T of dV (36, C, N, th, tw) at stride 4, cut at (ph, pw). B's rows (B^T's
+    columns), for (v0 .. v5): 4 v0 | 2 d4 - 4 d + 4 v5 ... written out below with s, d = v1 +- v2 and s4, d4 =
+    v3 +- v4; the six columns of each tile row are added into a strip first, then B down the strip's rows."""
+    _, _, n, th, tw = dV.shape
+    h, w = gx.shape[2], gx.shape[3]
+    two, four, five = numpy.float32(2), numpy.float32(4), numpy.float32(5)
+    width = 4 * tw + 2
+    plane = numpy.empty((4 * th + 2, width), dtype=dV.dtype)  # the padded gx plane the tiles add into
+    f = numpy.empty((6, width), dtype=dV.dtype)
+    rows, cols = min(h, 4 * th + 2 - ph), min(w, width - pw)
+    for c in range(lo, hi):
+        for b in range(n):
+            plane[:] = 0
+            v = dV[:, c, b]
+            for ty in range(th):
+                f[:] = 0
+                for i in range(6):  # f = v B^T, overlapping tiles added
+                    r = f[i]
+                    for tx in range(tw):
+                        v0, v1, v2 = v[6 * i, ty, tx], v[6 * i + 1, ty, tx], v[6 * i + 2, ty, tx]
+                        v3, v4, v5 = v[6 * i + 3, ty, tx], v[6 * i + 4, ty, tx], v[6 * i + 5, ty, tx]
+                        s, d, s4, d4 = v1 + v2, v1 - v2, v3 + v4, v3 - v4
+                        q = 4 * tx
+                        r[q] += four * v0
+                        r[q + 1] += four * (v5 - d) - two * d4
+                        r[q + 2] -= five * v0 + four * s + s4
+                        r[q + 3] += d + two * d4 - five * v5
+                        r[q + 4] += v0 + s + s4
+                        r[q + 5] += v5
+                dst = plane[4 * ty:4 * ty + 6]
+                for q in range(width):  # B f, added at (4 ty + i, q)
+                    v0, v1, v2, v3, v4, v5 = f[0, q], f[1, q], f[2, q], f[3, q], f[4, q], f[5, q]
+                    s, d, s4, d4 = v1 + v2, v1 - v2, v3 + v4, v3 - v4
+                    dst[0, q] += four * v0
+                    dst[1, q] += four * (v5 - d) - two * d4
+                    dst[2, q] -= five * v0 + four * s + s4
+                    dst[3, q] += d + two * d4 - five * v5
+                    dst[4, q] += v0 + s + s4
+                    dst[5, q] += v5
+            gx[b, c] = 0
+            gx[b, c, :rows, :cols] = plane[ph:ph + rows, pw:pw + cols]
+
+
+@cpu_kernel
+def _f4_filter_tiles(W, lo, hi, U):
+    # U = G w G^T, G's rows for (w0, w1, w2): w0 / 4 | -(w0 + w1 + w2) / 6 | -(w0 - w1 + w2) / 6 |
+    # w0 / 24 + w1 / 12 + w2 / 6 | w0 / 24 - w1 / 12 + w2 / 6 | w2; in float64 (the filters are few), with the
+    # reciprocals (a division costs several products), over all input channels of a filter at once (U's rows)
+    _, cg, _, _ = W.shape
+    sixth, twelfth, twentyfourth = 1.0 / 6.0, 1.0 / 12.0, 1.0 / 24.0
+    t = numpy.empty((6, 3, cg))
+    for k in range(lo, hi):
+        w = W[k]
+        for j in range(3):  # t = G w
+            for c in range(cg):
+                w0, w1, w2 = float(w[c, 0, j]), float(w[c, 1, j]), float(w[c, 2, j])
+                e, o = w0 * twentyfourth + w2 * sixth, w1 * twelfth
+                t[0, j, c], t[1, j, c], t[2, j, c] = 0.25 * w0, -(w0 + w1 + w2) * sixth, -(w0 - w1 + w2) * sixth
+                t[3, j, c], t[4, j, c], t[5, j, c] = e + o, e - o, w2
+        for i in range(6):  # U = t G^T
+            for c in range(cg):
+                w0, w1, w2 = t[i, 0, c], t[i, 1, c], t[i, 2, c]
+                e, o = w0 * twentyfourth + w2 * sixth, w1 * twelfth
+                U[6 * i, k, c], U[6 * i + 1, k, c] = 0.25 * w0, -(w0 + w1 + w2) * sixth
+                U[6 * i + 2, k, c], U[6 * i + 3, k, c] = -(w0 - w1 + w2) * sixth, e + o
+                U[6 * i + 4, k, c], U[6 * i + 5, k, c] = e - o, w2
+
+
+@cpu_kernel
+def _f4_filter_gradient(dU, lo, hi, gW):
+    # gW += G^T dU G, the adjoint of _f4_filter_tiles; G^T's rows for (u0 .. u5): u0 / 4 - (u1 + u2) / 6 +
+    # (u3 + u4) / 24 | (u2 - u1) / 6 + (u3 - u4) / 12 | (u3 + u4 - u1 - u2) / 6 + u5
+    _, _, cg = dU.shape
+    sixth, twelfth, twentyfourth = 1.0 / 6.0, 1.0 / 12.0, 1.0 / 24.0
+    e = numpy.empty((3, 6, cg))
+    for k in range(lo, hi):
+        for j in range(6):  # e = G^T dU
+            for c in range(cg):
+                u0, u1, u2 = float(dU[j, k, c]), float(dU[6 + j, k, c]), float(dU[12 + j, k, c])
+                u3, u4, u5 = float(dU[18 + j, k, c]), float(dU[24 + j, k, c]), float(dU[30 + j, k, c])
+                e[0, j, c] = 0.25 * u0 - (u1 + u2) * sixth + (u3 + u4) * twentyfourth
+                e[1, j, c] = (u2 - u1) * sixth + (u3 - u4) * twelfth
+                e[2, j, c] = (u3 + u4 - u1 - u2) * sixth + u5
+        g = gW[k]
+        for i in range(3):  # gW += e G
+            for c in range(cg):
+                u0, u1, u2, u3, u4, u5 = e[i, 0, c], e[i, 1, c], e[i, 2, c], e[i, 3, c], e[i, 4, c], e[i, 5, c]
+                g[c, i, 0] += 0.25 * u0 - (u1 + u2) * sixth + (u3 + u4) * twentyfourth
+                g[c, i, 1] += (u2 - u1) * sixth + (u3 - u4) * twelfth
+                g[c, i, 2] += (u3 + u4 - u1 - u2) * sixth + u5
+
+
+# the compiled bodies per tile size (the input and gradient tiles' are named in the methods above)
+_COMPILED = {
+    2: {"filter": _f2_filter_tiles, "filter_gradient": _f2_filter_gradient, "output": _f2_output_tiles_body,
+        "scatter": _f2_scatter_input_grad},
+    4: {"filter": _f4_filter_tiles, "filter_gradient": _f4_filter_gradient, "output": _f4_output_tiles_body,
+        "scatter": _f4_scatter_input_grad},
+}

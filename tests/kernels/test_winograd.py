@@ -4,6 +4,7 @@ import numpy
 import pytest
 
 from layerforge.errors import ConfigError
+from layerforge.kernels.blas import matmul
 from layerforge.kernels.implicit_gemm import Im2colConv
 from layerforge.kernels.winograd import WinogradConv, eligible
 from layerforge.layers import create_layer
@@ -138,3 +139,132 @@ def test_auto_skips_winograd_whose_tiles_exceed_the_workspace_limit(monkeypatch)
         layer = conv("AUTO", kernel_size=3, pad=1)
         layer.setup([Blob(x_shape)], [Blob()])
         assert set(layer.engines.tuning["forward"].names) == {"IMPLICIT"} | ({"WINOGRAD_F2"} if tried else set())
+
+
+# F(4,3)'s compiled CPU transforms (kernels/winograd.py's _f4_* bodies): odd sizes and partial tiles, pad 0 and 1,
+# groups, batch 1; (N, C, H, W, K, pad, groups)
+COMPILED_SHAPES = [
+    (2, 3, 7, 9, 4, 1, 1),
+    (1, 4, 5, 5, 6, 0, 2),
+    (2, 6, 9, 6, 3, 1, 3),
+    (3, 2, 10, 11, 2, 0, 1),
+    (1, 8, 6, 6, 8, 1, 4),
+    (2, 5, 13, 3, 4, 1, 1),
+    (1, 3, 3, 4, 2, 0, 1),
+]
+
+
+def random_problem(n, c, h, w, k, pad, groups, dtype=numpy.float64, seed=0):
+    rng = numpy.random.default_rng(seed)
+    x, W, b = rng.standard_normal((n, c, h, w)), rng.standard_normal((k, c // groups, 3, 3)), rng.standard_normal(k)
+    gy = rng.standard_normal((n, k, h + 2 * pad - 2, w + 2 * pad - 2))
+    return tuple(a.astype(dtype) for a in (x, W, b, gy))
+
+
+@pytest.mark.parametrize("n,c,h,w,k,pad,groups", COMPILED_SHAPES)
+def test_compiled_f4_equals_the_xp_path(monkeypatch, n, c, h, w, k, pad, groups):
+    from layerforge.kernels import winograd
+    x, W, b, gy = random_problem(n, c, h, w, k, pad, groups)
+    engine = WinogradConv((3, 3, 1, 1, pad, pad, 1, 1), groups, 4)
+    calls = []
+    for name in ("_f4_input_tiles", "_f4_gradient_tiles"):
+        body = getattr(winograd, name)
+        monkeypatch.setattr(winograd, name, lambda *a, body=body, name=name: calls.append(name) or body(*a))
+    compiled = run(engine, x, W, b, gy)
+    assert calls.count("_f4_input_tiles") == 2 and calls.count("_f4_gradient_tiles") == 1  # forward, gW; gy
+    monkeypatch.setattr(WinogradConv, "_compiled", lambda self, xp: False)
+    strided = run(WinogradConv((3, 3, 1, 1, pad, pad, 1, 1), groups, 4), x, W, b, gy)
+    for a, e in zip(compiled, strided):
+        numpy.testing.assert_allclose(a, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("n,c,h,w,k,pad,groups", COMPILED_SHAPES)
+def test_compiled_f4_float32_equals_torch(n, c, h, w, k, pad, groups):
+    x, W, b, gy = random_problem(n, c, h, w, k, pad, groups, numpy.float32, seed=1)
+    got = run(WinogradConv((3, 3, 1, 1, pad, pad, 1, 1), groups, 4), x, W, b, gy)
+    assert all(a.dtype == numpy.float32 for a in got)
+    xt, Wt, bt = (torch.tensor(a, requires_grad=True) for a in (x, W, b))
+    yt = torch.nn.functional.conv2d(xt, Wt, bt, padding=pad, groups=groups)
+    yt.backward(torch.tensor(gy))
+    for a, e in zip(got, (yt.detach(), xt.grad, Wt.grad, bt.grad)):
+        e = e.numpy()
+        numpy.testing.assert_allclose(a, e, rtol=0, atol=2e-5 * max(1.0, numpy.abs(e).max()))
+
+
+@pytest.mark.parametrize("n,c,h,w,k,pad,groups", COMPILED_SHAPES[:5])
+def test_compiled_f4_finite_differences(n, c, h, w, k, pad, groups):
+    from layerforge.blob import Blob
+    from layerforge.testing import check_gradient, make_blob
+    layer = create_layer({"name": "c", "type": "Convolution", "bottom": ["x"], "top": ["y"],
+                          "convolution": {"num_output": k, "kernel_size": 3, "pad": pad, "group": groups,
+                                          "engine": "WINOGRAD", "weight_filler": {"type": "gaussian", "std": 0.5},
+                                          "bias_filler": {"type": "gaussian", "std": 0.5}}}, dtype=numpy.float64)
+    x = numpy.random.default_rng(2).standard_normal((n, c, h, w))
+    assert check_gradient(layer, [make_blob(x)], [Blob((), numpy.float64)], stepsize=1e-4, threshold=1e-6) > 0
+
+
+def test_f4_on_each_backend_equals_torch(xp):
+    """The compiled transforms on numpy, the xp path on cupy (a real device or the emulated one)."""
+    from layerforge.backend import to_numpy
+    x, W, b, gy = random_problem(2, 6, 9, 7, 4, 1, 2)
+    engine = WinogradConv((3, 3, 1, 1, 1, 1, 1, 1), 2, 4)
+    y = xp.empty(gy.shape)
+    engine.forward(xp.asarray(x), xp.asarray(W), xp.asarray(b), y)
+    gW, gb, gx = xp.zeros(W.shape), xp.zeros(b.shape), xp.empty(x.shape)
+    engine.backward(xp.asarray(x), xp.asarray(W), xp.asarray(gy), gW, gb, gx)
+    xt, Wt, bt = (torch.tensor(a, requires_grad=True) for a in (x, W, b))
+    yt = torch.nn.functional.conv2d(xt, Wt, bt, padding=1, groups=2)
+    yt.backward(torch.tensor(gy))
+    for a, e in zip((y, gx, gW, gb), (yt.detach(), xt.grad, Wt.grad, bt.grad)):
+        numpy.testing.assert_allclose(to_numpy(a), e.numpy(), rtol=1e-10, atol=1e-11)
+
+
+def float32_errors(c, size, n=1, seed=0):
+    """{engine: max |a32 - a64| / max |a64| of (y, gx, gW)} for IM2COL and compiled WINOGRAD (F4) against IM2COL in
+    float64: unit normal data and output gradient, He-initialised weights, pad 1 (bench_winograd.py --error)."""
+    geometry = (3, 3, 1, 1, 1, 1, 1, 1)
+    rng = numpy.random.default_rng(seed)
+    x, gy = rng.standard_normal((n, c, size, size)), rng.standard_normal((n, c, size, size))
+    W, b = rng.standard_normal((c, c, 3, 3)) * numpy.sqrt(2.0 / (9 * c)), numpy.zeros(c)
+    exact = run(Im2colConv(geometry, 1), x, W, b, gy)[:3]
+    out = {}
+    for name, engine in (("IM2COL", Im2colConv(geometry, 1)), ("WINOGRAD", WinogradConv(geometry, 1, 4))):
+        got = run(engine, *(a.astype(numpy.float32) for a in (x, W, b, gy)))[:3]
+        out[name] = [float(numpy.abs(a - e).max() / numpy.abs(e).max()) for a, e in zip(got, exact)]
+    return out
+
+
+# ResNet-50's 3x3 layers (channels in = out, size) and the bound on compiled F(4,3)'s float32 error of y, gx and
+# gW (docs/performance.md's table measured 0.3e-5 to 1.3e-5 at batch 2; the bounds leave about 2x)
+@pytest.mark.parametrize("c,size,bound", [(64, 56, 3e-5), (128, 28, 2e-5), (256, 14, 2.5e-5), (512, 7, 2e-5)])
+def test_compiled_f4_float32_error_per_resnet50_shape(c, size, bound):
+    errors = float32_errors(c, size)
+    assert max(errors["IM2COL"]) < 1.5e-6
+    assert all(e < bound for e in errors["WINOGRAD"])
+    assert errors["WINOGRAD"][0] > 4 * errors["IM2COL"][0]  # why AUTO does not try it (autotune.ENGINE_CHOICES)
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_products_split_over_kernel_threads_give_the_same_bits(monkeypatch, tile):
+    """With several kernel threads the tile positions' products are split over them, one BLAS thread each
+    (winograd._position_products); the batched product on 2 BLAS threads gives the same bits."""
+    from threadpoolctl import threadpool_limits
+    from layerforge.kernels import threadpool
+    monkeypatch.setattr(threadpool, "MIN_PARALLEL_ELEMENTS", 0)
+    from layerforge.kernels import winograd
+    products = []  # the operands' dimensions of each product: 4 batched, 2 one position
+    monkeypatch.setattr(winograd, "matmul", lambda a, b, out: products.append(a.ndim) or matmul(a, b, out=out))
+    x, W, b, gy = random_problem(4, 64, 20, 19, 48, 1, 1, numpy.float32, seed=3)
+    results = []
+    try:
+        for n in (1, 2, 3):
+            threadpool.set_num_threads(n)
+            with threadpool_limits(2, "blas"):
+                results.append(run(WinogradConv((3, 3, 1, 1, 1, 1, 1, 1), 1, tile), x, W, b, gy))
+    finally:
+        threadpool.set_num_threads(None)
+    positions = (tile + 2) ** 2
+    assert products == [4] * 3 + [2] * (3 * positions) * 2  # forward, gW, gx: batched on 1 thread, then split
+    for got in results[1:]:
+        for a, e in zip(got, results[0]):
+            assert a.tobytes() == e.tobytes()
