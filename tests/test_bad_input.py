@@ -659,3 +659,6 @@ def test_train_refuses_a_net_that_trains_nothing(tmp_path, case):
         Net(str(net), phase="test").save(str(tmp_path / "w.npz"))
         tested = run_layerforge("test", "--model", net, "--weights", tmp_path / "w.npz", "--iterations", 1)
         assert tested.returncode == 0, tested.stderr
+    if case == "no_layers":  # time still takes it: it has no batch, so no training images/s
+        timed = run_layerforge("time", "--model", net, "--iterations", 1)
+        assert timed.returncode == 0 and "Traceback" not in timed.stderr, timed.stderr

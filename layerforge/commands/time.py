@@ -296,7 +296,7 @@ def run(args):
     result = time_net(net, args.iterations)
     if args.trace:
         trace.finish(comm=mpi_comm)
-    if training:
+    if training and solver.images_per_iteration() is not None:  # a net with no batch has no images/s to time
         result.update(time_training(args, solver))
     if mpi_world_size() > 1:
         from ..comm import Communicator
