@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import platform
+import time
 
 import numpy
 
@@ -100,7 +101,10 @@ class ChoiceCache:
         path = self.path()
         if path is None:
             return
-        with _locked(path + ".lock"):
+        with _locked(path + ".lock") as locked:
+            if not locked:  # a process stopped while it held the lock (SIGSTOP, a debugger) must not stop this one
+                self._warn_once(path, f"locked by another process for over {LOCK_WAIT:g} s; this choice is not kept")
+                return
             table = self._read(path)
             if table.get(machine, {}).get(key) == choice:
                 return
@@ -112,18 +116,31 @@ class ChoiceCache:
                 self._warn_once(path, f"not writable: {str(e)[len(path) + 2:][:100]}")
 
 
+LOCK_WAIT = 2.0  # seconds a store waits for the cache's lock before it gives up keeping its choice
+
+
 @contextlib.contextmanager
-def _locked(path):
-    """An exclusive flock of ``path`` (made, with its folder, if need be) for the block; none where it cannot be."""
+def _locked(path, wait=LOCK_WAIT):
+    """An exclusive flock of ``path`` (made, with its folder, if need be) for the block, which is told True; or
+    False after ``wait`` seconds of another process holding it. A folder that takes no lock file: True, unlocked."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         handle = open(path, "a")
     except OSError:
-        yield
+        yield True
         return
     with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    yield False
+                    return
+                time.sleep(0.01)
+        yield True
 
 
 ENGINES = ChoiceCache(FILE_NAME, "engine cache")

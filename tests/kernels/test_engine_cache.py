@@ -3,6 +3,8 @@ machine's timings would now pick other engines) and in the on-disk cache (a seco
 import json
 import logging
 import os
+import subprocess
+import sys
 
 import numpy
 import pytest
@@ -132,6 +134,36 @@ def test_an_unwritable_cache_dir_costs_only_a_warning(tmp_path, monkeypatch, cap
     assert all(None not in c.values() for c in choices(net).values())
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith(engine_cache.cache_path())
+
+
+def test_a_lock_held_by_a_stopped_process_costs_the_choice_not_the_run(monkeypatch, caplog):
+    # a process stopped while it holds the cache's lock (SIGSTOP: issue 50's stalled rank) must not stop another
+    # that stores a choice: it waits LOCK_WAIT seconds, warns once naming the file, and goes on without storing
+    import fcntl
+    import time
+
+    monkeypatch.setattr(engine_cache, "LOCK_WAIT", 0.3)
+    path = engine_cache.cache_path()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+                               path + ".lock"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="layerforge"):
+            engine_cache.ENGINES.store("machine", "key", {"forward": "IM2COL"})
+        assert time.monotonic() - t0 < 5
+    finally:
+        holder.kill()
+        holder.wait()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith(path) and "locked by another process" in warnings[0]
+    assert not os.path.exists(path)
+    with open(path + ".lock") as f:  # the lock is free again: the next store keeps its choice
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    engine_cache.ENGINES.store("machine", "key", {"forward": "IM2COL"})
+    assert engine_cache.ENGINES.lookup("machine", "key") == {"forward": "IM2COL"}
 
 
 def test_off_writes_nothing_and_the_default_follows_xdg(tmp_path, monkeypatch):
