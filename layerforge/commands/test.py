@@ -6,7 +6,7 @@ import numpy
 from . import add_decode_workers, add_net_state, apply_decode_workers, net_state
 from .. import backend
 from ..errors import EndOfData, LayerforgeError
-from ..kernels.autotune import settle_forward
+from ..kernels.autotune import forward_settled
 from ..kernels.average_precision import AP_VERSIONS, DetectionScores
 from ..logs import setup_logging
 from ..net.net import Net
@@ -71,9 +71,7 @@ def score(net, iterations, ap_version="Integral"):
     varying = set()  # outputs whose shape follows the data (DetectionOutput's list): no element-wise mean
     for i in range(iterations):
         try:
-            out = net.forward()
-            if settle_forward(net):  # the scores repeat whether the engines were timed now or came from the cache
-                out = {name: net.blobs[name].data for name in net.outputs}
+            out = forward_settled(net)  # the scores repeat whether the engines were timed now or came from the cache
         except EndOfData as e:  # a video's last frame: the batches so far are the run
             if i == 0:
                 raise

@@ -85,23 +85,26 @@ def engines_settled(net, directions=None):
                for layer in net.layers for d in directions or DIRECTIONS)
 
 
-def settle_forward(net, limit=20):
-    """After a forward pass of ``net`` (a TEST net: its forward depends only on the batch its data layers read),
-    where some AUTO convolution has not yet chosen its forward engine: the pass again from the first layer that takes
-    inputs, on the same batch, until every one has, then once more; returns the passes made. What the blobs then
-    hold was computed with the chosen engines alone, as where the choices came from the cache: a test's scores
-    repeat whether this run timed the engines or a previous one did (timing calls round-robin over the engines,
-    whose results differ in the last bits)."""
+def forward_settled(net, limit=20):
+    """``net.forward()`` of a TEST net (its forward depends only on the batch its data layers read) computed with
+    AUTO's chosen forward engines alone; returns its outputs. Where some AUTO convolution has not chosen yet, the
+    data layers read their batch once, the layers from the first that takes inputs to the last undecided convolution
+    run on it until every one has chosen (at most ``limit`` times), and then the whole rest of the net runs once: a
+    test's scores repeat whether this run timed the engines or a previous one did (timing calls round-robin over
+    the engines, whose results differ in the last bits), and the layers after the convolutions (DetectionOutput's
+    drawn frames and result files) run once a batch, as ever."""
     takes = [bool(net.bottom_blobs(i)) for i in range(len(net.layers))]
-    if engines_settled(net, ("forward",)) or True not in takes or not all(takes[takes.index(True):]):
-        return 0  # (a layer that reads its own data after the first that takes inputs would read on: left alone)
-    start = net.layers[takes.index(True)].name
-    passes = 0
-    while passes < limit and not engines_settled(net, ("forward",)):
-        net.forward(start=start)
-        passes += 1
-    net.forward(start=start)
-    return passes + 1
+    undecided = [i for i, layer in enumerate(net.layers) if getattr(layer, "engine_choice", {}).get("forward", "") is None]
+    if not undecided or True not in takes or not all(takes[takes.index(True):]):
+        return net.forward()  # (a layer that reads its own data after the first that takes inputs would read on)
+    first = takes.index(True)
+    if first > 0:
+        net.forward(end=first - 1)
+    for _ in range(limit):
+        net.forward(start=first, end=undecided[-1])
+        if engines_settled(net, ("forward",)):
+            break
+    return net.forward(start=first)
 
 
 def settle_engines(net, one_pass, limit=20):

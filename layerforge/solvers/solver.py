@@ -45,7 +45,7 @@ from .. import backend, rng, trace
 from ..errors import LayerforgeError
 from ..net.net import Net
 from ..kernels import blas
-from ..kernels.autotune import engines_settled, settle_forward
+from ..kernels.autotune import engines_settled, forward_settled
 from ..kernels.average_precision import AP_VERSIONS
 from ..layers.data import input_display
 from . import cuda_graph
@@ -567,8 +567,7 @@ class Solver:
             if self.requested_early_exit:
                 log.info("Test interrupted.")
                 return
-            net.forward()
-            settle_forward(net)  # the scores repeat whether the engines were timed now or came from the cache
+            forward_settled(net)  # the scores repeat whether the engines were timed now or came from the cache
             yield
 
     # ------------------------------------------------------------------------------------------

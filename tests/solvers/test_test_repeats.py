@@ -1,7 +1,7 @@
 """A seeded run's test scores repeat: the test net's AUTO convolutions time their engines round-robin over their
 first calls (whose results differ in the last bits), so a first run's first test would compute with a mixture of
 engines where a later run, finding the choices in the engine cache, computes with the chosen ones. The test phase
-settles the engines on its first batch before scoring it (autotune.settle_forward), so both score alike."""
+settles the engines on its first batch before scoring it (autotune.forward_settled), so both score alike."""
 import pytest
 
 from layerforge.kernels import engine_cache
@@ -53,6 +53,6 @@ def test_a_test_scores_alike_whether_its_engines_were_timed_now_or_came_from_the
     import layerforge.solvers.solver as solver_module
 
     monkeypatch.setenv(engine_cache.CACHE_DIR_ENV, "off")
-    monkeypatch.setattr(solver_module, "settle_forward", lambda net, limit=20: 0)
+    monkeypatch.setattr(solver_module, "forward_settled", lambda net, limit=20: net.forward())
     _, mixed_conv = first_test()
     assert mixed_conv.tobytes() != timed_conv.tobytes()
