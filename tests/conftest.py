@@ -105,7 +105,8 @@ GENERATED_IN_TMP = pytest.StashKey()
 def pytest_configure(config):
     """Generated data (the MNIST LMDBs and the Python corpus, which go to ``<checkout>/data`` otherwise:
     layerforge.data.data_dir) and temporary files (``tempfile``, in this process and in the processes tests start)
-    go under pytest's temporary folder, which a passing run removes (pyproject's ``tmp_path_retention_policy``).
+    go under pytest's temporary folder (Hypothesis's examples too), which a passing run removes (pyproject's
+    ``tmp_path_retention_policy``).
     Set before any test module is imported, so an environment a module copies at import has them too. A data
     directory given in the environment is used as it is."""
     factory = config._tmp_path_factory
@@ -115,6 +116,9 @@ def pytest_configure(config):
     temp = str(factory.mktemp("tempfile"))
     mp.setenv("TMPDIR", temp)
     mp.setattr(tempfile, "tempdir", temp)
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    set_hypothesis_home_dir(factory.mktemp("hypothesis"))  # its example database and constants, else ./.hypothesis
 
 
 def pytest_unconfigure(config):
