@@ -42,7 +42,7 @@ SITES = {
         ("DeviceFeed.close", "self.copy_stream.synchronize()"): SCENARIOS,
     },
     "layerforge.dataparallel.cgdp.transfer": {
-        ("CupyMover.to_host", "self.stream.wait_event(token)"): [WORKER],
+        ("CupyMover.to_host", "self.stream.wait_event(token)"): None,
         ("CupyMover.to_host", "self.stream.synchronize()"): [CGDP],
         ("CupyMover.synchronize", "self.stream.synchronize()"): [WORKER],
         ("CupyMover.close", "self.stream.synchronize()"): None,
@@ -59,8 +59,11 @@ SITES = {
         ("broadcast_nccl", "stream.synchronize()"): None,
     },
 }
-# None: no GPU test fails without the site yet, and why
+# None: no GPU test fails without the site yet (or not every time), and why
 NOT_CAUGHT = {
+    ("CupyMover.to_host", "self.stream.wait_event(token)"):
+        "caught in about one run of three: whether the copy stream runs before backward's kernels depends on when "
+        "CGDP's copy thread waits on it against the training thread's next host read (thread timing, not the seed)",
     "CupyMover.close": "when a run closes its mover, HostSync.before_update has already waited for every copy; "
                        "the wait guards a run interrupted mid-iteration, which no GPU test makes",
     "allreduce_nccl": "redundant on the stream it uses: the .get() that follows waits for the same stream",
@@ -109,7 +112,7 @@ def test_removing_the_site_fails_a_gpu_test(module, function, call):
     tests = SITES[module][function, call]
     assert (function, call) in found_sites()[module], f"{call} is no longer in {module}.{function}"
     if tests is None:
-        pytest.xfail(f"not caught yet: {NOT_CAUGHT[function]}")
+        pytest.xfail(f"not caught yet: {NOT_CAUGHT.get((function, call)) or NOT_CAUGHT[function]}")
     proc = _run(tests, f"{module}|{function}|{call}")
     assert proc.returncode == 1 and " failed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
