@@ -9,7 +9,11 @@ pycaffe-style API::
     solver = layerforge.get_solver("configs/lenet_solver.yaml")
     solver.step(100)
 """
-from .cores import limit_threads_per_rank
+from .errors import interrupting_start_up
+
+interrupting_start_up()  # first: in the command, a Ctrl-C during the imports that follow ends it in one line
+
+from .cores import limit_threads_per_rank  # noqa: E402
 
 limit_threads_per_rank()  # before numpy loads its BLAS
 

@@ -1,11 +1,15 @@
 """Errors that reach the user as one line (the CLI prints ``error: <line>`` and exits 2), and the signals that end a
 command (:func:`interrupting`: the CLI prints ``interrupted by SIGINT`` and exits 130, or 143 for SIGTERM).
 
-Here, at the foundation, so that the command line puts :func:`interrupting` in place before it loads anything heavy;
+Before that, from the package's first line, :func:`interrupting_start_up` ends the ``layerforge`` command in one
+line too (``interrupted during start-up (SIGINT)``). Here, at the foundation, so that the command line puts
+:func:`interrupting` in place before it loads anything heavy;
 training's own signal handling (requests carried out between iterations) is layerforge/solvers/signals.py's.
 """
 import contextlib
+import os
 import signal
+import sys
 import threading
 
 
@@ -103,14 +107,69 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
+def _started_as_the_command():
+    """Whether this process is the ``layerforge`` command (its console script, ``python -m layerforge``), not a
+    program that imports layerforge: only the command may take over the process's signals."""
+    if sys.argv[:1] == ["-m"]:  # python -m PACKAGE while the package is imported (runpy names the file later)
+        argv = getattr(sys, "orig_argv", [])
+        return "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "layerforge"
+    return os.path.splitext(os.path.basename(sys.argv[0] if sys.argv else ""))[0] == "layerforge"
+
+
+def interrupting_start_up():
+    """In the ``layerforge`` command, from the first line of the package on: until the command puts its own handlers
+    in place (:func:`interrupting`, a rank's supervisor), SIGINT or SIGTERM ends the process at once with one line,
+    ``interrupted during start-up (SIGINT)``, and 128 + the signal, instead of a KeyboardInterrupt traceback from
+    the middle of an import or SIGTERM's silent death. Elsewhere (a program that imports layerforge), nothing."""
+    if _started_as_the_command() and threading.current_thread() is threading.main_thread():
+        for s in ENDING:
+            signal.signal(s, _interrupted_during_start_up)
+
+
+def _interrupted_during_start_up(signum, frame):
+    # os._exit: nothing has begun yet that an orderly exit would have to finish, and an import half done is no
+    # place to raise
+    os.write(2, f"interrupted during start-up ({signal.Signals(signum).name})\n".encode())
+    os._exit(128 + signum)
+
+
+_AFTER_START_UP = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}  # Python's own
 _ending = []  # the signal that is ending this process, once one came within :func:`interrupting`
 _depth = [0]
+_unraisable_hook = [None]  # sys.unraisablehook before the outermost interrupting()
+_again = {"in_hook": False, "signum": None, "timer": None}  # _interrupt_again's state
+AGAIN_AFTER = 0.01  # seconds after which a swallowed Interrupted is delivered again (the hook has long returned)
 
 
 def _interrupt(signum, frame):
-    if not _ending:  # one Interrupted per process: a copy that follows (a decode worker forwards its Ctrl-C) is moot
-        _ending.append(signum)
+    if _again["in_hook"]:  # within _interrupt_again: raised there it would be swallowed too; it comes again after
+        _again["signum"] = signum
+        return
+    if not _ending or _again["timer"] is not None and _ending == [signum]:  # the first, or its second delivery
+        _again["timer"] = None
+        _ending[:] = [signum]
         raise Interrupted(signum)
+    # one Interrupted per process: a copy that follows (a decode worker forwards its Ctrl-C) is moot
+
+
+def _interrupt_again(unraisable):
+    """``sys.unraisablehook`` within :func:`interrupting`. An Interrupted raised where Python can only print it and
+    go on (a weakref callback of the import machinery, a ``__del__``: "Exception ignored in ...", a traceback) is
+    not printed: the signal is sent again a moment later, to be raised where it ends the command (and if the block
+    ends first, it raises it there, as for any signal that came during it)."""
+    e = unraisable.exc_value
+    if not (isinstance(e, Interrupted) and signal.getsignal(e.signum) is _interrupt):
+        _unraisable_hook[0](unraisable)
+        return
+    _again["in_hook"], _again["signum"] = True, e.signum
+    try:
+        while _again["signum"] is not None:
+            signum, _again["signum"] = _again["signum"], None
+            _again["timer"] = threading.Timer(AGAIN_AFTER, os.kill, (os.getpid(), signum))
+            _again["timer"].daemon = True
+            _again["timer"].start()
+    finally:
+        _again["in_hook"] = False
 
 
 @contextlib.contextmanager
@@ -125,6 +184,9 @@ def interrupting():
         return
     before = list(_ending)
     old = {s: signal.signal(s, _interrupt) for s in ENDING}
+    old = {s: _AFTER_START_UP[s] if h is _interrupted_during_start_up else h for s, h in old.items()}
+    if not _depth[0]:
+        _unraisable_hook[0], sys.unraisablehook = sys.unraisablehook, _interrupt_again
     _depth[0] += 1
     try:
         yield
@@ -144,3 +206,7 @@ def interrupting():
         _depth[0] -= 1
         if not _depth[0]:
             _ending.clear()
+            sys.unraisablehook = _unraisable_hook[0]
+            if _again["timer"] is not None:  # the block raised it already
+                _again["timer"].cancel()
+                _again["timer"] = None

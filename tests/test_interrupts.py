@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import pytest
 import yaml
@@ -175,3 +176,100 @@ def test_ctrl_c_while_plan_times_the_net_ends_it(tmp_path):
     time.sleep(0.3)
     code, took = command.signal(signal.SIGINT, group=True)
     interrupted(command, code, took, signal.SIGINT)
+
+
+
+# Python imports ``sitecustomize`` before the command's first line: this one makes one module's import take 5 s (a
+# slow disk, a loaded machine), after it has marked the moment in a file, so that a test's signal comes right then
+SLOW_IMPORT = """
+import os, sys, time
+
+class SlowImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ.get("LAYERFORGE_TEST_SLOW_IMPORT"):
+            open(os.environ["LAYERFORGE_TEST_SLOW_MARK"], "w").close()
+            time.sleep(5)
+        return None
+
+sys.meta_path.insert(0, SlowImport())
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("command, module, said", [
+    ("train", "layerforge.cores", "interrupted during start-up"),  # the package's first imports
+    ("time", "layerforge.cli", "interrupted during start-up"),  # the command line's module
+    ("test", "layerforge.dataparallel.supervisor", "interrupted during start-up"),  # the last one before its handlers
+    ("plan", "layerforge.commands.plan", "interrupted by")])  # the command's own imports: its handlers are in place
+def test_a_signal_while_the_command_starts_ends_it_in_one_line(tmp_path, monkeypatch, command, module, said, signum):
+    """From the first line of layerforge's code on, a signal ends the command in one line with 128 + the signal; it
+    gave a KeyboardInterrupt traceback, or SIGTERM's silent death, until the command's handlers were in place."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_IMPORT)
+    mark = tmp_path / "importing"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site)] + [p for p in os.environ.get("PYTHONPATH", "").split(
+        os.pathsep) if p]))
+    monkeypatch.setenv("LAYERFORGE_TEST_SLOW_IMPORT", module)
+    monkeypatch.setenv("LAYERFORGE_TEST_SLOW_MARK", str(mark))
+    solver = write_net(tmp_path)
+    net = tmp_path / "net.yaml"
+    args = {"train": ["--solver", solver], "time": ["--model", net], "test": ["--model", net, "--weights", net],
+            "plan": ["--solver", solver, "--nodes", 1024]}
+    run = Command(tmp_path, command, *args[command])
+    deadline = time.monotonic() + 60
+    while not mark.exists() and run.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert mark.exists(), run.log[-3000:]
+    code, took = run.signal(signum, group=False)
+    assert code == 128 + signum and took < FEW_SECONDS, (code, run.log[-3000:])
+    assert run.err == [f"{said} {signal.Signals(signum).name}\n" if said == "interrupted by" else
+                       f"{said} ({signal.Signals(signum).name})\n"], run.log[-3000:]
+
+
+def test_a_program_that_imports_layerforge_keeps_its_signals():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    shown = subprocess.run([sys.executable, "-c", "import signal, layerforge; print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "
+                            "signal.getsignal(signal.SIGINT) is signal.default_int_handler)"], env=env,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert shown == ["True", "True"]
+
+
+def test_after_the_command_s_handlers_python_s_own_are_back_not_the_start_up_ones():
+    from layerforge.errors import _interrupted_during_start_up, interrupting
+
+    before = {s: signal.signal(s, _interrupted_during_start_up) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with interrupting():
+            pass
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def test_a_signal_python_could_not_raise_where_it_came_is_raised_again_unprinted(monkeypatch):
+    """A signal during a weakref callback (the import machinery has some): Python prints what it raises there and
+    goes on ("Exception ignored in ..."); interrupting() sends it again instead, raised a moment later."""
+    from layerforge.errors import Interrupted, interrupting
+
+    class Thing:
+        pass
+
+    def callback(ref):
+        signal.raise_signal(signal.SIGTERM)  # its handler runs here, inside the callback
+
+    printed = []
+    monkeypatch.setattr(sys, "unraisablehook", printed.append)  # what Python would print
+    with pytest.raises(Interrupted) as raised:
+        with interrupting():
+            thing = Thing()
+            ref = weakref.ref(thing, callback)
+            del thing
+            sent = time.monotonic()
+            while time.monotonic() < sent + 5:
+                pass
+    assert raised.value.signum == signal.SIGTERM and ref() is None
+    assert time.monotonic() - sent < 1.0 and printed == []
+    assert sys.unraisablehook == printed.append

@@ -38,7 +38,7 @@ PACKAGE = "layerforge"
 # (level name, rooms), lowest first. A new package or top-level module must be placed here.
 LEVELS = [
     ("foundation", ("errors", "backend", "rng", "registry", "npz", "schema", "blob", "fillers", "logs", "cores",
-                    "testing", "training_log", "yaml_text", "trace", "emulated_gpu")),
+                    "launcher", "testing", "training_log", "yaml_text", "trace", "emulated_gpu")),
     ("kernels and collectives", ("kernels", "comm")),
     ("Caffe's formats", ("caffe",)),
     ("input", ("data",)),

@@ -15,8 +15,10 @@ communicator (so its messages never meet the algorithms'), every :data:`POLL` se
   :data:`STATUS_AFTER` seconds, and every :data:`STATUS_EVERY` seconds while they stay late
   (``rank 2 (host h, pid p; it does not answer: ...) is 3 s late to the allreduce ...``);
 * the deadline counts from the first arrival (the longest wait among the arrived ranks' answers): past it, the lowest
-  arrived rank ends the job with ``MPI_Abort`` and one line naming the late ranks and their hosts, exit
-  :data:`EXIT_STATUS`. Any other waiting rank does the same :data:`GRACE` seconds later, should that one be gone.
+  arrived rank ends the job with ``MPI_Abort`` on COMM_WORLD and one line naming the late ranks and their hosts, exit
+  :data:`EXIT_STATUS`, which is then mpiexec's own every time (hydra exits with an aborting rank's code, however it
+  ends the stopped ones: launcher.py). Any other waiting rank does the same :data:`GRACE` seconds later, should that
+  one be gone.
 
 Snapshots are written whole or not at all (a temporary file renamed), so the job's last snapshot survives the abort.
 """
@@ -169,7 +171,7 @@ class Deadline:
             who = self._who(late, fresh)[0] if late else "a rank (every one answers)"
             abort(f"{who} did not reach the {lane.what} (collective {seq}) within the collective timeout of "
                   f"{self.timeout:g} s; ending the job (--collective-timeout, docs/distributed.md)",
-                  EXIT_STATUS, self.ctl)
+                  EXIT_STATUS)
 
     def _who(self, late, fresh):
         """``("rank 2 (host h, pid p; it does not answer: stopped, swapped out or stuck)", "is")`` and the like."""

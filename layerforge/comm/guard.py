@@ -6,16 +6,15 @@ and calls ``MPI_Abort``, so ``mpiexec`` kills every rank and exits non-zero. An 
 collective) is not reported at once: the launcher ends the job first, and the dead rank is named once, by its
 supervisor.
 """
-import array
 import contextlib
 import functools
 import os
-import stat
 import sys
 import time
 import traceback
 
 from ..errors import LayerforgeError
+from ..launcher import read_by_the_launcher
 
 
 def abort(reason, code=1, comm=None, details=None):
@@ -23,7 +22,9 @@ def abort(reason, code=1, comm=None, details=None):
     (default COMM_WORLD) with exit ``code``; never returns.
 
     The one line goes first: MPI_Abort can kill the job before mpiexec has forwarded everything a rank wrote
-    last (seen at 4 ranks on 2 busy cores), and the line is what the user needs.
+    last (seen at 4 ranks on 2 busy cores), and the line is what the user needs. On COMM_WORLD, MPICH's abort is a
+    PMI ``abort`` to hydra, which exits with exactly ``code`` however the other ranks end (launcher.py); on another
+    communicator it only tells that one's ranks, and hydra's status would mix theirs with those it kills.
     """
     from mpi4py import MPI
 
@@ -33,32 +34,11 @@ def abort(reason, code=1, comm=None, details=None):
         print(f"rank {comm.Get_rank()}: {reason}", file=sys.stderr, flush=True)
     if details:
         print(details, file=sys.stderr, end="", flush=True)
-    _read_by_the_launcher(sys.stderr)
+    read_by_the_launcher(sys.stderr)
     comm.Abort(code)
-    # MPI_Abort can return, when the job is already being ended by another rank's abort (seen with two ranks failing
-    # at once): this rank must not go on (the guard would print the error again, with a traceback)
+    # MPI_Abort returns: on COMM_WORLD, MPICH only sends hydra the abort; elsewhere, when the job is already being
+    # ended by another rank's abort. This rank must not go on (the guard would print the error again, with a traceback)
     os._exit(code)
-
-
-def _read_by_the_launcher(stream, timeout=2.0):
-    """Wait (up to ``timeout`` s) until the reader of ``stream``, a pipe to the launcher, has taken what was written:
-    hydra forwards nothing more of a rank once it ends the job, and it ends it on MPI_Abort (the rank's line was lost
-    about one time in ten here). A pipe's unread bytes are what FIONREAD reports on either end."""
-    try:
-        import fcntl
-        import termios
-
-        fd = stream.fileno()
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return
-        unread, deadline = array.array("i", [0]), time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            fcntl.ioctl(fd, termios.FIONREAD, unread, True)
-            if unread[0] == 0:
-                return
-            time.sleep(0.005)
-    except (ImportError, OSError, ValueError, AttributeError):  # not a file descriptor, or no FIONREAD here
-        return
 
 
 @contextlib.contextmanager

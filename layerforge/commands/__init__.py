@@ -23,6 +23,14 @@ def apply_decode_workers(args):
         os.environ[WORKERS_ENV] = str(n)
 
 
+def add_collective_timeout(parser, default):
+    """``--collective-timeout SECONDS`` (train, time); ``default``: what it overrides, in words."""
+    parser.add_argument("--collective-timeout", type=float, metavar="SECONDS",
+                        help="end the job, naming the late rank (CPU replica, worker) and its host, when a collective "
+                             f"or a wait on a peer lasts this long from the first arrival ({default}; 0: none; "
+                             "docs/distributed.md)")
+
+
 class _Stages(argparse.Action):
     """``--stage a,b`` and ``--stage a --stage b`` alike: the stages in order, one list."""
 

@@ -30,7 +30,8 @@ import logging
 
 import numpy
 
-from . import add_decode_workers, add_net_state, apply_decode_workers, net_state, train_state
+from . import add_collective_timeout, add_decode_workers, add_net_state, apply_decode_workers, net_state, \
+    train_state
 from ..cores import local_rank, mpi_world_size
 from .. import trace
 from ..backend import Stopwatch, gpu_array_module, gpu_name, rank_device
@@ -72,6 +73,7 @@ def add_arguments(parser):
     parser.add_argument("--allreduce", default="auto", help="under mpiexec: the allreduce of the exchange")
     parser.add_argument("--bucket-mb", type=float, default=4.0,
                         help="under mpiexec: bucket size of the exchange in MiB (0: one buffer)")
+    add_collective_timeout(parser, "under mpiexec: its barriers, exchanges and the trace's clock exchanges; default 600")
 
 
 def time_net(net, iterations):
@@ -160,7 +162,7 @@ def time_exchange(net, comm, iterations, algorithm="auto", bucket_mb=4.0):
             for k in range(iterations + 1):  # the first one warms the buffers and the algorithm up
                 if k == 1:
                     exchange.comm_seconds = exchange.exposed_seconds = 0.0
-                    comm.comm.Barrier()
+                    comm.barrier()
                     t0 = time.perf_counter()
                 net.clear_param_diffs()
                 exchange.before_pass(0)  # one pass per iteration: overlapped, its backward sends the buckets
@@ -171,9 +173,19 @@ def time_exchange(net, comm, iterations, algorithm="auto", bucket_mb=4.0):
         finally:
             net.remove_hooks(after_backward=exchange.layer_gradients_ready)
         figures = numpy.array([elapsed, exchange.comm_seconds, exchange.exposed_seconds]) * 1000.0 / iterations
-        comm.comm.Allreduce(MPI.IN_PLACE, figures, op=MPI.MAX)
+        with comm.collective("allreduce of the timings"):
+            comm.comm.Allreduce(MPI.IN_PLACE, figures, op=MPI.MAX)
         out[mode] = dict(zip(("iteration_ms", "comm_ms", "exposed_ms"), map(float, figures)))
     return out
+
+
+def job_communicator(args):
+    """The job's Communicator under mpiexec, with ``--collective-timeout``'s deadline (docs/distributed.md): a rank
+    that does not come to a barrier, an exchange or the trace's clock exchange is named, and the job ends."""
+    from ..comm import Communicator
+    from ..comm.deadline import DEFAULT_TIMEOUT
+
+    return Communicator(timeout=DEFAULT_TIMEOUT if args.collective_timeout is None else args.collective_timeout)
 
 
 TRAINING_SOLVER = {"type": "SGD", "base_lr": 0.001, "momentum": 0.9}  # the update of the timed iterations
@@ -286,21 +298,16 @@ def run(args):
         net = Net(netdef, phase=args.phase, weights=args.weights, xp=xp, **net_state(args))
     if not args.no_reuse:
         net.optimize_memory()
-    mpi_comm = None
+    comm = job_communicator(args) if mpi_world_size() > 1 else None
     if args.trace:
-        if mpi_world_size() > 1:
-            from mpi4py import MPI
-            mpi_comm = MPI.COMM_WORLD
         trace.start(args.trace, trace.parse_window(args.trace_iterations or "%d:%d" % trace.DEFAULT_WINDOW),
-                    comm=mpi_comm, xp=xp)
+                    comm=comm and comm.comm, xp=xp, deadline=comm and comm.deadline)
     result = time_net(net, args.iterations)
     if args.trace:
-        trace.finish(comm=mpi_comm)
+        trace.finish(comm=comm and comm.comm)
     if training and solver.images_per_iteration() is not None:  # a net with no batch has no images/s to time
         result.update(time_training(args, solver))
-    if mpi_world_size() > 1:
-        from ..comm import Communicator
-        comm = Communicator()
+    if comm is not None:
         result["data_parallel"] = dict(ranks=comm.size, allreduce=args.allreduce, bucket_mb=args.bucket_mb,
                                        **time_exchange(net, comm, args.iterations, args.allreduce, args.bucket_mb))
         if comm.rank != 0:

@@ -2,7 +2,7 @@
 import argparse
 import logging
 
-from . import add_decode_workers, add_net_state, apply_decode_workers, train_state
+from . import add_collective_timeout, add_decode_workers, add_net_state, apply_decode_workers, train_state
 from .data_parallel import add_parallel_arguments, print_report, wants_parallel
 from ..errors import LayerforgeError
 
@@ -36,10 +36,7 @@ def add_arguments(parser):
     parser.add_argument("--allreduce", choices=("auto", "recursive", "topology", "ring", "doubling", "hierarchical",
                                                 "mpi", "nccl"),
                         help="gradient allreduce under mpiexec (overrides the solver's allreduce)")
-    parser.add_argument("--collective-timeout", type=float, metavar="SECONDS",
-                        help="end the job, naming the late rank (CPU replica, worker) and its host, when a collective "
-                             "or a wait on a peer lasts this long from the first arrival (overrides the solver's "
-                             "collective_timeout, default 600; 0: none; docs/distributed.md)")
+    add_collective_timeout(parser, "overrides the solver's collective_timeout, default 600")
     from .trace import add_run_arguments
 
     add_run_arguments(parser)  # --trace FILE, --trace-iterations A:B, --tensorboard DIR (docs/trace.md)

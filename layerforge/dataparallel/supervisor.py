@@ -4,7 +4,7 @@ A rank killed without a word (SIGKILL, the kernel's out-of-memory killer, a segf
 own death, and MPICH's hydra then prints only "BAD TERMINATION ... EXIT CODE: 9" with a pid, and kills
 the other ranks at once. So the process hydra starts (the supervisor) runs the same command as a child
 and waits for it: when the child dies by a signal, the supervisor prints ``rank R (host H, pid P): killed
-by signal S`` and exits non-zero, and hydra ends the job. The child inherits the PMI connection (MPI
+by signal S`` and has hydra end the job with exit status 128 + S, every time (a PMI abort: launcher.py). The child inherits the PMI connection (MPI
 starts in the child, never in the supervisor) and dies with its supervisor (PR_SET_PDEATHSIG), so
 killing either ends the rank.
 
@@ -30,6 +30,8 @@ import socket
 import subprocess
 import sys
 import time
+
+from ..launcher import end_job, read_by_the_launcher
 
 SUPERVISED = "LAYERFORGE_SUPERVISED"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -113,6 +115,9 @@ def supervise(argv):
     why = " (also what the kernel's out-of-memory killer sends)" if signum == signal.SIGKILL else ""
     print(f"rank {mpi_rank_from_env()} (host {socket.gethostname()}, pid {child.pid}): killed by signal "
           f"{signum} ({name}){why}", file=sys.stderr, flush=True)
+    # hydra's own status would be whichever rank it reaped first, this one's or a kill it sent (launcher.py)
+    read_by_the_launcher(sys.stderr)
+    end_job(128 + signum)
     _leave_watchdog(os.getppid())
     return 128 + signum
 

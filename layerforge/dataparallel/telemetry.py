@@ -39,7 +39,12 @@ def start_telemetry(run, solver, mpi_comm=None):
 
     path, window, logdir = telemetry_wanted(run, solver.param)
     if path:
-        trace.start(path, trace.parse_window(window), comm=mpi_comm, xp=solver.xp)
+        deadline = None
+        if mpi_comm is not None:
+            from ..comm.deadline import deadline_for
+
+            deadline = deadline_for(mpi_comm, solver.param.collective_timeout)  # the exchange's, made already
+        trace.start(path, trace.parse_window(window), comm=mpi_comm, xp=solver.xp, deadline=deadline)
     scalars = None
     if logdir and solver.root:
         ranks = mpi_comm.Get_size() if mpi_comm is not None else 1
@@ -60,7 +65,8 @@ def host_telemetry(run, sp, comm):
     if path:
         node = comm.rank if mpi_comm is not None else 0
         trace.start(path, trace.parse_window(window), comm=mpi_comm, pid=1000 + node,
-                    process_name=f"node {node} host" if mpi_comm is not None else "host", host=True)
+                    process_name=f"node {node} host" if mpi_comm is not None else "host", host=True,
+                    deadline=comm.deadline if mpi_comm is not None else None)
     recording = Telemetry(bool(path), mpi_comm, None)
     try:
         yield {"trace": window if path else None, "tensorboard": logdir}

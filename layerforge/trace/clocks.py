@@ -11,7 +11,11 @@ Ranks of one host read the same clock: their measured offsets are about 0, withi
 Clocks of different hosts also drift apart (tens of microseconds per second is common), so the offset is
 measured twice, when tracing starts and when it ends, and each span is shifted by the offset interpolated
 linearly to its time; the error bound given is the larger of the two measurements'.
+
+Under the job's collective deadline (``deadline``: a :class:`layerforge.comm.deadline.Deadline`), each exchange is
+one collective of it: a rank that does not come (stopped, stuck) is named and ends the job, as in training.
 """
+import contextlib
 import time
 
 import numpy
@@ -24,17 +28,28 @@ TAG = 0x7ace  # the ping-pong's messages, apart from any other traffic on the co
 clock = time.perf_counter
 
 
-def measure_offsets(comm, rounds=8):
+def collective(deadline, what):
+    """The context of one collective ``what`` under ``deadline`` (a Deadline, or None: no deadline)."""
+    return contextlib.nullcontext() if deadline is None else deadline.collective(what)
+
+
+def measure_offsets(comm, rounds=8, deadline=None):
     """Every rank's clock offset against rank 0 and its error bound, in seconds; a collective call.
 
     Args:
         comm: an mpi4py communicator.
         rounds: ping-pong round trips per rank (the shortest is used).
+        deadline: the job's collective deadline on ``comm``, or None.
 
     Returns:
         ``(offset, error)`` of the calling rank: its clock reads ``offset`` seconds later than rank 0's
         (subtract it to get rank 0's time), give or take ``error`` (rank 0: ``(0.0, 0.0)``).
     """
+    with collective(deadline, "clock exchange of the trace"):
+        return _measure_offsets(comm, rounds)
+
+
+def _measure_offsets(comm, rounds):
     rank, size = comm.Get_rank(), comm.Get_size()
     table = numpy.zeros((size, 2))  # per rank: offset, error
     reading = numpy.zeros(1)
@@ -59,9 +74,9 @@ def measure_offsets(comm, rounds=8):
     return float(table[rank, 0]), float(table[rank, 1])
 
 
-def clock_point(comm, rounds=8):
+def clock_point(comm, rounds=8, deadline=None):
     """``(local time, offset, error)`` in seconds: :func:`measure_offsets` and when it was measured."""
-    offset, error = measure_offsets(comm, rounds)
+    offset, error = measure_offsets(comm, rounds, deadline)
     return clock(), offset, error
 
 
@@ -81,15 +96,16 @@ def offset_at(points, t):
     return float(numpy.interp(t, times, offsets))
 
 
-def gather_parts(comm, parts, root=0, rounds=8):
+def gather_parts(comm, parts, root=0, rounds=8, deadline=None):
     """Measure this rank's clock offset again, note it in its recorder ``parts`` (its own, and those of the
     processes of its host it absorbed) and gather every rank's parts on ``root``; a collective call.
     Returns the list of all parts on ``root``, None on the others.
 
     The parts are Python objects of different sizes, sent once at the end: mpi4py's pickling ``gather``.
     """
-    point = clock_point(comm, rounds)
+    point = clock_point(comm, rounds, deadline)
     for part in parts:
         add_clock_point(part, point)
-    gathered = comm.gather(parts, root=root)
+    with collective(deadline, "gather of the trace"):
+        gathered = comm.gather(parts, root=root)
     return [p for rank_parts in gathered for p in rank_parts] if gathered is not None else None

@@ -84,6 +84,7 @@ class Recorder:
         self.written = None  # how many events it wrote
         self.write_when_window_closes = True
         self.marks_ends = False  # a CGDP host marks iteration k + 1 when k's exchange ends (start(host=True))
+        self.deadline = None  # the job's collective deadline, which the clock exchanges run under (start(deadline=))
         self.others = []  # parts of other processes handed to this one (absorb)
         self.layer_args = {}  # (id(layer), cat, top shapes) -> the args trace.layer() worked out for them
         self.metadata = {"trace_iterations": list(self.window) if self.window else None}
@@ -345,7 +346,7 @@ def current_recorder():
 
 
 def start(path=None, iterations=DEFAULT_WINDOW, comm=None, pid=None, process_name=None, xp=None,
-          device_spans=False, role=None, host=False):
+          device_spans=False, role=None, host=False, deadline=None):
     """Begin tracing this process; returns its :class:`Recorder`.
 
     Args:
@@ -361,6 +362,8 @@ def start(path=None, iterations=DEFAULT_WINDOW, comm=None, pid=None, process_nam
             training ends (:func:`absorb`), so the file is written by :func:`finish` only, and it marks
             iteration k + 1 (:func:`iteration`) when iteration k's exchange ends, so the iteration marked last
             when training ends never ran and gets no "iteration" span.
+        deadline: the job's collective deadline on ``comm`` (layerforge.comm.deadline's ``deadline_for``), or None:
+            the clock exchanges here and in :func:`finish` are collectives of it.
     """
     global _active, _recorder
     several = comm is not None and comm.Get_size() > 1
@@ -369,9 +372,9 @@ def start(path=None, iterations=DEFAULT_WINDOW, comm=None, pid=None, process_nam
     rec = Recorder(path, iterations, pid, process_name, xp, device_spans)
     rec.write_when_window_closes = not several and not host  # under MPI, rank 0 writes everyone's spans at the end
     rec.marks_ends = host
+    rec.deadline = deadline
     if several:
-
-        add_clock_point({"metadata": rec.metadata}, clock_point(comm))
+        add_clock_point({"metadata": rec.metadata}, clock_point(comm, deadline=deadline))
     if rec.window is not None and rec.window[0] == 0:
         rec.open = True
     rec.name_thread(role or ("host" if host else "compute"))  # by default the thread that starts tracing trains
@@ -415,14 +418,13 @@ def finish(comm=None, per_rank=False):
             "trace: no iteration of the window %s ran on %s: %s holds no spans (see --trace-iterations)", window,
             rec.process_name, rec.path)
     if comm is not None and comm.Get_size() > 1:
-
         if per_rank:
-            point = clock_point(comm)
+            point = clock_point(comm, deadline=rec.deadline)
             for p in [part] + rec.others:  # a host's CGDP workers read its clock
                 add_clock_point(p, point)
                 p["metadata"]["clock"]["applied"] = False
             return write_trace(rank_path(rec.path, comm.Get_rank()), [part] + rec.others) if rec.path else None
-        parts = gather_parts(comm, [part] + rec.others)
+        parts = gather_parts(comm, [part] + rec.others, deadline=rec.deadline)
         return write_trace(rec.path, parts) if parts and rec.path else None
     if rec.path is None:
         return None
