@@ -485,6 +485,9 @@ _METHODS = {}  # filled by functions.py: the methods that are a cupy function of
 # - ``a.set(host)`` and ``cupy.asarray(host)`` copy on the stream. From pageable memory the host data is
 #   taken at the call (CUDA stages it); from page-locked memory (``cupyx.empty_pinned``, ``hostRegister``)
 #   it is read when the stream runs the copy, so a host buffer overwritten before the copy ran shows.
+# - A queued copy from or to page-locked memory reaches it through the device's mapping of that memory, which
+#   ``hostUnregister`` takes away: one that runs after its range was unregistered raises cudaErrorIllegalAddress
+#   where it is waited for (memory.check_pinned), as a device faults on an unmapped address.
 # - Under capture, cupy refuses both directions with its RuntimeError before CUDA sees them.
 #
 
@@ -511,7 +514,7 @@ def device_to_host(a, stream=None, order="C", out=None, blocking=True):
     with Device(a.data.device_id):
         refuse_transfer("D2H", stream)
         if memory.is_pinned(out.ctypes.data, out.nbytes) and not blocking:
-            streams.submit(numpy.copyto, out, a, name="copy to host", stream=stream)
+            streams.submit(_to_pinned, out, a, name="copy to host", stream=stream)
             return out
         stream.synchronize()
         out[...] = a._host
@@ -534,8 +537,20 @@ def host_to_device(a, arr, stream=None):
     stream = streams.get_current_stream() if stream is None else stream
     with Device(a.data.device_id):
         refuse_transfer("H2D", stream)
-        source = arr if memory.is_pinned(arr.ctypes.data, arr.nbytes) else arr.copy()
-        streams.submit(numpy.copyto, a, source, name="copy to device", stream=stream)
+        if memory.is_pinned(arr.ctypes.data, arr.nbytes):
+            streams.submit(_from_pinned, a, arr, name="copy to device", stream=stream)
+        else:
+            streams.submit(numpy.copyto, a, arr.copy(), name="copy to device", stream=stream)
+
+
+def _to_pinned(host, device):
+    memory.check_pinned(host)
+    numpy.copyto(host, device)
+
+
+def _from_pinned(device, host):
+    memory.check_pinned(host)
+    numpy.copyto(device, host)
 
 
 def to_device(obj, dtype=None, order="K"):

@@ -21,7 +21,9 @@ What it reproduces, and where it is stricter than a device:
   (graphs.py has the rule).
 - Pinned host memory (``cupyx.empty_pinned``, ``runtime.hostRegister``) is tracked by address range: a
   copy from or to a pinned range runs when its stream runs it, one from pageable memory reads the host
-  buffer at the call (as ``cudaMemcpyAsync`` stages pageable memory).
+  buffer at the call (as ``cudaMemcpyAsync`` stages pageable memory). A queued copy whose range was
+  unregistered before it ran raises ``cudaErrorIllegalAddress`` (:func:`check_pinned`): ``cudaHostUnregister``
+  does not wait for the copies that use the range, and takes the device's mapping of it away.
 """
 import bisect
 import contextlib
@@ -306,6 +308,13 @@ def is_pinned(ptr, nbytes):
         return nbytes > 0 and _PINNED.holds(int(ptr), int(nbytes))
 
 
+def check_pinned(host):
+    """What a queued copy from or to the page-locked host array ``host`` does first: cudaErrorIllegalAddress
+    when its bytes are no longer page-locked (``hostUnregister`` unmapped them from the device)."""
+    if not is_pinned(host.ctypes.data, host.nbytes):
+        raise CUDARuntimeError(runtime.errorIllegalAddress)
+
+
 def _unpin(ptr):
     with _lock:
         _PINNED.remove(ptr)
@@ -319,7 +328,9 @@ def empty_pinned(shape, dtype=float, order="C"):
     raw = numpy.empty(max(nbytes, 1), numpy.uint8)
     raw.fill(POISON)
     hostRegister(raw.ctypes.data, raw.nbytes, 0)
-    weakref.finalize(raw, _unpin, raw.ctypes.data)
+    # unpinned when the buffer dies, not at exit, where finalizers run whether or not it lives (a copy still queued
+    # from it would fault as from unregistered memory)
+    weakref.finalize(raw, _unpin, raw.ctypes.data).atexit = False
     return numpy.ndarray(shape, dtype, buffer=raw, order=order)
 
 

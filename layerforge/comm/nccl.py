@@ -51,7 +51,12 @@ def communicator_id(raw):
 
 
 def allreduce_nccl(comm, sendbuf, recvbuf=None):
-    """``ncclAllReduce`` (sum) on the current stream; in place when ``recvbuf`` is None; returns the result."""
+    """``ncclAllReduce`` (sum) on the current stream; in place when ``recvbuf`` is None; returns the result.
+
+    Returns with the collective done, as every algorithm of the table does (an MPI call returns only then):
+    ``bench-allreduce`` times the call, and a Communicator's deadline sees this rank wait for a late one only
+    while it waits inside the call. NCCL only queues the collective, hence the host wait for the stream.
+    """
     cupy = sys.modules.get("cupy")
     if cupy is None or not available():
         raise RuntimeError("the nccl allreduce needs cupy with NCCL and a CUDA device")
@@ -72,12 +77,13 @@ def allreduce_nccl(comm, sendbuf, recvbuf=None):
 
 
 def broadcast_nccl(comm, buf, root=0):
-    """``ncclBcast`` of the device array ``buf`` from rank ``root`` to every rank, in place, on the current stream."""
+    """``ncclBcast`` of the device array ``buf`` from rank ``root`` to every rank, in place, queued on the current
+    stream: whatever reads ``buf`` next on that stream, or through ``.get()``, comes after it (pycaffe's
+    ``NCCL.bcast``: training reads the weights there, or on a stream that first waits for it)."""
     import cupy
 
     stream = cupy.cuda.get_current_stream()
     _nccl_comm(comm).bcast(buf.data.ptr, buf.size, _nccl_type(buf.dtype), root, stream.ptr)
-    stream.synchronize()
     return buf
 
 

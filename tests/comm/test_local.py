@@ -200,3 +200,43 @@ def test_nccl_allreduce_on_one_rank_on_the_device():
     assert nccl.allreduce_nccl(comm, x) is x and x.tolist() == list(range(6))
     host = numpy.arange(4, dtype=numpy.float64)
     assert nccl.allreduce_nccl(comm, host) is host and host.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_nccl_allreduce_on_the_device_returns_once_every_rank_has_given_its_part(in_place):
+    """As every algorithm of the table, the NCCL one returns with the collective done, not only queued:
+    bench_allreduce times the call, and a Communicator's deadline watches this rank's wait inside it. Two ranks
+    on two devices of this process, one thread each: rank 1 gives its part only once rank 0 has returned, or after
+    two seconds; rank 0 must not have returned by then."""
+    import threading
+    import types
+
+    import cupy
+    from cupy.cuda import nccl as cuda_nccl
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two devices")
+    comms = cuda_nccl.NcclCommunicator.initAll([0, 1])
+    calling, returned, early, results = threading.Event(), threading.Event(), [], [None, None]
+
+    def rank(r):
+        with cupy.cuda.Device(r):
+            x = cupy.arange(6, dtype=cupy.float32) * (r + 1)
+            out = x if in_place else cupy.zeros_like(x)
+            if r == 0:
+                calling.set()
+            else:
+                calling.wait()
+                early.append(returned.wait(2.0))
+            nccl.allreduce_nccl(types.SimpleNamespace(_nccl=comms[r]), x, None if in_place else out)
+            returned.set()
+            results[r] = out.get()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert early == [False]
+    for got in results:
+        numpy.testing.assert_array_equal(got, numpy.arange(6) * 3)

@@ -80,6 +80,28 @@ def test_a_pinned_copy_reads_the_host_buffer_when_it_runs(cupy):
     assert (to_pinned.get() == 2).all() and (to_pageable.get() == 1).all()
 
 
+@pytest.mark.parametrize("direction", ["to device", "to host"])
+@pytest.mark.parametrize("waited", [True, False])
+def test_a_copy_queued_on_registered_memory_faults_once_the_memory_is_unregistered(cupy, direction, waited):
+    copy = cupy.cuda.Stream(non_blocking=True)
+    host, device = numpy.full(4, 3, numpy.float32), cupy.full(4, 5, numpy.float32)
+    copy.wait_event(cupy.cuda.Stream.null.record())
+    cupy.cuda.runtime.hostRegister(host.ctypes.data, host.nbytes, 0)
+    if direction == "to device":
+        device.set(host, stream=copy)
+    else:
+        device.get(stream=copy, out=host, blocking=False)
+    if waited:
+        copy.synchronize()
+    cupy.cuda.runtime.hostUnregister(host.ctypes.data)  # takes the device's mapping away, waiting for nothing
+    if waited:
+        value = 3 if direction == "to device" else 5
+        assert (host == value).all() and (device.get() == value).all()
+        return
+    with pytest.raises(runtime.CUDARuntimeError, match="cudaErrorIllegalAddress"):
+        copy.synchronize()
+
+
 def test_events_time_and_refuse_what_cuda_refuses(cupy):
     s = cupy.cuda.Stream(non_blocking=True)
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
