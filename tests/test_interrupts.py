@@ -21,12 +21,13 @@ from tests.test_cli import ROOT
 FEW_SECONDS = 15.0  # from the signal to the exit, on a loaded 2-core machine
 
 
-def write_net(tmp_path):
-    """A net whose iterations take a while (a 16 -> 32 channel 3x3 convolution at 48x48, batch 8) on synthetic data,
-    and its solver: long enough (max_iter 100000) for AUTO's CPU-parallelism trial, which splits its batch."""
+def write_net(tmp_path, size=48):
+    """A net whose iterations take a while (a 16 -> 32 channel 3x3 convolution at ``size`` x ``size``, batch 8) on
+    synthetic data, and its solver: long enough (max_iter 100000) for AUTO's CPU-parallelism trial, which splits its
+    batch."""
     net = {"name": "slow", "layers": [
         {"name": "data", "type": "SyntheticData", "top": ["x", "label"],
-         "synthetic_data": {"batch_size": 8, "shape": [16, 48, 48], "classes": 4, "grid": 2}},
+         "synthetic_data": {"batch_size": 8, "shape": [16, size, size], "classes": 4, "grid": 2}},
         {"name": "conv", "type": "Convolution", "bottom": "x", "top": "conv",
          "convolution": {"num_output": 32, "kernel_size": 3, "weight_filler": {"type": "xavier"}}},
         {"name": "relu", "type": "ReLU", "bottom": "conv", "top": "conv"},
@@ -145,16 +146,30 @@ def test_ctrl_c_during_the_engine_choice_of_time_caches_no_timing(tmp_path):
     assert command.cached("conv_engines.json") == {}  # the convolution was still timing: nothing chosen
 
 
-def test_ctrl_c_during_the_first_iteration_of_train_stops_it_with_a_snapshot(tmp_path):
-    command = Command(tmp_path, "train", "--solver", write_net(tmp_path), "--no-progress", "--cpu-parallel", "THREADS")
+def test_ctrl_c_while_train_settles_the_engines_ends_it_and_caches_no_timing(tmp_path):
+    """The solver settles AUTO's choices before its first iteration (autotune.settle_apart): start-up still, so a
+    Ctrl-C ends the command; the convolution was still timing, so nothing is cached."""
+    command = Command(tmp_path, "train", "--solver", write_net(tmp_path, size=96), "--no-progress",
+                      "--cpu-parallel", "THREADS")
     command.wait_for(r"AUTO is timing the engines")
+    code, took = command.signal(signal.SIGINT, group=True)
+    interrupted(command, code, took, signal.SIGINT)
+    assert "Iteration 0 " not in command.log and "AUTO chose engines" not in command.log, command.log[-3000:]
+    assert command.cached("conv_engines.json") == {}
+
+
+def test_ctrl_c_during_the_first_iterations_of_train_stops_it_with_a_snapshot(tmp_path):
+    command = Command(tmp_path, "train", "--solver", write_net(tmp_path), "--no-progress", "--cpu-parallel", "THREADS")
+    command.wait_for(r"AUTO chose engines")  # settled before the first iteration, which follows
     code, took = command.signal(signal.SIGINT, group=True)
     assert code == 0 and took < FEW_SECONDS, (code, took, command.log[-3000:])
     assert command.log.count("Optimization stopped early.") == 1, command.log[-3000:]
     assert "Traceback" not in command.log, command.log[-3000:]
-    state = load_npz(tmp_path / "snap" / "slow_iter_1.solverstate.npz")
-    assert '"timing": {"' in state["data_state"].item()  # the snapshot goes on with AUTO's round-robin
-    assert command.cached("conv_engines.json") == {}
+    snapshot, = (tmp_path / "snap").glob("slow_iter_*.solverstate.npz")
+    state = load_npz(snapshot)["data_state"].item()
+    assert '"timing": {"' not in state  # the snapshot keeps the choices: no round-robin to go on with
+    choice, = command.cached("conv_engines.json").values()
+    assert set(choice) == {"forward", "backward"} and all(f'"{d}": "{k}"' in state for d, k in choice.items())
 
 
 def test_sigterm_during_test_ends_it(tmp_path):

@@ -7,10 +7,10 @@ from . import add_decode_workers, add_net_state, apply_decode_workers, net_state
 from .. import backend
 from ..errors import EndOfData, LayerforgeError
 from ..kernels.autotune import forward_settled
-from ..kernels.average_precision import AP_VERSIONS, DetectionScores
+from ..kernels.average_precision import AP_VERSIONS
 from ..logs import setup_logging
 from ..net.net import Net
-from ..solvers.evaluation import caffe_float, output_weights
+from ..solvers.evaluation import add_up, caffe_float, output_weights
 from ..schema import solvers_naming
 from ..solvers import SOLVER_KEYS, SOLVER_REGISTRY, load_solver_param
 from ..solvers.caffe_solver import read_solver_file
@@ -66,35 +66,29 @@ def detection_outputs(net):
 def score(net, iterations, ap_version="Integral"):
     """Run ``iterations`` forward passes (fewer when a VideoData source ends first); returns ``{output name: mean
     value}`` (Caffe averages each element), and for a DetectionEvaluate output its mAP over all the batches, as the
-    SSD fork's solver computes it."""
-    sums, detections = {}, {name: DetectionScores() for name in detection_outputs(net)}
-    varying = set()  # outputs whose shape follows the data (DetectionOutput's list): no element-wise mean
+    SSD fork's solver computes it (the solver's scoring loop: solvers/evaluation.add_up)."""
+    totals = add_up(net, batches(net, iterations), detection_outputs(net))
+    means = {name: s / totals.done for name, s in totals.sums.items()}
+    means.update({name: numpy.array(d.mean_ap(ap_version)) for name, d in totals.detections.items()})
+    return means
+
+
+def batches(net, iterations):
+    """Run ``net``'s forward ``iterations`` times, yielding after each, then logging Caffe's ``Batch i, name = v``
+    of its scalar outputs; stops early when a VideoData source ends (after at least one batch)."""
     for i in range(iterations):
         try:
-            out = forward_settled(net)  # the scores repeat whether the engines were timed now or came from the cache
+            forward_settled(net)  # the scores repeat whether the engines were timed now or came from the cache
         except EndOfData as e:  # a video's last frame: the batches so far are the run
             if i == 0:
                 raise
             log.info("%s: stopping after %d batches", e, i)
-            iterations = i
-            break
-        for name, value in out.items():
-            if name in detections:
-                detections[name].add(backend.to_numpy(value))
-                continue
-            v = backend.to_numpy(value).astype(float)
-            if name in sums and sums[name].shape != v.shape and name not in varying:
-                log.info("%s changes shape between batches (%s, then %s): not averaged", name, sums[name].shape,
-                         v.shape)
-                varying.add(name)
-            if name in varying:
-                continue
-            sums[name] = sums.get(name, 0.0) + v
-            if v.size == 1:
-                log.info("Batch %d, %s = %s", i, name, caffe_float(v.reshape(-1)[0]))
-    means = {name: s / iterations for name, s in sums.items() if name not in varying}
-    means.update({name: numpy.array(d.mean_ap(ap_version)) for name, d in detections.items()})
-    return means
+            return
+        yield
+        for name in net.outputs:
+            value = net.blobs[name].data
+            if value.size == 1:
+                log.info("Batch %d, %s = %s", i, name, caffe_float(backend.to_numpy(value).reshape(-1)[0]))
 
 
 def run(args):

@@ -1,8 +1,10 @@
 """AUTO's choice of convolution engines: which engines a layer's ``engine`` lets it time (:data:`ENGINE_CHOICES`,
 :func:`candidate_engines`), the timing of its first calls (:class:`AutoChoice`), the engines one layer holds and
-runs (:class:`ConvEngines`: candidates, timing, the cache, the snapshot state), and waiting until a net's choices
-have settled (:func:`settle_engines`). The choices persist in snapshots and in the on-disk cache beside this module
-(engine_cache.py); the engines themselves are implicit_gemm.py's and winograd.py's.
+runs (:class:`ConvEngines`: candidates, timing, the cache, the snapshot state), settling a net's choices on scratch
+arrays before its first counted pass (:func:`settle_apart`: the solver's first iteration, a test's first batch), and
+waiting until a net's choices have settled over passes (:func:`settle_engines`). The choices persist in snapshots
+and in the on-disk cache beside this module (engine_cache.py); the engines themselves are implicit_gemm.py's and
+winograd.py's.
 
 The log says what AUTO does in two lines at the default level, one when the timing starts and one when every
 convolution timing at that moment has chosen (:class:`_Summary`); each layer's choice and times, and each layer that
@@ -11,8 +13,10 @@ A timed call that a signal interrupts (Ctrl-C outside training's loop raises: er
 timing is ever chosen from or cached.
 """
 import collections
+import contextlib
 import logging
 import time
+import types
 import weakref
 from collections.abc import Mapping
 
@@ -86,25 +90,61 @@ def engines_settled(net, directions=None):
 
 
 def forward_settled(net, limit=20):
-    """``net.forward()`` of a TEST net (its forward depends only on the batch its data layers read) computed with
-    AUTO's chosen forward engines alone; returns its outputs. Where some AUTO convolution has not chosen yet, the
-    data layers read their batch once, the layers from the first that takes inputs to the last undecided convolution
-    run on it until every one has chosen (at most ``limit`` times), and then the whole rest of the net runs once: a
-    test's scores repeat whether this run timed the engines or a previous one did (timing calls round-robin over
-    the engines, whose results differ in the last bits), and the layers after the convolutions (DetectionOutput's
-    drawn frames and result files) run once a batch, as ever."""
-    takes = [bool(net.bottom_blobs(i)) for i in range(len(net.layers))]
-    undecided = [i for i, layer in enumerate(net.layers) if getattr(layer, "engine_choice", {}).get("forward", "") is None]
-    if not undecided or True not in takes or not all(takes[takes.index(True):]):
-        return net.forward()  # (a layer that reads its own data after the first that takes inputs would read on)
-    first = takes.index(True)
-    if first > 0:
-        net.forward(end=first - 1)
-    for _ in range(limit):
-        net.forward(start=first, end=undecided[-1])
-        if engines_settled(net, ("forward",)):
-            break
-    return net.forward(start=first)
+    """``net.forward()`` of a TEST net computed with AUTO's chosen forward engines alone; returns its outputs. The
+    forward engines still undecided are settled first on scratch arrays (:func:`settle_apart`), so that a test's
+    scores repeat whether this run timed the engines or a previous one did (timing calls round-robin over the
+    engines, whose results differ in the last bits), and every layer runs once a batch, as ever."""
+    settle_apart(net, ("forward",), limit)
+    return net.forward()
+
+
+def settle_apart(net, directions=None, limit=20):
+    """Settle AUTO's choices of ``net`` (of ``directions``, default both) before its first counted pass: each AUTO
+    convolution that has not chosen runs its layer's forward (and its backward, where the net runs it, with the
+    net's ``propagate_down``) on scratch arrays of its bottoms' and tops' shapes until it has chosen (at most
+    ``limit`` calls per direction). Nothing of the net is read or written but the layer's parameters (read) and
+    engines: not its blobs, its parameters' diffs, its random streams, its data layers' cursors or hooks; so a
+    seeded run computes every counted pass with the chosen engines, whether this run timed them or found them in
+    the engine cache (or a snapshot). The timing says one summary line for all the layers (``--verbose``: each).
+    Returns the seconds it took (0.0 when every choice was made already)."""
+    directions, need_backward = directions or DIRECTIONS, net.layer_need_backward
+    todo = []
+    for i, layer in enumerate(net.layers):
+        choice = getattr(layer, "engine_choice", None) or {}
+        wanted = [d for d in directions if d in choice and choice[d] is None and (d == "forward" or need_backward[i])]
+        if wanted:
+            todo.append((i, layer, wanted))
+    if not todo:
+        return 0.0
+    t0 = time.perf_counter()
+    values = numpy.random.default_rng(0)  # the scratch values: a stream of its own, not the net's
+    with SUMMARY.together():
+        for i, layer, wanted in todo:
+            _settle_layer(net, i, layer, wanted, limit, values)
+    return time.perf_counter() - t0
+
+
+def _scratch(blob, xp, values):
+    """An array pair of ``blob``'s shape and dtype (``data`` and ``diff`` of values in [-0.5, 0.5)), apart from it."""
+    def fill():
+        return xp.asarray((values.random(blob.shape, dtype=numpy.float32) - 0.5).astype(blob.dtype))
+    return types.SimpleNamespace(data=fill(), diff=fill())
+
+
+def _settle_layer(net, i, layer, wanted, limit, values):
+    xp = net.xp
+    bottom = [_scratch(b, xp, values) for b in net.bottom_blobs(i)]
+    top = [_scratch(t, xp, values) for t in net.top_blobs(i)]
+    propagate_down = net.bottom_need_backward[i]
+    with net.scratch_param_diffs(i):  # a trial's weight gradients go to arrays of their own
+        for _ in range(limit):
+            left = [d for d in wanted if layer.engine_choice[d] is None]
+            if not left:
+                break
+            if "forward" in left:
+                layer.forward(bottom, top)
+            if "backward" in left:
+                layer.backward(top, propagate_down, bottom)
 
 
 def settle_engines(net, one_pass, limit=20):
@@ -135,6 +175,7 @@ class _Summary:
         self.chosen = collections.Counter()  # (direction, engine) settled since the last summary
         self.cached = []  # layers that took their engines from the cache since the last line about it
         self.started = None
+        self.held = 0  # within together(): the layers are timed one after another, the summary waits for the last
 
     def timed(self, engines):
         if self.started is None:
@@ -148,8 +189,25 @@ class _Summary:
         self.chosen[direction, name] += 1
         if not any(t.calls and t.choice is None for t in engines.tuning.values()):
             self.timing.pop(id(engines), None)
-        if any(t.calls and t.choice is None for e in self.timing.values() for t in e.tuning.values()):
-            return
+        if not self.held and not self._timing_now():
+            self._report()
+
+    def _timing_now(self):
+        return any(t.calls and t.choice is None for e in self.timing.values() for t in e.tuning.values())
+
+    @contextlib.contextmanager
+    def together(self):
+        """Within the block, one summary for every layer timed in it (:func:`settle_apart` times them one after
+        another), said when the block ends; none when it ends by an exception (a Ctrl-C)."""
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
+        if not self.held and self.chosen and not self._timing_now():
+            self._report()
+
+    def _report(self):
         per = {d: ", ".join(f"{k} {n}" for (dd, k), n in self.chosen.most_common() if dd == d) for d in DIRECTIONS}
         where = engine_cache.cache_path()
         logger.info("AUTO chose engines for %d directions of Convolution layers in %.1f s (%s); %s",

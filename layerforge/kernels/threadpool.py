@@ -63,7 +63,27 @@ def _pool(workers):
     if pool is None or pool._max_workers < workers:
         if pool is not None:
             pool.shutdown(wait=True)
-        pool = _state["pool"] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="layerforge-kernel")
+        pool = _state["pool"] = _started_pool(workers)
+    return pool
+
+
+def _started_pool(workers):
+    """A ThreadPoolExecutor of ``workers`` threads, every one started now. concurrent.futures starts a thread
+    within a submit and registers it for the interpreter's exit (which wakes and joins it) only once ``start()`` has
+    returned: a Ctrl-C that errors.interrupting raised in between left a thread that the exit then waited for forever
+    (``interrupted by SIGINT``, and no exit). Started here, an interrupt shuts the pool down, which wakes every
+    thread it started, registered or not (they all read its queue); later submits start none."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="layerforge-kernel")
+    go = threading.Event()
+    try:
+        started = [pool.submit(go.wait) for _ in range(workers)]  # none is idle before go: a thread per submit
+    except BaseException:
+        go.set()
+        pool.shutdown(wait=False)
+        raise
+    go.set()
+    for f in started:
+        f.result()
     return pool
 
 

@@ -7,6 +7,7 @@ Then layers are created and set up in that order, parameters are shared by name,
 analysis decides which layers and bottoms take part in backward.
 """
 import collections
+import contextlib
 import copy
 
 import numpy
@@ -495,15 +496,14 @@ class Net:
             if w:
                 top[j].diff[...] = w
         frozen = [b for b, down in zip(layer.blobs, layer.param_propagate_down) if not down]
-        kept = [b.diff for b in frozen]
-        for b in frozen:
-            b.diff = self.xp.zeros_like(b.diff)
-        try:
-            with trace.layer("backward", layer, entry.bottom_blobs, top):
-                layer.backward(top, entry.bottom_need_backward, entry.bottom_blobs)
-        finally:
-            for b, diff in zip(frozen, kept):
-                b.diff = diff
+        with _scratch_diffs(frozen, self.xp), trace.layer("backward", layer, entry.bottom_blobs, top):
+            layer.backward(top, entry.bottom_need_backward, entry.bottom_blobs)
+
+    def scratch_param_diffs(self, i):
+        """A context in which layer ``i``'s parameters take their gradients in zeroed arrays of their own, dropped
+        after it: the diffs the solver reads stay as they were (AUTO's trials on scratch arrays,
+        kernels/autotune.settle_apart)."""
+        return _scratch_diffs(self.layers[i].blobs, self.xp)
 
     def _group_name(self, group):
         return f"{self.layers[group.first].name}..{self.layers[group.last].name}"
@@ -641,3 +641,16 @@ class Net:
 
     def __repr__(self):
         return f"<Net '{self.name}' phase={self.phase} layers={len(self.layers)}>"
+
+
+@contextlib.contextmanager
+def _scratch_diffs(blobs, xp):
+    # the blobs' diffs are zeroed arrays of their own within the block, and the kept ones again after it
+    kept = [b.diff for b in blobs]
+    for b in blobs:
+        b.diff = xp.zeros_like(b.diff)
+    try:
+        yield
+    finally:
+        for b, diff in zip(blobs, kept):
+            b.diff = diff

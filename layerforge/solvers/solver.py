@@ -3,7 +3,8 @@
 One iteration (:meth:`Solver.step`), in this order; ``seam.x`` are the points where data parallelism acts
 (:class:`~layerforge.solvers.seam.Seam`, given with :meth:`Solver.add_seam`; one process alone: they do nothing)::
 
-    seam.start(iter) -> iter                              once, before the first iteration (after any restore)
+    seam.start(iter) -> iter                              once, before the first iteration (after any restore);
+        then AUTO's convolutions that have not chosen their engines time them apart (autotune.settle_apart)
     clear parameter diffs
     test, when iter % test_interval == 0 (and iter > 0 or test_initialization), on the root (every replica when
         seam.shares_tests); per test pass: seam.agree(signal request); after the passes: seam.reduce_test
@@ -45,7 +46,7 @@ from .. import backend, rng, trace
 from ..errors import LayerforgeError
 from ..net.net import Net
 from ..kernels import blas
-from ..kernels.autotune import engines_settled, forward_settled
+from ..kernels.autotune import engines_settled, forward_settled, settle_apart
 from ..kernels.average_precision import AP_VERSIONS
 from ..layers.data import input_display
 from . import cuda_graph
@@ -251,6 +252,10 @@ class Solver:
         if not self._started:  # the first iteration of this solver: the replicas agree where they start
             self._started = True
             self.iter = self.seam.start(self.iter)
+            # AUTO's timing on scratch arrays, before the first counted iteration: otherwise its round-robin would
+            # compute the first iterations with a mixture of engines (other last bits) where a run that found the
+            # choices in the engine cache computes with the chosen ones, and the seeded runs would part
+            settle_apart(self.net)
 
     def _step(self, iters):
         sp, seam = self.param, self.seam

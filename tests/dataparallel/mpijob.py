@@ -36,7 +36,7 @@ def write_solver(tmp_path, max_iter=100000, snapshot=0, conv_output=8, shape=(3,
                  **keys):
     """A small conv net on :func:`write_records` data of ``shape`` (one decode worker per rank, records reshuffled
     every epoch unless ``shuffle`` is false, a Convolution of ``conv_output`` channels whose ``engine`` AUTO times
-    over the first iterations); returns the solver path. Snapshots go to ``tmp_path/snap/net``; ``keys`` are more
+    before the first iteration); returns the solver path. Snapshots go to ``tmp_path/snap/net``; ``keys`` are more
     solver keys."""
     db = tmp_path / "db"
     if not db.exists():

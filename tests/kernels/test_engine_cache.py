@@ -60,8 +60,11 @@ def test_resume_is_bit_identical_when_the_timings_now_pick_other_engines(tmp_pat
     assert choices(resumed.net) == choices(whole.net)
     assert params(resumed) == params(whole)
 
-    # at iteration 3 AUTO was half-way through its 6 timing passes: the resumed run goes on with the saved
-    # round-robin and times (here the same timer), not with what this machine's cache says (IM2COL)
+    # the solver settles the choices before its first iteration: the snapshot of iteration 3 holds them (no
+    # round-robin left to go on with), and a resumed run takes them over what this machine's cache says (IM2COL)
+    from layerforge.npz import load_npz
+
+    assert '"timing": {"' not in load_npz(tmp_path / "a_iter_3.solverstate.npz")["data_state"].item()
     monkeypatch.undo()
     prefer(monkeypatch, "IMPLICIT")
     use_cache(monkeypatch, tmp_path / "cache_b")

@@ -96,8 +96,8 @@ def logged_losses(log):
     return found
 
 
-# iterations the train command runs in CI: AUTO's trials of the two engines (the same round-robin on both devices)
-# end after 6; docs/gpu.md records the 50 of issue 33
+# iterations the train command runs in CI (AUTO settles its engines before the first, on each device; other
+# choices round differently, within the tolerance); docs/gpu.md records the 50 of issue 33
 TRAIN_ITERATIONS = 6
 
 

@@ -274,3 +274,16 @@ def test_unfused_scale_layer(threads, batch):
     gh = (h - net.blobs["t"].data) / batch  # EuclideanLoss
     numpy.testing.assert_allclose(g_beta, gh.sum(axis=(0, 2, 3)), rtol=1e-10)
     numpy.testing.assert_allclose(g_gamma, (gh * x_norm).sum(axis=(0, 2, 3)), rtol=1e-10)
+
+
+def test_the_pool_starts_every_thread_at_once(monkeypatch):
+    """concurrent.futures starts a thread within a submit and registers it for the interpreter's exit only after:
+    a Ctrl-C raised in between (errors.interrupting) left a thread the exit waited for forever. The kernel pool
+    starts all its threads when it is made, with the ending signals held."""
+    monkeypatch.setitem(threadpool._state, "pool", None)
+    pool = threadpool._pool(3)
+    try:
+        assert len(pool._threads) == 3 and all(t.is_alive() for t in pool._threads)
+        assert threadpool._pool(2) is pool and len(pool._threads) == 3
+    finally:
+        pool.shutdown(wait=True)

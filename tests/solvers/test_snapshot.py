@@ -201,7 +201,7 @@ CONV_NET = {"name": "c", "layers": [
 
 
 def test_resume_with_auto_engines_is_bit_identical(tmp_path):
-    """AUTO times both engines over the first passes; a snapshot keeps what it chose, so the resumed run uses
+    """AUTO times both engines before the first iteration; a snapshot keeps what it chose, so the resumed run uses
     the same engines (different engines round differently) and ends on the very same weights."""
     keys = dict(net_param=CONV_NET, base_lr=0.05, momentum=0.9, max_iter=12, snapshot=8, random_seed=5,
                 snapshot_prefix=str(tmp_path / "a"), snapshot_after_train=True, display=0)

@@ -1,7 +1,7 @@
 """A seeded run's test scores repeat: the test net's AUTO convolutions time their engines round-robin over their
 first calls (whose results differ in the last bits), so a first run's first test would compute with a mixture of
 engines where a later run, finding the choices in the engine cache, computes with the chosen ones. The test phase
-settles the engines on its first batch before scoring it (autotune.forward_settled), so both score alike."""
+settles the engines on scratch arrays before its first batch (autotune.forward_settled), so both score alike."""
 import pytest
 
 from layerforge.kernels import engine_cache
