@@ -4,12 +4,15 @@ change of an engine, a fusion or a solver that must not change the maths.
 Each zoo net keeps its layer mix (every layer, its kernels, strides, pads, groups, fusions, losses and solver
 settings) at a size this CPU trains 20 iterations of in seconds: SyntheticData images of a few dozen pixels, a few
 per batch, 10 classes, convolution and inner-product widths divided by ``WIDTH`` (the classifier keeps its 10
-outputs), and a 7x7 average pooling read as global pooling (the input is smaller). LeNet's MNIST Data layer becomes
+outputs) with MSRA weight fillers in place of fixed Gaussian ones (:func:`gain_kept`) and images of scale 1
+(MSRA's gain passes the zoo's scale 50 on to the logits, which saturate the softmax), and a 7x7 average pooling
+read as global pooling (the input is smaller). LeNet's MNIST Data layer becomes
 SyntheticData of its 1x28x28 shape.
 
 The nets train in float64, where the engines AUTO may pick give losses that agree to 3e-14 after 20 iterations
-(IM2COL against IMPLICIT, measured on each net), so ``RTOL`` (1e-10) lets AUTO's timing choose either and breaks on a
-change of the computation: weight decay 1% larger moves every net's losses by 6e-10 (VGG-16) to 1e-2 (LeNet).
+(IM2COL, IMPLICIT, WINOGRAD_F2 and WINOGRAD, measured on each net), so ``RTOL`` (1e-10) lets AUTO's timing choose
+any and breaks on a change of the computation: weight decay 1% larger moves every net's losses by 8e-10 (ResNet-50)
+to 1e-2 (LeNet).
 Float32's rounding differs between AUTO's engines and grows over the iterations, which is why the reference is
 float64. Where a net's last bits grew fast (ResNet-50 at the solver's rate), its rate is scaled down (``NETS``).
 
@@ -23,6 +26,7 @@ import numpy
 import pytest
 import yaml
 
+from layerforge.kernels.autotune import WINOGRAD_ENGINES
 from layerforge.net.blocks import expand_blocks
 from layerforge.net.caffe_net import read_net_file
 from layerforge.solvers import get_solver
@@ -47,11 +51,22 @@ NETS = {
 }
 
 
+def gain_kept(param):
+    """A Gaussian weight filler of a layer (``param``: its convolution or inner_product block) as MSRA's, which
+    scales with the inputs: with AlexNet's and VGG-16's fixed standard deviations (0.01) the narrowed nets'
+    activations fall by 1e-13 over VGG's 13 convolutions, and their losses no longer depend on the convolutions'
+    results. ``{}`` for other fillers."""
+    filler = param.get("weight_filler") or {}
+    return {"weight_filler": {"type": "msra"}} if filler.get("type") == "gaussian" else {}
+
+
 def reduced_net(name, width, size, batch):
     """The zoo net ``name`` (its TRAIN layers without the `real` stage's data) at ``size`` x ``size`` images,
     ``batch`` a batch, widths divided by ``width``, ``CLASSES`` classes: a net definition (a dict)."""
     path = str(CONFIGS / f"{name}.yaml")
     layers = [dict(lp) for lp in expand_blocks(read_net_file(path), path)["layers"]]
+    # the nets whose convolutions have fixed Gaussian fillers (AlexNet, VGG-16) take MSRA's in every layer
+    refilled = width > 1 and any(gain_kept(lp["convolution"]) for lp in layers if lp["type"] == "Convolution")
     out = []
     for lp in layers:
         kind = lp["type"]
@@ -65,14 +80,16 @@ def reduced_net(name, width, size, batch):
         elif kind == "SyntheticData":
             shape = lp["synthetic_data"]["shape"]
             lp["synthetic_data"] = dict(lp["synthetic_data"], batch_size=batch, shape=[shape[0], size, size],
-                                        classes=CLASSES)
+                                        classes=CLASSES, **({"scale": 1} if refilled else {}))
         elif kind == "Convolution":
-            lp["convolution"] = dict(lp["convolution"], num_output=int(lp["convolution"]["num_output"]) // width)
+            lp["convolution"] = dict(lp["convolution"], num_output=int(lp["convolution"]["num_output"]) // width,
+                                     **(gain_kept(lp["convolution"]) if refilled else {}))
         elif kind == "InnerProduct":
             outputs = int(lp["inner_product"]["num_output"])
             classifier = any(lp["top"] in (lq.get("bottom") or []) for lq in layers
                              if lq["type"] in ("SoftmaxWithLoss", "Accuracy"))
-            lp["inner_product"] = dict(lp["inner_product"], num_output=CLASSES if classifier else outputs // width)
+            lp["inner_product"] = dict(lp["inner_product"], num_output=CLASSES if classifier else outputs // width,
+                                       **(gain_kept(lp["inner_product"]) if refilled else {}))
         elif kind == "Pooling" and int(lp["pooling"].get("kernel_size", 0)) == 7:
             lp["pooling"] = {"pool": lp["pooling"]["pool"], "global_pooling": True}
         out.append({k: v for k, v in lp.items() if v is not None})
@@ -80,15 +97,16 @@ def reduced_net(name, width, size, batch):
 
 
 def training_losses(name, iterations=ITERATIONS, engine=None):
-    """The losses of ``iterations`` SGD (or the zoo solver's type) steps of the reduced ``name`` in float64, from
-    random seed 1, with the zoo solver's rule, rate, momentum and weight decay; ``engine`` names every
-    convolution's engine (default: as the zoo net says, AUTO)."""
+    """The losses of ``iterations`` steps of the reduced ``name`` in float64, from random seed 1, with the zoo
+    solver's rule, rate (times ``NETS``' factor), momentum and weight decay; ``engine`` names every convolution's
+    engine, a Winograd engine every 3x3 stride-1 one's (default: as the zoo net says, AUTO)."""
     solver_file, width, size, batch, lr_scale = NETS[name]
     net = reduced_net(name, width, size, batch)
-    if engine is not None:
-        for lp in net["layers"]:
-            if lp["type"] == "Convolution":
-                lp["convolution"] = dict(lp["convolution"], engine=engine)
+    for lp in net["layers"] if engine else ():
+        conv = lp.get("convolution", {})
+        if lp["type"] == "Convolution" and (engine not in WINOGRAD_ENGINES or (
+                conv.get("kernel_size") == 3 and conv.get("stride", 1) == 1 and conv.get("dilation", 1) == 1)):
+            lp["convolution"] = dict(conv, engine=engine)
     settings = yaml.safe_load((CONFIGS / f"{solver_file}.yaml").read_text())
     keys = {k: settings[k] for k in ("type", "base_lr", "momentum", "momentum2", "delta", "weight_decay")
             if k in settings}
@@ -120,20 +138,20 @@ REFERENCE = {
         2.294451151659767, 2.2949923044027822, 2.299241909975799, 2.293118611688483, 2.2933346655755766,
         2.2939756974767964, 2.2846549333956814, 2.2892610700332297, 2.2908309290450735, 2.291621014725987],
     'alexnet_net': [
-        2.2976528430412784, 2.3201719432323173, 2.3009014700913926, 2.311395799551553, 2.3091301221162452,
-        2.3118761746522023, 2.3184629261082494, 2.3031547481412202, 2.299806037125535, 2.272104648774362,
-        2.25825856319822, 2.3100586952333573, 2.2810343422425747, 2.3423289269784853, 2.3152454450379807,
-        2.2900581305838146, 2.2881021445449097, 2.319822197297104, 2.3100207319437844, 2.3074325874605863],
+        6.234885387591858, 10.948318468427704, 13.430564891857301, 14.213831857225303, 12.528714292961874,
+        7.8010999697135, 12.63859565178487, 4.467631355177168, 3.0680456944426258, 2.9629860375795753,
+        1.26722792288667, 0.5934775220757267, 1.4439169332214918, 6.8775178365146274, 3.5039360050085673,
+        2.8934959983368307, 6.044863857342495, 5.997584482226078, 2.279669192265855, 9.07665682315682],
     'googlenet_net': [
         5.265433713674318, 7.552915429559944, 5.114688466516006, 5.831626068206267, 6.67475212404806,
         4.669139676540557, 3.428248599491823, 4.384473495363441, 4.061888960917764, 4.956538444085721,
         4.191590083252081, 3.8999737251348168, 3.883536655632604, 3.966535827000073, 3.9147893810458805,
         3.8110050983345736, 3.4997554364045307, 3.470142142662162, 3.646581405693641, 3.895303050883635],
     'vgg16_net': [
-        2.298816586115268, 2.30302971539554, 2.2881817029392004, 2.3179773481035753, 2.3075475217138797,
-        2.319132401847715, 2.317734598565785, 2.308831582003405, 2.3115958094181437, 2.341589988021418,
-        2.3124822582862397, 2.2761864368778206, 2.325360540459312, 2.3010406125438556, 2.2887462395751497,
-        2.298884066005081, 2.291340335898039, 2.3106321128106337, 2.3181430731225303, 2.3007702819006286],
+        2.723323586350002, 2.7844540086931326, 2.0280292782871605, 2.6228852256471735, 2.934748381989402,
+        3.2422644104379534, 2.6423045342261027, 1.9780292025101796, 2.399050421837644, 2.756102535451083,
+        2.969155750741006, 1.8737451300531531, 3.1752569505794934, 2.299209769102955, 2.3505329492560025,
+        2.957226223230248, 2.8192980726713692, 2.489198236119646, 2.713259730436653, 2.2872477935076927],
     'resnet50_net': [
         2.3074718772846747, 2.3403561350283395, 2.3140142531071146, 2.3262269067600068, 2.3119156268065693,
         2.3143033382830316, 2.2450325193430705, 2.3184028122853952, 2.3606186775175475, 2.3032762588871645,
@@ -146,6 +164,15 @@ REFERENCE = {
 @pytest.mark.parametrize("name", list(NETS))
 def test_losses_over_20_iterations_equal_the_recorded_ones(name):
     numpy.testing.assert_allclose(training_losses(name), REFERENCE[name], rtol=RTOL, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD"])
+@pytest.mark.parametrize("name", ["vgg16_net", "resnet50_net"])
+def test_every_engine_gives_the_recorded_losses(name, engine):
+    """Each engine AUTO may pick, named (Winograd on every 3x3 stride-1 layer): the narrowed nets have too few
+    channels for AUTO to try Winograd itself (autotune.AUTO_WINOGRAD_MIN_CHANNELS)."""
+    numpy.testing.assert_allclose(training_losses(name, engine=engine), REFERENCE[name], rtol=RTOL, atol=0)
 
 
 if __name__ == "__main__":
