@@ -70,16 +70,22 @@ class AutoChoice:
 # engine name in the config -> the engines it may run; DEFAULT (Caffe's CAFFE/DEFAULT after import) means AUTO
 # AUTO does not try IM2COL (or Winograd) where its column and output buffers (its tiles) would exceed this many bytes
 AUTO_WORKSPACE_LIMIT = 64 << 20
-# AUTO also tries WINOGRAD_F2 on eligible layers (3x3, stride 1, undilated): its float32 error is that of direct
-# convolution (within 2x, docs/performance.md). F(4,3)'s is 10-25x larger, so WINOGRAD runs only when named.
-ENGINE_CHOICES = {"AUTO": ("IM2COL", "IMPLICIT", "WINOGRAD_F2"), "DEFAULT": ("IM2COL", "IMPLICIT", "WINOGRAD_F2"),
+# AUTO also tries WINOGRAD_F2 and WINOGRAD (F(4,3)) on eligible layers (3x3, stride 1, undilated). F2's float32
+# error is that of direct convolution (within 2x, docs/performance.md); F4's is 8-30x direct's, at most 1.4e-5 of
+# the largest value of y, gx or gW on every 3x3 shape of the zoo nets with 64-512 input channels per group, which
+# tests/kernels/test_winograd.py bounds per shape (3e-5): AUTO tries F4 only within that range of channels.
+ENGINE_CHOICES = {"AUTO": ("IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD"),
+                  "DEFAULT": ("IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD"),
                   "IM2COL": ("IM2COL",), "IMPLICIT": ("IMPLICIT",), "WINOGRAD": ("WINOGRAD",),
                   "WINOGRAD_F2": ("WINOGRAD_F2",)}
 WINOGRAD_ENGINES = ("WINOGRAD", "WINOGRAD_F2")
+WINOGRAD_TILES = {"WINOGRAD": 4, "WINOGRAD_F2": 2}  # output tile size m of F(m, 3)
 # Winograd's transforms cost per input channel and save per channel pair: below this many input channels per
 # group it lost to the GEMM engines by 2-12x on every layer measured (docs/performance.md), so AUTO does not
 # spend its timing calls on it there
 AUTO_WINOGRAD_MIN_CHANNELS = 64
+# the most input channels per group whose F(4,3) float32 error the tests bound (ResNet-50's and VGG-16's 512)
+AUTO_WINOGRAD_F4_MAX_CHANNELS = 512
 
 
 def engines_settled(net, directions=None):
@@ -242,9 +248,10 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
     """The engines a 2-D convolution with ``engine`` (a key of :data:`ENGINE_CHOICES`, DEFAULT read as AUTO), its
     ``geometry`` (kh, kw, sy, sx, ph, pw, dy, dx) and ``group`` runs or times from ``x_shape`` to ``y_shape``.
 
-    AUTO leaves out WINOGRAD_F2 where it does not apply, where there are fewer than
-    :data:`AUTO_WINOGRAD_MIN_CHANNELS` input channels per group, or where its tiles would exceed
-    :data:`AUTO_WORKSPACE_LIMIT` (``compiled``: the CPU's compiled transforms); and IM2COL where its column buffer
+    AUTO leaves out the Winograd engines where they do not apply, where there are fewer than
+    :data:`AUTO_WINOGRAD_MIN_CHANNELS` input channels per group, or where an engine's tiles would exceed
+    :data:`AUTO_WORKSPACE_LIMIT` (``compiled``: the CPU's compiled transforms); WINOGRAD (F4) also above
+    :data:`AUTO_WINOGRAD_F4_MAX_CHANNELS` (beyond its tested error bound); and IM2COL where its column buffer
     would (like cuDNN's workspace limit: a huge column buffer is never allocated just to try it). Under
     :func:`blas.batch_invariant <layerforge.kernels.blas.batch_invariant>` AUTO times only engines that give an
     image the same bits in any batch and agree with each other bit for bit, so that its choice, which follows the
@@ -253,11 +260,13 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
     one blocked FMA chain), leaving out Winograd (other sums); else those that declare ``batch_invariant``.
     """
     names = ENGINE_CHOICES[engine]
-    if len(names) > 1 and not (winograd.eligible(geometry)
-                               and x_shape[1] // group >= AUTO_WINOGRAD_MIN_CHANNELS
-                               and winograd.workspace_estimate(x_shape, y_shape[1], geometry, 2, itemsize,
-                                                               compiled=compiled) <= AUTO_WORKSPACE_LIMIT):
-        names = tuple(k for k in names if k not in WINOGRAD_ENGINES)
+    channels = x_shape[1] // group
+    if len(names) > 1:
+        names = tuple(k for k in names if k not in WINOGRAD_ENGINES or (
+            winograd.eligible(geometry) and AUTO_WINOGRAD_MIN_CHANNELS <= channels
+            and (k != "WINOGRAD" or channels <= AUTO_WINOGRAD_F4_MAX_CHANNELS)
+            and winograd.workspace_estimate(x_shape, y_shape[1], geometry, WINOGRAD_TILES[k], itemsize,
+                                            compiled=compiled) <= AUTO_WORKSPACE_LIMIT))
     if len(names) > 1 and im2col_bytes(x_shape, y_shape, geometry[:2], itemsize) > AUTO_WORKSPACE_LIMIT:
         names = tuple(k for k in names if k != "IM2COL")
     if len(names) > 1 and blas.batch_invariant():

@@ -51,7 +51,7 @@ class Convolution(Layer):
         "engine": Field("enum", "AUTO", choices=tuple(ENGINE_CHOICES),
                         doc="IM2COL (full column buffer), IMPLICIT (bounded tiles), WINOGRAD (F(4x4,3x3)) or "
                             "WINOGRAD_F2 (F(2x2,3x3); both 3x3 stride 1 only), or AUTO/DEFAULT (time IM2COL, "
-                            "IMPLICIT and, where it applies, WINOGRAD_F2; keep the fastest per direction)"),
+                            "IMPLICIT and, where they apply, both WINOGRAD engines; keep the fastest per direction)"),
         "axis": Field("int", 1, doc="the channel axis; axes before it are batch axes, the axes after it spatial"),
         "force_nd_im2col": Field("bool", False, doc="use the N-d column path even for 2 spatial axes"),
     }}

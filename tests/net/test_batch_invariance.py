@@ -67,7 +67,8 @@ def test_auto_keeps_only_the_invariant_engines(invariant):
     assert [sorted(layer.engines) for layer in net.layers if layer.type == "Convolution"] == [["IMPLICIT"]] * 2
 
 
-@pytest.mark.parametrize("switch, expected", [(False, ("IM2COL", "IMPLICIT", "WINOGRAD_F2")), (True, ("IMPLICIT",))])
+@pytest.mark.parametrize("switch, expected", [(False, ("IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD")),
+                                              (True, ("IMPLICIT",))])
 def test_the_autotuner_offers_only_invariant_engines_under_the_switch(monkeypatch, switch, expected):
     monkeypatch.setitem(blas._BATCH_INVARIANT, "on", switch)
     monkeypatch.setitem(blas._CANONICAL, "checked", False)
@@ -163,7 +164,8 @@ def test_im2col_and_implicit_agree_bit_for_bit_with_the_blas_path(canonical):
     numpy.testing.assert_array_equal(out["IM2COL"]["ip"], out["IMPLICIT"]["ip"])
 
 
-@pytest.mark.parametrize("switch, expected", [(False, ("IM2COL", "IMPLICIT", "WINOGRAD_F2")), (True, ("IM2COL", "IMPLICIT"))])
+@pytest.mark.parametrize("switch, expected", [(False, ("IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD")),
+                                              (True, ("IM2COL", "IMPLICIT"))])
 def test_the_autotuner_leaves_out_winograd_with_the_blas_path(monkeypatch, switch, expected):
     monkeypatch.setitem(blas._BATCH_INVARIANT, "on", switch)
     conv3x3 = (3, 3, 1, 1, 1, 1, 1, 1)
