@@ -8,8 +8,10 @@ one rounding per step, as OpenBLAS's kernels); the loops add each block's chains
   chains (or fewer), each k step a broadcast of each row's a[k] times the vector loads of b's row k.
 - :func:`chain_nt`: 16 rows of a C-contiguous bt (b = bt.T: InnerProduct's ``x @ W.T``; fewer at its end, the
   last row read again in their place), one row of a. The chains run across rows of bt while its rows are contiguous
-  along k, so each 16 x 16 block of bt is loaded as 16 vectors and transposed in registers (four stages of two-vector shuffles, each swapping one bit of the row index with
-  the same bit of the column index); the k left after the last whole 16 go one vector of 16 loaded values at a time.
+  along k, so each 16 x 16 block of bt is loaded as 16 vectors and transposed in registers (four stages of
+  two-vector shuffles, each swapping one bit of the row index with the same bit of the column index: 64 shuffles
+  per 256 multiply-adds, which bound this kernel at about 4 multiply-adds a cycle); the k left after the last
+  whole 16 go one vector of 16 loaded values at a time.
 
 Each kernel writes its chains straight into c (the first block) or adds them to c (the later ones), so no Python or
 numba loop copies results element by element.
@@ -39,11 +41,17 @@ def _pointer(builder, address, offset_bytes, kind):
     return builder.inttoptr(builder.add(address, offset_bytes), kind.as_pointer())
 
 
-def _store(builder, acc, address, add):
-    # c = acc where the block is the first (add 0), else c = c + acc: the blocks' sums added in order
-    target = builder.inttoptr(address, f32x16.as_pointer())
-    summed = builder.fadd(builder.load(target, align=4), acc)
-    builder.store(builder.select(builder.icmp_unsigned("!=", add, ir.Constant(i64, 0)), summed, acc), target, align=4)
+def _store(builder, chains, add):
+    # each (acc, address) of chains: c = acc where the block is the first (add 0), else c = c + acc (the blocks'
+    # sums added in order); one branch for all, so that a first block does not read c
+    targets = [(acc, builder.inttoptr(address, f32x16.as_pointer())) for acc, address in chains]
+    with builder.if_else(builder.icmp_unsigned("!=", add, ir.Constant(i64, 0))) as (later, first):
+        with later:
+            for acc, target in targets:
+                builder.store(builder.fadd(builder.load(target, align=4), acc), target, align=4)
+        with first:
+            for acc, target in targets:
+                builder.store(acc, target, align=4)
 
 
 def _chain_nn(vectors, rows):
@@ -74,10 +82,9 @@ def _chain_nn(vectors, rows):
                     x = _splat(builder, builder.load(_pointer(builder, a_rows[r], builder.mul(k, four), f32)))
                     for h in range(vectors):
                         builder.store(builder.call(fma, [x, b[h], builder.load(acc[r][h])]), acc[r][h])
-            for r in range(rows):
-                c_row = builder.add(out, builder.mul(builder.mul(ldc, four), ir.Constant(i64, r)))
-                for h in range(vectors):
-                    _store(builder, builder.load(acc[r][h]), builder.add(c_row, ir.Constant(i64, 64 * h)), add)
+            c_rows = [builder.add(out, builder.mul(builder.mul(ldc, four), ir.Constant(i64, r))) for r in range(rows)]
+            _store(builder, [(builder.load(acc[r][h]), builder.add(c_rows[r], ir.Constant(i64, 64 * h)))
+                             for r in range(rows) for h in range(vectors)], add)
             return context.get_dummy_value()
         return sig, codegen
     return chain
@@ -146,7 +153,7 @@ def chain_nt(typingctx, a_addr, bt_addr, ldb, rows, k0, count, c_addr, add):
                 col = builder.insert_element(col, builder.load(element), ir.Constant(i32, t))
             x = builder.load(_pointer(builder, a_base, column, f32))
             builder.store(builder.call(fma, [_splat(builder, x), col, builder.load(acc)]), acc)
-        _store(builder, builder.load(acc), out, add)
+        _store(builder, [(builder.load(acc), out)], add)
         return context.get_dummy_value()
     return sig, codegen
 
