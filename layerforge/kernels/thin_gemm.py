@@ -117,6 +117,15 @@ def matmul(a, b, out=None, threaded=True):
     """``a @ b`` of float32 arrays (numpy's matmul rules for 2-D and batched operands) with every element computed
     as OpenBLAS's large-product SGEMM computes it (see above; ``threaded``: as it does on several threads); into
     ``out`` when given."""
+    if a.ndim == 2 and b.ndim == 2 and a.dtype == numpy.float32 and b.dtype == numpy.float32 and \
+            a.shape[1] == b.shape[0]:  # the common case first: InnerProduct, a batch-1 product (microseconds)
+        if out is None or out.shape != (a.shape[0], b.shape[1]) or not out.flags.c_contiguous or \
+                out.dtype != numpy.float32:
+            c = numpy.empty((a.shape[0], b.shape[1]), numpy.float32)
+            _matrix(a, b, c, threaded)
+            return _done(c, out)
+        _matrix(a, b, out, threaded)
+        return out
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"thin_gemm.matmul takes matrices, got {a.shape} and {b.shape}")
     if math.prod(a.shape[:-2]) == 1 and math.prod(b.shape[:-2]) == 1:
