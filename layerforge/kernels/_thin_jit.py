@@ -6,10 +6,16 @@ one rounding per step, as OpenBLAS's kernels); the loops add each block's chains
 
 - ``chain_nn64`` / ``chain_nn16``: 64 or 16 columns of a C-contiguous b, four rows of a (one: ``_row``): 16 zmm
   chains (or fewer), each k step a broadcast of each row's a[k] times the vector loads of b's row k.
-- :func:`chain_nt`: 16 rows of a C-contiguous bt (b = bt.T: InnerProduct's ``x @ W.T``), one row of a. The chains
-  run across rows of bt while its rows are contiguous along k, so each 16 x 16 block of bt is loaded as 16 vectors
-  and transposed in registers (four stages of two-vector shuffles, each swapping one bit of the row index with
-  the same bit of the column index); the k left after the last whole 16 go one vector of 16 loaded values at a time.
+- ``chain_nt`` / ``chain_nt_row``: 16 rows of a C-contiguous bt (b = bt.T: InnerProduct's ``x @ W.T``; fewer at
+  its end, the last row read again in their place), four rows of a or one. The chains run across rows of bt while
+  its rows are contiguous along k, so each 16 x 16 block of bt is loaded as 16 vectors and transposed in registers
+  (four stages of two-vector shuffles, each swapping one bit of the row index with the same bit of the column
+  index: 64 shuffles per 256 multiply-adds of one row of a, which bound the one-row kernel at about 4
+  multiply-adds a cycle; four rows of a share each transposed block); the k left after the last whole 16 go one
+  vector of 16 loaded values at a time.
+
+Each kernel writes its chains straight into c (the first block) or adds them to c (the later ones), so no Python or
+numba loop copies results element by element.
 """
 import numba
 import numpy
@@ -36,17 +42,30 @@ def _pointer(builder, address, offset_bytes, kind):
     return builder.inttoptr(builder.add(address, offset_bytes), kind.as_pointer())
 
 
+def _store(builder, chains, add):
+    # each (acc, address) of chains: c = acc where the block is the first (add 0), else c = c + acc (the blocks'
+    # sums added in order); one branch for all, so that a first block does not read c
+    targets = [(acc, builder.inttoptr(address, f32x16.as_pointer())) for acc, address in chains]
+    with builder.if_else(builder.icmp_unsigned("!=", add, ir.Constant(i64, 0))) as (later, first):
+        with later:
+            for acc, target in targets:
+                builder.store(builder.fadd(builder.load(target, align=4), acc), target, align=4)
+        with first:
+            for acc, target in targets:
+                builder.store(acc, target, align=4)
+
+
 def _chain_nn(vectors, rows):
-    """The intrinsic ``chain(a_addr, lda, b_addr, ldb, k0, count, out_addr)``: out[r, 0:16 vectors] = chains over k
-    in [k0, k0 + count) of a[r, k] * b[k, 0:16 vectors] for ``rows`` rows of a (float32, rows lda floats apart, at
-    a_addr), b's first column at b_addr (rows ldb floats apart); out rows 64 floats apart. rows x vectors
-    independent chains, so that the FMA latency is hidden."""
+    """The intrinsic ``chain(a_addr, lda, b_addr, ldb, k0, count, c_addr, ldc, add)``: chains over k in
+    [k0, k0 + count) of a[r, k] * b[k, 0:16 vectors] for ``rows`` rows of a (float32, rows lda floats apart, at
+    a_addr), b's first column at b_addr (rows ldb floats apart), written (``add`` 0) or added (else) to c's rows
+    ldc floats apart from c_addr. rows x vectors independent chains, so that the FMA latency is hidden."""
     @intrinsic
-    def chain(typingctx, a_addr, lda, b_addr, ldb, k0, count, out_addr):
-        sig = types.void(*[types.intp] * 7)
+    def chain(typingctx, a_addr, lda, b_addr, ldb, k0, count, c_addr, ldc, add):
+        sig = types.void(*[types.intp] * 9)
 
         def codegen(context, builder, signature, args):
-            a_base, la, b_base, ld, start, n, out = args
+            a_base, la, b_base, ld, start, n, out, ldc, add = args
             fma = _fma(builder)
             four = ir.Constant(i64, 4)
             zero = ir.Constant(f32x16, [0.0] * 16)
@@ -64,10 +83,9 @@ def _chain_nn(vectors, rows):
                     x = _splat(builder, builder.load(_pointer(builder, a_rows[r], builder.mul(k, four), f32)))
                     for h in range(vectors):
                         builder.store(builder.call(fma, [x, b[h], builder.load(acc[r][h])]), acc[r][h])
-            for r in range(rows):
-                for h in range(vectors):
-                    builder.store(builder.load(acc[r][h]),
-                                  _pointer(builder, out, ir.Constant(i64, 256 * r + 64 * h), f32x16), align=4)
+            c_rows = [builder.add(out, builder.mul(builder.mul(ldc, four), ir.Constant(i64, r))) for r in range(rows)]
+            _store(builder, [(builder.load(acc[r][h]), builder.add(c_rows[r], ir.Constant(i64, 64 * h)))
+                             for r in range(rows) for h in range(vectors)], add)
             return context.get_dummy_value()
         return sig, codegen
     return chain
@@ -92,47 +110,72 @@ def _transpose(builder, rows):
     return rows
 
 
-@intrinsic
-def chain_nt(typingctx, a_addr, bt_addr, ldb, k0, count, out_addr):
-    """out[0:16] = chains over k in [k0, k0 + count) of a[k] * bt[0:16, k] (a float32 row at a_addr, bt's row 0 at
-    bt_addr, rows ldb floats apart)."""
-    sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp, types.intp)
+def _chain_nt(rows_a):
+    """The intrinsic ``chain(a_addr, lda, bt_addr, ldb, rows, k0, count, c_addr, ldc, add)``: c[r, 0:16] =
+    (``add`` 0) or += (else) chains over k in [k0, k0 + count) of a[r, k] * bt[0:16, k] for ``rows_a`` rows of a
+    (float32, lda floats apart, at a_addr), bt's row 0 at bt_addr, its rows ldb floats apart (past its first
+    ``rows`` rows, bt's last row is read again: the lanes past ``rows`` are for the caller to drop), c's rows ldc
+    floats apart. Each block of bt is transposed once for all the rows of a."""
+    @intrinsic
+    def chain(typingctx, a_addr, lda, bt_addr, ldb, rows, k0, count, c_addr, ldc, add):
+        sig = types.void(*[types.intp] * 10)
 
-    def codegen(context, builder, signature, args):
-        a_base, b_base, ld, start, n, out = args
-        fma = _fma(builder)
-        prefetch = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
-            ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]))
-        four = ir.Constant(i64, 4)
-        row_bytes = builder.mul(ld, four)
-        acc = cgutils.alloca_once_value(builder, ir.Constant(f32x16, [0.0] * 16))
-        builder.store(ir.Constant(f32x16, [0.0] * 16), acc)
-        whole = builder.udiv(n, ir.Constant(i64, 16))
-        with cgutils.for_range(builder, whole) as loop:
-            k = builder.add(start, builder.mul(loop.index, ir.Constant(i64, 16)))
-            column = builder.mul(k, four)
-            starts = [builder.add(b_base, builder.mul(row_bytes, ir.Constant(i64, t))) for t in range(16)]
-            for t in range(16):  # each row's line PREFETCH bytes ahead: 16 streams are more than the prefetchers follow
-                ahead = _pointer(builder, starts[t], builder.add(column, ir.Constant(i64, PREFETCH)), ir.IntType(8))
-                builder.call(prefetch, [ahead, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-            rows = [builder.load(_pointer(builder, starts[t], column, f32x16), align=4) for t in range(16)]
-            value = builder.load(acc)
-            for u, col in enumerate(_transpose(builder, rows)):
-                x = builder.load(_pointer(builder, a_base, builder.add(column, ir.Constant(i64, 4 * u)), f32))
-                value = builder.call(fma, [_splat(builder, x), col, value])
-            builder.store(value, acc)
-        with cgutils.for_range(builder, builder.sub(n, builder.mul(whole, ir.Constant(i64, 16)))) as loop:
-            k = builder.add(builder.add(start, builder.mul(whole, ir.Constant(i64, 16))), loop.index)
-            column = builder.mul(k, four)
-            col = ir.Constant(f32x16, None)
+        def codegen(context, builder, signature, args):
+            a_base, la, b_base, ld, count_rows, start, n, out, ldc, add = args
+            fma = _fma(builder)
+            prefetch = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
+                ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]))
+            four = ir.Constant(i64, 4)
+            row_bytes = builder.mul(ld, four)
+            last = builder.sub(count_rows, ir.Constant(i64, 1))
+            offsets = []  # row t's byte offset: t, or the last row where t is past it
             for t in range(16):
-                element = _pointer(builder, builder.add(b_base, builder.mul(row_bytes, ir.Constant(i64, t))), column, f32)
-                col = builder.insert_element(col, builder.load(element), ir.Constant(i32, t))
-            x = builder.load(_pointer(builder, a_base, column, f32))
-            builder.store(builder.call(fma, [_splat(builder, x), col, builder.load(acc)]), acc)
-        builder.store(builder.load(acc), _pointer(builder, out, ir.Constant(i64, 0), f32x16), align=4)
-        return context.get_dummy_value()
-    return sig, codegen
+                row = builder.select(builder.icmp_signed("<", ir.Constant(i64, t), count_rows), ir.Constant(i64, t),
+                                     last)
+                offsets.append(builder.mul(row_bytes, row))
+            a_rows = [builder.add(a_base, builder.mul(builder.mul(la, four), ir.Constant(i64, r)))
+                      for r in range(rows_a)]
+            zero = ir.Constant(f32x16, [0.0] * 16)
+            acc = [cgutils.alloca_once_value(builder, zero) for _ in range(rows_a)]
+            for r in range(rows_a):
+                builder.store(zero, acc[r])
+            whole = builder.udiv(n, ir.Constant(i64, 16))
+            with cgutils.for_range(builder, whole) as loop:
+                k = builder.add(start, builder.mul(loop.index, ir.Constant(i64, 16)))
+                column = builder.mul(k, four)
+                starts = [builder.add(b_base, offsets[t]) for t in range(16)]
+                for t in range(16):  # each row's line PREFETCH bytes ahead: 16 streams are more than the prefetchers
+                    ahead = _pointer(builder, starts[t], builder.add(column, ir.Constant(i64, PREFETCH)),
+                                     ir.IntType(8))
+                    builder.call(prefetch, [ahead, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+                rows = [builder.load(_pointer(builder, starts[t], column, f32x16), align=4) for t in range(16)]
+                values = [builder.load(acc[r]) for r in range(rows_a)]
+                for u, col in enumerate(_transpose(builder, rows)):
+                    for r in range(rows_a):
+                        x = builder.load(_pointer(builder, a_rows[r], builder.add(column, ir.Constant(i64, 4 * u)),
+                                                  f32))
+                        values[r] = builder.call(fma, [_splat(builder, x), col, values[r]])
+                for r in range(rows_a):
+                    builder.store(values[r], acc[r])
+            with cgutils.for_range(builder, builder.sub(n, builder.mul(whole, ir.Constant(i64, 16)))) as loop:
+                k = builder.add(builder.add(start, builder.mul(whole, ir.Constant(i64, 16))), loop.index)
+                column = builder.mul(k, four)
+                col = ir.Constant(f32x16, None)
+                for t in range(16):
+                    element = _pointer(builder, builder.add(b_base, offsets[t]), column, f32)
+                    col = builder.insert_element(col, builder.load(element), ir.Constant(i32, t))
+                for r in range(rows_a):
+                    x = builder.load(_pointer(builder, a_rows[r], column, f32))
+                    builder.store(builder.call(fma, [_splat(builder, x), col, builder.load(acc[r])]), acc[r])
+            _store(builder, [(builder.load(acc[r]), builder.add(out, builder.mul(builder.mul(ldc, four),
+                                                                                ir.Constant(i64, r))))
+                             for r in range(rows_a)], add)
+            return context.get_dummy_value()
+        return sig, codegen
+    return chain
+
+
+chain_nt, chain_nt_row = _chain_nt(ROWS), _chain_nt(1)
 
 
 jit = numba.njit(nogil=True, cache=True, fastmath={"contract"})
@@ -141,33 +184,67 @@ jit = numba.njit(nogil=True, cache=True, fastmath={"contract"})
 @jit
 def gemm(a, b, c, blocks, j0, j1, transposed, width):
     """c[:, j0:j1] = a @ b[:, j0:j1] (a (M, K), b (K, N) or, ``transposed``, bt (N, K), c (M, N), all C-contiguous;
-    j1 - j0 a multiple of ``width``: 16 transposed, else 64 or 16)."""
-    part = numpy.empty((ROWS, 64), numpy.float32)
-    out = part.ctypes.data
-    ld, lda, m = b.shape[1], a.shape[1], a.shape[0]
+    j1 - j0 a multiple of ``width``, 64 or 16, but transposed, where the last group of 16 may be short)."""
+    part = numpy.empty((ROWS, 16), numpy.float32)  # a short group's chains, whose last lanes are dropped
+    ld, lda, ldc, m = b.shape[1], a.shape[1], c.shape[1], a.shape[0]
     i = 0
     while i < m:
-        rows = ROWS if i + ROWS <= m and not transposed else 1
+        rows = ROWS if i + ROWS <= m else 1
         a_row = a[i].ctypes.data
         for jb in range(j0, j1, width):
+            lanes = min(width, j1 - jb)
             start = b[jb].ctypes.data if transposed else b[0, jb:].ctypes.data
+            out, ld_out = (c[i, jb:].ctypes.data, ldc) if lanes == width else (part.ctypes.data, 16)
             for q in range(blocks.shape[0]):
-                k0, count = blocks[q, 0], blocks[q, 1] - blocks[q, 0]
-                if transposed:
-                    chain_nt(a_row, start, ld, k0, count, out)
+                k0, count, add = blocks[q, 0], blocks[q, 1] - blocks[q, 0], 1 if q else 0
+                if transposed and rows == ROWS:
+                    chain_nt(a_row, lda, start, ld, lanes, k0, count, out, ld_out, add)
+                elif transposed:
+                    chain_nt_row(a_row, lda, start, ld, lanes, k0, count, out, ld_out, add)
                 elif rows == ROWS:
                     if width == 64:
-                        chain_nn64(a_row, lda, start, ld, k0, count, out)
+                        chain_nn64(a_row, lda, start, ld, k0, count, out, ldc, add)
                     else:
-                        chain_nn16(a_row, lda, start, ld, k0, count, out)
+                        chain_nn16(a_row, lda, start, ld, k0, count, out, ldc, add)
                 elif width == 64:
-                    chain_nn64_row(a_row, lda, start, ld, k0, count, out)
+                    chain_nn64_row(a_row, lda, start, ld, k0, count, out, ldc, add)
                 else:
-                    chain_nn16_row(a_row, lda, start, ld, k0, count, out)
+                    chain_nn16_row(a_row, lda, start, ld, k0, count, out, ldc, add)
+            if lanes < width:
                 for r in range(rows):
-                    for t in range(width):
-                        c[i + r, jb + t] = part[r, t] if q == 0 else c[i + r, jb + t] + part[r, t]
+                    for t in range(lanes):
+                        c[i + r, jb + t] = part[r, t]
         i += rows
+
+
+@jit
+def product(a, b, c, blocks):
+    """c = a @ b on this thread (a (M, K), b (K, N), c (M, N), each with C-contiguous rows; K > 0): 64 columns at a
+    time, then 16, the last ones from a copy padded with zeros (or, for a few rows, :func:`stream`)."""
+    m, n = a.shape[0], b.shape[1]
+    if m < ROWS:
+        stream(a, b, c, blocks, 0, n)
+        return
+    wide = n // 64 * 64
+    narrow = wide + (n - wide) // 16 * 16
+    if wide:
+        gemm(a, b, c, blocks, 0, wide, False, 64)
+    if narrow > wide:
+        gemm(a, b, c, blocks, wide, narrow, False, 16)
+    if narrow < n:
+        padded = numpy.zeros((b.shape[0], 16), numpy.float32)
+        padded[:, :n - narrow] = b[:, narrow:]
+        part = numpy.empty((m, 16), numpy.float32)
+        gemm(a, padded, part, blocks, 0, 16, False, 16)
+        c[:, narrow:] = part[:, :n - narrow]
+
+
+@jit
+def batch(a, b, c, blocks, i0, i1):
+    """c[i] = a[i] @ b[i] for i in [i0, i1) (:func:`product` each): a convolution's small products, one per image,
+    without a return to Python between them."""
+    for i in range(i0, i1):
+        product(a[i], b[i], c[i], blocks)
 
 
 STREAM = 4096  # columns of c whose chains one pass of stream() keeps in the cache

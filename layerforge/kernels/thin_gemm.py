@@ -75,63 +75,98 @@ def _matrix(a, b, c, threaded):
     if k == 0:
         c[...] = 0
         return
-    a = numpy.ascontiguousarray(a)
+    a = a if a.flags.c_contiguous else numpy.ascontiguousarray(a)
     blocks = _blocks(k, threaded)
-    transposed = b.T.flags.c_contiguous and not b.flags.c_contiguous
+    transposed = not b.flags.c_contiguous and b.T.flags.c_contiguous
     b = b.T if transposed else numpy.ascontiguousarray(b)
-    jit = _kernels()
+    jit = _jit[0] if _jit else _kernels()
+    work = m * n * k
     if not transposed and m < jit.ROWS:
         unit = 256  # one row or a few: b read as it lies, in passes of up to STREAM columns of a thread's share
-        parallel_for(math.ceil(n / unit), lambda lo, hi: jit.stream(a, b, c, blocks, lo * unit, min(hi * unit, n)),
-                     work=m * n * k // 8)
+        _columns(lambda lo, hi: jit.stream(a, b, c, blocks, lo, hi), 0, n, unit, work)
+        return
+    if transposed:  # groups of 16 rows of bt; the kernel reads a short last group's last row again
+        _columns(lambda lo, hi: jit.gemm(a, b, c, blocks, lo, hi, True, 16), 0, n, 16, work)
         return
     done = 0
-    for unit in (16,) if transposed else (64, 16):  # the kernels' widths: a thread's columns come in multiples
-        whole = (n - done) // unit
-        if whole and m * n * k < 8 * MIN_PARALLEL_ELEMENTS:
-            jit.gemm(a, b, c, blocks, done, done + whole * unit, transposed, unit)  # too little to hand out
-        elif whole:
-            parallel_for(whole, lambda lo, hi, at=done, unit=unit: jit.gemm(
-                a, b, c, blocks, at + lo * unit, at + hi * unit, transposed, unit), work=m * n * k // 8)
-        done += whole * unit
+    for unit in (64, 16):  # the kernels' widths: a thread's columns come in multiples
+        whole = (n - done) // unit * unit
+        if whole:
+            _columns(lambda lo, hi, unit=unit: jit.gemm(a, b, c, blocks, lo, hi, False, unit), done, done + whole,
+                     unit, work)
+        done += whole
     if done < n:  # the last columns, through a copy padded with zeros to 16
-        rest = n - done
-        padded = numpy.zeros((16, k) if transposed else (k, 16), numpy.float32)
-        if transposed:
-            padded[:rest] = b[done:]
-        else:
-            padded[:, :rest] = b[:, done:]
+        padded = numpy.zeros((k, 16), numpy.float32)
+        padded[:, :n - done] = b[:, done:]
         part = numpy.empty((m, 16), numpy.float32)
-        jit.gemm(a, padded, part, blocks, 0, 16, transposed, 16)
-        c[:, done:] = part[:, :rest]
+        jit.gemm(a, padded, part, blocks, 0, 16, False, 16)
+        c[:, done:] = part[:, :n - done]
+
+
+def _columns(run, start, stop, unit, work):
+    # run(lo, hi) over the columns [start, stop) cut into units (the last one may be short), on the kernel threads
+    # where the product is large enough to hand out
+    if work < 8 * MIN_PARALLEL_ELEMENTS:
+        run(start, stop)
+        return
+    parallel_for(-(-(stop - start) // unit), lambda lo, hi: run(start + lo * unit, min(start + hi * unit, stop)),
+                 work=work // 8)
 
 
 def matmul(a, b, out=None, threaded=True):
     """``a @ b`` of float32 arrays (numpy's matmul rules for 2-D and batched operands) with every element computed
     as OpenBLAS's large-product SGEMM computes it (see above; ``threaded``: as it does on several threads); into
     ``out`` when given."""
-    if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype == numpy.float32 and a.shape[1] == b.shape[0]:
-        shape = (a.shape[0], b.shape[1])
-        c = out if out is not None and out.shape == shape and out.flags.c_contiguous and out.dtype == a.dtype \
-            else numpy.empty(shape, numpy.float32)
-        _matrix(a, b, c, threaded)
-        return _done(c, out)
+    if a.ndim == 2 and b.ndim == 2 and a.dtype == numpy.float32 and b.dtype == numpy.float32 and \
+            a.shape[1] == b.shape[0]:  # the common case first: InnerProduct, a batch-1 product (microseconds)
+        if out is None or out.shape != (a.shape[0], b.shape[1]) or not out.flags.c_contiguous or \
+                out.dtype != numpy.float32:
+            c = numpy.empty((a.shape[0], b.shape[1]), numpy.float32)
+            _matrix(a, b, c, threaded)
+            return _done(c, out)
+        _matrix(a, b, out, threaded)
+        return out
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"thin_gemm.matmul takes matrices, got {a.shape} and {b.shape}")
-    batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    if math.prod(a.shape[:-2]) == 1 and math.prod(b.shape[:-2]) == 1:
+        # one matrix each, whatever the axes of one in front (a convolution's product of one image and one group)
+        batch = (1,) * (max(a.ndim, b.ndim) - 2)
+        a, b = a.reshape(a.shape[-2:]), b.reshape(b.shape[-2:])
+    else:
+        batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype == numpy.float32 and a.shape[1] == b.shape[0]:
+        shape = batch + (a.shape[0], b.shape[1])
+        c = out if out is not None and out.shape == shape and out.flags.c_contiguous and out.dtype == a.dtype \
+            else numpy.empty(shape, numpy.float32)
+        _matrix(a, b, c.reshape(shape[-2:]), threaded)
+        return _done(c, out)
     shape = tuple(batch) + (a.shape[-2], b.shape[-1])
     if a.shape[-1] != b.shape[-2] or (out is not None and out.shape != shape):
         raise ValueError(f"matmul: shapes {a.shape}, {b.shape} and out {None if out is None else out.shape}")
     c = out if out is not None and out.flags.c_contiguous and out.dtype == numpy.float32 else numpy.empty(
         shape, numpy.float32)
     count = math.prod(batch)
+    m, k, n = shape[-2], a.shape[-1], shape[-1]
+    a, b = a.astype(numpy.float32, copy=False), b.astype(numpy.float32, copy=False)
+    flat = c.reshape((count, m, n))
+    if 0 < k and m * n * k <= SMALL_MNK and _rows_contiguous(b):
+        # small products (one per image): one compiled call for all of them, a's matrix made contiguous once
+        a = a if _rows_contiguous(a) else numpy.ascontiguousarray(a)
+        a = numpy.broadcast_to(a, tuple(batch) + a.shape[-2:]).reshape((count, m, k))
+        b = numpy.broadcast_to(b, tuple(batch) + b.shape[-2:]).reshape((count, k, n))
+        blocks, jit = _blocks(k, threaded), _jit[0] if _jit else _kernels()
+        parallel_for(count, lambda lo, hi: jit.batch(a, b, flat, blocks, lo, hi), work=count * m * n * k // 8)
+        return _done(c, out)
     a = numpy.broadcast_to(a, tuple(batch) + a.shape[-2:]).reshape((count,) + a.shape[-2:])
     b = numpy.broadcast_to(b, tuple(batch) + b.shape[-2:]).reshape((count,) + b.shape[-2:])
-    flat = c.reshape((count,) + shape[-2:])
-    for i in range(flat.shape[0]):
-        _matrix(a[i].astype(numpy.float32, copy=False), b[i].astype(numpy.float32, copy=False), flat[i],
-                threaded)
+    for i in range(count):
+        _matrix(a[i], b[i], flat[i], threaded)
     return _done(c, out)
+
+
+def _rows_contiguous(x):
+    # each matrix of x (its last two axes) C-contiguous, as the compiled loops index it
+    return x.strides[-1] == x.itemsize and (x.shape[-2] <= 1 or x.strides[-2] == x.itemsize * x.shape[-1])
 
 
 def _done(c, out):

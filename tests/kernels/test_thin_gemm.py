@@ -38,3 +38,21 @@ def test_batched_and_broadcast_operands_and_out():
     numpy.testing.assert_allclose(out, a.astype(numpy.float64) @ b, rtol=1e-5, atol=1e-4)
     numpy.testing.assert_array_equal(out[1], thin_gemm.matmul(a[1], b))
     numpy.testing.assert_array_equal(thin_gemm.matmul(a[:, :, :0], b[:0]), numpy.zeros((3, 4, 9), numpy.float32))
+
+
+@pytest.mark.skipif(not blas.canonical_blas(), reason="numpy's BLAS is not OpenBLAS's SkylakeX / Haswell SGEMM")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("images, m, k, n", [(1, 20, 25, 576), (10, 20, 25, 576), (3, 50, 500, 36), (5, 2, 300, 90),
+                                             (4, 16, 1000, 20)])
+def test_a_convolution_s_products_one_per_image_equal_each_alone(threads, images, m, k, n):
+    # a group's filters (M, K) broadcast over the images' columns (images, 1, K, N), plain and transposed (the data
+    # gradient's W^T): every image's product is OpenBLAS's large path's for that image alone
+    rs = numpy.random.RandomState(images + m + n)
+    w, cols = rs.randn(1, m, k).astype(numpy.float32), rs.randn(images, 1, k, n).astype(numpy.float32)
+    with threadpool_limits(threads, user_api="blas"):
+        for weights in (w, numpy.ascontiguousarray(w.transpose(0, 2, 1)).transpose(0, 2, 1)):
+            out = numpy.full((images, 1, m, n), numpy.nan, numpy.float32)
+            assert thin_gemm.matmul(weights, cols, out, threaded=threads > 1) is out
+            for i in range(images):
+                alone = (numpy.ascontiguousarray(weights[0]) @ numpy.pad(cols[i, 0], ((0, 0), (0, 2000))))[:, :n]
+                numpy.testing.assert_array_equal(out[i, 0], alone)  # OpenBLAS's large path: columns padded
