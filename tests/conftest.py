@@ -11,7 +11,6 @@ fails (tests/checkout.py).
 """
 import os
 import pathlib
-import sys
 import tempfile
 
 import numpy
@@ -117,20 +116,9 @@ def pytest_configure(config):
     temp = str(factory.mktemp("tempfile"))
     mp.setenv("TMPDIR", temp)
     mp.setattr(tempfile, "tempdir", temp)
-    # Hypothesis's example database and constants, else ./.hypothesis: read at its first use (importing it here
-    # would cost every pytest run a second, tests/emulator/test_stream_sites.py's runs of a few GPU tests too)
-    mp.setenv(HYPOTHESIS_HOME, str(factory.mktemp("hypothesis")))
+    from hypothesis.configuration import set_hypothesis_home_dir
 
-
-HYPOTHESIS_HOME = "HYPOTHESIS_STORAGE_DIRECTORY"
-
-
-def pytest_collection_finish(session):
-    """The test modules imported Hypothesis, or none uses it: its home is set where it is loaded (a version that
-    does not read :data:`HYPOTHESIS_HOME` gets it too)."""
-    configuration = sys.modules.get("hypothesis.configuration")
-    if configuration is not None and os.environ.get(HYPOTHESIS_HOME):
-        configuration.set_hypothesis_home_dir(os.environ[HYPOTHESIS_HOME])
+    set_hypothesis_home_dir(factory.mktemp("hypothesis"))  # its example database and constants, else ./.hypothesis
 
 
 def pytest_unconfigure(config):
