@@ -26,10 +26,16 @@ def has_gpu():
 # ---------------------------------------------------------------------------------------------------------------
 # substitutes for downloads
 
+_WRITTEN = {}  # (root, deploy, train, seed) -> the caffemodel written for them, which the same arguments copy
+
+
 def random_caffemodel(root, deploy, weights, train=None, seed=0):
     """A caffemodel of random weights for the net ``deploy`` (paths under ``root``), written by layerforge: each layer
     initialised by the fillers its training net ``train`` gives it (Caffe's own start of training), or by
-    N(0, 0.01^2) weights and zero biases where that net has no such layer."""
+    N(0, 0.01^2) weights and zero biases where that net has no such layer. The same net, fillers and seed give the
+    same weights: a second file of them is a copy of the first (SSD300's three take seconds each to fill)."""
+    import shutil
+
     from google.protobuf import text_format
 
     import layerforge.pycaffe as caffe
@@ -37,6 +43,11 @@ def random_caffemodel(root, deploy, weights, train=None, seed=0):
 
     path = os.path.join(root, weights)
     if os.path.exists(path):
+        return path
+    key = (root, deploy, train, seed)
+    if os.path.exists(_WRITTEN.get(key, "")):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        shutil.copyfile(_WRITTEN[key], path)
         return path
     net_param = caffe_pb2.NetParameter()
     with open(os.path.join(root, deploy)) as f:
@@ -64,6 +75,7 @@ def random_caffemodel(root, deploy, weights, train=None, seed=0):
     caffe.set_random_seed(seed)
     caffe.Net(filled, caffe.TEST).save(path)
     os.remove(filled)
+    _WRITTEN[key] = path
     return path
 
 

@@ -15,7 +15,7 @@ from .mpijob import Job, snapshots, train, under_mpiexec, write_solver
 
 pytestmark = pytest.mark.mpi
 
-TIMEOUT = 6  # seconds: short, so that the test is
+TIMEOUT = 5  # seconds: short, so that the test is quick, and 2 s past the status line (deadline.STATUS_AFTER)
 
 
 def _stall_rank_1(job, tmp_path):
@@ -33,7 +33,7 @@ def _ended_naming(job, pid, stopped, tmp_path, code):
     assert elapsed < TIMEOUT + 15, f"the job took {elapsed:.0f} s to end:\n{log[-3000:]}"
     late = f"rank 1 (host {socket.gethostname()}, pid {pid}; it does not answer: stopped, swapped out or stuck)"
     assert f"{late} is " in log and "s late to the" in log, log[-3000:]  # the status line, while it waits
-    ends = [line for line in log.splitlines() if "within the collective timeout of 6 s" in line]
+    ends = [line for line in log.splitlines() if f"within the collective timeout of {TIMEOUT} s" in line]
     assert len(ends) == 1 and ends[0].startswith(f"rank 0: {late} did not reach the "), log[-3000:]
     assert "Traceback" not in log, log[-3000:]
     assert code == EXIT_STATUS, log[-3000:]
@@ -148,7 +148,7 @@ def test_a_stopped_worker_or_replica_is_named_and_ends_the_run(tmp_path, noun, h
     assert elapsed < TIMEOUT + 15, f"the run took {elapsed:.0f} s to end:\n{log[-3000:]}"
     late = f"{noun} 1 (host {socket.gethostname()}, pid {pid}; it is stopped (SIGSTOP, or a debugger))"
     assert f"{late} is " in log and f"s late to the wait of the {noun}s" in log, log[-3000:]
-    ends = [line for line in log.splitlines() if "within the collective timeout of 6 s" in line]
+    ends = [line for line in log.splitlines() if f"within the collective timeout of {TIMEOUT} s" in line]
     assert len(ends) == 1 and ends[0].startswith(f"{late} did not reach "), log[-3000:]
     assert "Traceback" not in log and code == EXIT_STATUS, log[-3000:]
     taken = snapshots(tmp_path)

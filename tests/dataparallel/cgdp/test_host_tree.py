@@ -1,4 +1,5 @@
 """G workers x batch b == one worker x batch G*b, in host and tree modes; failures end the job cleanly."""
+import functools
 import os
 import threading
 import time
@@ -24,10 +25,13 @@ def source(tmp_path_factory):
     return write_lmdb(tmp_path_factory.mktemp("cgdp") / "db")
 
 
+@functools.lru_cache(maxsize=None)  # the same one-worker run for the tests that compare with it
 def reference(source, batch, frozen=False):
     s = get_solver(solver(source, batch, ITERS, frozen))
     s.solve()
-    return flat_params(s)
+    params = flat_params(s)
+    params.flags.writeable = False  # shared between tests: none may change it
+    return params
 
 
 @pytest.mark.parametrize("sync,chunk_size", [("host", 1), ("host", 3), ("host", "auto"), ("tree", 1)])
