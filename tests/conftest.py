@@ -67,6 +67,11 @@ def xp(request):
     """The array module a test body runs on: numpy, and cupy (a real device, or the emulated one)."""
     if request.param == "cupy":
         import cupy
+        # work an earlier test left queued (a copy into a block it freed, which the pool may hand to this test)
+        # runs now, not in the middle of this test, as if each test had a device of its own
+        for device in range(cupy.cuda.runtime.getDeviceCount()):
+            with cupy.cuda.Device(device):
+                cupy.cuda.Device(device).synchronize()
         yield cupy
         cupy.cuda.Device(0).use()  # a test that made another device current does not leave it so
         return
