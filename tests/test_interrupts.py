@@ -133,7 +133,11 @@ def test_a_signal_during_train_s_start_up_ends_it(tmp_path, signum):
     time.sleep(1.0)
     code, took = command.signal(signum, group=signum == signal.SIGINT)
     interrupted(command, code, took, signum)
-    assert command.cached("cpu_parallel.json") == {}
+    cached = command.cached("cpu_parallel.json")
+    # on an idle machine the trial of this small net can end within the second: then the cache holds the figure
+    # the log printed, whole, and never one cut short
+    assert cached == {} or all(f"(trial: {entry['trial']})" in command.log for entry in cached.values()), \
+        (cached, command.log)
 
 
 def test_ctrl_c_during_the_engine_choice_of_time_caches_no_timing(tmp_path):
