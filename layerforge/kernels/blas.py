@@ -37,6 +37,7 @@ IM2COL and IMPLICIT, which agree bit for bit, and leaves out Winograd, whose sum
 another OpenBLAS core) it falls back to one product of the same shape per sample (:func:`matmul_rows`) and the
 engines that declare ``batch_invariant`` (docs/performance.md, "Batch-invariant results").
 """
+import functools
 import os
 
 import numpy
@@ -44,19 +45,15 @@ import numpy
 from ..backend import get_array_module
 from . import bf16_gemm, thin_gemm
 
-_SCIPY_BLAS = {}
-
-
+@functools.cache
 def _scipy_blas():
     """scipy's BLAS wrappers (None without scipy), imported on the first large product: the import costs about
     0.14 s, which every command and every rank would pay at start-up for products most runs never make."""
-    if "module" not in _SCIPY_BLAS:
-        try:
-            from scipy.linalg import blas
-        except ImportError:  # pragma: no cover - scipy is optional
-            blas = None
-        _SCIPY_BLAS["module"] = blas
-    return _SCIPY_BLAS["module"]
+    try:
+        from scipy.linalg import blas
+    except ImportError:  # pragma: no cover - scipy is optional
+        return None
+    return blas
 
 MIN_BYTES = 32 << 20
 
@@ -233,9 +230,9 @@ def add_matmul(c, a, b, overwrite=False):
         return bf16_gemm.matmul(a, b, c, accumulate=not overwrite)
     a, b = _operands(a, b)
     gemm = None
-    if c.ndim == 2 and c.nbytes >= MIN_BYTES and c.flags.c_contiguous and _scipy_blas() is not None:
-        gemm = {numpy.dtype(numpy.float32): _scipy_blas().sgemm,
-                numpy.dtype(numpy.float64): _scipy_blas().dgemm}.get(c.dtype)
+    scipy_blas = _scipy_blas() if c.ndim == 2 and c.nbytes >= MIN_BYTES and c.flags.c_contiguous else None
+    if scipy_blas is not None:
+        gemm = {numpy.dtype(numpy.float32): scipy_blas.sgemm, numpy.dtype(numpy.float64): scipy_blas.dgemm}.get(c.dtype)
     if gemm is None or a.dtype != c.dtype or b.dtype != c.dtype:
         if overwrite:
             numpy.matmul(a, b, out=c)
