@@ -76,7 +76,9 @@ IMAGE_LIST = {
 }
 
 
-def _close_all(feeds):
+def close_feeds(feeds):
+    """Close and remove each DeviceFeed of the list ``feeds`` (a layer's; also its finalizer, which holds the list,
+    not the layer)."""
     while feeds:
         feeds.pop().close()
 
@@ -211,7 +213,7 @@ class BaseData(Layer):
         self.worker_setup = worker_setup
         self.input_stats = InputStats(self.workers)
         self._feeds = []  # at most one DeviceFeed, over the workers' batches from the read position
-        weakref.finalize(self, _close_all, self._feeds)  # holds the list, not self: a dropped layer stops its workers
+        weakref.finalize(self, close_feeds, self._feeds)  # holds the list, not self: a dropped layer stops its workers
 
     label_shape = None  # the label top's shape where it is no (N,) vector of labels
 
@@ -259,7 +261,7 @@ class BaseData(Layer):
 
     def close(self):
         """Stop the decode workers and drop a batch staged on the device (both restart on the next forward)."""
-        _close_all(self._feeds)
+        close_feeds(self._feeds)
 
 
 @register_layer("Data")

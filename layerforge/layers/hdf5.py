@@ -1,6 +1,7 @@
 """HDF5 layers: ``HDF5Data`` reads the datasets of a list of .h5 files, ``HDF5Output`` writes its bottoms to one."""
 import itertools
 import os
+import weakref
 
 import numpy
 
@@ -14,7 +15,7 @@ from ..data.transform import resolve_path
 from ..errors import DataError, ShapeError
 from ..schema import REQUIRED
 from .base import Field, Layer, register_layer
-from .data import COMMON, BaseData
+from .data import COMMON, BaseData, close_feeds
 
 
 def read_file_list(source):
@@ -124,7 +125,8 @@ class HDF5Data(Layer):
         except DataError as e:
             raise DataError(f"layer '{self.name}' (HDF5Data): hdf5_data.source '{p.source}': {e}") from None
         self.batch_size = p.batch_size
-        self.feed = None  # a DeviceFeed from the read position, made at the first forward
+        self._feeds = []  # at most one DeviceFeed from the read position, made at the first forward
+        weakref.finalize(self, close_feeds, self._feeds)  # a dropped layer's pending copy ends before its blocks free
 
     def load(self, source, names):
         """The listed files' datasets ``names``, each concatenated over the files, and each file's row count."""
@@ -143,10 +145,10 @@ class HDF5Data(Layer):
             t.reshape((self.batch_size,) + array.shape[1:])
 
     def forward(self, bottom, top):
-        if self.feed is None:
+        if not self._feeds:
             positions = itertools.count(self.stream.position, self.batch_size)
-            self.feed = DeviceFeed(self.xp, ((self.stream.batch(p), None) for p in positions))
-        self.feed.next_into([t.data for t in top])
+            self._feeds.append(DeviceFeed(self.xp, ((self.stream.batch(p), None) for p in positions)))
+        self._feeds[0].next_into([t.data for t in top])
         self.stream.position += self.batch_size
 
     def backward(self, top, propagate_down, bottom):
@@ -158,9 +160,11 @@ class HDF5Data(Layer):
 
     def set_state(self, state):
         self.stream.set_state(state)
-        if self.feed is not None:
-            self.feed.close()
-        self.feed = None
+        self.close()
+
+    def close(self):
+        """Drop the batch staged on the device (the next forward stages again from the read position)."""
+        close_feeds(self._feeds)
 
 
 @register_layer("HDF5Output")

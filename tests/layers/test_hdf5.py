@@ -54,6 +54,23 @@ def test_reads_files_in_order_and_wraps(xp, tmp_path, batch_size):
     numpy.testing.assert_array_equal(got, numpy.resize(rows, 4 * batch_size))
 
 
+def test_a_dropped_layer_ends_its_pending_copy_before_its_blocks_are_reused(xp, tmp_path):
+    """The layer stages the next batch on the device after each forward; dropped with that copy queued, its device
+    buffers go back to the pool only once the copy has ended (else the copy lands in arrays made later)."""
+    import gc
+
+    two_files(tmp_path)
+    (tmp_path / "list.txt").write_text(f"{tmp_path / 'a.h5'}\n{tmp_path / 'b.h5'}\n")
+    layer, top = make_data(xp, tmp_path / "list.txt", 4)
+    layer.forward([], top)  # rows 0..3; rows 4..7 are queued for the next forward
+    del layer, top
+    gc.collect()
+    reused = [xp.full((4, 2, 3), -1.0) for _ in range(4)] + [xp.full((4,), -1.0) for _ in range(4)]
+    if xp is not numpy:
+        xp.cuda.Device().synchronize()
+    assert all((numpy.asarray(r.get() if hasattr(r, "get") else r) == -1).all() for r in reused)
+
+
 def test_list_paths_resolve_against_the_list_folder_and_any_number_of_tops(tmp_path, monkeypatch):
     write_h5(tmp_path / "x.h5", a=numpy.arange(6.0).reshape(3, 2), b=numpy.arange(3.0) * 10, c=numpy.ones((3, 4, 1, 2)))
     (tmp_path / "list.txt").write_text("x.h5\n")
