@@ -59,3 +59,37 @@ def test_conv_engines_named_alone_are_chosen_at_once():
     engines.choose((1, 2, 5, 5), (1, 3, 5, 5), (3, 2, 3, 3), numpy.dtype(numpy.float64), numpy)
     assert list(engines) == ["IMPLICIT"] and engines.choice == {"forward": "IMPLICIT", "backward": "IMPLICIT"}
     assert engines.get_state()["timing"] == {}
+
+
+def test_an_engine_over_twice_the_fastest_leaves_the_second_timed_round():
+    times = {"IM2COL": 1.0, "IMPLICIT": 0.4, "WINOGRAD": 0.45, "WINOGRAD_F2": 0.81}  # F2 just over 2x
+    tune = autotune.AutoChoice(times)
+    ran = []
+    while tune.choice is None:
+        left = tune.calls_left
+        name = tune.next()
+        ran.append(name)
+        tune.record(name, times[name])
+        assert tune.calls_left <= left - 1 or tune.choice  # never more calls than it said
+    assert ran == list(times) * 2 + ["IMPLICIT", "WINOGRAD"]  # warm-up, the first timed round, then the close two
+    assert tune.choice == "IMPLICIT" and tune.next() == "IMPLICIT"
+    # the schedule follows from calls and times alone (what a snapshot keeps): cut after any call, it goes on alike
+    for cut in range(1, len(ran)):
+        resumed = autotune.AutoChoice(times)
+        for name in ran[:cut]:
+            resumed.record(name, times[name])
+        copy = autotune.AutoChoice(times)
+        copy.calls, copy.times = resumed.calls, {k: list(v) for k, v in resumed.times.items()}
+        rest = []
+        while copy.choice is None:
+            rest.append(copy.next())
+            copy.record(rest[-1], times[rest[-1]])
+        assert rest == ran[cut:] and copy.choice == "IMPLICIT"
+
+
+def test_an_engine_that_wins_its_second_call_still_wins_within_twice():
+    tune = autotune.AutoChoice(["A", "B"])
+    for name, seconds in [("A", 9), ("B", 9), ("A", 1.0), ("B", 1.9), ("A", 1.0), ("B", 0.5)]:
+        assert tune.next() == name
+        tune.record(name, seconds)
+    assert tune.choice == "B"
