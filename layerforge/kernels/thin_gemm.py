@@ -124,18 +124,21 @@ def matmul(a, b, out=None, threaded=True):
     ``out`` when given."""
     # the common cases first, with as few checks as they need (LeNet's products at batch 1 take microseconds): a
     # convolution's product of one image and one group, (1, M, K) x (1, K, N); InnerProduct's, 2-D
+    x, y, into = a, b, out
     if a.ndim == 3 and b.ndim == 3 and out is not None and a.shape[0] == 1 and b.shape[0] == 1 and \
             out.shape[0] == 1:
-        matmul(a[0], b[0], out[0], threaded)
-        return out
-    if a.ndim == 2 and b.ndim == 2 and a.dtype is _FLOAT32 and b.dtype is _FLOAT32 and a.shape[1] == b.shape[0]:
-        shape = (a.shape[0], b.shape[1])
-        if out is not None and out.shape == shape and out.dtype is _FLOAT32 and out.flags.c_contiguous:
-            _matrix(a, b, out, threaded)
+        x, y, into = a[0], b[0], out[0]
+    if x.ndim == 2 and y.ndim == 2 and x.dtype is _FLOAT32 and y.dtype is _FLOAT32 and x.shape[1] == y.shape[0]:
+        shape = (x.shape[0], y.shape[1])
+        if into is not None and into.shape == shape and into.dtype is _FLOAT32 and into.flags.c_contiguous:
+            _matrix(x, y, into, threaded)
             return out
         c = numpy.empty(shape, numpy.float32)
-        _matrix(a, b, c, threaded)
-        return _done(c, out)
+        _matrix(x, y, c, threaded)
+        if out is None:
+            return c
+        into[...] = c  # an out of another layout or dtype
+        return out
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"thin_gemm.matmul takes matrices, got {a.shape} and {b.shape}")
     if math.prod(a.shape[:-2]) == 1 and math.prod(b.shape[:-2]) == 1:
