@@ -240,6 +240,16 @@ def product(a, b, c, blocks):
 
 
 @jit
+def matrix(a, b, c, blocks, transposed):
+    """c = a @ b on this thread, as thin_gemm's one call for a product too small to share between threads: b (K, N)
+    as :func:`product` takes it, or (``transposed``) bt (N, K), InnerProduct's W, in groups of 16 of its rows."""
+    if transposed:
+        gemm(a, b, c, blocks, 0, b.shape[0], True, 16)
+    else:
+        product(a, b, c, blocks)
+
+
+@jit
 def batch(a, b, c, blocks, i0, i1):
     """c[i] = a[i] @ b[i] for i in [i0, i1) (:func:`product` each): a convolution's small products, one per image,
     without a return to Python between them."""

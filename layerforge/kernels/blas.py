@@ -142,11 +142,22 @@ def _blas_threads():
 
             libs = [c for c in ThreadpoolController().select(user_api="blas").lib_controllers
                     if "numpy" in c.filepath] or [None]
-            _CANONICAL["threads"] = libs[0]
+            _CANONICAL["threads"] = _thread_getter(libs[0]) if libs[0] else False
         except Exception:  # noqa: BLE001 - threadpoolctl missing or unable to read the library
             _CANONICAL["threads"] = False
-    lib = _CANONICAL["threads"]
-    return lib.get_num_threads() if lib else 1
+    get = _CANONICAL["threads"]
+    return get() if get else 1
+
+
+def _thread_getter(lib):
+    # OpenBLAS's own openblas_get_num_threads (a ctypes call of 0.1 us) where threadpoolctl exposes it: its
+    # get_num_threads looks the symbol up on every call (0.7 us, paid on every thin product); else that method
+    getter = getattr(lib, "_get_symbol", None)
+    if getter is not None and lib.internal_api == "openblas" and getattr(lib, "threading_layer", "") != "openmp":
+        function = getter("openblas_get_num_threads")
+        if function is not None:
+            return function
+    return lib.get_num_threads
 
 
 def canonical_blas():
@@ -203,9 +214,33 @@ def _operands(a, b):
     return a, b
 
 
+_FLOAT32 = numpy.dtype(numpy.float32)
+# where matmul sends a product of two float32 numpy matrices (or stacks of them), by the switches' state (batch
+# invariance, canonical_blas's verdict, precision): "thin" (_invariant_matmul), "numpy" (numpy.matmul) or "other"
+# (the general path: fp16 / bf16 rounding, the bf16 kernel). One look-up where the general path's checks cost
+# microseconds: LeNet's products at batch 1 take 1 to 30 us
+_ROUTES = {}
+
+
+def _float32_route():
+    if gemm_precision() in ("fp16", "bf16"):
+        route = "other"
+    else:
+        route = "thin" if batch_invariant() and canonical_blas() else "numpy"
+    _ROUTES[_BATCH_INVARIANT["on"], _CANONICAL["checked"], _PRECISION["gemm"]] = route
+    return route
+
+
 def matmul(a, b, out=None):
     """``a @ b`` (numpy's matmul rules: (..., m, k) @ (..., k, n), batch axes broadcast) under the precision
     switch; into ``out`` when given. cupy arrays go to cuBLAS (``kernels/cuda/gemm.py``)."""
+    if type(a) is numpy.ndarray and type(b) is numpy.ndarray and a.dtype is _FLOAT32 and b.dtype is _FLOAT32 and \
+            a.ndim >= 2 and b.ndim >= 2:
+        route = _ROUTES.get((_BATCH_INVARIANT["on"], _CANONICAL["checked"], _PRECISION["gemm"])) or _float32_route()
+        if route == "thin":
+            return _invariant_matmul(a, b, out)
+        if route == "numpy":
+            return numpy.matmul(a, b, out=out)
     if get_array_module(a, b) is not numpy:
         from .cuda.gemm import gemm_gpu
         return gemm_gpu(a, b, out, gemm_precision(), invariant=batch_invariant())

@@ -27,6 +27,7 @@ import numpy
 from .threadpool import MIN_PARALLEL_ELEMENTS, parallel_for
 
 BLOCK_K, UNROLL = 448, 16  # OpenBLAS's SGEMM_DEFAULT_Q and SGEMM_DEFAULT_UNROLL_M on SkylakeX
+_FLOAT32 = numpy.dtype(numpy.float32)
 SMALL_MNK = 100 ** 3  # OpenBLAS's small-matrix kernel takes products of at most this many multiply-adds
 
 
@@ -77,10 +78,14 @@ def _matrix(a, b, c, threaded):
         return
     a = a if a.flags.c_contiguous else numpy.ascontiguousarray(a)
     blocks = _blocks(k, threaded)
-    transposed = not b.flags.c_contiguous and b.T.flags.c_contiguous
-    b = b.T if transposed else numpy.ascontiguousarray(b)
+    flags = b.flags
+    transposed = flags.f_contiguous and not flags.c_contiguous
+    b = b.T if transposed else b if flags.c_contiguous else numpy.ascontiguousarray(b)
     jit = _jit[0] if _jit else _kernels()
     work = m * n * k
+    if work < 8 * MIN_PARALLEL_ELEMENTS:  # one thread: one compiled call (LeNet's products take microseconds)
+        jit.matrix(a, b, c, blocks, transposed)
+        return
     if not transposed and m < jit.ROWS:
         unit = 256  # one row or a few: b read as it lies, in passes of up to STREAM columns of a thread's share
         _columns(lambda lo, hi: jit.stream(a, b, c, blocks, lo, hi), 0, n, unit, work)
@@ -117,14 +122,22 @@ def matmul(a, b, out=None, threaded=True):
     """``a @ b`` of float32 arrays (numpy's matmul rules for 2-D and batched operands) with every element computed
     as OpenBLAS's large-product SGEMM computes it (see above; ``threaded``: as it does on several threads); into
     ``out`` when given."""
-    if a.ndim == 2 and b.ndim == 2 and a.dtype == numpy.float32 and b.dtype == numpy.float32 and \
-            a.shape[1] == b.shape[0]:  # the common case first: InnerProduct, a batch-1 product (microseconds)
-        if out is None or out.shape != (a.shape[0], b.shape[1]) or not out.flags.c_contiguous or \
-                out.dtype != numpy.float32:
-            c = numpy.empty((a.shape[0], b.shape[1]), numpy.float32)
-            _matrix(a, b, c, threaded)
-            return _done(c, out)
-        _matrix(a, b, out, threaded)
+    # the common cases first, with as few checks as they need (LeNet's products at batch 1 take microseconds): a
+    # convolution's product of one image and one group, (1, M, K) x (1, K, N); InnerProduct's, 2-D
+    x, y, into = a, b, out
+    if a.ndim == 3 and b.ndim == 3 and out is not None and a.shape[0] == 1 and b.shape[0] == 1 and \
+            out.shape[0] == 1:
+        x, y, into = a[0], b[0], out[0]
+    if x.ndim == 2 and y.ndim == 2 and x.dtype is _FLOAT32 and y.dtype is _FLOAT32 and x.shape[1] == y.shape[0]:
+        shape = (x.shape[0], y.shape[1])
+        if into is not None and into.shape == shape and into.dtype is _FLOAT32 and into.flags.c_contiguous:
+            _matrix(x, y, into, threaded)
+            return out
+        c = numpy.empty(shape, numpy.float32)
+        _matrix(x, y, c, threaded)
+        if out is None:
+            return c
+        into[...] = c  # an out of another layout or dtype
         return out
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"thin_gemm.matmul takes matrices, got {a.shape} and {b.shape}")

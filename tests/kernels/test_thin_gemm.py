@@ -56,3 +56,16 @@ def test_a_convolution_s_products_one_per_image_equal_each_alone(threads, images
             for i in range(images):
                 alone = (numpy.ascontiguousarray(weights[0]) @ numpy.pad(cols[i, 0], ((0, 0), (0, 2000))))[:, :n]
                 numpy.testing.assert_array_equal(out[i, 0], alone)  # OpenBLAS's large path: columns padded
+
+
+@pytest.mark.parametrize("out_dtype", [numpy.float32, numpy.float64])
+@pytest.mark.parametrize("m, k, n", [(20, 25, 576), (3, 7, 5), (1, 500, 10)])
+def test_one_image_s_product_into_out_as_the_matrices_alone(m, k, n, out_dtype):
+    # (1, M, K) x (1, K, N) into a given (1, M, N), IM2COL's product at batch 1 (its own short path): the 2-D
+    # product's values in the given array, whatever its dtype
+    rs = numpy.random.RandomState(m + k + n)
+    a, b = rs.randn(1, m, k).astype(numpy.float32), rs.randn(1, k, n).astype(numpy.float32)
+    out = numpy.full((1, m, n), numpy.nan, out_dtype)
+    assert thin_gemm.matmul(a, b, out) is out
+    numpy.testing.assert_array_equal(out[0], thin_gemm.matmul(a[0], b[0]))
+    numpy.testing.assert_allclose(out[0], a[0].astype(numpy.float64) @ b[0], rtol=1e-5, atol=1e-4)
