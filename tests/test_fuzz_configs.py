@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from layerforge import cli
+from layerforge import cli, fillers
 from layerforge.errors import LayerforgeError
 from tests.conftest import return_freed_memory
 
@@ -78,10 +78,18 @@ def _text(name):
     return (ROOT / "configs" / name).read_text()
 
 
+def fill_a_corner(data, p):
+    """The filler run on the first row and column of a parameter (all of a kernel's extent kept): its errors (a bad
+    value for ``std``, a bilinear kernel that is not square) still come out, without drawing ResNet-50's 25 M
+    values for every accepted mutant; check's verdict is read from the exit code and the error lines alone."""
+    fillers.fill(data[:1, :1] if data.ndim >= 2 else data[:1], p)
+
+
 @pytest.mark.parametrize("name", NETS)
-def test_mutated_nets_give_one_line(tmp_path_factory, name):
+def test_mutated_nets_give_one_line(tmp_path_factory, monkeypatch, name):
     folder = tmp_path_factory.mktemp("fuzz")
     codes = []
+    monkeypatch.setattr("layerforge.layers.base.fill", fill_a_corner)
 
     @settings(max_examples=150 if name != "resnet50_net.yaml" else 40, deadline=None, derandomize=True,
               suppress_health_check=list(HealthCheck))

@@ -108,10 +108,12 @@ def export_onnx(net, path=None, opset=OPSET):
     model = helper.make_model(helper.make_graph(graph.nodes, net.name or "net", inputs, outputs, graph.initializers),
                               opset_imports=[helper.make_opsetid("", opset)], producer_name="layerforge")
     model.ir_version = min(model.ir_version, 9)  # readable by older runtimes too
-    onnx.checker.check_model(model)
+    data = model.SerializeToString()  # once, for the checker and the file: VGG-16's takes a second
+    onnx.checker.check_model(data)
     if path is not None:
         try:
-            onnx.save(model, path)
+            with open(path, "wb") as f:
+                f.write(data)
         except OSError as e:
             raise ConfigError(f"cannot write: {e.strerror}", path) from None
     return model

@@ -110,6 +110,22 @@ def test_blob_wire_layout_is_caffes():
     assert list(legacy.double_data) == [0.0] * 6 and not legacy.data and not legacy.HasField("shape")
 
 
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64, numpy.float16, numpy.int32])
+@pytest.mark.parametrize("shape, order", [((0,), "C"), ((), "C"), ((3,), "C"), ((80, 50), "F"), ((2, 3, 5, 7), "C")])
+def test_blob_values_are_the_ones_extend_would_write(dtype, shape, order):
+    # array_to_blob writes the packed field's bytes itself (a length of 1, 2 or 3 varint bytes here; Fortran order)
+    array = numpy.asarray(numpy.random.default_rng(0).standard_normal(shape) * 100, dtype=dtype, order=order)
+    want = caffe_pb.BlobProto()
+    want.shape.dim.extend(array.shape)
+    if array.dtype == numpy.float64:
+        want.double_data.extend(array.ravel().tolist())
+    else:
+        want.data.extend(array.astype(numpy.float32).ravel().tolist())
+    got = array_to_blob(array, caffe_pb.BlobProto(data=[9.0], double_data=[9.0]))  # a given proto is cleared
+    assert got.SerializeToString() == want.SerializeToString()
+    assert blob_to_array(got).tobytes() == array.astype(numpy.float64 if dtype == numpy.float64 else numpy.float32).tobytes()
+
+
 def test_unknown_fields_are_kept():
     layer = caffe_pb.LayerParameter(name="conv", type="Convolution")
     layer.convolution_param.num_output = 4
