@@ -145,11 +145,16 @@ def lenet():
 @pytest.mark.parametrize("make", [lenet, small_resnet])
 def test_twenty_iterations_on_the_gpu_follow_the_cpu(make):
     from layerforge import get_solver
+    from tests.solvers.test_cuda_graph import pinned
 
     runs = []
     for mode in ("CPU", "GPU"):
-        solver = get_solver(make(), solver_mode=mode, max_iter=20, average_loss=20, dtype="float64", display=0,
-                            test_interval=0, snapshot=0, snapshot_after_train=False)
+        # the convolutions on IM2COL, named: AUTO's engine trials (CUDA-event timing on the device) are not what
+        # this compares, and cost a third of the run
+        made = make()
+        solver = get_solver(dict(made, net_param=pinned(made["net_param"])), solver_mode=mode, max_iter=20,
+                            average_loss=20, dtype="float64", display=0, test_interval=0, snapshot=0,
+                            snapshot_after_train=False)
         solver.solve()
         runs.append(solver)
     cpu, gpu = runs
