@@ -21,7 +21,7 @@ Every pipeline's transform runs with one OpenCV thread per process, as layerforg
 own pool would otherwise spread one PyTorch worker, or the limit, over every core).
 
 Images per second over ``--batches`` batches after 3 warm-up batches; each figure the best of ``--repeats``
-measurements taken in turns. ``--quick`` (CI): 12 small records, crop 96, 2 batches, W = 1, 2, once.
+measurements taken in turns. ``--quick`` (CI): 12 small records, crop 96, 2 batches, W = 1, 2, once; one timed SGEMM.
 """
 import argparse
 import json
@@ -213,7 +213,7 @@ def main():
         args.records, args.batches, args.repeats, args.crop, size = 12, 2, 1, 96, (120, 160)
     import bench_train
 
-    print("\n".join(bench_train.machine_report(1)[1]))
+    print("\n".join(bench_train.machine_report(1, 1 if args.quick else 5)[1]))  # --quick: one timed SGEMM
     db = make_set(args.out, args.records, *size)
     print(f"{args.records} records of 6 x {size[0]} x {size[1]} (genLMDB.py's COCO layout), batch {BATCH}, crop "
           f"{args.crop}, stride 8; images/s, best of {args.repeats}; load average before: "

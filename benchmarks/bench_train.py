@@ -343,10 +343,10 @@ def run_torch(net_name, iterations, threads, precision="fp32"):
     return {"times": times, "warmup": 1}
 
 
-def describe_machine(threads):
+def describe_machine(threads, repeats=5):
     """What the figures depend on, measured in this process (run it with the benchmark's environment): the CPU
     model and vector extensions, the BLAS libraries with their kernel architecture (threadpoolctl), the OpenBLAS
-    pin, PyTorch's CPU capability, and the SGEMM rate (GFLOP/s, numpy float32 2048^3, best of 5)."""
+    pin, PyTorch's CPU capability, and the SGEMM rate (GFLOP/s, numpy float32 2048^3, best of ``repeats``)."""
     import numpy
     from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -364,7 +364,7 @@ def describe_machine(threads):
     out, best = numpy.empty_like(a), float("inf")
     with threadpool_limits(threads, "blas"):
         numpy.matmul(a, a, out=out)
-        for _ in range(5):
+        for _ in range(repeats):
             t0 = time.perf_counter()
             numpy.matmul(a, a, out=out)
             best = min(best, time.perf_counter() - t0)
@@ -379,11 +379,12 @@ def describe_machine(threads):
             "sgemm_gflops": 2 * 2048 ** 3 / best / 1e9, "threads": threads}
 
 
-def machine_report(threads):
+def machine_report(threads, repeats=5):
     """(:func:`describe_machine`'s dict, the lines to print above a table), measured in a subprocess with
-    ``threads`` BLAS threads."""
+    ``threads`` BLAS threads; the SGEMM rate is the best of ``repeats``."""
     env = dict(os.environ, **{v: str(threads) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "machine", "--threads", str(threads)],
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "machine", "--threads", str(threads),
+                          "--sgemm-repeats", str(repeats)],
                          capture_output=True, text=True, env=env, check=True).stdout
     machine = json.loads(out.strip().splitlines()[-1])
     return machine, [
@@ -400,7 +401,7 @@ def child(args):
         result = run_layerforge(args.net, args.iterations, args.mode, args.replicas, not args.no_fuse,
                                 args.precision)
     elif args.child == "machine":
-        result = describe_machine(args.threads)
+        result = describe_machine(args.threads, args.sgemm_repeats)
     else:
         result = run_torch(args.net, args.iterations, args.threads, args.precision)
     print(json.dumps(result))
@@ -514,6 +515,7 @@ def main():
     parser.add_argument("--net", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--replicas", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--sgemm-repeats", type=int, default=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args)

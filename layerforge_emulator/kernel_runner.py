@@ -74,8 +74,10 @@ SANITIZED_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-DLF_EMU_SANITIZE")
 BUILD_RECIPE = 3  # part of every cache key: bump when how artifacts are built changes
 # the start of a sanitizer's report, and how many of its lines a KernelFault carries
 REPORT_LINES = 24
+# atexit_sleep_ms=0: ThreadSanitizer's default second of sleep at exit waits for threads still running to race;
+# a sanitized launch has none then (its blocks run on the driver's thread and one it joins), so each launch paid it
 SANITIZER_OPTIONS = {
-    "thread": ("TSAN_OPTIONS", "halt_on_error=1:exitcode=66:report_signal_unsafe=0:history_size=3"),
+    "thread": ("TSAN_OPTIONS", "halt_on_error=1:exitcode=66:report_signal_unsafe=0:history_size=3:atexit_sleep_ms=0"),
     "address": ("ASAN_OPTIONS", "halt_on_error=1:exitcode=66:detect_leaks=0:abort_on_error=0"),
 }
 

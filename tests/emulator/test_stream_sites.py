@@ -25,11 +25,11 @@ from tests.emulator.emulated import cupy  # noqa: F401 - the fixture
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HERE = "tests/emulator/test_stream_sites.py::"
 FEED = "tests/data/test_device_feed.py::"
-CGDP = ("tests/dataparallel/cgdp/test_devices.py::"
-        "test_train_on_two_devices_with_host_sync_is_one_process_with_the_whole_batch[--devices]")
 WORKER = "tests/trace/test_cgdp.py::test_a_gpu_worker_records_copy_out_and_copy_back_between_backward_and_its_wait"
-GRAPHS = "tests/solvers/test_cuda_graph.py::test_training_with_graphs_on_the_device_equals_training_without"
+GRAPHS = ("tests/solvers/test_cuda_graph.py::"
+          "test_training_with_graphs_on_the_device_equals_training_without[resnet block-12]")
 MOVER = "tests/dataparallel/cgdp/test_transfer.py::"
+COPY_OUT = MOVER + "test_a_chunk_copied_out_holds_the_gradients_backward_wrote_before_its_mark[cupy-shapes0]"
 NCCL = "tests/comm/test_local.py::test_nccl_allreduce_on_the_device_returns_once_every_rank_has_given_its_part"
 SCENARIOS = [HERE + "test_a_device_feed_read_without_host_reads_between_batches",
              HERE + "test_a_device_feed_closed_while_a_copy_is_pending"]
@@ -45,9 +45,8 @@ SITES = {
         ("DeviceFeed.close", "self.copy_stream.synchronize()"): SCENARIOS,
     },
     "layerforge.dataparallel.cgdp.transfer": {
-        ("CupyMover.to_host", "self.stream.wait_event(token)"):
-            [MOVER + "test_a_chunk_copied_out_holds_the_gradients_backward_wrote_before_its_mark[cupy-shapes0]"],
-        ("CupyMover.to_host", "self.stream.synchronize()"): [CGDP],
+        ("CupyMover.to_host", "self.stream.wait_event(token)"): [COPY_OUT],
+        ("CupyMover.to_host", "self.stream.synchronize()"): [COPY_OUT],
         ("CupyMover.synchronize", "self.stream.synchronize()"): [WORKER],
         ("CupyMover.close", "self.stream.synchronize()"):
             [MOVER + "test_a_mover_closed_with_copies_back_queued_leaves_the_gradients_whole[cupy-shapes0]"],

@@ -102,10 +102,12 @@ TRAIN_ITERATIONS = 6
 
 
 def test_train_on_the_gpu_logs_the_losses_of_the_cpu_run(tmp_path):
-    """``layerforge train --solver configs/lenet_solver.yaml --gpu 0`` (logging every iteration) logs the losses the
-    same command logs with ``--cpu``, from the same seed: float32, to 1e-5."""
+    """``layerforge train --solver configs/lenet_solver.yaml --gpu 0`` (logging every iteration, testing on one batch)
+    logs the losses the same command logs with ``--cpu``, from the same seed: float32, to 1e-5."""
     text = (ROOT / "configs" / "lenet_solver.yaml").read_text()
-    for key, value in (("net", ROOT / "configs" / "lenet.yaml"), ("display", 1), ("snapshot_prefix", tmp_path / "lenet")):
+    # the test at iteration 0 on one batch of 100 digits, not 10: the outputs compared are the same, at a tenth the cost
+    for key, value in (("net", ROOT / "configs" / "lenet.yaml"), ("display", 1), ("test_iter", 1),
+                       ("snapshot_prefix", tmp_path / "lenet")):
         text, found = re.subn(rf"^{key}: .*$", f"{key}: {value}", text, flags=re.M)
         assert found == 1, key
     (tmp_path / "solver.yaml").write_text(text)
@@ -143,11 +145,16 @@ def lenet():
 @pytest.mark.parametrize("make", [lenet, small_resnet])
 def test_twenty_iterations_on_the_gpu_follow_the_cpu(make):
     from layerforge import get_solver
+    from tests.solvers.test_cuda_graph import pinned
 
     runs = []
     for mode in ("CPU", "GPU"):
-        solver = get_solver(make(), solver_mode=mode, max_iter=20, average_loss=20, dtype="float64", display=0,
-                            test_interval=0, snapshot=0, snapshot_after_train=False)
+        # the convolutions on IM2COL, named: AUTO's engine trials (CUDA-event timing on the device) are not what
+        # this compares, and cost a third of the run
+        made = make()
+        solver = get_solver(dict(made, net_param=pinned(made["net_param"])), solver_mode=mode, max_iter=20,
+                            average_loss=20, dtype="float64", display=0, test_interval=0, snapshot=0,
+                            snapshot_after_train=False)
         solver.solve()
         runs.append(solver)
     cpu, gpu = runs

@@ -2,8 +2,9 @@
 
 The device scenarios leave the compute stream's work queued, as training does between two host reads: a copy
 that is not ordered after it reads the gradients of the iteration before (on the emulated device every time,
-whatever LAYERFORGE_EMULATED_GPU_SEED, since nothing else runs that work), and a copy still queued when the mover
-lets go of the host buffers never arrives whole.
+whatever LAYERFORGE_EMULATED_GPU_SEED, since nothing else runs that work), a copy out that ``to_host`` does not
+wait for is not in the host buffer when the host reads it, and a copy still queued when the mover lets go of the
+host buffers never arrives whole.
 """
 import types
 
@@ -39,12 +40,12 @@ def test_a_chunk_copied_out_holds_the_gradients_backward_wrote_before_its_mark(x
     for k, p in enumerate(params):  # this iteration's backward, queued on the compute stream
         diff = p.diff
         diff *= k + 2
+    expected = numpy.concatenate([numpy.full(int(numpy.prod(s)), k + 2, numpy.float32) for k, s in enumerate(shapes)])
     try:
         mover.to_host(range(len(params)), slot, mover.mark())  # HostSync's copy thread, with the layer's token
+        numpy.testing.assert_array_equal(slot, expected)  # in host memory on return: the host adds it up next
     finally:
         mover.close()
-    expected = numpy.concatenate([numpy.full(int(numpy.prod(s)), k + 2, numpy.float32) for k, s in enumerate(shapes)])
-    numpy.testing.assert_array_equal(slot, expected)
 
 
 @pytest.mark.parametrize("shapes", SHAPES)
