@@ -15,8 +15,9 @@ change listed below with its reason, and each checked to still apply (an edit wh
   layerforge's bundled MNIST digits as Caffe's LMDBs and idx files, small generated images, label lists);
 - ``cpu``: ``caffe.set_mode_gpu()`` on a machine without a device (where one is present, it stays);
 - ``library``: APIs that numpy, pandas, scikit-learn and SciPy removed since the notebooks were written;
-- ``time`` (only with ``LAYERFORGE_NOTEBOOK_QUICK=1``): fewer iterations where a notebook trains CaffeNet for hours
-  on a CPU (02-fine-tuning, pascal-multilabel); what each cell does is unchanged.
+- ``time``: fewer iterations where a notebook trains CaffeNet for hours on a CPU (02-fine-tuning,
+  pascal-multilabel; only with ``LAYERFORGE_NOTEBOOK_QUICK=1``), and always SSD300's training batch of 2 images
+  where the prototxt the fork's script writes has 4 (ssd.ipynb's one SGD step); what each cell does is unchanged.
 
 IPython's ``%matplotlib inline`` becomes the Agg backend, ``%timeit``/``%%timeit``/``%%time`` run their statement
 once, and ``!command`` lines run in a shell (``$name`` filled from the namespace) unless a notebook's shell rule
