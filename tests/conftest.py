@@ -19,7 +19,7 @@ import pytest
 from layerforge import rng
 from layerforge_emulator import install as emulator
 from layerforge_emulator.kernel_runner import BUILD_DIR_ENV
-from tests import checkout
+from tests import checkout, hydra_files
 
 
 def _real_device():
@@ -136,13 +136,20 @@ CHECKOUT = pathlib.Path(__file__).resolve().parents[1]
 CHECKOUT_FILES = pytest.StashKey()
 
 
+HYDRA_FILES = pytest.StashKey()
+
+
 def pytest_sessionstart(session):
     if not hasattr(session.config, "workerinput"):  # xdist's workers leave the check to the controller
         session.config.stash[CHECKOUT_FILES] = checkout.files(CHECKOUT)
+        session.config.stash[HYDRA_FILES] = hydra_files.present()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """The run fails when it wrote into the checkout (tests/checkout.py); skipped outside a git checkout."""
+    """The run fails when it wrote into the checkout (tests/checkout.py); skipped outside a git checkout. The
+    topology files of the MPI jobs the tests killed are removed (tests/hydra_files.py)."""
+    if HYDRA_FILES in session.config.stash:
+        hydra_files.remove_orphans(session.config.stash[HYDRA_FILES])
     before = session.config.stash.get(CHECKOUT_FILES, None)
     after = checkout.files(CHECKOUT) if before is not None else None
     made = checkout.made(before, after) if after is not None else []
