@@ -90,9 +90,9 @@ def array_to_blob(array, proto=None, legacy=False):
     else:
         proto.shape.dim.extend(array.shape)
     if array.dtype == numpy.float64:
-        proto.MergeFromString(_packed(8, array.astype("<f8")))  # double_data = 8
+        proto.MergeFromString(_packed(8, array.astype("<f8", copy=False)))  # double_data = 8
     else:
-        proto.MergeFromString(_packed(5, array.astype("<f4")))  # data = 5
+        proto.MergeFromString(_packed(5, array.astype("<f4", copy=False)))  # data = 5
     return proto
 
 

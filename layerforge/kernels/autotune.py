@@ -39,9 +39,9 @@ class AutoChoice:
     then ``trials`` timed rounds; an engine whose best time so far is over ``prune`` times the fastest engine's
     leaves the later timed rounds (it could win only if a disturbance had doubled its time; on ResNet-50 this
     saves a fifth of AUTO's time, the slow engines' calls being the long ones). The engine with the smallest time
-    wins (the minimum is the figure least disturbed by other work on the
-    machine). Every call computes the full result with some engine, so the choice can only change results by
-    float rounding. The schedule follows from ``calls`` and ``times`` alone, which is what a snapshot keeps.
+    wins (the minimum is the figure least disturbed by other work on the machine). Every call computes the full
+    result with some engine, so the choice can only change results by float rounding. The schedule follows from
+    ``calls`` and ``times`` alone, which is what a snapshot keeps.
     """
 
     def __init__(self, names, warmup=1, trials=2, prune=2.0):  # the defaults: ROUNDS
@@ -86,7 +86,7 @@ class AutoChoice:
         self.calls += 1
         if self.calls_left > 0:
             return False
-        self.choice = min((k for k in self.names if self.times[k]), key=lambda k: min(self.times[k]))
+        self.choice = min(self.names, key=lambda k: min(self.times[k]))  # every engine ran the first timed round
         return True
 
 
