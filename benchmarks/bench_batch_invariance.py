@@ -4,19 +4,22 @@
         [--repeat 5] [--rounds 2] [--threads 2]
 
 For each net of bench_train.py (Input layers, random weights) and each batch: the time of one forward pass
-(inference) and of one forward + backward pass (training) with the switch off (the default: AUTO picks among all
-convolution engines, InnerProduct runs one GEMM over the batch) and on (the products OpenBLAS computes off its
-large path go to kernels/thin_gemm.py, AUTO among IM2COL and IMPLICIT), side by side in one run, each mode in its own subprocess (the switch
-is read when a net is built), and the largest |output of one image alone - the same image's output in the batch|
-over the net's last layer before the loss in each mode. Times are the minimum of ``--repeat`` passes after AUTO
-has settled its engines, over ``--rounds`` pairs of processes run off, on, off, on (the least disturbed figure on
-a shared machine).
+(inference) and of one forward + backward pass (training) with the switch off (AUTO picks among all convolution
+engines at this batch, InnerProduct runs one GEMM over the batch) and on (the products OpenBLAS computes off its
+large path go to kernels/thin_gemm.py; each convolution's forward arithmetic, GEMM or a Winograd, is chosen by the
+first net that times it, here the batch's, and the net of one image follows it), side by side in one run, each
+mode in its own subprocess with an engine cache of its own (the switch is read when a net is built), and the
+largest |output of one image alone - the same image's output in the batch| over the net's last layer before the
+loss in each mode. Times are the minimum of ``--repeat`` passes after AUTO has settled its engines, over
+``--rounds`` pairs of processes run off, on, off, on (the least disturbed figure on a shared machine). Before the
+table: the CPU's vector extensions, the BLAS kernel and the SGEMM limit (bench_train.machine_report).
 """
 import argparse
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,6 +77,9 @@ def main():
     args = parser.parse_args()
     if args.child:
         return child(args.child[0], int(args.child[1]), int(args.child[2]))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_train
+    print("\n".join(bench_train.machine_report(args.threads)[1]))
     print(f"{'net':8} {'batch':>5} | {'forward ms off':>14} {'on':>8} {'cost':>7} | {'train ms off':>12} {'on':>8} "
           f"{'cost':>7} | {'max |alone - in batch| off':>26} {'on':>8}")
     for net_name in args.nets.split(","):
@@ -81,10 +87,11 @@ def main():
             result = {}
             for _ in range(args.rounds):  # alternating processes: a load that comes and goes hits both modes
                 for mode in ("0", "1"):
-                    env = dict(os.environ, LAYERFORGE_BATCH_INVARIANT=mode, OPENBLAS_NUM_THREADS=str(args.threads),
-                               OMP_NUM_THREADS=str(args.threads))
-                    proc = subprocess.run([sys.executable, __file__, "--child", net_name, str(batch),
-                                           str(args.repeat)], capture_output=True, text=True, env=env, check=True)
+                    with tempfile.TemporaryDirectory() as cache:  # each process times its engines itself
+                        env = dict(os.environ, LAYERFORGE_BATCH_INVARIANT=mode, LAYERFORGE_CACHE_DIR=cache,
+                                   OPENBLAS_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
+                        proc = subprocess.run([sys.executable, __file__, "--child", net_name, str(batch),
+                                               str(args.repeat)], capture_output=True, text=True, env=env, check=True)
                     run = json.loads(proc.stdout.strip().splitlines()[-1])
                     best = result.setdefault(mode, run)
                     for key in ("forward", "train"):

@@ -211,5 +211,8 @@ def _fresh_layerforge_logger():
 @pytest.fixture(autouse=True)
 def _own_engine_cache(tmp_path_factory, monkeypatch):
     """Each test starts with an empty engine-choice cache of its own (never the user's ~/.cache/layerforge), so
-    AUTO times the engines as on a first start unless the test itself fills the cache."""
+    AUTO times the engines as on a first start unless the test itself fills the cache; nor does it find the
+    forward arithmetic an earlier test's nets chose under batch invariance (autotune._SHARED_FORWARD)."""
+    from layerforge.kernels import autotune
     monkeypatch.setenv("LAYERFORGE_CACHE_DIR", str(tmp_path_factory.mktemp("engine_cache")))
+    monkeypatch.setattr(autotune, "_SHARED_FORWARD", {})

@@ -272,30 +272,48 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
     ``geometry`` (kh, kw, sy, sx, ph, pw, dy, dx) and ``group`` runs or times from ``x_shape`` to ``y_shape``.
 
     AUTO leaves out the Winograd engines where they do not apply, where there are fewer than
-    :data:`AUTO_WINOGRAD_MIN_CHANNELS` input channels per group, or where an engine's tiles would exceed
-    :data:`AUTO_WORKSPACE_LIMIT` (``compiled``: the CPU's compiled transforms); WINOGRAD (F4) also above
+    :data:`AUTO_WINOGRAD_MIN_CHANNELS` input channels per group, or where one image's tiles would exceed
+    :data:`AUTO_WORKSPACE_LIMIT` (``compiled``: the CPU's compiled transforms; a larger batch runs in chunks of
+    images, winograd.CHUNK_BYTES, so this does not depend on the batch); WINOGRAD (F4) also above
     :data:`AUTO_WINOGRAD_F4_MAX_CHANNELS` (beyond its tested error bound); and IM2COL where its column buffer
     would (like cuDNN's workspace limit: a huge column buffer is never allocated just to try it). Under
     :func:`blas.batch_invariant <layerforge.kernels.blas.batch_invariant>` AUTO times only engines that give an
-    image the same bits in any batch and agree with each other bit for bit, so that its choice, which follows the
-    timings at this batch, cannot move an image's result: with a BLAS that passes :func:`blas.canonical_blas
-    <layerforge.kernels.blas.canonical_blas>` the GEMM engines (IM2COL, IMPLICIT: the same sums, each computed as
-    one blocked FMA chain), leaving out Winograd (other sums); else those that declare ``batch_invariant``.
+    image the same bits in any batch: with a BLAS that passes :func:`blas.canonical_blas
+    <layerforge.kernels.blas.canonical_blas>` all of them on the CPU (IM2COL and IMPLICIT the same sums, each
+    computed as one blocked FMA chain, each Winograd engine its own sums, the same for an image in any batch;
+    which of these arithmetics a layer's forward computes is then chosen once per per-image problem,
+    :class:`ConvEngines`), the GEMM engines on a GPU (its Winograd's tile transforms are products over the whole
+    batch); else those that declare ``batch_invariant``.
     """
     names = ENGINE_CHOICES[engine]
     channels = x_shape[1] // group
+    image = (1,) + tuple(x_shape[1:])
     if len(names) > 1:
         names = tuple(k for k in names if k not in WINOGRAD_ENGINES or (
             winograd.eligible(geometry) and AUTO_WINOGRAD_MIN_CHANNELS <= channels
             and (k != "WINOGRAD" or channels <= AUTO_WINOGRAD_F4_MAX_CHANNELS)
-            and winograd.workspace_estimate(x_shape, y_shape[1], geometry, WINOGRAD_TILES[k], itemsize,
+            and winograd.workspace_estimate(image, y_shape[1], geometry, WINOGRAD_TILES[k], itemsize,
                                             compiled=compiled) <= AUTO_WORKSPACE_LIMIT))
     if len(names) > 1 and im2col_bytes(x_shape, y_shape, geometry[:2], itemsize) > AUTO_WORKSPACE_LIMIT:
         names = tuple(k for k in names if k != "IM2COL")
     if len(names) > 1 and blas.batch_invariant():
-        canonical = blas.canonical_blas()
-        names = tuple(k for k in names if (k not in WINOGRAD_ENGINES if canonical else ENGINES[k].batch_invariant))
+        if not blas.canonical_blas():
+            names = tuple(k for k in names if ENGINES[k].batch_invariant)
+        elif not compiled:
+            names = tuple(k for k in names if k not in WINOGRAD_ENGINES)
     return names
+
+
+def arithmetic(engine_name):
+    """The sums an engine computes, which fix its results' bits under :func:`blas.batch_invariant
+    <layerforge.kernels.blas.batch_invariant>`: ``GEMM`` for IM2COL and IMPLICIT (the same sums, bit for bit), a
+    Winograd engine's own name for its tiles' sums."""
+    return engine_name if engine_name in WINOGRAD_ENGINES else "GEMM"
+
+
+# under blas.batch_invariant: (machine key, per-image layer key) -> the arithmetic (:func:`arithmetic`) that every
+# forward of that per-image convolution computes in this process, whatever its batch (ConvEngines)
+_SHARED_FORWARD = {}
 
 
 DIRECTIONS = ("forward", "backward")
@@ -318,6 +336,7 @@ class ConvEngines(Mapping):
         self.layer_type, self.layer_name = layer_type, layer_name
         self.engine, self.geometry, self.group = engine, geometry, group  # engine: a key of ENGINE_CHOICES
         self.shape, self.cache_key = None, None  # the input shape the engines were chosen for; its cache key
+        self.image_key = None  # under batch invariance: the per-image convolution's key (_follow_shared_forward)
         self._by_name, self.tuning = {}, {}
 
     def __getitem__(self, name):
@@ -346,13 +365,21 @@ class ConvEngines(Mapping):
         self._by_name = {name: ENGINES[name](self.geometry, self.group) for name in names}
         self.tuning = {d: AutoChoice(names) for d in DIRECTIONS}
         self._stopwatch = Stopwatch(xp)  # device time on a GPU (CUDA events), the host clock on numpy
-        self.cache_key = None
+        self.cache_key = self.image_key = None
         if len(names) > 1:
-            self.cache_key = (engine_cache.machine_key(xp), engine_cache.layer_key(
+            machine = engine_cache.machine_key(xp)
+            self.cache_key = (machine, engine_cache.layer_key(
                 self.layer_type, x_shape, y_shape, w_shape, self.geometry, self.group, dtype, names))
+            sums = sorted({arithmetic(k) for k in names})
+            if blas.batch_invariant() and len(sums) > 1:
+                self.image_key = (machine, engine_cache.layer_key(
+                    self.layer_type, ("N",) + tuple(x_shape[1:]), ("N",) + tuple(y_shape[1:]), w_shape,
+                    self.geometry, self.group, dtype, ["one image"] + sums))
+                self._follow_shared_forward(engine_cache.lookup(*self.image_key))
             cached = engine_cache.lookup(*self.cache_key)
             # a direction alone (a TEST net's forward, which never runs backward) is remembered too
-            if cached and set(cached) <= set(self.tuning) and set(cached.values()) <= set(names):
+            if cached and set(cached) <= set(self.tuning) and all(
+                    k in self.tuning[d].names for d, k in cached.items()):
                 self.set_state({"shape": list(x_shape), "choice": cached})
                 logger.info("%s '%s': %s (from the engine cache %s)", self.layer_type, self.layer_name,
                             ", ".join(f"{d} engine {cached[d]}" for d in DIRECTIONS if d in cached),
@@ -371,6 +398,8 @@ class ConvEngines(Mapping):
 
     def run(self, direction, *args, method=None):
         """Run engine ``method`` (default: ``direction``), timing it for AUTO's choice in ``direction``."""
+        if self.image_key and direction == "forward" and not self.tuning[direction].choice:
+            self._follow_shared_forward()
         tune = self.tuning[direction]
         if SUMMARY.cached:
             SUMMARY.flush_cached()
@@ -387,6 +416,8 @@ class ConvEngines(Mapping):
             logger.info("%s '%s': %s engine %s (%s)", self.layer_type, self.layer_name, direction, tune.choice, times,
                         extra=DETAIL)
             self._release_unchosen()
+            if direction == "forward":
+                self._share_forward(tune.choice)
             if self.cache_key:  # each direction once it has chosen
                 engine_cache.store(*self.cache_key, {d: k for d, k in self.choice.items() if k is not None})
             SUMMARY.settled(self, direction, tune.choice)
@@ -407,6 +438,8 @@ class ConvEngines(Mapping):
         for direction, name in state["choice"].items():
             if name in self._by_name and direction in self.tuning:
                 self.tuning[direction].choice = name
+                if direction == "forward":
+                    self._share_forward(name)
         for direction, progress in state.get("timing", {}).items():
             tune = self.tuning.get(direction)
             if tune is not None and set(progress["times"]) == set(tune.times):
@@ -414,6 +447,26 @@ class ConvEngines(Mapping):
                 tune.choice, tune.calls = None, int(progress["calls"])
                 tune.times = {k: list(v) for k, v in progress["times"].items()}
         self._release_unchosen()
+
+    def _follow_shared_forward(self, cached=None):
+        """Under :func:`blas.batch_invariant <layerforge.kernels.blas.batch_invariant>`: let the forward time only
+        the engines of the arithmetic (:func:`arithmetic`) that this per-image convolution's forward computes
+        already in this process, at any batch, or (``cached``: the engine cache's entry for it) computed in an
+        earlier run on this machine, so that an image's output never depends on the batch it comes in."""
+        sums = _SHARED_FORWARD.get(self.image_key)
+        if sums is None and cached and cached.get("forward") in ("GEMM",) + WINOGRAD_ENGINES:
+            sums = _SHARED_FORWARD[self.image_key] = cached["forward"]
+        tune = self.tuning["forward"]
+        names = tuple(k for k in tune.names if arithmetic(k) == sums)
+        if names and names != tune.names:
+            self.tuning["forward"] = AutoChoice(names)
+
+    def _share_forward(self, name):
+        """The forward computes ``name``'s arithmetic: the first choice for its per-image convolution holds for
+        every batch of this process and is stored in the engine cache for later runs."""
+        if self.image_key and self.image_key not in _SHARED_FORWARD:
+            _SHARED_FORWARD[self.image_key] = arithmetic(name)
+            engine_cache.store(*self.image_key, {"forward": arithmetic(name)})
 
     def _release_unchosen(self):
         """Once both directions are settled, free the other engines' workspaces."""

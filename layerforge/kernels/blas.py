@@ -32,8 +32,9 @@ one blocked FMA chain whatever the matrix sizes (kernels/thin_gemm.py); only its
 it takes for small or one-row products, compute otherwise. Under the switch, where the installed BLAS passes
 :func:`canonical_blas`'s check, :func:`matmul` sends those products to thin_gemm, which computes them with the
 large path's arithmetic: every float32 product then gives an element the same bits whatever the other rows and
-columns, so InnerProduct and every GEMM-based convolution engine are invariant (autotune.candidate_engines keeps
-IM2COL and IMPLICIT, which agree bit for bit, and leaves out Winograd, whose sums differ). With another BLAS (MKL,
+columns, so InnerProduct and every convolution engine on the CPU are invariant (IM2COL and IMPLICIT agree bit for
+bit; each Winograd engine has its own sums, so autotune.ConvEngines chooses a convolution's forward arithmetic once
+per per-image problem, for every batch). With another BLAS (MKL,
 another OpenBLAS core) it falls back to one product of the same shape per sample (:func:`matmul_rows`) and the
 engines that declare ``batch_invariant`` (docs/performance.md, "Batch-invariant results").
 """

@@ -58,6 +58,12 @@ def workspace_estimate(x_shape, out_channels, geometry, tile, itemsize, compiled
     return (tile + 2) ** 2 * tiles * (3 * c + 2 * out_channels) * itemsize
 
 
+# the most bytes of transformed tiles one call holds (workspace_estimate): a larger batch runs in chunks of images,
+# each a whole call on its own tiles (an image's tiles and sums are the same whichever chunk holds it); AUTO's
+# workspace limit for the GEMM engines' columns (autotune.AUTO_WORKSPACE_LIMIT), so one VGG image at 224 x 224 fits
+CHUNK_BYTES = 64 << 20
+
+
 def eligible(geometry):
     """Whether a convolution ``(kh, kw, sy, sx, ph, pw, dy, dx)`` can run as Winograd F(m, 3): 3x3, stride 1,
     dilation 1 (any padding)."""
@@ -68,7 +74,11 @@ def eligible(geometry):
 class WinogradConv:
     """The engine: ``forward`` / ``backward`` as the GEMM engines of kernels.implicit_gemm (same arguments).
 
-    Not batch-invariant (``batch_invariant = False``): its GEMMs run over the tiles of the whole batch.
+    An image's result is computed from its own tiles alone, each tile position's sum over channels one BLAS
+    product over the tiles of the call: with a BLAS that gives every column the same bits whatever the others
+    (``blas.canonical_blas`` under ``blas.batch_invariant``) the result of an image is the same in any batch and
+    any chunk; with another BLAS it is not (``batch_invariant = False``, the flag of an engine that is invariant
+    with any BLAS). A batch whose tiles exceed :data:`CHUNK_BYTES` runs in chunks of images.
 
     Args:
         geometry: ``(kh, kw, sy, sx, ph, pw, dy, dx)``, which must be :func:`eligible`.
@@ -191,17 +201,30 @@ class WinogradConv:
         return xp.ascontiguousarray(out.reshape(left.shape[0], r, right.shape[1]).transpose(0, 2, 1)).reshape(
             (left.shape[0], right.shape[1]) + tuple(rest))
 
+    def _chunks(self, x, out_channels, compiled):
+        """``[(lo, hi), ...]``: the images of each call, as many as fit in :data:`CHUNK_BYTES` (at least one)."""
+        n = x.shape[0]
+        one = workspace_estimate((1,) + tuple(x.shape[1:]), out_channels, self.geometry, self.m, x.dtype.itemsize,
+                                 compiled=compiled)
+        step = max(1, min(n, CHUNK_BYTES // max(one, 1)))
+        return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
     def forward(self, x, W, b, y):
         """Write ``W * x (+ b)`` into ``y`` (N, Cout, out_h, out_w)."""
         xp = get_array_module(x)
         bt, g, at = self._matrices(xp, x.dtype)
+        compiled = self._compiled(xp)
+        U = self._filter_transform(W, g, compiled)  # (a, a, K, C/G)
+        for lo, hi in self._chunks(x, W.shape[0], compiled):
+            self._forward_images(x[lo:hi], U, b, y[lo:hi], bt, at, compiled)
+
+    def _forward_images(self, x, U, b, y, bt, at, compiled):
+        xp = get_array_module(x)
         n, c = x.shape[:2]
-        k, groups = W.shape[0], self.group
+        k, groups = U.shape[2], self.group
         out_h, out_w, th, tw = self._layout(x.shape)
         alpha, m = self.m + 2, self.m
-        compiled = self._compiled(xp)
         V = self._input_transform(x, bt, compiled)  # (a, a, C, P)
-        U = self._filter_transform(W, g, compiled)  # (a, a, K, C/G)
         kg, cg = k // groups, c // groups
         M = xp.empty((alpha, alpha, k, V.shape[-1]), dtype=x.dtype)
         for q in range(groups):
@@ -223,38 +246,53 @@ class WinogradConv:
         Any of them may be None (not wanted)."""
         xp = get_array_module(gy)
         bt, g, at = self._matrices(xp, gy.dtype)
-        n, c, h, w = x.shape
         k, groups = W.shape[0], self.group
-        kg, cg = k // groups, c // groups
-        out_h, out_w, th, tw = self._layout(x.shape)
+        kg, cg = k // groups, W.shape[1]
         alpha, m = self.m + 2, self.m
         if gb is not None:
             gb += gy.sum(axis=(0, 2, 3))
         compiled = self._compiled(xp)
-        dM = self._gradient_transform(gy, at, th, tw, compiled)  # (a, a, K, P)
-        if gW is not None:
-            V = self._input_transform(x, bt, compiled)
-            dU = xp.empty((alpha, alpha, k, cg), dtype=gy.dtype)
+        dU = U = None
+        for lo, hi in self._chunks(x, k, compiled):
+            c = x.shape[1]
+            _, _, th, tw = self._layout(x.shape)
+            dM = self._gradient_transform(gy[lo:hi], at, th, tw, compiled)  # (a, a, K, P)
+            if gW is not None:
+                V = self._input_transform(x[lo:hi], bt, compiled)
+                part = xp.empty((alpha, alpha, k, cg), dtype=gy.dtype)
+                for q in range(groups):
+                    _position_products(dM[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg].swapaxes(2, 3),
+                                       part[:, :, q * kg:(q + 1) * kg])
+                if dU is None:
+                    dU = part
+                else:  # a later chunk's sums, added to the earlier ones'
+                    dU += part
+                del V, part  # dV takes its place below
+            if gx is None:
+                continue
+            if U is None:
+                U = self._filter_transform(W, g, compiled)
+            dV = xp.empty((alpha, alpha, c, dM.shape[-1]), dtype=gy.dtype)
             for q in range(groups):
-                _position_products(dM[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg].swapaxes(2, 3),
-                                   dU[:, :, q * kg:(q + 1) * kg])
+                _position_products(U[:, :, q * kg:(q + 1) * kg].swapaxes(2, 3), dM[:, :, q * kg:(q + 1) * kg],
+                                   dV[:, :, q * cg:(q + 1) * cg])
+            self._scatter_input_gradient(dV, gx[lo:hi], th, tw, bt, compiled)
+        if gW is not None:
             self._add_filter_gradient(dU, g, gW, compiled)
-            del V  # dV takes its place below
-        if gx is None:
-            return
-        U = self._filter_transform(W, g, compiled)
-        dV = xp.empty((alpha, alpha, c, dM.shape[-1]), dtype=gy.dtype)
-        for q in range(groups):
-            _position_products(U[:, :, q * kg:(q + 1) * kg].swapaxes(2, 3), dM[:, :, q * kg:(q + 1) * kg],
-                               dV[:, :, q * cg:(q + 1) * cg])
+
+    def _scatter_input_gradient(self, dV, gx, th, tw, bt, compiled):
+        """Write gx = the sum of B dV B^T over the overlapping input tiles (dV: (a, a, C, N th tw))."""
+        alpha, m = self.m + 2, self.m
+        n, c, h, w = gx.shape
         ph, pw = self.geometry[4:6]
         if compiled:
             dV, scatter = dV.reshape(alpha * alpha, c, n, th, tw), _COMPILED[m]["scatter"]
             into_contiguous(gx, lambda target: parallel_for(
                 c, lambda lo, hi: scatter(dV, ph, pw, lo, hi, target), work=gx.size))
             return
+        xp = get_array_module(dV)
         dd = self._to_tiles(dV, bt.T, bt).reshape(alpha, alpha, c, n, th, tw)
-        gpad = xp.zeros((n, c, th * m + 2, tw * m + 2), dtype=gy.dtype)
+        gpad = xp.zeros((n, c, th * m + 2, tw * m + 2), dtype=dV.dtype)
         for i in range(alpha):
             for j in range(alpha):
                 gpad[:, :, i:i + th * m:m, j:j + tw * m:m] += dd[i, j].transpose(1, 0, 2, 3)

@@ -15,6 +15,8 @@ import numpy
 from .. import backend, trace
 from . import fusion, graph, memory
 from ..blob import Blob
+from ..kernels import blas
+from ..kernels.autotune import settle_apart
 from ..errors import ConfigError, DataError, LabelError, LayerforgeError, ShapeError
 from ..layers import LAYER_REGISTRY
 from ..layers.layer_param import layer_included
@@ -90,6 +92,7 @@ class Net:
                     raise lp.error(f"layer name '{lp.name}' is already used at line {seen[lp.name]}", "name")
                 seen[lp.name] = lp.line
         self._memory_plan = None
+        self._auto_convolutions = None  # the layers AUTO chooses engines for (_settle_forward_apart)
         self._build(graph.resolve_graph(included, excluded, self.phase))
         if weights is not None:
             self.copy_from(weights)
@@ -369,6 +372,8 @@ class Net:
         """
         if inputs:
             self.set_inputs(**inputs)
+        if blas.batch_invariant():
+            self._settle_forward_apart()
         lo, hi = self._range(start, end)
         loss = 0.0
         # a range that starts or ends inside a fused group runs that group's layers one by one, as written
@@ -387,6 +392,15 @@ class Net:
         for hook in self.pass_hooks:
             hook("forward", True)
         return {name: self.blobs[name].data for name in self.outputs}
+
+    def _settle_forward_apart(self):
+        """Under batch invariance, AUTO's forward timing runs on scratch arrays before the first counted pass
+        (kernels/autotune.settle_apart): its trial calls run other engines, whose sums differ, so an output computed
+        by one would depend on when its batch came."""
+        if self._auto_convolutions is None:
+            self._auto_convolutions = [layer for layer in self.layers if hasattr(layer, "engine_choice")]
+        if any(layer.engine_choice.get("forward", "") is None for layer in self._auto_convolutions):
+            settle_apart(self, ("forward",))
 
     def forward_layer(self, i, fuse=True):
         """Run layer ``i``'s forward; returns its weighted loss contribution.

@@ -127,24 +127,27 @@ def test_deconvolution_runs_on_winograd(engine):
     numpy.testing.assert_allclose(top[0].data, want.numpy(), rtol=1e-10, atol=1e-11)
 
 
-def test_auto_skips_winograd_whose_tiles_exceed_the_workspace_limit(monkeypatch):
+def test_auto_skips_winograd_whose_tiles_for_one_image_exceed_the_workspace_limit(monkeypatch):
+    """The limit holds for one image's tiles: a larger batch runs in chunks (winograd.CHUNK_BYTES), so the engines
+    AUTO tries do not depend on the batch."""
     from layerforge.blob import Blob
     from layerforge.kernels.winograd import workspace_estimate
     from layerforge.kernels import autotune
     x_shape = (2, 64, 8, 8)
     assert workspace_estimate(x_shape, 2, (3, 3, 1, 1, 1, 1, 1, 1), 2, 4) == 16 * 2 * 16 * (3 * 64 + 2 * 2) * 4
     # the CPU layer runs F(2,3)'s compiled transforms: one transformed array per side
-    needed = workspace_estimate(x_shape, 2, (3, 3, 1, 1, 1, 1, 1, 1), 2, 4, compiled=True)  # the layer is float32
-    assert needed == 16 * 2 * 16 * (64 + 2) * 4  # 4x4 tiles of 2x2 outputs, 16 per image
+    needed = workspace_estimate((1, 64, 8, 8), 2, (3, 3, 1, 1, 1, 1, 1, 1), 2, 4, compiled=True)  # float32
+    assert needed == 16 * 16 * (64 + 2) * 4  # 4x4 tiles of 2x2 outputs, 16 per image
     # F(4,3): 6x6 tiles of 4x4 outputs, 4 per image, 0.56x F2's bytes
-    needed_f4 = workspace_estimate(x_shape, 2, (3, 3, 1, 1, 1, 1, 1, 1), 4, 4, compiled=True)
-    assert needed_f4 == 36 * 2 * 4 * (64 + 2) * 4
+    needed_f4 = workspace_estimate((1, 64, 8, 8), 2, (3, 3, 1, 1, 1, 1, 1, 1), 4, 4, compiled=True)
+    assert needed_f4 == 36 * 4 * (64 + 2) * 4
     for limit, tried in ((needed, {"WINOGRAD_F2", "WINOGRAD"}), (needed - 1, {"WINOGRAD"}),
                          (needed_f4, {"WINOGRAD"}), (needed_f4 - 1, set())):  # (IM2COL's columns exceed all four)
         monkeypatch.setattr(autotune, "AUTO_WORKSPACE_LIMIT", limit)
-        layer = conv("AUTO", kernel_size=3, pad=1)
-        layer.setup([Blob(x_shape)], [Blob()])
-        assert set(layer.engines.tuning["forward"].names) == {"IMPLICIT"} | tried
+        for batch in (2, 50):
+            layer = conv("AUTO", kernel_size=3, pad=1)
+            layer.setup([Blob((batch,) + x_shape[1:])], [Blob()])
+            assert set(layer.engines.tuning["forward"].names) == {"IMPLICIT"} | tried
 
 
 # F(4,3)'s compiled CPU transforms (kernels/winograd.py's _f4_* bodies): odd sizes and partial tiles, pad 0 and 1,
@@ -293,3 +296,53 @@ def test_products_split_over_kernel_threads_give_the_same_bits(monkeypatch, tile
     for got in results[1:]:
         for a, e in zip(got, results[0]):
             assert a.tobytes() == e.tobytes()
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.parametrize("per_chunk", [1, 2])
+def test_a_batch_beyond_the_chunk_bytes_runs_in_chunks_of_images(monkeypatch, xp, tile, per_chunk):
+    """A batch whose tiles exceed winograd.CHUNK_BYTES runs in chunks of ``per_chunk`` images: y and gx as the
+    whole batch's (an image's tiles are its own), gW and gb the same sums to float64 rounding."""
+    from layerforge.backend import to_numpy
+    from layerforge.kernels import winograd
+    x, W, b, gy = random_problem(5, 6, 9, 7, 4, 1, 2)
+    geometry = (3, 3, 1, 1, 1, 1, 1, 1)
+    one = winograd.workspace_estimate((1, 6, 9, 7), 4, geometry, tile, 8, compiled=xp is numpy)
+
+    def computed():
+        engine = WinogradConv(geometry, 2, tile)
+        y, gW, gb, gx = xp.empty(gy.shape), xp.zeros(W.shape), xp.zeros(b.shape), xp.empty(x.shape)
+        engine.forward(xp.asarray(x), xp.asarray(W), xp.asarray(b), y)
+        engine.backward(xp.asarray(x), xp.asarray(W), xp.asarray(gy), gW, gb, gx)
+        return [to_numpy(a) for a in (y, gx, gW, gb)], engine._chunks(x, 4, xp is numpy)
+    whole, calls = computed()
+    assert calls == [(0, 5)]
+    monkeypatch.setattr(winograd, "CHUNK_BYTES", per_chunk * one)
+    chunked, calls = computed()
+    assert calls == [(lo, min(5, lo + per_chunk)) for lo in range(0, 5, per_chunk)]
+    for a, e in zip(chunked, whole):
+        numpy.testing.assert_allclose(a, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.parametrize("c, size", [(64, 14), (128, 7), (64, 9)])
+def test_an_images_result_is_the_same_in_any_batch_and_chunk_under_the_switch(monkeypatch, tile, c, size):
+    """With the batch-invariance switch and a BLAS whose products thin_gemm reproduces (blas.canonical_blas), an
+    image's y and gx are the same bits alone, at any place in a batch and in any chunk of it: every tile position's
+    product gives a column the same bits whatever the other columns (AUTO may then choose Winograd under the
+    switch, autotune.candidate_engines)."""
+    from layerforge.kernels import blas, winograd
+    monkeypatch.setitem(blas._BATCH_INVARIANT, "on", True)
+    assert blas.canonical_blas()
+    x, W, b, gy = random_problem(6, c, size, size, 64, 1, 1, numpy.float32, seed=4)
+    geometry = (3, 3, 1, 1, 1, 1, 1, 1)
+    whole = run(WinogradConv(geometry, 1, tile), x, W, b, gy)
+    for lo, hi in [(0, 1), (5, 6), (2, 5)]:
+        part = run(WinogradConv(geometry, 1, tile), x[lo:hi], W, b, gy[lo:hi])
+        for a, e, name in zip(part[:2], whole[:2], ("y", "gx")):
+            assert a.tobytes() == e[lo:hi].tobytes(), name
+    monkeypatch.setattr(winograd, "CHUNK_BYTES", 2 * winograd.workspace_estimate(
+        (1, c, size, size), 64, geometry, tile, 4, compiled=True))
+    chunked = run(WinogradConv(geometry, 1, tile), x, W, b, gy)
+    for a, e in zip(chunked[:2], whole[:2]):
+        assert a.tobytes() == e.tobytes()
