@@ -2,6 +2,7 @@
 
     python benchmarks/bench_batch_invariance.py [--nets lenet,alexnet,resnet50,vgg16] [--batches 1,10,64]
         [--repeat 5] [--rounds 2] [--threads 2]
+    python benchmarks/bench_batch_invariance.py --layers 40 --nets alexnet --batches 1   # where a pass's cost is
 
 For each net of bench_train.py (Input layers, random weights) and each batch: the time of one forward pass
 (inference) and of one forward + backward pass (training) with the switch off (AUTO picks among all convolution
@@ -66,6 +67,41 @@ def child(net_name, batch, repeat):
     print(json.dumps({"forward": min(for_one), "train": min(for_batch), "diff": worst, "engines": engines}))
 
 
+def layers_in_process(net_name, batch, rounds, on_first):
+    """One TEST net per mode in this process (each built, and its AUTO settled, under its mode; ``on_first``: the
+    switch's net built first), then ``rounds`` forward passes of each, alternating, the switch toggled between
+    them, every layer timed: ``[(layer, off seconds, on seconds)]``, minima, and the whole pass last."""
+    sys.path.insert(0, ROOT)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import numpy
+
+    from bench_train import NETS, layerforge_def
+    from layerforge import Net
+    from layerforge.kernels import blas
+    from layerforge.kernels.autotune import settle_engines
+
+    shape, nodes = NETS[net_name]()
+    nets = {}
+    for mode in (True, False) if on_first else (False, True):
+        blas.set_batch_invariant(mode)
+        net = nets[mode] = Net(layerforge_def(nodes, batch, shape), phase="test")
+        net.blobs["data"].data[...] = numpy.random.RandomState(0).rand(*net.blobs["data"].shape) * 255 - 128
+        settle_engines(net, lambda k, net=net: net.forward_backward())
+    count = len(nets[False].layers)
+    times = {mode: [[] for _ in range(count + 1)] for mode in nets}
+    for r in range(rounds):
+        for mode in (False, True) if r % 2 else (True, False):
+            blas.set_batch_invariant(mode)
+            start = time.perf_counter()
+            for i in range(count):
+                t = time.perf_counter()
+                nets[mode].forward_layer(i)
+                times[mode][i].append(time.perf_counter() - t)
+            times[mode][count].append(time.perf_counter() - start)
+    names = [layer.name for layer in nets[False].layers] + ["(the pass)"]
+    return [(names[i], min(times[False][i]), min(times[True][i])) for i in range(count + 1)]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nets", default="lenet,alexnet,resnet50,vgg16")
@@ -73,10 +109,25 @@ def main():
     parser.add_argument("--rounds", type=int, default=2, help="off / on subprocess pairs per case (A/B/A/B)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--layers", type=int, metavar="ROUNDS",
+                        help="instead: an in-process A/B of each layer's forward, ROUNDS alternating passes, each "
+                             "net built first in one mode and then in the other (the order moves a pass by a few %%)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args.child[0], int(args.child[1]), int(args.child[2]))
+    if args.layers:
+        os.environ.setdefault("LAYERFORGE_CACHE_DIR", "off")  # each net times its engines under its mode
+        for net_name in args.nets.split(","):
+            for batch in map(int, args.batches.split(",")):
+                for on_first in (False, True):
+                    rows = layers_in_process(net_name, batch, args.layers, on_first)
+                    print(f"{net_name} batch {batch}, {'on' if on_first else 'off'} net built first: "
+                          "layers whose forward moved by over 3% and 5 us (us off / on), then the pass")
+                    for name, off, on in rows:
+                        if name == "(the pass)" or (abs(on - off) > 0.03 * off and abs(on - off) > 5e-6):
+                            print(f"  {name:24} {off * 1e6:10.1f} {on * 1e6:10.1f} {on / off - 1:+7.1%}")
+        return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench_train
     print("\n".join(bench_train.machine_report(args.threads)[1]))

@@ -267,3 +267,19 @@ def test_every_layers_output_is_the_same_in_any_batch_on_the_emulated_gpu(canoni
         for name in ("conv1", "conv2", "ip"):
             numpy.testing.assert_array_equal(to_numpy(nets[1].blobs[name].data)[0],
                                              to_numpy(nets[4].blobs[name].data)[3], err_msg=name)
+
+
+def test_the_benchmarks_layer_by_layer_ab_times_every_layer_in_both_modes(monkeypatch):
+    """benchmarks/bench_batch_invariance.py --layers: one net per mode, each settled under its own mode, every
+    layer's forward timed in both."""
+    import os
+    import sys
+    monkeypatch.setitem(blas._BATCH_INVARIANT, "on", blas.batch_invariant())  # restored after the toggling
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    monkeypatch.delitem(sys.modules, "bench_batch_invariance", raising=False)
+    import bench_batch_invariance
+    rows = bench_batch_invariance.layers_in_process("lenet", 2, 3, on_first=True)
+    assert [name for name, _, _ in rows] == ["data", "conv1", "pool1", "conv2", "pool2", "ip1", "relu1", "ip2",
+                                             "loss", "(the pass)"]
+    assert all(off > 0 and on > 0 for _, off, on in rows)
+    assert rows[-1][1] >= max(off for _, off, _ in rows[:-1])
