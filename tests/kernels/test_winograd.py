@@ -324,17 +324,24 @@ def test_a_batch_beyond_the_chunk_bytes_runs_in_chunks_of_images(monkeypatch, xp
         numpy.testing.assert_allclose(a, e, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("tile", [2, 4])
-@pytest.mark.parametrize("c, size", [(64, 14), (128, 7), (64, 9)])
-def test_an_images_result_is_the_same_in_any_batch_and_chunk_under_the_switch(monkeypatch, tile, c, size):
+@pytest.mark.parametrize("c, size, k", [(64, 14, 64), (128, 7, 64), (64, 9, 64), (512, 7, 512)])
+def test_an_images_result_is_the_same_in_any_batch_and_chunk_under_the_switch(monkeypatch, threads, tile, c, size,
+                                                                               k):
     """With the batch-invariance switch and a BLAS whose products thin_gemm reproduces (blas.canonical_blas), an
     image's y and gx are the same bits alone, at any place in a batch and in any chunk of it: every tile position's
     product gives a column the same bits whatever the other columns (AUTO may then choose Winograd under the
-    switch, autotune.candidate_engines)."""
-    from layerforge.kernels import blas, winograd
+    switch, autotune.candidate_engines). 512 channels: sums of 512 terms, which OpenBLAS cuts into blocks one way on
+    one thread and another on several (thin_gemm.k_blocks). On one kernel thread the tile positions' products are one
+    batched product on the BLAS threads; on two, split over the kernel threads on one BLAS thread each."""
+    from layerforge.kernels import blas, threadpool, winograd
     monkeypatch.setitem(blas._BATCH_INVARIANT, "on", True)
     assert blas.canonical_blas()
-    x, W, b, gy = random_problem(6, c, size, size, 64, 1, 1, numpy.float32, seed=4)
+    monkeypatch.setattr(threadpool, "MIN_PARALLEL_ELEMENTS", 0)
+    monkeypatch.setattr(threadpool, "_state", dict(threadpool._state))  # the thread count restored after the test
+    threadpool.set_num_threads(threads)
+    x, W, b, gy = random_problem(6, c, size, size, k, 1, 1, numpy.float32, seed=4)
     geometry = (3, 3, 1, 1, 1, 1, 1, 1)
     whole = run(WinogradConv(geometry, 1, tile), x, W, b, gy)
     for lo, hi in [(0, 1), (5, 6), (2, 5)]:
@@ -342,7 +349,7 @@ def test_an_images_result_is_the_same_in_any_batch_and_chunk_under_the_switch(mo
         for a, e, name in zip(part[:2], whole[:2], ("y", "gx")):
             assert a.tobytes() == e[lo:hi].tobytes(), name
     monkeypatch.setattr(winograd, "CHUNK_BYTES", 2 * winograd.workspace_estimate(
-        (1, c, size, size), 64, geometry, tile, 4, compiled=True))
+        (1, c, size, size), k, geometry, tile, 4, compiled=True))
     chunked = run(WinogradConv(geometry, 1, tile), x, W, b, gy)
     for a, e in zip(chunked[:2], whole[:2]):
         assert a.tobytes() == e.tobytes()
