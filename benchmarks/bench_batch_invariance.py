@@ -24,30 +24,37 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]  # layerforge and bench_train from this checkout
 BATCHES = (1, 10, 64)
 
 
-def child(net_name, batch, repeat):
-    sys.path.insert(0, ROOT)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+def bench_net(net_name, batch):
+    """(net, its last layer's top) of bench_train.py's ``net_name`` at ``batch``, TEST phase (Dropout passes its
+    input through: a TRAIN net draws other masks for another batch; the "train" figure is forward + backward of
+    that net), random data and labels."""
     import numpy
 
     from bench_train import NETS, layerforge_def
     from layerforge import Net
-    from layerforge.kernels.autotune import settle_engines
 
-    nodes, shape = NETS[net_name]()[1], NETS[net_name]()[0]
-    # TEST phase: Dropout passes its input through (a TRAIN net draws other masks for another batch); the
-    # "train" figure is forward + backward of that net
+    shape, nodes = NETS[net_name]()
     net = Net(layerforge_def(nodes, batch, shape), phase="test")
-    single = Net(layerforge_def(nodes, 1, shape), phase="test")
-    single.share_params_with(net)
     rs = numpy.random.RandomState(0)
     net.blobs["data"].data[...] = rs.rand(*net.blobs["data"].shape) * 255 - 128
     net.blobs["label"].data[...] = rs.randint(shape[2], size=batch)
+    return net, nodes[-1][0]
+
+
+def child(net_name, batch, repeat):
+    import numpy
+
+    from layerforge.kernels.autotune import settle_engines
+
+    net, out = bench_net(net_name, batch)
+    single = bench_net(net_name, 1)[0]
+    single.share_params_with(net)
     settle_engines(net, lambda k: net.forward_backward())
     settle_engines(single, lambda k: single.forward_backward())
-    out = nodes[-1][0]
     for_one, for_batch = [], []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -71,21 +78,13 @@ def layers_in_process(net_name, batch, rounds, on_first):
     """One TEST net per mode in this process (each built, and its AUTO settled, under its mode; ``on_first``: the
     switch's net built first), then ``rounds`` forward passes of each, alternating, the switch toggled between
     them, every layer timed: ``[(layer, off seconds, on seconds)]``, minima, and the whole pass last."""
-    sys.path.insert(0, ROOT)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import numpy
-
-    from bench_train import NETS, layerforge_def
-    from layerforge import Net
     from layerforge.kernels import blas
     from layerforge.kernels.autotune import settle_engines
 
-    shape, nodes = NETS[net_name]()
     nets = {}
     for mode in (True, False) if on_first else (False, True):
         blas.set_batch_invariant(mode)
-        net = nets[mode] = Net(layerforge_def(nodes, batch, shape), phase="test")
-        net.blobs["data"].data[...] = numpy.random.RandomState(0).rand(*net.blobs["data"].shape) * 255 - 128
+        net = nets[mode] = bench_net(net_name, batch)[0]
         settle_engines(net, lambda k, net=net: net.forward_backward())
     count = len(nets[False].layers)
     times = {mode: [[] for _ in range(count + 1)] for mode in nets}
@@ -128,7 +127,6 @@ def main():
                         if name == "(the pass)" or (abs(on - off) > 0.03 * off and abs(on - off) > 5e-6):
                             print(f"  {name:24} {off * 1e6:10.1f} {on * 1e6:10.1f} {on / off - 1:+7.1%}")
         return
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench_train
     print("\n".join(bench_train.machine_report(args.threads)[1]))
     print(f"{'net':8} {'batch':>5} | {'forward ms off':>14} {'on':>8} {'cost':>7} | {'train ms off':>12} {'on':>8} "

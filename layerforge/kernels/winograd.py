@@ -247,27 +247,27 @@ class WinogradConv:
         xp = get_array_module(gy)
         bt, g, at = self._matrices(xp, gy.dtype)
         k, groups = W.shape[0], self.group
-        kg, cg = k // groups, W.shape[1]
-        alpha, m = self.m + 2, self.m
+        c, kg, cg = x.shape[1], k // groups, W.shape[1]
+        alpha = self.m + 2
+        _, _, th, tw = self._layout(x.shape)
         if gb is not None:
             gb += gy.sum(axis=(0, 2, 3))
         compiled = self._compiled(xp)
-        dU = U = None
-        for lo, hi in self._chunks(x, k, compiled):
-            c = x.shape[1]
-            _, _, th, tw = self._layout(x.shape)
+        dU = xp.empty((alpha, alpha, k, cg), dtype=gy.dtype) if gW is not None else None
+        part = U = None  # a later chunk's dU, added to the first's; the transformed filters, made once for gx
+        for i, (lo, hi) in enumerate(self._chunks(x, k, compiled)):
             dM = self._gradient_transform(gy[lo:hi], at, th, tw, compiled)  # (a, a, K, P)
             if gW is not None:
                 V = self._input_transform(x[lo:hi], bt, compiled)
-                part = xp.empty((alpha, alpha, k, cg), dtype=gy.dtype)
+                if i and part is None:
+                    part = xp.empty_like(dU)
+                into = part if i else dU
                 for q in range(groups):
                     _position_products(dM[:, :, q * kg:(q + 1) * kg], V[:, :, q * cg:(q + 1) * cg].swapaxes(2, 3),
-                                       part[:, :, q * kg:(q + 1) * kg])
-                if dU is None:
-                    dU = part
-                else:  # a later chunk's sums, added to the earlier ones'
+                                       into[:, :, q * kg:(q + 1) * kg])
+                if i:
                     dU += part
-                del V, part  # dV takes its place below
+                del V  # dV takes its place below
             if gx is None:
                 continue
             if U is None:
