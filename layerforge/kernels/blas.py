@@ -30,21 +30,27 @@ Batch invariance (:func:`set_batch_invariant` or ``LAYERFORGE_BATCH_INVARIANT=1`
 results do not depend on the batch it is in, bit for bit. OpenBLAS's large-product SGEMM computes each element as
 one blocked FMA chain whatever the matrix sizes (kernels/thin_gemm.py); only its small-matrix kernel and GEMV, which
 it takes for small or one-row products, compute otherwise. Under the switch, where the installed BLAS passes
-:func:`canonical_blas`'s check, :func:`matmul` sends those products to thin_gemm, which computes them with the
-large path's arithmetic: every float32 product then gives an element the same bits whatever the other rows and
-columns, so InnerProduct and every convolution engine on the CPU are invariant (IM2COL and IMPLICIT agree bit for
-bit; each Winograd engine has its own sums, so autotune.ConvEngines chooses a convolution's forward arithmetic once
-per per-image problem, for every batch). With another BLAS (MKL,
+:func:`canonical_blas`'s check, :func:`matmul` sends those products, and those with few rows, to thin_gemm, which
+computes them with the large path's arithmetic: every float32 product then gives an element the same bits whatever
+the other rows and columns, so InnerProduct and every convolution engine on the CPU are invariant (IM2COL and
+IMPLICIT agree bit for bit; each Winograd engine has its own sums, so autotune.ConvEngines chooses a convolution's
+forward arithmetic once per per-image problem, for every batch). Every BLAS call under the switch runs on one
+OpenBLAS thread (:func:`one_blas_thread`; a Net holds it for each pass), so the summed axis is always cut as one
+thread cuts it, and the large products split themselves over the kernel threads (:func:`_large_product`), which
+then have the cores to themselves. With another BLAS (MKL,
 another OpenBLAS core) it falls back to one product of the same shape per sample (:func:`matmul_rows`) and the
 engines that declare ``batch_invariant`` (docs/performance.md, "Batch-invariant results").
 """
 import functools
+import math
 import os
+import threading
 
 import numpy
 
 from ..backend import get_array_module
 from . import bf16_gemm, thin_gemm
+from .threadpool import MIN_PARALLEL_ELEMENTS, num_threads, parallel_for
 
 @functools.cache
 def _scipy_blas():
@@ -132,47 +138,133 @@ def matmul_rows(a, b, out):
     return out
 
 
-_CANONICAL = {"checked": None, "threads": None}
+_CANONICAL = {"checked": None, "control": None}
 
 
-def _blas_threads():
-    # the thread count numpy's BLAS runs a product with now (threadpoolctl's controller, looked up once)
-    if _CANONICAL["threads"] is None:
+def _openblas_control():
+    """``(get, set)`` of numpy's OpenBLAS thread count (ctypes calls of 0.1 us, looked up once through threadpoolctl),
+    or False: another BLAS, an OpenBLAS threaded by OpenMP (whose count is each thread's own), no threadpoolctl."""
+    if _CANONICAL["control"] is None:
+        _CANONICAL["control"] = False
         try:
             from threadpoolctl import ThreadpoolController
 
-            libs = [c for c in ThreadpoolController().select(user_api="blas").lib_controllers
-                    if "numpy" in c.filepath] or [None]
-            _CANONICAL["threads"] = _thread_getter(libs[0]) if libs[0] else False
+            for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
+                getter = getattr(lib, "_get_symbol", None)
+                if "numpy" in lib.filepath and getter is not None and lib.internal_api == "openblas" and \
+                        getattr(lib, "threading_layer", "") != "openmp":
+                    get, put = getter("openblas_get_num_threads"), getter("openblas_set_num_threads")
+                    if get is not None and put is not None:
+                        _CANONICAL["control"] = (get, put, _cblas_sgemm(getter("cblas_sgemm"),
+                                                                       "64" in lib._symbol_suffix))
         except Exception:  # noqa: BLE001 - threadpoolctl missing or unable to read the library
-            _CANONICAL["threads"] = False
-    get = _CANONICAL["threads"]
-    return get() if get else 1
+            pass
+    return _CANONICAL["control"]
 
 
-def _thread_getter(lib):
-    # OpenBLAS's own openblas_get_num_threads (a ctypes call of 0.1 us) where threadpoolctl exposes it: its
-    # get_num_threads looks the symbol up on every call (0.7 us, paid on every thin product); else that method
-    getter = getattr(lib, "_get_symbol", None)
-    if getter is not None and lib.internal_api == "openblas" and getattr(lib, "threading_layer", "") != "openmp":
-        function = getter("openblas_get_num_threads")
-        if function is not None:
-            return function
-    return lib.get_num_threads
+def _cblas_sgemm(function, ilp64):
+    # OpenBLAS's cblas_sgemm with its argument types (integers of 64 bits in an ILP64 build), or None
+    if function is None:
+        return None
+    import ctypes
+
+    index, pointer = (ctypes.c_int64 if ilp64 else ctypes.c_int), ctypes.c_void_p
+    function.argtypes = [ctypes.c_int] * 3 + [index] * 3 + [ctypes.c_float, pointer, index, pointer, index,
+                                                         ctypes.c_float, pointer, index]
+    function.restype = None
+    return function
+
+
+def _sgemm_accumulate(a, b, c):
+    """``c += a @ b`` for 2-D float32 arrays by OpenBLAS's cblas_sgemm (beta 1: in place, no temporary) on the
+    calling thread; False where this BLAS has none or an array is not laid out as a BLAS matrix."""
+    control = _openblas_control()
+    if not control or control[2] is None:
+        return False
+    if _layout(c) == 112:  # c^T is row-major: c^T += b^T a^T
+        a, b, c = b.T, a.T, c.T
+    layouts = [_layout(x) for x in (a, b, c)]
+    if None in layouts or layouts[2] != 111:
+        return False
+    (m, k), n = a.shape, b.shape[1]
+    ld = [max(x.strides[0 if t == 111 else 1] // 4, x.shape[1 if t == 111 else 0], 1) for x, t in zip((a, b, c),
+                                                                                                     layouts)]
+    control[2](101, layouts[0], layouts[1], m, n, k, 1.0, a.ctypes.data, ld[0], b.ctypes.data, ld[1], 1.0,
+               c.ctypes.data, ld[2])  # CblasRowMajor
+    return True
+
+
+def _layout(x):
+    # CBLAS_TRANSPOSE of a 2-D float32 x seen as a row-major matrix: 111 (NoTrans) with unit stride along its rows,
+    # 112 (Trans) along its columns, None otherwise (a broadcast or strided axis)
+    item, (rows, columns), (across, along) = 4, x.shape, x.strides
+    if along == item and (rows == 1 or across >= item * columns):
+        return 111
+    if across == item and (columns == 1 or along >= item * rows):
+        return 112
+    return None
+
+
+class _OneBlasThread:
+    """The context of :func:`one_blas_thread`: one count of the contexts open in all threads, under a lock; the
+    outermost sets OpenBLAS's thread count to one and the last to leave puts it back."""
+
+    def __init__(self):
+        self.depth, self.saved, self.lock = 0, None, threading.Lock()
+
+    @property
+    def available(self):
+        """Whether this BLAS's thread count can be set (else the context changes nothing)."""
+        return bool(_openblas_control())
+
+    def __enter__(self):
+        with self.lock:
+            if self.depth == 0:
+                control = _openblas_control()
+                if control:
+                    num_threads()  # the kernel threads follow the BLAS's count: read it before it is lowered
+                    self.saved = control[0]()
+                    if self.saved != 1:
+                        control[1](1)
+            self.depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        with self.lock:
+            self.depth -= 1
+            if self.depth == 0 and self.saved is not None:
+                if self.saved != 1:
+                    _openblas_control()[1](self.saved)
+                self.saved = None
+
+
+_ONE_BLAS_THREAD = _OneBlasThread()
+
+
+def one_blas_thread():
+    """A context in which numpy's OpenBLAS computes every product on the thread that calls it, as kernel threads
+    that share out products themselves need: the products of Winograd's tile positions, and every product under
+    :func:`batch_invariant` (:func:`matmul` splits a large one over the kernel threads). OpenBLAS's own threads spin
+    for about 0.1 s after each product they share (``OPENBLAS_THREAD_TIMEOUT``: 2^28 cycles) on the cores the kernel
+    threads then need: AlexNet's fc6 at batch 1, one row, took 6.4 ms on the two kernel threads after a threaded
+    product and 2.9 ms (OpenBLAS's GEMV: 3.3) after none (benchmarks/bench_batch_invariance.py, docs/performance.md).
+    Contexts nest and may be open in several threads at once; OpenBLAS's count is put back when the last closes."""
+    return _ONE_BLAS_THREAD
 
 
 def canonical_blas():
     """Whether numpy's BLAS computes large float32 products as thin_gemm does (checked once, bit for bit, on
-    products of summed lengths that exercise every block rule, plain and with a transposed operand)."""
+    products of summed lengths that exercise every block rule, plain and with a transposed operand, on one BLAS
+    thread as :func:`matmul` runs them under :func:`batch_invariant`)."""
     if _CANONICAL["checked"] is None:
         rs = numpy.random.RandomState(7)
-        ok = True
-        for m, n, k in ((64, 70, 600), (9, 300, 1000), (40, 130, 2001)):
-            a, b = rs.randn(m, k).astype(numpy.float32), rs.randn(k, n).astype(numpy.float32)
-            threaded = _blas_threads() > 1
-            ok = ok and numpy.array_equal(numpy.matmul(a, b), thin_gemm.matmul(a, b, threaded=threaded))
-            bt = numpy.ascontiguousarray(b.T)
-            ok = ok and numpy.array_equal(numpy.matmul(a, bt.T), thin_gemm.matmul(a, bt.T, threaded=threaded))
+        ok = bool(_openblas_control())
+        with one_blas_thread():
+            for m, n, k in ((64, 70, 600), (9, 300, 1000), (40, 130, 2001)):
+                a, b = rs.randn(m, k).astype(numpy.float32), rs.randn(k, n).astype(numpy.float32)
+                ok = ok and numpy.array_equal(numpy.matmul(a, b), thin_gemm.matmul(a, b, threaded=False))
+                bt = numpy.ascontiguousarray(b.T)
+                ok = ok and numpy.array_equal(numpy.matmul(a, bt.T), thin_gemm.matmul(a, bt.T, threaded=False))
         _CANONICAL["checked"] = ok
     return _CANONICAL["checked"]
 
@@ -184,12 +276,97 @@ def _blasable(x):
 
 
 def _invariant_matmul(a, b, out):
-    """``a @ b`` of float32 arrays with every element computed as OpenBLAS's large path does: by numpy's BLAS
-    where it takes that path, else by thin_gemm."""
+    """``a @ b`` of float32 arrays with every element computed as OpenBLAS's large path does on one thread: by
+    thin_gemm where OpenBLAS leaves that path or where a has few rows (:data:`FEW_ROWS`), else by numpy's BLAS on one
+    thread (:func:`_large_product`)."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    if thin_gemm.is_thin(m, n, k):
-        return thin_gemm.matmul(a, b, out, threaded=_blas_threads() > 1)
-    return numpy.matmul(_blasable(a), _blasable(b), out=out)
+    if thin_gemm.is_thin(m, n, k) or m < FEW_ROWS[b.strides[-2] == b.itemsize and n > 1]:
+        return thin_gemm.matmul(a, b, out, threaded=False)
+    return _large_product(_blasable(a), _blasable(b), out)
+
+
+# the rows of a below which thin_gemm computes a product faster than OpenBLAS on one thread, which packs all of b
+# for however few rows (median of 20 on this project's AVX-512 machine): b the transpose of a C-contiguous matrix
+# (InnerProduct's x @ W.T; AlexNet's fc6 at batch 10: 13.1 ms against 29.6, at 32 rows 33 against 38, at 64 69
+# against 50), and b C-contiguous (a convolution's columns; 4 rows: 0.4-0.8 times OpenBLAS's time, 10 rows up to
+# 1.8 times)
+FEW_ROWS = {True: 32, False: 8}
+
+
+# multiply-adds from which a product under the switch is split over the kernel threads: about 100 us on one core of
+# this project's machine, where handing half of it to another thread costs 50-100 us (threadpool.parallel_for)
+SPLIT_MULTIPLY_ADDS = 1 << 23
+
+
+def _large_product(a, b, out, accumulate=False):
+    """``out = a @ b`` (``accumulate``: ``out += a @ b``) of float32 arrays (numpy's matmul rules; ``out`` of the
+    product's shape, or None) on OpenBLAS's large path, each BLAS call on one thread (:func:`one_blas_thread`): a
+    stack of products split by matrices over the kernel threads, one matrix by columns (or by rows, where it has
+    more rows than columns: each thread packs the other operand whole). A product is accumulated in place by
+    cblas_sgemm, or, with a BLAS without it, in pieces of at most :data:`PIECE_BYTES` of ``out`` (each piece's
+    product a temporary). Each piece's elements are the same FMA chains as the whole product's, so the split changes
+    no bit; a piece OpenBLAS would compute off its large path goes to thin_gemm."""
+    batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if out is None:
+        out = numpy.empty(batch + (m, n), numpy.float32)
+    count = math.prod(batch)
+    threads = min(num_threads(), count * m * n * k // SPLIT_MULTIPLY_ADDS)
+    control = _openblas_control()
+    temporary = accumulate and not (control and control[2] is not None)  # its pieces' products are temporaries
+    with one_blas_thread():
+        stacks = [_stack(x, batch, count) for x in (a, b, out)] if threads > 1 and count > 1 else [None]
+        if all(x is not None for x in stacks):
+            sa, sb, so = stacks
+            parallel_for(count, lambda lo, hi: _piece(sa[lo:hi], sb[lo:hi], so[lo:hi], accumulate),
+                         work=MIN_PARALLEL_ELEMENTS)
+        elif count == 1 and (threads > 1 or temporary and out.nbytes > PIECE_BYTES):
+            a2, b2, o2 = (x.reshape(x.shape[-2:]) for x in (a, b, out))
+            columns = m <= n
+            length = n if columns else m
+            units = -(-length // 16)
+            pieces = max(threads, -(-out.nbytes // PIECE_BYTES) if temporary else 1)
+            pieces = max(1, min(pieces, units, m * n * k // (2 * thin_gemm.SMALL_MNK)))
+
+            def body(lo, hi):
+                for p in range(lo, hi):
+                    start, stop = units * p // pieces * 16, min(units * (p + 1) // pieces * 16, length)
+                    if columns:
+                        _piece(a2, b2[:, start:stop], o2[:, start:stop], accumulate)
+                    else:
+                        _piece(a2[start:stop], b2, o2[start:stop], accumulate)
+            parallel_for(pieces, body, work=MIN_PARALLEL_ELEMENTS if threads > 1 else 0)
+        else:
+            _piece(a, b, out, accumulate)
+    return out
+
+
+# the most of an accumulated product's output one piece adds at a time under the switch (the piece's temporary):
+# AlexNet's fc6 weight gradient is 151 MB (see add_matmul)
+PIECE_BYTES = 16 << 20
+
+
+def _stack(x, batch, count):
+    # x broadcast to the batch as a (count, rows, columns) view, or None where that would take a copy
+    view = (numpy.broadcast_to(x, batch + x.shape[-2:]) if x.shape[:-2] != batch else x).reshape(
+        (count,) + x.shape[-2:])
+    return view if numpy.may_share_memory(view, x) else None
+
+
+def _piece(a, b, out, accumulate):
+    # out (+)= a @ b on this thread, on one BLAS thread, each element a large-path FMA chain (accumulated into out in
+    # place by cblas_sgemm where this BLAS has it)
+    if thin_gemm.is_thin(a.shape[-2], b.shape[-1], a.shape[-1]):
+        product = thin_gemm.matmul(a, b, None if accumulate else out, threaded=False)
+    elif not accumulate:
+        numpy.matmul(a, b, out=out)
+        return
+    elif out.ndim == 2 and _sgemm_accumulate(a, b, out):
+        return
+    else:
+        product = numpy.matmul(a, b)
+    if accumulate:
+        out += product
 
 
 def _bf16_kernel(a, b):
@@ -265,6 +442,10 @@ def add_matmul(c, a, b, overwrite=False):
             c.shape, a.shape[:-1] + b.shape[-1:]):
         return bf16_gemm.matmul(a, b, c, accumulate=not overwrite)
     a, b = _operands(a, b)
+    if c.dtype == a.dtype == b.dtype == numpy.float32 and a.ndim >= 2 and b.ndim >= 2 and batch_invariant() and \
+            canonical_blas() and c.shape == numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2],
+                                                                                                  b.shape[-1]):
+        return _large_product(_blasable(a), _blasable(b), c, accumulate=not overwrite)
     gemm = None
     scipy_blas = _scipy_blas() if c.ndim == 2 and c.nbytes >= MIN_BYTES and c.flags.c_contiguous else None
     if scipy_blas is not None:

@@ -29,6 +29,12 @@ from .threadpool import MIN_PARALLEL_ELEMENTS, parallel_for
 BLOCK_K, UNROLL = 448, 16  # OpenBLAS's SGEMM_DEFAULT_Q and SGEMM_DEFAULT_UNROLL_M on SkylakeX
 _FLOAT32 = numpy.dtype(numpy.float32)
 SMALL_MNK = 100 ** 3  # OpenBLAS's small-matrix kernel takes products of at most this many multiply-adds
+# multiply-adds from which a product is shared between the kernel threads. Handing a share to another thread costs
+# 50-100 us on this project's 2-core machine (threadpool.parallel_for: 74 us with an empty body), the time of about
+# 8M multiply-adds in the kernels that take four rows of a at a time (LeNet's first convolution at batch 10, ten
+# products of 0.29M: 43 us on one thread, 87 on two) and of about 1M in those that take fewer (a GEMV: memory- or
+# shuffle-bound)
+PARALLEL_MULTIPLY_ADDS, PARALLEL_MULTIPLY_ADDS_FEW_ROWS = 1 << 23, 1 << 20
 
 
 def k_blocks(k, threaded):
@@ -83,22 +89,22 @@ def _matrix(a, b, c, threaded):
     b = b.T if transposed else b if flags.c_contiguous else numpy.ascontiguousarray(b)
     jit = _jit[0] if _jit else _kernels()
     work = m * n * k
-    if work < 8 * MIN_PARALLEL_ELEMENTS:  # one thread: one compiled call (LeNet's products take microseconds)
+    if not _shared(m, work, jit):  # one thread: one compiled call (LeNet's products take microseconds)
         jit.matrix(a, b, c, blocks, transposed)
         return
     if not transposed and m < jit.ROWS:
         unit = 256  # one row or a few: b read as it lies, in passes of up to STREAM columns of a thread's share
-        _columns(lambda lo, hi: jit.stream(a, b, c, blocks, lo, hi), 0, n, unit, work)
+        _columns(lambda lo, hi: jit.stream(a, b, c, blocks, lo, hi), 0, n, unit)
         return
     if transposed:  # groups of 16 rows of bt; the kernel reads a short last group's last row again
-        _columns(lambda lo, hi: jit.gemm(a, b, c, blocks, lo, hi, True, 16), 0, n, 16, work)
+        _columns(lambda lo, hi: jit.gemm(a, b, c, blocks, lo, hi, True, 16), 0, n, 16)
         return
     done = 0
     for unit in (64, 16):  # the kernels' widths: a thread's columns come in multiples
         whole = (n - done) // unit * unit
         if whole:
             _columns(lambda lo, hi, unit=unit: jit.gemm(a, b, c, blocks, lo, hi, False, unit), done, done + whole,
-                     unit, work)
+                     unit)
         done += whole
     if done < n:  # the last columns, through a copy padded with zeros to 16
         padded = numpy.zeros((k, 16), numpy.float32)
@@ -108,14 +114,15 @@ def _matrix(a, b, c, threaded):
         c[:, done:] = part[:, :n - done]
 
 
-def _columns(run, start, stop, unit, work):
+def _shared(rows, work, jit):
+    # whether a product of `rows` rows of a and `work` multiply-adds is worth sharing between the kernel threads
+    return work >= (PARALLEL_MULTIPLY_ADDS if rows >= jit.ROWS else PARALLEL_MULTIPLY_ADDS_FEW_ROWS)
+
+
+def _columns(run, start, stop, unit):
     # run(lo, hi) over the columns [start, stop) cut into units (the last one may be short), on the kernel threads
-    # where the product is large enough to hand out
-    if work < 8 * MIN_PARALLEL_ELEMENTS:
-        run(start, stop)
-        return
     parallel_for(-(-(stop - start) // unit), lambda lo, hi: run(start + lo * unit, min(start + hi * unit, stop)),
-                 work=work // 8)
+                 work=MIN_PARALLEL_ELEMENTS)
 
 
 def matmul(a, b, out=None, threaded=True):
@@ -168,7 +175,8 @@ def matmul(a, b, out=None, threaded=True):
         a = numpy.broadcast_to(a, tuple(batch) + a.shape[-2:]).reshape((count, m, k))
         b = numpy.broadcast_to(b, tuple(batch) + b.shape[-2:]).reshape((count, k, n))
         blocks, jit = _blocks(k, threaded), _jit[0] if _jit else _kernels()
-        parallel_for(count, lambda lo, hi: jit.batch(a, b, flat, blocks, lo, hi), work=count * m * n * k // 8)
+        parallel_for(count, lambda lo, hi: jit.batch(a, b, flat, blocks, lo, hi),
+                     work=MIN_PARALLEL_ELEMENTS if _shared(m, count * m * n * k, jit) else 0)
         return _done(c, out)
     a = numpy.broadcast_to(a, tuple(batch) + a.shape[-2:]).reshape((count,) + a.shape[-2:])
     b = numpy.broadcast_to(b, tuple(batch) + b.shape[-2:]).reshape((count,) + b.shape[-2:])

@@ -22,12 +22,11 @@ the alpha^2 tile positions are split over the kernel threads (:func:`_position_p
 against a float64 direct convolution (F(4,3)'s is 10-20x direct convolution's, F(2,3)'s about the same as direct's).
 """
 import math
-import threading
 
 import numpy
 
 from ..backend import get_array_module
-from .blas import matmul
+from .blas import matmul, one_blas_thread
 from .output_size import conv_output_size
 from .threadpool import cpu_kernel, into_contiguous, num_threads, parallel_for
 
@@ -301,28 +300,18 @@ class WinogradConv:
         gx[:, :, :rows, :cols] = gpad[:, :, ph:ph + rows, pw:pw + cols]
 
 
-_blas_control = []  # threadpoolctl's controller of the BLAS libraries, made once (half a millisecond)
-# one limit at a time: two threads' overlapping limits would restore each other's settings out of order
-_blas_lock = threading.Lock()
-
-
 def _position_products(a, b, out):
     """``out[i, j] = a[i, j] @ b[i, j]`` for every tile position (i, j).
 
     On numpy with several kernel threads the positions are split over the threads, each product on one BLAS
-    thread: alpha^2 products on 2 BLAS threads are alpha^2 barriers between them, and a thread descheduled by other
-    work on the machine stretches each (F(4,3) forward + backward on 128 x 28 at batch 8, 2 threads, load 15 on 2
-    cores: 2083 ms, 92 with the positions split; docs/performance.md). Each product is the same BLAS call either
-    way (OpenBLAS splits a product's rows and columns over its threads, never its sums), so the results are too.
+    thread (blas.one_blas_thread): alpha^2 products on 2 BLAS threads are alpha^2 barriers between them, and a
+    thread descheduled by other work on the machine stretches each (F(4,3) forward + backward on 128 x 28 at batch 8,
+    2 threads, load 15 on 2 cores: 2083 ms, 92 with the positions split; docs/performance.md). Each product is the
+    same BLAS call either way (OpenBLAS splits a product's rows and columns over its threads, never its sums), so the
+    results are too.
     """
     threads = num_threads() if isinstance(out, numpy.ndarray) else 1
-    if threads > 1 and not _blas_control:
-        try:
-            from threadpoolctl import ThreadpoolController
-            _blas_control.append(ThreadpoolController())
-        except ImportError:  # pragma: no cover - threadpoolctl is optional: BLAS threads the batched product
-            _blas_control.append(None)
-    if threads <= 1 or _blas_control[0] is None:
+    if threads <= 1 or not one_blas_thread().available:
         matmul(a, b, out=out)
         return
     alpha = out.shape[1]
@@ -330,7 +319,7 @@ def _position_products(a, b, out):
     def body(lo, hi):
         for p in range(lo, hi):
             matmul(a[p // alpha, p % alpha], b[p // alpha, p % alpha], out=out[p // alpha, p % alpha])
-    with _blas_lock, _blas_control[0].limit(limits=1, user_api="blas"):
+    with one_blas_thread():
         parallel_for(out.shape[0] * alpha, body, work=out.size)
 
 

@@ -382,12 +382,13 @@ class Net:
             group.ran_fused = False
         for hook in self.pass_hooks:
             hook("forward", False)
-        for i in range(lo, hi + 1):
-            for hook in self.before_forward_hooks:
-                hook(i)
-            loss += self.forward_layer(i, fuse=self._fused.get(i) not in cut)
-            for hook in self.after_forward_hooks:
-                hook(i)
+        with _blas_for_pass(self.xp):
+            for i in range(lo, hi + 1):
+                for hook in self.before_forward_hooks:
+                    hook(i)
+                loss += self.forward_layer(i, fuse=self._fused.get(i) not in cut)
+                for hook in self.after_forward_hooks:
+                    hook(i)
         self.loss = loss
         for hook in self.pass_hooks:
             hook("forward", True)
@@ -458,12 +459,13 @@ class Net:
                 group.unfuse()  # a range that cuts a fused group runs its layers' own backward
         for hook in self.pass_hooks:
             hook("backward", False)
-        for i in range(hi, lo - 1, -1):
-            for hook in self.before_backward_hooks:
-                hook(i)
-            self.backward_layer(i)
-            for hook in self.backward_hooks:
-                hook(i)
+        with _blas_for_pass(self.xp):
+            for i in range(hi, lo - 1, -1):
+                for hook in self.before_backward_hooks:
+                    hook(i)
+                self.backward_layer(i)
+                for hook in self.backward_hooks:
+                    hook(i)
         for hook in self.pass_hooks:
             hook("backward", True)
         return {name: self.blobs[name].diff for name in self.inputs}
@@ -668,3 +670,11 @@ def _scratch_diffs(blobs, xp):
     finally:
         for b, diff in zip(blobs, kept):
             b.diff = diff
+
+
+def _blas_for_pass(xp):
+    """Under batch invariance, a CPU pass's BLAS calls run on one BLAS thread each (blas.one_blas_thread) and the
+    large products split themselves over the kernel threads: a BLAS call that OpenBLAS shared between its own threads
+    (a bias gradient's GEMV) would leave them spinning on the cores the kernel threads need for the rest of the pass
+    and the next."""
+    return blas.one_blas_thread() if xp is numpy and blas.batch_invariant() else contextlib.nullcontext()

@@ -229,6 +229,12 @@ def test_the_first_net_to_time_a_convolution_chooses_its_arithmetic_for_every_ba
 
 @pytest.mark.parametrize("k, n", [(500, 10), (800, 500), (4096, 1000)])
 def test_the_emulated_gpu_gives_a_row_the_same_bits_in_any_batch_and_the_cpus(canonical, k, n):
+    """The emulated device's GEMM is the host's OpenBLAS on its threads: each element the large path's FMA chains
+    as OpenBLAS cuts the sum on that many threads, which is the CPU's result (one BLAS thread under the switch)
+    wherever the two cuts agree (800 and 4096, not 500: 250 + 250 against 256 + 244)."""
+    from threadpoolctl import threadpool_info
+
+    from layerforge.kernels import thin_gemm
     from tests.conftest import REAL_GPU
 
     if REAL_GPU:
@@ -242,7 +248,10 @@ def test_the_emulated_gpu_gives_a_row_the_same_bits_in_any_batch_and_the_cpus(ca
     whole = to_numpy(blas.matmul(gx, gw.T))
     for lo, hi in [(0, 1), (5, 7), (63, 64)]:
         numpy.testing.assert_array_equal(to_numpy(blas.matmul(gx[lo:hi], gw.T)), whole[lo:hi])
-    numpy.testing.assert_array_equal(whole, blas.matmul(x, w.T))
+    threaded = max(i["num_threads"] for i in threadpool_info() if "numpy" in i["filepath"]) > 1
+    numpy.testing.assert_array_equal(whole, thin_gemm.matmul(x, w.T, threaded=threaded))
+    if thin_gemm.k_blocks(k, threaded) == thin_gemm.k_blocks(k, False):
+        numpy.testing.assert_array_equal(whole, blas.matmul(x, w.T))
     acc = cupy.ones((1, n), cupy.float32)
     blas.add_matmul(acc, gx[:1], gw.T)
     numpy.testing.assert_array_equal(to_numpy(acc), 1 + whole[:1])
@@ -283,3 +292,94 @@ def test_the_benchmarks_layer_by_layer_ab_times_every_layer_in_both_modes(monkey
                                              "loss", "(the pass)"]
     assert all(off > 0 and on > 0 for _, off, on in rows)
     assert rows[-1][1] >= max(off for _, off, _ in rows[:-1])
+
+
+def _openblas_threads():
+    return blas._openblas_control()[0]()
+
+
+@pytest.mark.skipif(not blas.one_blas_thread().available, reason="numpy's BLAS is not an OpenBLAS whose threads can be set")
+def test_one_blas_thread_nests_and_puts_the_count_back_when_the_last_context_closes(monkeypatch):
+    import threading
+
+    before = _openblas_threads()
+    blas._openblas_control()[1](2)
+    try:
+        inner_open, outer_may_close = threading.Event(), threading.Event()
+        seen = []
+
+        def other():  # a context in another thread that outlives the main thread's
+            with blas.one_blas_thread():
+                inner_open.set()
+                outer_may_close.wait(10)
+                seen.append(_openblas_threads())
+            seen.append(_openblas_threads())
+        thread = threading.Thread(target=other)
+        with blas.one_blas_thread():
+            thread.start()
+            inner_open.wait(10)
+            with blas.one_blas_thread():
+                assert _openblas_threads() == 1
+            assert _openblas_threads() == 1
+        assert _openblas_threads() == 1  # the other thread's context is still open
+        outer_may_close.set()
+        thread.join(10)
+        assert seen == [1, 2]
+        assert _openblas_threads() == 2
+    finally:
+        blas._openblas_control()[1](before)
+
+
+@pytest.mark.parametrize("shape_a, shape_b, accumulate", [
+    ((70, 600), (600, 900), False),  # columns split, the summed axis cut in two unequal halves on one thread
+    ((900, 600), (600, 70), False),  # rows
+    ((7, 40, 300), (300, 130), False),  # a stack: matrices split, b broadcast
+    ((1, 64, 2001), (1, 2001, 400), False),  # one matrix behind an axis of one
+    ((64, 3), (3, 900), True),  # a weight gradient's outer product, accumulated in place (cblas_sgemm)
+    ((130, 600), (600, 700), True)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_large_products_split_over_the_kernel_threads_give_numpys_bits_on_one_blas_thread(
+        canonical, monkeypatch, shape_a, shape_b, accumulate, threads):
+    """Under the switch a large product runs on one BLAS thread, split by matrices, columns or rows over the kernel
+    threads (here from 1M multiply-adds on, so that these shapes split); each element is the FMA chain that one BLAS
+    thread computes for the whole product."""
+    from layerforge.kernels import threadpool
+
+    monkeypatch.setattr(blas, "SPLIT_MULTIPLY_ADDS", 1 << 20)
+    monkeypatch.setitem(threadpool._state, "threads", threads)
+    rs = numpy.random.RandomState(4)
+    a, b = rs.randn(*shape_a).astype(numpy.float32), rs.randn(*shape_b).astype(numpy.float32)
+    with blas.one_blas_thread():
+        expected = numpy.matmul(a, b)
+    if accumulate:
+        c = numpy.full(expected.shape, 0.5, numpy.float32)
+        blas.add_matmul(c, a, b)
+        numpy.testing.assert_allclose(c, 0.5 + a.astype(numpy.float64) @ b, rtol=1e-5, atol=1e-4)
+        monkeypatch.setattr(blas, "PIECE_BYTES", 4096)  # a BLAS without cblas_sgemm: pieces with temporaries
+        monkeypatch.setitem(blas._CANONICAL, "control", blas._openblas_control()[:2] + (None,))
+        c = numpy.full(expected.shape, 0.5, numpy.float32)
+        blas.add_matmul(c, a, b)
+        numpy.testing.assert_array_equal(c, 0.5 + expected)
+    else:
+        numpy.testing.assert_array_equal(blas.matmul(a, b), expected)
+        numpy.testing.assert_array_equal(blas.matmul(a[..., :1, :], b), expected[..., :1, :])  # one row: thin_gemm
+
+
+@pytest.mark.skipif(not blas.one_blas_thread().available, reason="numpy's BLAS is not an OpenBLAS whose threads can be set")
+@pytest.mark.parametrize("switch", [False, True])
+def test_a_nets_passes_run_blas_on_one_thread_under_the_switch(monkeypatch, switch):
+    """OpenBLAS's threads spin after each product they share, on the cores the kernel threads need: under the
+    switch a net's forward and backward passes keep them out, and the count is as it was after."""
+    monkeypatch.setitem(blas._BATCH_INVARIANT, "on", switch)
+    before = _openblas_threads()
+    blas._openblas_control()[1](2)
+    try:
+        net = Net(small_net(2, "IM2COL"), phase="train")
+        counts = []
+        net.add_hooks(before_forward=lambda i: counts.append(_openblas_threads()),
+                      before_backward=lambda i: counts.append(_openblas_threads()))
+        net.forward_backward()
+        assert set(counts) == ({1} if switch else {2})
+        assert _openblas_threads() == 2
+    finally:
+        blas._openblas_control()[1](before)
