@@ -282,8 +282,10 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
     <layerforge.kernels.blas.canonical_blas>` all of them on the CPU (IM2COL and IMPLICIT the same sums, each
     computed as one blocked FMA chain, each Winograd engine its own sums, the same for an image in any batch;
     which of these arithmetics a layer's forward computes is then chosen once per per-image problem,
-    :class:`ConvEngines`), the GEMM engines on a GPU (its Winograd's tile transforms are products over the whole
-    batch); else those that declare ``batch_invariant``.
+    :class:`ConvEngines`); on a GPU, or with another BLAS, those that declare ``batch_invariant`` (on a GPU
+    IMPLICIT's tiled kernel, whose chains over K do not depend on the batch: IM2COL's GEMM is cuBLAS's, which chooses
+    its kernels by the shapes, and its results differ from IMPLICIT's in the last bits; Winograd's tile transforms
+    are products over the whole batch).
     """
     names = ENGINE_CHOICES[engine]
     channels = x_shape[1] // group
@@ -296,11 +298,8 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
                                             compiled=compiled) <= AUTO_WORKSPACE_LIMIT))
     if len(names) > 1 and im2col_bytes(x_shape, y_shape, geometry[:2], itemsize) > AUTO_WORKSPACE_LIMIT:
         names = tuple(k for k in names if k != "IM2COL")
-    if len(names) > 1 and blas.batch_invariant():
-        if not blas.canonical_blas():
-            names = tuple(k for k in names if ENGINES[k].batch_invariant)
-        elif not compiled:
-            names = tuple(k for k in names if k not in WINOGRAD_ENGINES)
+    if len(names) > 1 and blas.batch_invariant() and (not compiled or not blas.canonical_blas()):
+        names = tuple(k for k in names if ENGINES[k].batch_invariant)
     return names
 
 

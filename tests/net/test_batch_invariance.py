@@ -167,13 +167,15 @@ def test_im2col_and_implicit_agree_bit_for_bit_with_the_blas_path(canonical):
 @pytest.mark.parametrize("switch", [False, True])
 def test_the_autotuner_times_every_engine_with_the_blas_path_on_the_cpu(monkeypatch, switch):
     """Every engine gives an image the same bits in any batch with the BLAS path (Winograd's tiles are the image's
-    own), on the CPU; on a GPU the Winograd tile transforms are products over the whole batch: left out."""
+    own), on the CPU; on a GPU only IMPLICIT's tiled kernel does (IM2COL's is cuBLAS's GEMM, and it differs from
+    IMPLICIT's in the last bits: AUTO's trials would mix them; the Winograd tile transforms are products over the
+    whole batch)."""
     monkeypatch.setitem(blas._BATCH_INVARIANT, "on", switch)
     conv3x3 = (3, 3, 1, 1, 1, 1, 1, 1)
     every = ("IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD")
     assert candidate_engines("AUTO", conv3x3, 1, (2, 64, 8, 8), (2, 64, 8, 8), 4, compiled=True) == every
     assert candidate_engines("AUTO", conv3x3, 1, (2, 64, 8, 8), (2, 64, 8, 8), 4, compiled=False) == (
-        every if not switch else ("IM2COL", "IMPLICIT"))
+        every if not switch else ("IMPLICIT",))
 
 
 def winograd_net(batch, channels=64, spatial=10):
