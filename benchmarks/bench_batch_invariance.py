@@ -3,6 +3,7 @@
     python benchmarks/bench_batch_invariance.py [--nets lenet,alexnet,resnet50,vgg16] [--batches 1,10,64]
         [--repeat 5] [--rounds 2] [--threads 2]
     python benchmarks/bench_batch_invariance.py --layers 40 --nets alexnet --batches 1   # where a pass's cost is
+    python benchmarks/bench_batch_invariance.py --products --repeat 20   # thin_gemm against OpenBLAS, product by product
 
 For each net of bench_train.py (Input layers, random weights) and each batch: the time of one forward pass
 (inference) and of one forward + backward pass (training) with the switch off (AUTO picks among all convolution
@@ -101,6 +102,49 @@ def layers_in_process(net_name, batch, rounds, on_first):
     return [(names[i], min(times[False][i]), min(times[True][i])) for i in range(count + 1)]
 
 
+def products(repeat):
+    """The two measurements behind blas.FEW_ROWS and blas.one_blas_thread: OpenBLAS on one thread against thin_gemm
+    for products of few rows (medians of ``repeat``, microseconds), and AlexNet's fc6 at batch 1 (one row) in
+    thin_gemm while OpenBLAS's threads sleep and right after a product they shared, beside OpenBLAS's GEMV."""
+    import numpy
+
+    from layerforge.kernels import blas, thin_gemm
+
+    def median(f):
+        f()
+        times = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t)
+        return sorted(times)[repeat // 2] * 1e6
+
+    rs = numpy.random.RandomState(0)
+    print("product of few rows            rows | OpenBLAS 1 thread us | thin_gemm us")
+    for label, k, n, transposed, rows in (("W.T 800 x 500 (LeNet ip1)", 800, 500, True, (4, 10, 32, 64)),
+                                          ("W.T 9216 x 4096 (fc6)", 9216, 4096, True, (4, 10, 32, 64)),
+                                          ("columns 576 x 3136", 576, 3136, False, (4, 10, 20, 64)),
+                                          ("columns 4608 x 196", 4608, 196, False, (4, 10, 64))):
+        b = rs.randn(n, k).astype(numpy.float32).T if transposed else rs.randn(k, n).astype(numpy.float32)
+        for m in rows:
+            a = rs.randn(m, k).astype(numpy.float32)
+            out = numpy.empty((m, n), numpy.float32)
+            with blas.one_blas_thread():
+                openblas = median(lambda: numpy.matmul(a, b, out=out))
+            thin = median(lambda: thin_gemm.matmul(a, b, out, threaded=False))
+            print(f"{label:30} {m:5d} | {openblas:20.0f} | {thin:12.0f}")
+    w = rs.randn(4096, 9216).astype(numpy.float32)
+    x, y = rs.randn(1, 9216).astype(numpy.float32), numpy.empty((1, 4096), numpy.float32)
+    shared = rs.randn(384, 2304).astype(numpy.float32), rs.randn(2304, 169).astype(numpy.float32)
+    one_row = lambda: thin_gemm.matmul(x, w.T, y, threaded=False)  # noqa: E731
+    after = median(lambda: (numpy.matmul(*shared), one_row()))
+    after -= median(lambda: numpy.matmul(*shared))
+    time.sleep(0.5)  # OpenBLAS's threads stop spinning after about 0.1 s
+    print(f"fc6 at batch 1 (1 x 9216 x 4096) in thin_gemm: {median(one_row) / 1e3:.2f} ms while OpenBLAS's threads "
+          f"sleep, about {after / 1e3:.2f} ms right after a product they shared; OpenBLAS's GEMV "
+          f"{median(lambda: numpy.matmul(x, w.T, out=y)) / 1e3:.2f} ms")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nets", default="lenet,alexnet,resnet50,vgg16")
@@ -111,10 +155,17 @@ def main():
     parser.add_argument("--layers", type=int, metavar="ROUNDS",
                         help="instead: an in-process A/B of each layer's forward, ROUNDS alternating passes, each "
                              "net built first in one mode and then in the other (the order moves a pass by a few %%)")
+    parser.add_argument("--products", action="store_true",
+                        help="instead: OpenBLAS on one thread against thin_gemm for products of few rows, and fc6 "
+                             "at batch 1 with OpenBLAS's threads asleep and spinning (medians of --repeat)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args.child[0], int(args.child[1]), int(args.child[2]))
+    if args.products:
+        import bench_train
+        print("\n".join(bench_train.machine_report(args.threads)[1]))
+        return products(args.repeat)
     if args.layers:
         os.environ.setdefault("LAYERFORGE_CACHE_DIR", "off")  # each net times its engines under its mode
         for net_name in args.nets.split(","):

@@ -246,8 +246,8 @@ def one_blas_thread():
     that share out products themselves need: the products of Winograd's tile positions, and every product under
     :func:`batch_invariant` (:func:`matmul` splits a large one over the kernel threads). OpenBLAS's own threads spin
     for about 0.1 s after each product they share (``OPENBLAS_THREAD_TIMEOUT``: 2^28 cycles) on the cores the kernel
-    threads then need: AlexNet's fc6 at batch 1, one row, took 6.4 ms on the two kernel threads after a threaded
-    product and 2.9 ms (OpenBLAS's GEMV: 3.3) after none (benchmarks/bench_batch_invariance.py, docs/performance.md).
+    threads then need: AlexNet's fc6 at batch 1, one row, took 9.1 ms on the two kernel threads after a product
+    OpenBLAS shared and 4.2 ms (OpenBLAS's GEMV: 4.5) after none (benchmarks/bench_batch_invariance.py --products).
     Contexts nest and may be open in several threads at once; OpenBLAS's count is put back when the last closes."""
     return _ONE_BLAS_THREAD
 
@@ -286,10 +286,10 @@ def _invariant_matmul(a, b, out):
 
 
 # the rows of a below which thin_gemm computes a product faster than OpenBLAS on one thread, which packs all of b
-# for however few rows (median of 20 on this project's AVX-512 machine): b the transpose of a C-contiguous matrix
-# (InnerProduct's x @ W.T; AlexNet's fc6 at batch 10: 13.1 ms against 29.6, at 32 rows 33 against 38, at 64 69
-# against 50), and b C-contiguous (a convolution's columns; 4 rows: 0.4-0.8 times OpenBLAS's time, 10 rows up to
-# 1.8 times)
+# for however few rows (benchmarks/bench_batch_invariance.py --products, docs/performance.md): b the transpose of a
+# C-contiguous matrix (InnerProduct's x @ W.T; AlexNet's fc6 at batch 10: 15.2 ms against 31.0, at 32 rows 32
+# against 39, at 64 60 against 51), and b C-contiguous (a convolution's columns; 4 rows: 0.5-0.9 times OpenBLAS's
+# time, 10 rows up to 1.9 times)
 FEW_ROWS = {True: 32, False: 8}
 
 
