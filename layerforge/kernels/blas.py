@@ -451,7 +451,12 @@ def add_matmul(c, a, b, overwrite=False):
     if scipy_blas is not None:
         gemm = {numpy.dtype(numpy.float32): scipy_blas.sgemm, numpy.dtype(numpy.float64): scipy_blas.dgemm}.get(c.dtype)
     if gemm is None or a.dtype != c.dtype or b.dtype != c.dtype:
-        if overwrite:
+        if a.shape[-1] == 1 and c.ndim == 2:  # an outer product (a weight gradient at batch 1): see below
+            if overwrite:
+                numpy.multiply(a, b, out=c)
+            else:
+                c += a * b
+        elif overwrite:
             numpy.matmul(a, b, out=c)
         else:
             c += a @ b

@@ -302,3 +302,15 @@ def test_add_matmul_overwrite_never_reads_c(shape):
     c = numpy.full((m, n), numpy.nan, numpy.float32)
     blas.add_matmul(c, a, b, overwrite=True)
     numpy.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("m, n", [(500, 800), (1, 7), (64, 1)])
+def test_add_matmul_of_an_outer_product_is_the_products_bits(overwrite, m, n):
+    """A weight gradient at batch 1 sums one product per element (numpy's matmul of a summed axis of one runs its own
+    loop, not the BLAS: 0.4 ms for 500 x 800 against 0.14 for the broadcast product); each is the rounded product."""
+    a, b = rand((1, m), 3).T, rand((1, n), 4)
+    c = rand((m, n), 5)
+    expected = (a.astype(numpy.float64) * b).astype(numpy.float32) + (0 if overwrite else c)
+    assert blas.add_matmul(c, a, b, overwrite=overwrite) is c
+    numpy.testing.assert_array_equal(c, expected)
