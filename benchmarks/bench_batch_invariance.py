@@ -32,7 +32,9 @@ BATCHES = (1, 10, 64)
 def bench_net(net_name, batch):
     """(net, its last layer's top) of bench_train.py's ``net_name`` at ``batch``, TEST phase (Dropout passes its
     input through: a TRAIN net draws other masks for another batch; the "train" figure is forward + backward of
-    that net), random data and labels."""
+    that net), random data and labels: mean-subtracted pixels for the ImageNet nets, pixels scaled to [0, 1) for LeNet
+    as its data layer scales them (unscaled, one image saturates its softmax and every gradient below the loss is
+    denormal, about 6e-40, which the processor computes 100 times slower)."""
     import numpy
 
     from bench_train import NETS, layerforge_def
@@ -41,7 +43,8 @@ def bench_net(net_name, batch):
     shape, nodes = NETS[net_name]()
     net = Net(layerforge_def(nodes, batch, shape), phase="test")
     rs = numpy.random.RandomState(0)
-    net.blobs["data"].data[...] = rs.rand(*net.blobs["data"].shape) * 255 - 128
+    pixels = rs.rand(*net.blobs["data"].shape)
+    net.blobs["data"].data[...] = pixels if net_name == "lenet" else pixels * 255 - 128
     net.blobs["label"].data[...] = rs.randint(shape[2], size=batch)
     return net, nodes[-1][0]
 
