@@ -356,17 +356,16 @@ def _stack(x, batch, count):
 def _piece(a, b, out, accumulate):
     # out (+)= a @ b on this thread, on one BLAS thread, each element a large-path FMA chain (accumulated into out in
     # place by cblas_sgemm where this BLAS has it)
-    if thin_gemm.is_thin(a.shape[-2], b.shape[-1], a.shape[-1]):
-        product = thin_gemm.matmul(a, b, None if accumulate else out, threaded=False)
-    elif not accumulate:
-        numpy.matmul(a, b, out=out)
-        return
-    elif out.ndim == 2 and _sgemm_accumulate(a, b, out):
-        return
-    else:
-        product = numpy.matmul(a, b)
-    if accumulate:
-        out += product
+    thin = thin_gemm.is_thin(a.shape[-2], b.shape[-1], a.shape[-1])
+    if not accumulate:
+        if thin:
+            thin_gemm.matmul(a, b, out, threaded=False)
+        else:
+            numpy.matmul(a, b, out=out)
+    elif thin:
+        out += thin_gemm.matmul(a, b, threaded=False)
+    elif not (out.ndim == 2 and _sgemm_accumulate(a, b, out)):
+        out += numpy.matmul(a, b)
 
 
 def _bf16_kernel(a, b):
