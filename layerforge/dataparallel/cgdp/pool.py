@@ -9,7 +9,7 @@ import time
 import numpy
 
 from ... import trace
-from ...errors import LayerforgeError, describe_exit
+from ...errors import LayerforgeError, deferring_interrupts, describe_exit
 from ...kernels.threadpool import num_threads
 from . import shm
 from .host import HostAccumulator
@@ -196,7 +196,8 @@ class WorkerPool:
             if msg[1] != units or msg[2] != hellos[0][2]:
                 self._fail(f"worker {g} built a different net than worker 0 (parameter layout or dtype differs)")
         total = sum(size for _, _, size in units)
-        self.buffers = shm.create(self.G, total, dtype, history_rows)
+        with deferring_interrupts():  # made and recorded for close() at once: a signal between would leak them
+            self.buffers = shm.create(self.G, total, dtype, history_rows)
         for g in range(self.G):
             self.send(g, ("layout", self.buffers.names, total))
         _, start_iter = self._receive({0})[0]
@@ -237,18 +238,20 @@ class WorkerPool:
                       acc.chunk_size if acc else None, done[0][2])
 
     def close(self):
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()
-        for p in self.procs:
-            p.join(5.0)
-        for c in self.conns:
-            c.close()
-        if self.accumulator is not None:
-            self.accumulator.close()
-        if self.buffers is not None:
-            self.buffers.close()
-            self.buffers = None
+        try:
+            for p in self.procs:
+                if p.is_alive():
+                    p.kill()
+            for p in self.procs:
+                p.join(5.0)
+            for c in self.conns:
+                c.close()
+            if self.accumulator is not None:
+                self.accumulator.close()
+        finally:  # whatever the steps above raised (a signal that came as the run ended): the names outlive us else
+            if self.buffers is not None:
+                self.buffers.close()
+                self.buffers = None
 
 
 class _Requests(list):
