@@ -85,13 +85,17 @@ class WorkerPool:
         held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT,))
         try:
             for g in range(self.G):
-                parent, child = self.ctx.Pipe()
-                p = self.ctx.Process(target=worker_main, args=(g, self.G, self.options, child, self.shared),
-                                     name=f"layerforge-worker-{g}", daemon=True)
-                p.start()
-                child.close()
-                self.procs.append(p)
-                self.conns.append(parent)
+                # started and recorded for close() at once: a signal raised between the spawn and the write of what
+                # the child runs left it an empty pipe to read (EOFError, a traceback) and no one to stop it. The
+                # write waits only where that exceeds a pipe's buffer, until the child reads it (its first moments)
+                with deferring_interrupts():
+                    parent, child = self.ctx.Pipe()
+                    p = self.ctx.Process(target=worker_main, args=(g, self.G, self.options, child, self.shared),
+                                         name=f"layerforge-worker-{g}", daemon=True)
+                    p.start()
+                    child.close()
+                    self.procs.append(p)
+                    self.conns.append(parent)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
             for k, v in saved.items():

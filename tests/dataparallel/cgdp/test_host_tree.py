@@ -1,6 +1,7 @@
 """G workers x batch b == one worker x batch G*b, in host and tree modes; failures end the job cleanly."""
 import errno
 import functools
+import multiprocessing.util
 import os
 import signal
 import threading
@@ -166,6 +167,37 @@ def test_an_interrupt_or_error_anywhere_leaves_no_shared_memory_behind(source, m
             try:
                 s.unlink()
             except FileNotFoundError:
+                pass
+
+
+def test_a_signal_as_a_worker_is_spawned_leaves_no_worker_unrecorded(source, monkeypatch, capfd):
+    """SIGTERM within errors.interrupting just as a worker's process is spawned, before the pool writes it what to
+    run: the job ends with Interrupted, the worker was recorded and stopped, and none printed a traceback (it read an
+    empty pipe: "EOFError: Ran out of input" after train's "interrupted by SIGTERM")."""
+    spawned, real_spawn = [], multiprocessing.util.spawnv_passfds
+
+    def spawn(path, args, passfds):
+        pid = real_spawn(path, args, passfds)
+        if "spawn_main" in str(args):  # a worker, not the resource tracker
+            spawned.append(pid)
+            if len(spawned) == 1:
+                _sigterm()
+        return pid
+
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", spawn)
+    pool = WorkerPool(2, WorkerOptions(solver(source, 4, 2), sync="HOST", log=False))
+    try:
+        with pytest.raises(Interrupted):
+            with interrupting():
+                pool.run()
+        assert spawned and spawned == [p.pid for p in pool.procs] and not any(p.is_alive() for p in pool.procs)
+        assert "Traceback" not in capfd.readouterr().err
+    finally:
+        for pid in spawned:  # what the code before the fix left running: this run must not leave it
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
                 pass
 
 
