@@ -138,12 +138,16 @@ _ending = []  # the signal that is ending this process, once one came within :fu
 _depth = [0]
 _unraisable_hook = [None]  # sys.unraisablehook before the outermost interrupting()
 _again = {"in_hook": False, "signum": None, "timer": None}  # _interrupt_again's state
+_deferred = {"depth": 0, "signum": None}  # deferring_interrupts's state
 AGAIN_AFTER = 0.01  # seconds after which a swallowed Interrupted is delivered again (the hook has long returned)
 
 
 def _interrupt(signum, frame):
     if _again["in_hook"]:  # within _interrupt_again: raised there it would be swallowed too; it comes again after
         _again["signum"] = signum
+        return
+    if _deferred["depth"]:  # raised as deferring_interrupts ends
+        _deferred["signum"] = _deferred["signum"] or signum
         return
     if not _ending or _again["timer"] is not None and _ending == [signum]:  # the first, or its second delivery
         _again["timer"] = None
@@ -170,6 +174,26 @@ def _interrupt_again(unraisable):
             _again["timer"].start()
     finally:
         _again["in_hook"] = False
+
+
+@contextlib.contextmanager
+def deferring_interrupts():
+    """Within the block, a signal that :func:`interrupting` turns into Interrupted waits, and is raised as the block
+    ends: for steps that must all happen or none, such as making a resource and recording it where its cleanup finds
+    it (raised between the two, at any bytecode, it would leak what the first made). Keep the block short and
+    free of waits: the signal ends the command only after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python runs signal handlers in the main thread only: nothing interrupts this one
+        return
+    _deferred["depth"] += 1
+    try:
+        yield
+    finally:
+        _deferred["depth"] -= 1
+        signum = _deferred["signum"]
+        if not _deferred["depth"] and signum is not None:
+            _deferred["signum"] = None
+            _interrupt(signum, None)
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 Ctrl-C interrupts at once in one process, never on a rank that agrees on requests with others."""
 import os
 import signal
+import threading
 
 import pytest
 
@@ -89,3 +90,45 @@ def test_a_rank_s_then_ignore_outlasts_interrupting():
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+def test_an_interrupt_deferred_is_raised_as_the_outermost_deferring_block_ends():
+    """deferring_interrupts(): steps that must not part (a shared memory segment made, then recorded for its cleanup)
+    all run; the signal that came among them is raised after them, once; a later copy is moot."""
+    from layerforge.errors import Interrupted, deferring_interrupts, interrupting
+
+    steps = []
+    with pytest.raises(Interrupted) as ended:
+        with interrupting():
+            with deferring_interrupts():
+                with deferring_interrupts():
+                    deliver(signal.SIGTERM)
+                    steps.append("made")
+                steps.append("recorded")
+                deliver(signal.SIGINT)  # moot: the SIGTERM ends this process
+            steps.append("after")
+    assert steps == ["made", "recorded"] and ended.value.signum == signal.SIGTERM
+
+
+def test_another_thread_s_deferring_block_defers_nothing_of_the_main_thread():
+    """Signals interrupt the main thread only: a block in another thread (a pool run there) must not hold them."""
+    from layerforge.errors import Interrupted, deferring_interrupts, interrupting
+
+    entered, leave = threading.Event(), threading.Event()
+
+    def hold():
+        with deferring_interrupts():
+            entered.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert entered.wait(30)
+        with pytest.raises(Interrupted):
+            with interrupting():
+                deliver(signal.SIGTERM)
+                pytest.fail("SIGTERM was deferred")
+    finally:
+        leave.set()
+        thread.join(30)

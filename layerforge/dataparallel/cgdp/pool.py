@@ -9,7 +9,7 @@ import time
 import numpy
 
 from ... import trace
-from ...errors import LayerforgeError, describe_exit
+from ...errors import LayerforgeError, deferring_interrupts, describe_exit
 from ...kernels.threadpool import num_threads
 from . import shm
 from .host import HostAccumulator
@@ -85,13 +85,17 @@ class WorkerPool:
         held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT,))
         try:
             for g in range(self.G):
-                parent, child = self.ctx.Pipe()
-                p = self.ctx.Process(target=worker_main, args=(g, self.G, self.options, child, self.shared),
-                                     name=f"layerforge-worker-{g}", daemon=True)
-                p.start()
-                child.close()
-                self.procs.append(p)
-                self.conns.append(parent)
+                # started and recorded for close() at once: a signal raised between the spawn and the write of what
+                # the child runs left it an empty pipe to read (EOFError, a traceback) and no one to stop it. The
+                # write waits only where that exceeds a pipe's buffer, until the child reads it (its first moments)
+                with deferring_interrupts():
+                    parent, child = self.ctx.Pipe()
+                    p = self.ctx.Process(target=worker_main, args=(g, self.G, self.options, child, self.shared),
+                                         name=f"layerforge-worker-{g}", daemon=True)
+                    p.start()
+                    child.close()
+                    self.procs.append(p)
+                    self.conns.append(parent)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
             for k, v in saved.items():
@@ -196,7 +200,8 @@ class WorkerPool:
             if msg[1] != units or msg[2] != hellos[0][2]:
                 self._fail(f"worker {g} built a different net than worker 0 (parameter layout or dtype differs)")
         total = sum(size for _, _, size in units)
-        self.buffers = shm.create(self.G, total, dtype, history_rows)
+        with deferring_interrupts():  # made and recorded for close() at once: a signal between would leak them
+            self.buffers = shm.create(self.G, total, dtype, history_rows)
         for g in range(self.G):
             self.send(g, ("layout", self.buffers.names, total))
         _, start_iter = self._receive({0})[0]
@@ -237,18 +242,20 @@ class WorkerPool:
                       acc.chunk_size if acc else None, done[0][2])
 
     def close(self):
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()
-        for p in self.procs:
-            p.join(5.0)
-        for c in self.conns:
-            c.close()
-        if self.accumulator is not None:
-            self.accumulator.close()
-        if self.buffers is not None:
-            self.buffers.close()
-            self.buffers = None
+        try:
+            for p in self.procs:
+                if p.is_alive():
+                    p.kill()
+            for p in self.procs:
+                p.join(5.0)
+            for c in self.conns:
+                c.close()
+            if self.accumulator is not None:
+                self.accumulator.close()
+        finally:  # whatever the steps above raised (a signal that came as the run ended): the names outlive us else
+            if self.buffers is not None:
+                self.buffers.close()
+                self.buffers = None
 
 
 class _Requests(list):

@@ -7,6 +7,8 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy
 
+from ...errors import deferring_interrupts
+
 KINDS = ("slots", "acc", "params", "history")
 
 
@@ -24,24 +26,35 @@ class Buffers(dict):
 
     def close(self):
         self.clear()  # drop the array views before closing the mappings under them
-        for s in self.segments.values():
-            try:
-                s.close()
-                if self.owner:
-                    s.unlink()
-            except (FileNotFoundError, BufferError):
-                pass
+        with deferring_interrupts():  # a name unlinked but still the resource tracker's is a "leaked" one to it
+            for s in self.segments.values():
+                if self.owner:  # before the close: a view still held elsewhere (BufferError) keeps only the mapping
+                    try:
+                        s.unlink()
+                    except FileNotFoundError:
+                        pass
+                try:
+                    s.close()
+                except BufferError:
+                    pass
 
 
 def create(G, total, dtype, history_rows=1):
-    """New zeroed buffers for G workers, P = ``total`` values of ``dtype`` and ``history_rows`` history arrays."""
+    """New zeroed buffers for G workers, P = ``total`` values of ``dtype`` and ``history_rows`` history arrays.
+    The caller records them for their :meth:`Buffers.close` within errors.deferring_interrupts: a signal raised
+    in between would leave their names behind."""
     dtype = numpy.dtype(dtype)
     segments, arrays = {}, {}
-    for kind in KINDS:
-        shape = _shape(kind, G, total, history_rows)
-        nbytes = max(1, int(numpy.prod(shape)) * dtype.itemsize)
-        segments[kind] = shared_memory.SharedMemory(create=True, size=nbytes)  # zero-filled, see above
-        arrays[kind] = numpy.ndarray(shape, dtype, buffer=segments[kind].buf)
+    try:
+        for kind in KINDS:
+            shape = _shape(kind, G, total, history_rows)
+            nbytes = max(1, int(numpy.prod(shape)) * dtype.itemsize)
+            segments[kind] = shared_memory.SharedMemory(create=True, size=nbytes)  # zero-filled, see above
+            arrays[kind] = numpy.ndarray(shape, dtype, buffer=segments[kind].buf)
+    except BaseException:  # /dev/shm full after some were made: those must not outlive the error
+        arrays.clear()
+        Buffers(segments, arrays, owner=True).close()
+        raise
     return Buffers(segments, arrays, owner=True)
 
 

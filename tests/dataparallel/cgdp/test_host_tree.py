@@ -1,14 +1,18 @@
 """G workers x batch b == one worker x batch G*b, in host and tree modes; failures end the job cleanly."""
+import errno
 import functools
+import multiprocessing.util
 import os
+import signal
 import threading
 import time
 
 import numpy
 import pytest
 
-from layerforge.errors import LayerforgeError
-from layerforge.dataparallel.cgdp import WorkerOptions, WorkerPool, train_parallel
+from layerforge.errors import Interrupted, LayerforgeError, interrupting
+from layerforge.dataparallel.cgdp import WorkerOptions, WorkerPool, shm, train_parallel
+from layerforge.dataparallel.cgdp.host import HostAccumulator
 from layerforge.solvers import get_solver
 from tests.conftest import EMULATED_GPU
 from tests.devices import two_devices
@@ -114,6 +118,87 @@ def test_killed_worker_ends_the_job(source, sync):
     thread.join(30)
     assert not thread.is_alive()
     assert "worker 0 (pid " in outcome["error"] and "killed by signal SIGKILL" in outcome["error"]
+
+
+def _sigterm():
+    os.kill(os.getpid(), signal.SIGTERM)  # handled before os.kill returns (main thread): Interrupted, right here
+
+
+@pytest.mark.parametrize("where", ["made", "returned", "closing", "full"])
+def test_an_interrupt_or_error_anywhere_leaves_no_shared_memory_behind(source, monkeypatch, where):
+    """SIGTERM within errors.interrupting (AUTO's trial of REPLICAS) raises at any bytecode: just after the second
+    of the host buffers' segments is made, as shm.create returns them, or as the pool closes at the end of a run;
+    or /dev/shm is full at the third. The job ends with that, and every segment made is unlinked (the resource
+    tracker said "leaked shared_memory objects" at the exit, once per segment left)."""
+    made, real_create, real_close = [], shm.create, HostAccumulator.close
+
+    def segment(*args, **kwargs):
+        if where == "full" and len(made) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        made.append(real_segment(*args, **kwargs))
+        if where == "made" and len(made) == 2:
+            _sigterm()
+        return made[-1]
+
+    def create(*args):
+        buffers = real_create(*args)
+        if where == "returned":
+            _sigterm()
+        return buffers
+
+    def close(accumulator):
+        real_close(accumulator)
+        if where == "closing":
+            _sigterm()
+
+    real_segment = shm.shared_memory.SharedMemory
+    monkeypatch.setattr(shm.shared_memory, "SharedMemory", segment)
+    monkeypatch.setattr(shm, "create", create)
+    monkeypatch.setattr(HostAccumulator, "close", close)
+    pool = WorkerPool(2, WorkerOptions(solver(source, 4, 2), sync="HOST", log=False))
+    try:
+        with pytest.raises(OSError if where == "full" else Interrupted):
+            with interrupting():
+                pool.run()
+        left = [s.name for s in made if os.path.exists("/dev/shm/" + s.name.lstrip("/"))]
+        assert len(made) >= 2 and left == []
+    finally:
+        for s in made:  # what the code before the fix left: this run must not leak it too
+            try:
+                s.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def test_a_signal_as_a_worker_is_spawned_leaves_no_worker_unrecorded(source, monkeypatch, capfd):
+    """SIGTERM within errors.interrupting just as a worker's process is spawned, before the pool writes it what to
+    run: the job ends with Interrupted, the worker was recorded and stopped, and none printed a traceback (it read an
+    empty pipe: "EOFError: Ran out of input" after train's "interrupted by SIGTERM")."""
+    spawned, real_spawn = [], multiprocessing.util.spawnv_passfds
+
+    def spawn(path, args, passfds):
+        pid = real_spawn(path, args, passfds)
+        if "spawn_main" in str(args):  # a worker, not the resource tracker
+            spawned.append(pid)
+            if len(spawned) == 1:
+                _sigterm()
+        return pid
+
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", spawn)
+    pool = WorkerPool(2, WorkerOptions(solver(source, 4, 2), sync="HOST", log=False))
+    try:
+        with pytest.raises(Interrupted):
+            with interrupting():
+                pool.run()
+        assert spawned and spawned == [p.pid for p in pool.procs] and not any(p.is_alive() for p in pool.procs)
+        assert "Traceback" not in capfd.readouterr().err
+    finally:
+        for pid in spawned:  # what the code before the fix left running: this run must not leave it
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
 
 
 NODE_SCRIPT = """
