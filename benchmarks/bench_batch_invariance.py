@@ -114,13 +114,7 @@ def products(repeat):
     from layerforge.kernels import blas, thin_gemm
 
     def median(f):
-        f()
-        times = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            f()
-            times.append(time.perf_counter() - t)
-        return sorted(times)[repeat // 2] * 1e6
+        return _median(f, repeat)
 
     rs = numpy.random.RandomState(0)
     print("product of few rows            rows | OpenBLAS 1 thread us | thin_gemm us")
@@ -148,6 +142,74 @@ def products(repeat):
           f"{median(lambda: numpy.matmul(x, w.T, out=y)) / 1e3:.2f} ms")
 
 
+def split_products(repeat):
+    """The measurement behind the switch's thresholds for sharing a product between the kernel threads
+    (thin_gemm.PARALLEL_MULTIPLY_ADDS, blas.SPLIT_MULTIPLY_ADDS): LeNet's and ResNet-50's products at batch 1 and 10
+    on one kernel thread, shared with the product threads (every threshold 0), and on OpenBLAS's own threads
+    (medians of ``repeat``, microseconds)."""
+    import numpy
+
+    from layerforge.kernels import blas, thin_gemm, threadpool
+
+    blas.set_batch_invariant(True)
+    rs = numpy.random.RandomState(0)
+    print(f"{'product (a x b)':36} {'M mult-adds':>11} | {'1 thread':>8} {'shared':>8} | {'OpenBLAS':>8}  us")
+    for label, shape_a, shape_b, transposed in (
+            ("LeNet conv1 b1 20x25 @ 25x576", (20, 25), (1, 25, 576), False),
+            ("LeNet conv1 b10", (20, 25), (10, 25, 576), False),
+            ("LeNet conv2 b1 50x500 @ 500x64", (50, 500), (1, 500, 64), False),
+            ("LeNet conv2 b10", (50, 500), (10, 500, 64), False),
+            ("LeNet ip1 b1 1x800 @ 800x500", (1, 800), (500, 800), True),
+            ("LeNet ip1 b10", (10, 800), (500, 800), True),
+            ("64x128 @ 128x128", (64, 128), (128, 128), False),
+            ("64x256 @ 256x128", (64, 256), (256, 128), False),
+            ("64x256 @ 256x256", (64, 256), (256, 256), False),
+            ("ResNet-50 b1 256x64 @ 64x3136", (256, 64), (64, 3136), False),
+            ("ResNet-50 b1 64x256 @ 256x3136", (64, 256), (256, 3136), False),
+            ("ResNet-50 b1 128x1152 @ 1152x784", (128, 1152), (1152, 784), False),
+            ("ResNet-50 b1 2048x512 @ 512x49", (2048, 512), (512, 49), False),
+            ("ResNet-50 b1 fc 1x2048 @ 2048x1000", (1, 2048), (1000, 2048), True)):
+        a = rs.randn(*shape_a).astype(numpy.float32)
+        b = rs.randn(*shape_b).astype(numpy.float32)
+        b = b.T if transposed else b
+        out = blas.matmul(a, b)
+        multiply_adds = out.size * a.shape[-1]
+        times = []
+        for threads, shared in ((1, False), (2, True)):
+            threadpool.set_num_threads(threads)
+            with _thresholds(thin_gemm, blas, shared), blas.one_blas_thread():
+                times.append(_median(lambda: blas.matmul(a, b, out=out), repeat))
+        threadpool.set_num_threads(None)
+        times.append(_median(lambda: numpy.matmul(a, b, out=out), repeat))
+        print(f"{label:36} {multiply_adds / 1e6:11.2f} | {times[0]:8.1f} {times[1]:8.1f} | {times[2]:8.1f}")
+
+
+class _thresholds:
+    # every threshold for sharing a product at its least (``shared``), put back after
+    def __init__(self, thin_gemm, blas, shared):
+        self.names = [(thin_gemm, "PARALLEL_MULTIPLY_ADDS", 0), (thin_gemm, "PARALLEL_MULTIPLY_ADDS_FEW_ROWS", 0),
+                      (blas, "SPLIT_MULTIPLY_ADDS", 1)] if shared else []
+
+    def __enter__(self):
+        self.saved = [getattr(module, name) for module, name, _ in self.names]
+        for module, name, value in self.names:
+            setattr(module, name, value)
+
+    def __exit__(self, *exc):
+        for (module, name, _), value in zip(self.names, self.saved):
+            setattr(module, name, value)
+
+
+def _median(f, repeat):
+    f()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[repeat // 2] * 1e6
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nets", default="lenet,alexnet,resnet50,vgg16")
@@ -161,14 +223,17 @@ def main():
     parser.add_argument("--products", action="store_true",
                         help="instead: OpenBLAS on one thread against thin_gemm for products of few rows, and fc6 "
                              "at batch 1 with OpenBLAS's threads asleep and spinning (medians of --repeat)")
+    parser.add_argument("--split", action="store_true",
+                        help="instead: LeNet's and ResNet-50's products on one kernel thread, shared with the product "
+                             "threads, and on OpenBLAS's threads (medians of --repeat)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args.child[0], int(args.child[1]), int(args.child[2]))
-    if args.products:
+    if args.products or args.split:
         import bench_train
         print("\n".join(bench_train.machine_report(args.threads)[1]))
-        return products(args.repeat)
+        return (products if args.products else split_products)(args.repeat)
     if args.layers:
         os.environ.setdefault("LAYERFORGE_CACHE_DIR", "off")  # each net times its engines under its mode
         for net_name in args.nets.split(","):

@@ -50,7 +50,7 @@ import numpy
 
 from ..backend import get_array_module
 from . import bf16_gemm, thin_gemm
-from .threadpool import MIN_PARALLEL_ELEMENTS, num_threads, parallel_for
+from .threadpool import MIN_PARALLEL_ELEMENTS, num_threads, parallel_for, run_jobs
 
 @functools.cache
 def _scipy_blas():
@@ -142,11 +142,14 @@ _CANONICAL = {"checked": None, "control": None}
 
 
 def _openblas_control():
-    """``(get, set)`` of numpy's OpenBLAS thread count (ctypes calls of 0.1 us, looked up once through threadpoolctl),
-    or False: another BLAS, an OpenBLAS threaded by OpenMP (whose count is each thread's own), no threadpoolctl."""
+    """``(get, set, sgemm, sgemm's address, ilp64)``: numpy's OpenBLAS's thread count (ctypes calls of 0.1 us, looked
+    up once through threadpoolctl), its cblas_sgemm (None without one) and whether it takes 64-bit integers; or False:
+    another BLAS, an OpenBLAS threaded by OpenMP (whose count is each thread's own), no threadpoolctl."""
     if _CANONICAL["control"] is None:
         _CANONICAL["control"] = False
         try:
+            import ctypes
+
             from threadpoolctl import ThreadpoolController
 
             for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
@@ -155,8 +158,10 @@ def _openblas_control():
                         getattr(lib, "threading_layer", "") != "openmp":
                     get, put = getter("openblas_get_num_threads"), getter("openblas_set_num_threads")
                     if get is not None and put is not None:
-                        _CANONICAL["control"] = (get, put, _cblas_sgemm(getter("cblas_sgemm"),
-                                                                       "64" in lib._symbol_suffix))
+                        ilp64 = "64" in lib._symbol_suffix
+                        sgemm = _cblas_sgemm(getter("cblas_sgemm"), ilp64)
+                        address = ctypes.cast(sgemm, ctypes.c_void_p).value if sgemm is not None else 0
+                        _CANONICAL["control"] = (get, put, sgemm, address, ilp64)
         except Exception:  # noqa: BLE001 - threadpoolctl missing or unable to read the library
             pass
     return _CANONICAL["control"]
@@ -178,20 +183,69 @@ def _cblas_sgemm(function, ilp64):
 def _sgemm_accumulate(a, b, c):
     """``c += a @ b`` for 2-D float32 arrays by OpenBLAS's cblas_sgemm (beta 1: in place, no temporary) on the
     calling thread; False where this BLAS has none or an array is not laid out as a BLAS matrix."""
+    control, fields = _openblas_control(), _sgemm_fields(a, b, c)
+    if fields is None:
+        return False
+    f = fields
+    control[2](101, f["TRANS_A"], f["TRANS_B"], f["M"], f["N"], f["K"], 1.0, f["A"], f["LDA"], f["B"], f["LDB"], 1.0,
+               f["C"], f["LDC"])  # CblasRowMajor
+    return True
+
+
+def _sgemm_fields(a, b, c):
+    """The arguments of cblas_sgemm (row-major, alpha 1) for ``c (+)= a @ b`` of 2-D float32 arrays, by the names of
+    kernels/_product_jit.py's job fields, or None where this BLAS has no cblas_sgemm or an array is not laid out as a
+    BLAS matrix."""
     control = _openblas_control()
     if not control or control[2] is None:
-        return False
+        return None
     if _layout(c) == 112:  # c^T is row-major: c^T += b^T a^T
         a, b, c = b.T, a.T, c.T
     layouts = [_layout(x) for x in (a, b, c)]
     if None in layouts or layouts[2] != 111:
-        return False
+        return None
     (m, k), n = a.shape, b.shape[1]
     ld = [max(x.strides[0 if t == 111 else 1] // 4, x.shape[1 if t == 111 else 0], 1) for x, t in zip((a, b, c),
                                                                                                      layouts)]
-    control[2](101, layouts[0], layouts[1], m, n, k, 1.0, a.ctypes.data, ld[0], b.ctypes.data, ld[1], 1.0,
-               c.ctypes.data, ld[2])  # CblasRowMajor
-    return True
+    return dict(TRANS_A=layouts[0], TRANS_B=layouts[1], M=m, N=n, K=k, A=a.ctypes.data, LDA=ld[0], B=b.ctypes.data,
+                LDB=ld[1], C=c.ctypes.data, LDC=ld[2])
+
+
+def _sgemm_jobs(a, b, out, accumulate, cuts, axis):
+    """kernels/_product_jit.py's SGEMM jobs for ``out (+)= a @ b`` cut at ``cuts`` along ``axis``: "rows" or
+    "columns" of 2-D float32 arrays, or "matrices" of (count, rows, columns) stacks; None where a piece is not one
+    for cblas_sgemm (thin_gemm's shapes, no cblas_sgemm, a layout the BLAS cannot take). The arguments are worked
+    out once for the whole product and offset per piece: Python's cost per product is what sharing small ones
+    spends."""
+    from . import _product_jit as pj
+
+    stacked = axis == "matrices"
+    fields = _sgemm_fields(*((a[0], b[0], out[0]) if stacked else (a, b, out)))
+    if fields is None:
+        return None
+    control, swapped = _openblas_control(), _layout(out[0] if stacked else out) == 112  # c^T += b^T a^T
+    first = pj.job(pj.SGEMM, BETA=accumulate, FUNCTION=control[3], ILP64=control[4], COUNT=1, **fields)
+    jobs = []
+    if stacked:
+        strides = [x.strides[0] // 4 for x in ((b, a) if swapped else (a, b))] + [out.strides[0] // 4]
+        first[pj.SA], first[pj.SB], first[pj.SC] = strides
+        steps = {pj.A: 4 * strides[0], pj.B: 4 * strides[1], pj.C: 4 * strides[2]}
+        size = pj.COUNT
+    elif (axis == "columns") != swapped:
+        steps = {pj.B: 4 * (1 if fields["TRANS_B"] == 111 else fields["LDB"]), pj.C: 4}
+        size = pj.N
+    else:
+        steps = {pj.A: 4 * (fields["LDA"] if fields["TRANS_A"] == 111 else 1), pj.C: 4 * fields["LDC"]}
+        size = pj.M
+    for lo, hi in zip(cuts, cuts[1:]):
+        job = list(first)
+        job[size] = hi - lo
+        for field, step in steps.items():
+            job[field] += step * lo
+        if thin_gemm.is_thin(job[pj.M], job[pj.N], job[pj.K]):
+            return None
+        jobs.append(job)
+    return jobs
 
 
 def _layout(x):
@@ -294,8 +348,10 @@ FEW_ROWS = {True: 32, False: 8}
 
 
 # multiply-adds from which a product under the switch is split over the kernel threads: about 100 us on one core of
-# this project's machine, where handing half of it to another thread costs 50-100 us (threadpool.parallel_for)
-SPLIT_MULTIPLY_ADDS = 1 << 23
+# this project's machine, where making and sharing the jobs costs about 60 us of Python (threadpool.run_jobs; the
+# product threads take a job in about a microsecond): 64 x 256 x 256, 4M, took 85 us on one thread and 105 shared,
+# 50 x 500 x 640, 16M, 348 and 265 (bench_batch_invariance.py --split)
+SPLIT_MULTIPLY_ADDS = 1 << 22
 
 
 def _large_product(a, b, out, accumulate=False):
@@ -318,8 +374,13 @@ def _large_product(a, b, out, accumulate=False):
         stacks = [_stack(x, batch, count) for x in (a, b, out)] if threads > 1 and count > 1 else [None]
         if all(x is not None for x in stacks):
             sa, sb, so = stacks
-            parallel_for(count, lambda lo, hi: _piece(sa[lo:hi], sb[lo:hi], so[lo:hi], accumulate),
-                         work=MIN_PARALLEL_ELEMENTS)
+            jobs = _sgemm_jobs(sa, sb, so, accumulate, [count * p // threads for p in range(threads + 1)],
+                               "matrices")
+            if jobs is not None:
+                run_jobs(jobs)
+            else:
+                parallel_for(count, lambda lo, hi: _piece(sa[lo:hi], sb[lo:hi], so[lo:hi], accumulate),
+                             work=MIN_PARALLEL_ELEMENTS)
         elif count == 1 and (threads > 1 or temporary and out.nbytes > PIECE_BYTES):
             a2, b2, o2 = (x.reshape(x.shape[-2:]) for x in (a, b, out))
             columns = m <= n
@@ -328,14 +389,20 @@ def _large_product(a, b, out, accumulate=False):
             pieces = max(threads, -(-out.nbytes // PIECE_BYTES) if temporary else 1)
             pieces = max(1, min(pieces, units, m * n * k // (2 * thin_gemm.SMALL_MNK)))
 
-            def body(lo, hi):
-                for p in range(lo, hi):
-                    start, stop = units * p // pieces * 16, min(units * (p + 1) // pieces * 16, length)
-                    if columns:
-                        _piece(a2, b2[:, start:stop], o2[:, start:stop], accumulate)
-                    else:
-                        _piece(a2[start:stop], b2, o2[start:stop], accumulate)
-            parallel_for(pieces, body, work=MIN_PARALLEL_ELEMENTS if threads > 1 else 0)
+            def piece(p):
+                start, stop = units * p // pieces * 16, min(units * (p + 1) // pieces * 16, length)
+                if columns:
+                    return a2, b2[:, start:stop], o2[:, start:stop]
+                return a2[start:stop], b2, o2[start:stop]
+
+            cuts = [min(units * p // pieces * 16, length) for p in range(pieces + 1)]
+            jobs = _sgemm_jobs(a2, b2, o2, accumulate, cuts, "columns" if columns else "rows") \
+                if 1 < pieces <= threads else None
+            if jobs is not None:
+                run_jobs(jobs)
+            else:
+                parallel_for(pieces, lambda lo, hi: [_piece(*piece(p), accumulate) for p in range(lo, hi)],
+                             work=MIN_PARALLEL_ELEMENTS if threads > 1 else 0)
         else:
             _piece(a, b, out, accumulate)
     return out

@@ -24,17 +24,18 @@ import threading
 
 import numpy
 
-from .threadpool import MIN_PARALLEL_ELEMENTS, parallel_for
+from .threadpool import num_threads, run_jobs
 
 BLOCK_K, UNROLL = 448, 16  # OpenBLAS's SGEMM_DEFAULT_Q and SGEMM_DEFAULT_UNROLL_M on SkylakeX
 _FLOAT32 = numpy.dtype(numpy.float32)
 SMALL_MNK = 100 ** 3  # OpenBLAS's small-matrix kernel takes products of at most this many multiply-adds
-# multiply-adds from which a product is shared between the kernel threads. Handing a share to another thread costs
-# 50-100 us on this project's 2-core machine (threadpool.parallel_for: 74 us with an empty body), the time of about
-# 8M multiply-adds in the kernels that take four rows of a at a time (LeNet's first convolution at batch 10, ten
-# products of 0.29M: 43 us on one thread, 87 on two) and of about 1M in those that take fewer (a GEMV: memory- or
-# shuffle-bound)
-PARALLEL_MULTIPLY_ADDS, PARALLEL_MULTIPLY_ADDS_FEW_ROWS = 1 << 23, 1 << 20
+# multiply-adds from which a product is shared between the kernel threads (threadpool.run_jobs: the product threads
+# take a job in about a microsecond, but making the jobs and sharing costs about 40 us of Python on this project's
+# 2-core machine): about 2M in the kernels that take four rows of a at a time (LeNet's ip1 at batch 10, 4M: 219 us
+# on one thread, 121 shared; its first convolution at batch 10, ten products of 0.29M: 97 and 89), 1M in those
+# that take fewer (ResNet-50's fc at batch 1, 2M: 414 and 312; LeNet's ip1 at batch 1, 0.4M: 50 and 55).
+# bench_batch_invariance.py --split measures them
+PARALLEL_MULTIPLY_ADDS, PARALLEL_MULTIPLY_ADDS_FEW_ROWS = 3 << 20, 1 << 20
 
 
 def k_blocks(k, threaded):
@@ -59,6 +60,11 @@ def is_thin(m, n, k):
 
 _lock = threading.Lock()
 _jit = []
+
+
+def _product_jit():
+    from . import _product_jit
+    return _product_jit
 
 
 def _kernels():
@@ -92,37 +98,27 @@ def _matrix(a, b, c, threaded):
     if not _shared(m, work, jit):  # one thread: one compiled call (LeNet's products take microseconds)
         jit.matrix(a, b, c, blocks, transposed)
         return
-    if not transposed and m < jit.ROWS:
-        unit = 256  # one row or a few: b read as it lies, in passes of up to STREAM columns of a thread's share
-        _columns(lambda lo, hi: jit.stream(a, b, c, blocks, lo, hi), 0, n, unit)
-        return
-    if transposed:  # groups of 16 rows of bt; the kernel reads a short last group's last row again
-        _columns(lambda lo, hi: jit.gemm(a, b, c, blocks, lo, hi, True, 16), 0, n, 16)
-        return
-    done = 0
-    for unit in (64, 16):  # the kernels' widths: a thread's columns come in multiples
-        whole = (n - done) // unit * unit
-        if whole:
-            _columns(lambda lo, hi, unit=unit: jit.gemm(a, b, c, blocks, lo, hi, False, unit), done, done + whole,
-                     unit)
-        done += whole
-    if done < n:  # the last columns, through a copy padded with zeros to 16
+    stream = not transposed and m < jit.ROWS  # one row or a few: b read as it lies, STREAM columns a pass
+    # a thread's columns come in multiples of the kernels' widths: 256 for stream, 16 rows of bt, 64 (then 16) of b
+    unit, stop = (256, n) if stream else (16, n) if transposed else (64, n // 16 * 16)
+    pieces = max(1, min(num_threads(), -(-stop // unit)))
+    cuts = [stop if p == pieces else -(-stop // unit) * p // pieces * unit for p in range(pieces + 1)]
+    pj = _product_jit()
+    fields = dict(A=a.ctypes.data, B=b.ctypes.data, C=c.ctypes.data, M=m, N=n, K=k, TRANS_B=transposed, WIDTH=unit,
+                  BLOCKS=blocks.ctypes.data, NBLOCKS=len(blocks))
+    if stop:
+        run_jobs([pj.job(pj.STREAM if stream else pj.GEMM, LO=lo, HI=hi, **fields) for lo, hi in zip(cuts, cuts[1:])])
+    if stop < n:  # the last columns, through a copy padded with zeros to 16
         padded = numpy.zeros((k, 16), numpy.float32)
-        padded[:, :n - done] = b[:, done:]
+        padded[:, :n - stop] = b[:, stop:]
         part = numpy.empty((m, 16), numpy.float32)
         jit.gemm(a, padded, part, blocks, 0, 16, False, 16)
-        c[:, done:] = part[:, :n - done]
+        c[:, stop:] = part[:, :n - stop]
 
 
 def _shared(rows, work, jit):
     # whether a product of `rows` rows of a and `work` multiply-adds is worth sharing between the kernel threads
     return work >= (PARALLEL_MULTIPLY_ADDS if rows >= jit.ROWS else PARALLEL_MULTIPLY_ADDS_FEW_ROWS)
-
-
-def _columns(run, start, stop, unit):
-    # run(lo, hi) over the columns [start, stop) cut into units (the last one may be short), on the kernel threads
-    parallel_for(-(-(stop - start) // unit), lambda lo, hi: run(start + lo * unit, min(start + hi * unit, stop)),
-                 work=MIN_PARALLEL_ELEMENTS)
 
 
 def matmul(a, b, out=None, threaded=True):
@@ -175,8 +171,14 @@ def matmul(a, b, out=None, threaded=True):
         a = numpy.broadcast_to(a, tuple(batch) + a.shape[-2:]).reshape((count, m, k))
         b = numpy.broadcast_to(b, tuple(batch) + b.shape[-2:]).reshape((count, k, n))
         blocks, jit = _blocks(k, threaded), _jit[0] if _jit else _kernels()
-        parallel_for(count, lambda lo, hi: jit.batch(a, b, flat, blocks, lo, hi),
-                     work=MIN_PARALLEL_ELEMENTS if _shared(m, count * m * n * k, jit) else 0)
+        if not _shared(m, count * m * n * k, jit):
+            jit.batch(a, b, flat, blocks, 0, count)
+            return _done(c, out)
+        pieces, pj = min(num_threads(), count), _product_jit()
+        fields = dict(A=a.ctypes.data, B=b.ctypes.data, C=flat.ctypes.data, M=m, N=n, K=k, SA=a.strides[0] // 4,
+                      SB=b.strides[0] // 4, SC=m * n, BLOCKS=blocks.ctypes.data, NBLOCKS=len(blocks))
+        run_jobs([pj.job(pj.PRODUCT, LO=count * p // pieces, HI=count * (p + 1) // pieces, **fields)
+                  for p in range(pieces)])
         return _done(c, out)
     a = numpy.broadcast_to(a, tuple(batch) + a.shape[-2:]).reshape((count,) + a.shape[-2:])
     b = numpy.broadcast_to(b, tuple(batch) + b.shape[-2:]).reshape((count,) + b.shape[-2:])

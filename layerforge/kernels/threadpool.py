@@ -9,10 +9,18 @@ The thread count follows the BLAS setting, so that MPI ranks and CGDP workers, w
 setting ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` (layerforge.cores), divide these threads too:
 the BLAS library's own count (threadpoolctl) where it can be read, else those variables, else the cores.
 :func:`set_num_threads` overrides it (tests, benchmarks).
+
+Products that the batch-invariance switch shares between the kernel threads (kernels/blas.py, kernels/thin_gemm.py)
+go to product threads instead (:func:`run_jobs`): each piece is a job, a row of integers that compiled code runs
+(kernels/_product_jit.py), and a product thread waits for its next job in compiled code, without the GIL. A job
+reaches it in about a microsecond where :func:`parallel_for` hands a piece over in 50-100 us (a sleeping thread's
+wake-up and the GIL on these machines), which is what sharing LeNet's and ResNet-50's products at batch 1 needs.
 """
 import functools
 import os
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy
@@ -101,6 +109,8 @@ def parallel_for(n, body, work):
     if threads <= 1 or work < MIN_PARALLEL_ELEMENTS or getattr(_inside, "active", False):
         body(0, n)
         return
+    if _products["threads"]:
+        _park_product_threads()
     bounds = [n * k // threads for k in range(threads + 1)]
 
     def run(lo, hi):
@@ -116,6 +126,92 @@ def parallel_for(n, body, work):
     finally:
         for f in futures:
             f.result()
+
+
+# cycles a product thread waits for its next job before it sleeps (about 1.6 ms at 2.6 GHz: LeNet's layers between
+# one product and the next at batch 10; 0.2 ms cost its pass 10%, a futex wake-up on every product), and the calling
+# thread's spin for a job before it lets other threads run between its looks. A waiting product thread gives its
+# core to any thread that wants it every few microseconds (sched_yield), and parallel_for asks it to sleep at once
+SPIN_CYCLES, WAIT_CYCLES = 1 << 22, 1 << 22
+_products = {"threads": None, "lock": threading.Lock()}
+
+
+class _ProductThread:
+    """A kernel thread that waits for pieces of products in compiled code, without the GIL (kernels/_product_jit.py):
+    a job reaches it in about a microsecond where parallel_for hands a piece over in 50-100 us (a sleeping thread's
+    wake-up and the GIL). It spins for :data:`SPIN_CYCLES` after its last job, then sleeps on a futex."""
+
+    def __init__(self, jit):
+        import ctypes
+
+        self.jit = jit
+        # memory never freed: the thread runs until the process ends, after the interpreter has freed its objects
+        libc = ctypes.CDLL(None)
+        libc.calloc.restype = ctypes.c_void_p
+        words = jit.JOB + jit.FIELDS
+        self.box = numpy.ctypeslib.as_array((ctypes.c_int64 * words).from_address(libc.calloc(words, 8)))
+        self.box[jit.STATE] = jit.AWAKE
+        threading.Thread(target=self._serve, name="layerforge-product", daemon=True).start()
+
+    def _serve(self):
+        self.jit.serve(self.box, SPIN_CYCLES, _syscall())
+
+
+@functools.cache
+def _syscall():
+    """The address of libc's ``syscall`` (product threads sleep and wake through futexes), or 0 off Linux x86-64."""
+    import ctypes
+    import platform
+
+    if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
+        return 0
+    return ctypes.cast(ctypes.CDLL(None).syscall, ctypes.c_void_p).value
+
+
+def _product_jit():
+    from . import _product_jit
+    return _product_jit
+
+
+def run_jobs(jobs):
+    """Compute the pieces of a product that ``jobs`` describe (kernels/_product_jit.py's ``job`` lists, pieces that
+    write disjoint memory): the first on the calling thread, the others each on a product thread (on the calling thread
+    too where none is free: another thread is sharing a product, or the kernels use one thread)."""
+    jit = _product_jit()
+    jobs = numpy.array(jobs, numpy.int64)
+    lock = _products["lock"]
+    wanted = min(len(jobs), num_threads()) - 1 if _syscall() else 0
+    threads = []
+    if wanted > 0 and not getattr(_inside, "active", False) and lock.acquire(blocking=False):
+        started = _products["threads"] = _products["threads"] or []
+        started.extend(_ProductThread(jit) for _ in range(wanted - len(started)))
+        threads = started[:wanted]
+    try:
+        for thread, job in zip(threads, jobs[1:]):
+            jit.post(thread.box, job, _syscall())
+        jit.execute(jobs[0])
+        for job in jobs[1 + len(threads):]:
+            jit.execute(job)
+    finally:
+        for thread in threads:
+            while not jit.wait(thread.box, WAIT_CYCLES):
+                time.sleep(0)  # its thread descheduled (a loaded machine): give up the core for a while
+        if threads:
+            lock.release()
+
+
+def _park_product_threads():
+    jit = _product_jit()
+    for thread in _products["threads"]:
+        jit.park(thread.box)
+
+
+def _forget_product_threads():
+    # a forked child has none of its parent's threads
+    _products["threads"], _products["lock"] = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_product_threads)
 
 
 def elementwise(fn, *arrays):

@@ -69,3 +69,34 @@ def test_one_image_s_product_into_out_as_the_matrices_alone(m, k, n, out_dtype):
     assert thin_gemm.matmul(a, b, out) is out
     numpy.testing.assert_array_equal(out[0], thin_gemm.matmul(a[0], b[0]))
     numpy.testing.assert_allclose(out[0], a[0].astype(numpy.float64) @ b[0], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("shape_a, shape_b, layout", [
+    ((2, 700), (700, 3000), "b"),  # a few rows: the stream kernel over columns
+    ((9, 800), (800, 500), "bt"),  # x @ W.T: groups of 16 rows of W
+    ((9, 300), (300, 1000), "b"),  # 64 columns at a time, then 16, then 8 from a padded copy
+    ((6, 20, 25), (25, 500), "b"),  # one small product per image, a broadcast over them
+    ((20, 25), (6, 25, 500), "b")])
+def test_products_shared_with_product_threads_equal_one_thread(monkeypatch, threads, shape_a, shape_b, layout):
+    """A product shared between the kernel threads is handed to product threads as jobs (threadpool.run_jobs); each
+    element is computed alone, so the bits equal one thread's."""
+    from layerforge.kernels import threadpool
+
+    monkeypatch.setattr(thin_gemm, "PARALLEL_MULTIPLY_ADDS", 0)
+    monkeypatch.setattr(thin_gemm, "PARALLEL_MULTIPLY_ADDS_FEW_ROWS", 0)
+    rs = numpy.random.RandomState(len(shape_a) + shape_b[-1])
+    a = rs.randn(*shape_a).astype(numpy.float32)
+    b = rs.randn(*shape_b).astype(numpy.float32)
+    if layout == "bt":
+        b = numpy.ascontiguousarray(b.T).T
+    try:
+        threadpool.set_num_threads(1)
+        alone = thin_gemm.matmul(a, b, threaded=False)
+        threadpool.set_num_threads(threads)
+        for _ in range(3):
+            numpy.testing.assert_array_equal(thin_gemm.matmul(a, b, threaded=False), alone)
+        assert len(threadpool._products["threads"]) >= threads - 1
+    finally:
+        threadpool.set_num_threads(None)
+    numpy.testing.assert_allclose(alone, numpy.matmul(a.astype(numpy.float64), b), rtol=1e-4, atol=1e-3)

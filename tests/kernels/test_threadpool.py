@@ -287,3 +287,98 @@ def test_the_pool_starts_every_thread_at_once(monkeypatch):
         assert threadpool._pool(2) is pool and len(pool._threads) == 3
     finally:
         pool.shutdown(wait=True)
+
+
+def _column_jobs(a, bt, c, pieces):
+    # thin_gemm's jobs for c = a @ bt.T: groups of 16 rows of bt, cut into `pieces` runs
+    from layerforge.kernels import _product_jit as pj, thin_gemm
+
+    blocks = thin_gemm._blocks(a.shape[1], False)
+    cuts = [len(bt) // 16 * p // pieces * 16 for p in range(pieces)] + [len(bt)]
+    return blocks, [pj.job(pj.GEMM, A=a.ctypes.data, B=bt.ctypes.data, C=c.ctypes.data, M=len(a), N=len(bt),
+                           K=a.shape[1], TRANS_B=1, WIDTH=16, BLOCKS=blocks.ctypes.data, NBLOCKS=len(blocks), LO=lo,
+                           HI=hi) for lo, hi in zip(cuts, cuts[1:])]
+
+
+@pytest.mark.parametrize("spin_cycles", [1 << 30, 0])
+@pytest.mark.parametrize("wakes", [True, False])
+def test_run_jobs_on_product_threads_awake_asleep_or_never_scheduled(monkeypatch, spin_cycles, wakes):
+    """A product thread spins for jobs (or sleeps at once, spin_cycles 0); a job it has not started when the caller
+    is done with its own (here: a thread whose wake-up never comes) is taken back and computed by the caller."""
+    monkeypatch.setattr(threadpool, "SPIN_CYCLES", spin_cycles)
+    monkeypatch.setitem(threadpool._products, "threads", None)
+    if not wakes:
+        monkeypatch.setattr(threadpool._ProductThread, "_serve", lambda self: None)  # started, never serving
+    rs = numpy.random.RandomState(1)
+    a, bt = rs.randn(5, 300).astype(numpy.float32), rs.randn(333, 300).astype(numpy.float32)
+    expected = numpy.empty((5, 333), numpy.float32)
+    threadpool.set_num_threads(3)
+    try:
+        for _ in range(4):
+            c = numpy.full((5, 333), numpy.nan, numpy.float32)
+            blocks, jobs = _column_jobs(a, bt, c, 3)
+            threadpool.run_jobs(jobs)
+            for job in _column_jobs(a, bt, expected, 1)[1]:
+                threadpool._product_jit().execute(job)
+            numpy.testing.assert_array_equal(c, expected)
+        assert len(threadpool._products["threads"]) == 2
+        if not wakes:  # every piece was taken back: no job is left posted
+            assert all(t.box[0] == t.box[1] == t.box[2] == 4 for t in threadpool._products["threads"])
+    finally:
+        threadpool.set_num_threads(None)
+    numpy.testing.assert_allclose(expected, a.astype(numpy.float64) @ bt.T, rtol=1e-4, atol=1e-3)
+
+
+def test_parallel_for_asks_spinning_product_threads_to_sleep(monkeypatch):
+    """A product thread spinning for its next job would take a core from parallel_for's threads: parallel_for asks
+    it to sleep first."""
+    monkeypatch.setattr(threadpool, "SPIN_CYCLES", 1 << 33)
+    monkeypatch.setitem(threadpool._products, "threads", None)
+    monkeypatch.setattr(threadpool, "MIN_PARALLEL_ELEMENTS", 0)
+    rs = numpy.random.RandomState(2)
+    a, bt = rs.randn(5, 300).astype(numpy.float32), rs.randn(64, 300).astype(numpy.float32)
+    threadpool.set_num_threads(2)
+    try:
+        c = numpy.empty((5, 64), numpy.float32)  # alive while the jobs write it
+        threadpool.run_jobs(_column_jobs(a, bt, c, 2)[1])
+        box = threadpool._products["threads"][0].box
+        pj = threadpool._product_jit()
+        for _ in range(2000):
+            if box[pj.STATE] == pj.AWAKE:
+                break
+            threading.Event().wait(0.001)
+        assert box[pj.STATE] == pj.AWAKE  # spinning: its budget is seconds
+        threadpool.parallel_for(4, lambda lo, hi: None, work=1)
+        for _ in range(2000):
+            if box[pj.STATE] == pj.ASLEEP:
+                break
+            threading.Event().wait(0.001)
+        assert box[pj.STATE] == pj.ASLEEP
+    finally:
+        threadpool.set_num_threads(None)
+
+
+def test_a_forked_child_starts_its_own_product_threads():
+    import multiprocessing
+
+    rs = numpy.random.RandomState(3)
+    a, bt = rs.randn(5, 300).astype(numpy.float32), rs.randn(64, 300).astype(numpy.float32)
+    threadpool.set_num_threads(2)
+    try:
+        c = numpy.empty((5, 64), numpy.float32)
+        threadpool.run_jobs(_column_jobs(a, bt, c, 2)[1])
+        assert threadpool._products["threads"]
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            child = pool.apply(_product_in_a_child, (a, bt))
+    finally:
+        threadpool.set_num_threads(None)
+    numpy.testing.assert_allclose(child, a.astype(numpy.float64) @ bt.T, rtol=1e-4, atol=1e-3)
+
+
+def _product_in_a_child(a, bt):
+    assert threadpool._products["threads"] is None  # the parent's threads did not cross the fork
+    threadpool.set_num_threads(2)
+    c = numpy.empty((5, 64), numpy.float32)
+    threadpool.run_jobs(_column_jobs(a, bt, c, 2)[1])
+    assert len(threadpool._products["threads"]) == 1
+    return c
