@@ -1,4 +1,4 @@
-"""The compiled part of kernels/product_threads.py (imported at the first shared product): a product's piece
+"""The compiled part of kernels/threadpool.py's product threads (imported at the first shared product): a product's piece
 described as a row of integers (a job), the loop a product thread waits in, and the calling thread's post and wait.
 
 A job is one of four kinds, each the call the single-threaded path would make for that piece, so a piece's bits are
@@ -35,7 +35,7 @@ SGEMM, GEMM, STREAM, PRODUCT = 1, 2, 3, 4
 # a product thread's words before its job: the jobs posted, claimed (by the thread, or taken back by the caller) and
 # done (counts), its state, a request to sleep now
 POSTED, CLAIMED, DONE, STATE, PARK = range(5)
-JOB = 8  # the job's first word (the words above on a cache line of their own with it)
+JOB = 8  # the job's first word in a product thread's box (after the words above, in the box's first cache line)
 AWAKE, ASLEEP = 0, 1  # box[STATE]: its low 32 bits are the futex a product thread sleeps on
 SYS_FUTEX, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE, SYS_SCHED_YIELD = 202, 128, 129, 24  # Linux x86-64
 YIELD_EVERY = 64  # pauses between a waiting product thread's sched_yield calls (a few microseconds)

@@ -36,8 +36,8 @@ the other rows and columns, so InnerProduct and every convolution engine on the 
 IMPLICIT agree bit for bit; each Winograd engine has its own sums, so autotune.ConvEngines chooses a convolution's
 forward arithmetic once per per-image problem, for every batch). Every BLAS call under the switch runs on one
 OpenBLAS thread (:func:`one_blas_thread`; a Net holds it for each pass), so the summed axis is always cut as one
-thread cuts it, and the large products split themselves over the kernel threads (:func:`_large_product`), which
-then have the cores to themselves. With another BLAS (MKL,
+thread cuts it, and the large products split themselves over the kernel threads (:func:`_large_product`: pieces that
+threadpool.run_jobs hands to product threads waiting in compiled code), which then have the cores to themselves. With another BLAS (MKL,
 another OpenBLAS core) it falls back to one product of the same shape per sample (:func:`matmul_rows`) and the
 engines that declare ``batch_invariant`` (docs/performance.md, "Batch-invariant results").
 """
@@ -360,7 +360,8 @@ def _large_product(a, b, out, accumulate=False):
     stack of products split by matrices over the kernel threads, one matrix by columns (or by rows, where it has
     more rows than columns: each thread packs the other operand whole). A product is accumulated in place by
     cblas_sgemm, or, with a BLAS without it, in pieces of at most :data:`PIECE_BYTES` of ``out`` (each piece's
-    product a temporary). Each piece's elements are the same FMA chains as the whole product's, so the split changes
+    product a temporary). Pieces that are cblas_sgemm calls run as jobs on the product threads
+    (threadpool.run_jobs), others on parallel_for's. Each piece's elements are the same FMA chains as the whole product's, so the split changes
     no bit; a piece OpenBLAS would compute off its large path goes to thin_gemm."""
     batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
