@@ -319,7 +319,7 @@ def test_run_jobs_on_product_threads_awake_asleep_or_never_scheduled(monkeypatch
             blocks, jobs = _column_jobs(a, bt, c, 3)
             threadpool.run_jobs(jobs)
             for job in _column_jobs(a, bt, expected, 1)[1]:
-                threadpool._product_jit().execute(job)
+                threadpool._product_jit().execute(numpy.array(job, numpy.int64))
             numpy.testing.assert_array_equal(c, expected)
         assert len(threadpool._products["threads"]) == 2
         if not wakes:  # every piece was taken back: no job is left posted
