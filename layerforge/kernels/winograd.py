@@ -26,7 +26,7 @@ import math
 import numpy
 
 from ..backend import get_array_module
-from .blas import matmul, one_blas_thread
+from .blas import batch_invariant, matmul, one_blas_thread
 from .output_size import conv_output_size
 from .threadpool import cpu_kernel, into_contiguous, num_threads, parallel_for
 
@@ -311,8 +311,8 @@ def _position_products(a, b, out):
     results are too.
     """
     threads = num_threads() if isinstance(out, numpy.ndarray) else 1
-    if threads <= 1 or not one_blas_thread().available:
-        matmul(a, b, out=out)
+    if threads <= 1 or not one_blas_thread().available or batch_invariant():
+        matmul(a, b, out=out)  # under the switch: one stack, split by positions over the product threads (blas)
         return
     alpha = out.shape[1]
 
