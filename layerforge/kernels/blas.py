@@ -50,7 +50,7 @@ import numpy
 
 from ..backend import get_array_module
 from . import bf16_gemm, thin_gemm
-from .threadpool import MIN_PARALLEL_ELEMENTS, num_threads, parallel_for, run_jobs
+from .threadpool import MIN_PARALLEL_ELEMENTS, num_threads, parallel_for, product_jit, run_jobs
 
 @functools.cache
 def _scipy_blas():
@@ -183,10 +183,9 @@ def _cblas_sgemm(function, ilp64):
 def _sgemm_accumulate(a, b, c):
     """``c += a @ b`` for 2-D float32 arrays by OpenBLAS's cblas_sgemm (beta 1: in place, no temporary) on the
     calling thread; False where this BLAS has none or an array is not laid out as a BLAS matrix."""
-    control, fields = _openblas_control(), _sgemm_fields(a, b, c)
-    if fields is None:
+    control, f = _openblas_control(), _sgemm_fields(a, b, c)
+    if f is None:
         return False
-    f = fields
     control[2](101, f["TRANS_A"], f["TRANS_B"], f["M"], f["N"], f["K"], 1.0, f["A"], f["LDA"], f["B"], f["LDB"], 1.0,
                f["C"], f["LDC"])  # CblasRowMajor
     return True
@@ -217,8 +216,7 @@ def _sgemm_jobs(a, b, out, accumulate, cuts, axis):
     for cblas_sgemm (thin_gemm's shapes, no cblas_sgemm, a layout the BLAS cannot take). The arguments are worked
     out once for the whole product and offset per piece: Python's cost per product is what sharing small ones
     spends."""
-    from . import _product_jit as pj
-
+    pj = product_jit()
     stacked = axis == "matrices"
     fields = _sgemm_fields(*((a[0], b[0], out[0]) if stacked else (a, b, out)))
     if fields is None:

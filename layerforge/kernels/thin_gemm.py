@@ -24,7 +24,7 @@ import threading
 
 import numpy
 
-from .threadpool import num_threads, run_jobs
+from .threadpool import num_threads, product_jit, run_jobs
 
 BLOCK_K, UNROLL = 448, 16  # OpenBLAS's SGEMM_DEFAULT_Q and SGEMM_DEFAULT_UNROLL_M on SkylakeX
 _FLOAT32 = numpy.dtype(numpy.float32)
@@ -62,11 +62,6 @@ _lock = threading.Lock()
 _jit = []
 
 
-def _product_jit():
-    from . import _product_jit
-    return _product_jit
-
-
 def _kernels():
     """kernels/_thin_jit.py (imported, and its loops compiled or loaded from numba's cache, at the first product)."""
     if not _jit:
@@ -101,9 +96,10 @@ def _matrix(a, b, c, threaded):
     stream = not transposed and m < jit.ROWS  # one row or a few: b read as it lies, STREAM columns a pass
     # a thread's columns come in multiples of the kernels' widths: 256 for stream, 16 rows of bt, 64 (then 16) of b
     unit, stop = (256, n) if stream else (16, n) if transposed else (64, n // 16 * 16)
-    pieces = max(1, min(num_threads(), -(-stop // unit)))
-    cuts = [stop if p == pieces else -(-stop // unit) * p // pieces * unit for p in range(pieces + 1)]
-    pj = _product_jit()
+    units = -(-stop // unit)
+    pieces = max(1, min(num_threads(), units))
+    cuts = [stop if p == pieces else units * p // pieces * unit for p in range(pieces + 1)]
+    pj = product_jit()
     fields = dict(A=a.ctypes.data, B=b.ctypes.data, C=c.ctypes.data, M=m, N=n, K=k, TRANS_B=transposed, WIDTH=unit,
                   BLOCKS=blocks.ctypes.data, NBLOCKS=len(blocks))
     if stop:
@@ -174,7 +170,7 @@ def matmul(a, b, out=None, threaded=True):
         if not _shared(m, count * m * n * k, jit):
             jit.batch(a, b, flat, blocks, 0, count)
             return _done(c, out)
-        pieces, pj = min(num_threads(), count), _product_jit()
+        pieces, pj = min(num_threads(), count), product_jit()
         fields = dict(A=a.ctypes.data, B=b.ctypes.data, C=flat.ctypes.data, M=m, N=n, K=k, SA=a.strides[0] // 4,
                       SB=b.strides[0] // 4, SC=m * n, BLOCKS=blocks.ctypes.data, NBLOCKS=len(blocks))
         run_jobs([pj.job(pj.PRODUCT, LO=count * p // pieces, HI=count * (p + 1) // pieces, **fields)

@@ -168,7 +168,9 @@ def _syscall():
     return ctypes.cast(ctypes.CDLL(None).syscall, ctypes.c_void_p).value
 
 
-def _product_jit():
+def product_jit():
+    """kernels/_product_jit.py (its job fields and kinds), imported at the first shared product: numba's import costs
+    commands that share none."""
     from . import _product_jit
     return _product_jit
 
@@ -177,7 +179,7 @@ def run_jobs(jobs):
     """Compute the pieces of a product that ``jobs`` describe (kernels/_product_jit.py's ``job`` lists, pieces that
     write disjoint memory): the first on the calling thread, the others each on a product thread (on the calling thread
     too where none is free: another thread is sharing a product, or the kernels use one thread)."""
-    jit = _product_jit()
+    jit = product_jit()
     jobs = numpy.array(jobs, numpy.int64)
     lock = _products["lock"]
     wanted = min(len(jobs), num_threads()) - 1 if _syscall() else 0
@@ -201,7 +203,7 @@ def run_jobs(jobs):
 
 
 def _park_product_threads():
-    jit = _product_jit()
+    jit = product_jit()
     for thread in _products["threads"]:
         jit.park(thread.box)
 

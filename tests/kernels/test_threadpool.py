@@ -319,7 +319,7 @@ def test_run_jobs_on_product_threads_awake_asleep_or_never_scheduled(monkeypatch
             blocks, jobs = _column_jobs(a, bt, c, 3)
             threadpool.run_jobs(jobs)
             for job in _column_jobs(a, bt, expected, 1)[1]:
-                threadpool._product_jit().execute(numpy.array(job, numpy.int64))
+                threadpool.product_jit().execute(numpy.array(job, numpy.int64))
             numpy.testing.assert_array_equal(c, expected)
         assert len(threadpool._products["threads"]) == 2
         if not wakes:  # every piece was taken back: no job is left posted
@@ -342,7 +342,7 @@ def test_parallel_for_asks_spinning_product_threads_to_sleep(monkeypatch):
         c = numpy.empty((5, 64), numpy.float32)  # alive while the jobs write it
         threadpool.run_jobs(_column_jobs(a, bt, c, 2)[1])
         box = threadpool._products["threads"][0].box
-        pj = threadpool._product_jit()
+        pj = threadpool.product_jit()
         for _ in range(2000):
             if box[pj.STATE] == pj.AWAKE:
                 break
