@@ -388,13 +388,14 @@ def _large_product(a, b, out, accumulate=False):
             pieces = max(threads, -(-out.nbytes // PIECE_BYTES) if temporary else 1)
             pieces = max(1, min(pieces, units, m * n * k // (2 * thin_gemm.SMALL_MNK)))
 
+            cuts = [min(units * p // pieces * 16, length) for p in range(pieces + 1)]
+
             def piece(p):
-                start, stop = units * p // pieces * 16, min(units * (p + 1) // pieces * 16, length)
+                start, stop = cuts[p], cuts[p + 1]
                 if columns:
                     return a2, b2[:, start:stop], o2[:, start:stop]
                 return a2[start:stop], b2, o2[start:stop]
 
-            cuts = [min(units * p // pieces * 16, length) for p in range(pieces + 1)]
             jobs = _sgemm_jobs(a2, b2, o2, accumulate, cuts, "columns" if columns else "rows") \
                 if 1 < pieces <= threads else None
             if jobs is not None:
