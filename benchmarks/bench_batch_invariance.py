@@ -174,13 +174,15 @@ def split_products(repeat):
         b = b.T if transposed else b
         out = blas.matmul(a, b)
         multiply_adds = out.size * a.shape[-1]
+        openblas = _median(lambda: numpy.matmul(a, b, out=out), repeat)
+        time.sleep(0.25)  # OpenBLAS's threads spin for about 0.1 s after a product on the core a product thread needs
         times = []
         for threads, shared in ((1, False), (2, True)):
             threadpool.set_num_threads(threads)
             with _thresholds(thin_gemm, blas, shared), blas.one_blas_thread():
                 times.append(_median(lambda: blas.matmul(a, b, out=out), repeat))
         threadpool.set_num_threads(None)
-        times.append(_median(lambda: numpy.matmul(a, b, out=out), repeat))
+        times.append(openblas)
         print(f"{label:36} {multiply_adds / 1e6:11.2f} | {times[0]:8.1f} {times[1]:8.1f} | {times[2]:8.1f}")
 
 

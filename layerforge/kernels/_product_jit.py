@@ -1,5 +1,7 @@
 """The compiled part of kernels/threadpool.py's product threads (imported at the first shared product): a product's piece
 described as a row of integers (a job), the loop a product thread waits in, and the calling thread's post and wait.
+The jobs of a product are made from its arrays (``sgemm_jobs``, ``matrix_jobs``, ``stack_jobs``) and run (``run``) in
+one compiled call each: LeNet's products take 5-300 us, and the Python that built them cost 30-60 us.
 
 A job is one of four kinds, each the call the single-threaded path would make for that piece, so a piece's bits are
 the same on either thread:
@@ -152,9 +154,9 @@ _FIELD = {name: globals()[name] for name in ("A", "B", "C", "M", "N", "K", "LDA"
 
 
 def job(kind, **fields):
-    """A job of ``kind`` as a list of FIELDS integers: ``fields`` by their names above, array addresses as integers
-    (threadpool.run_jobs takes a list of them)."""
-    row = [0] * FIELDS
+    """A job of ``kind`` as an int64 array of FIELDS: ``fields`` by their names above, array addresses as integers
+    (threadpool.run_jobs takes a list of them, or an array of rows; :func:`cut_jobs` cuts one into pieces)."""
+    row = numpy.zeros(FIELDS, numpy.int64)
     row[KIND] = kind
     for name, value in fields.items():
         row[_FIELD[name]] = int(value)
@@ -239,6 +241,19 @@ def post(box, job, syscall):
 
 
 @jit
+def wake(box, syscall):
+    """Wake the product thread of ``box`` if it sleeps (or withdraw a request to sleep it has not yet acted on), so
+    that it is spinning again by the next post: a futex wake-up takes the thread tens of microseconds on these
+    machines, which a product that follows at once would otherwise wait for."""
+    base = box.ctypes.data
+    _store(base + 8 * PARK, 0)
+    _fence()
+    if _load(base + 8 * STATE) == ASLEEP:
+        _store(base + 8 * STATE, AWAKE)
+        _futex(syscall, base + 8 * STATE, FUTEX_WAKE_PRIVATE, 1)
+
+
+@jit
 def wait(box, budget):
     """Wait, spinning, until the product thread of ``box`` has done its job, or do the job here if the thread has not
     started it (asleep, or not yet scheduled); False if ``budget`` cycles passed first."""
@@ -254,6 +269,162 @@ def wait(box, budget):
             return False
         _pause()
     return True
+
+
+@jit
+def run(boxes, jobs, syscall, budget):
+    """Compute the pieces ``jobs`` (an int64 array, a job per row) describe: ``jobs[1:len(boxes) + 1]`` posted to the
+    product threads whose boxes are at the addresses ``boxes``, the first and those left over on this thread, then
+    each thread's waited for (or its job taken back), giving up the core between looks after ``budget`` cycles (a
+    descheduled thread: a loaded machine). One compiled call, so that sharing a product costs Python one call."""
+    posted = min(len(boxes), len(jobs) - 1)
+    for t in range(posted):
+        post(_box(boxes[t]), jobs[1 + t], syscall)
+    execute(jobs[0])
+    for j in range(1 + posted, len(jobs)):
+        execute(jobs[j])
+    for t in range(posted):
+        box = _box(boxes[t])
+        while not wait(box, budget):
+            _syscall0(syscall, SYS_SCHED_YIELD)
+
+
+@jit
+def _box(address):
+    return numba.carray(_integers(address), (JOB + FIELDS,))
+
+
+@jit
+def cut_jobs(job, field, cuts, steps):
+    """One job per piece ``[cuts[p], cuts[p + 1])`` of ``job`` (an int64 array): ``job[field]`` the piece's length
+    (``field`` < 0: the fields LO and HI its bounds), each field ``f`` with ``steps[f]`` advanced by ``steps[f]``
+    times the piece's start (the addresses of its first row, column or matrix)."""
+    jobs = numpy.empty((len(cuts) - 1, FIELDS), numpy.int64)
+    for p in range(len(cuts) - 1):
+        lo, hi = cuts[p], cuts[p + 1]
+        for f in range(FIELDS):
+            jobs[p, f] = job[f] + steps[f] * lo
+        if field < 0:
+            jobs[p, LO], jobs[p, HI] = lo, hi
+        else:
+            jobs[p, field] = hi - lo
+    return jobs
+
+
+@jit
+def _blas_layout(rows, columns, across, along):
+    # (CBLAS_TRANSPOSE, leading dimension) of a matrix whose rows are `across` floats apart and its columns `along`:
+    # 111 (NoTrans) with unit stride along its rows, 112 (Trans) along its columns, (0, 0) neither (a broadcast or a
+    # strided axis)
+    if along == 1 and (rows == 1 or across >= columns):
+        return 111, max(across, columns, 1)
+    if across == 1 and (columns == 1 or along >= rows):
+        return 112, max(along, rows, 1)
+    return 0, 0
+
+
+MATRICES, ROWS, COLUMNS = 0, 1, 2  # the axis of the output sgemm_jobs cuts
+
+
+@jit
+def sgemm_jobs(a, b, c, beta, function, ilp64, pieces, axis, small):
+    """``SGEMM`` jobs for ``c[i] (+)= a[i] @ b[i]`` (float32 stacks (count, M, K), (count, K, N), (count, M, N), a
+    stride of 0 for a broadcast one; ``beta`` 1: accumulate) by the cblas_sgemm at ``function`` (``ilp64``: of 64-bit
+    integers), cut into ``pieces`` along ``axis``: runs of whole matrices, or of rows or columns of the one matrix in
+    multiples of 16, columns cut where every row of c crosses a cache line. Empty where an array is not laid out as
+    a BLAS matrix, or where a piece would have at most ``small`` multiply-adds or one row or column (OpenBLAS would
+    compute it off its large path). One compiled call: Python's cost per product is what sharing small ones spends."""
+    none = numpy.empty((0, FIELDS), numpy.int64)
+    if function == 0 or a.strides[0] % 4 or a.strides[1] % 4 or a.strides[2] % 4 or b.strides[0] % 4 or \
+            b.strides[1] % 4 or b.strides[2] % 4 or c.strides[0] % 4 or c.strides[1] % 4 or c.strides[2] % 4:
+        return none
+    count, m, k, n = a.shape[0], a.shape[1], a.shape[2], c.shape[2]
+    a_at, a_across, a_along, a_stack = a.ctypes.data, a.strides[1] // 4, a.strides[2] // 4, a.strides[0] // 4
+    b_at, b_across, b_along, b_stack = b.ctypes.data, b.strides[1] // 4, b.strides[2] // 4, b.strides[0] // 4
+    c_at, c_across, c_along, c_stack = c.ctypes.data, c.strides[1] // 4, c.strides[2] // 4, c.strides[0] // 4
+    if _blas_layout(m, n, c_across, c_along)[0] == 112:  # c^T is row-major: c^T (+)= b^T a^T
+        a_at, b_at, a_stack, b_stack = b_at, a_at, b_stack, a_stack
+        a_across, a_along, b_across, b_along = b_along, b_across, a_along, a_across
+        c_across, c_along, m, n = c_along, c_across, n, m
+        axis = COLUMNS if axis == ROWS else ROWS if axis == COLUMNS else axis
+    trans_a, lda = _blas_layout(m, k, a_across, a_along)
+    trans_b, ldb = _blas_layout(k, n, b_across, b_along)
+    trans_c, ldc = _blas_layout(m, n, c_across, c_along)
+    if trans_a == 0 or trans_b == 0 or trans_c != 111:
+        return none
+    job, steps = numpy.zeros(FIELDS, numpy.int64), numpy.zeros(FIELDS, numpy.int64)
+    job[KIND], job[FUNCTION], job[ILP64], job[BETA], job[COUNT] = SGEMM, function, ilp64, beta, count
+    job[TRANS_A], job[TRANS_B], job[M], job[N], job[K] = trans_a, trans_b, m, n, k
+    job[A], job[LDA], job[B], job[LDB], job[C], job[LDC] = a_at, lda, b_at, ldb, c_at, ldc
+    job[SA], job[SB], job[SC] = a_stack, b_stack, c_stack
+    length = count if axis == MATRICES else n if axis == COLUMNS else m
+    unit, shift = 1 if axis == MATRICES else 16, 0
+    units = -(-length // unit)
+    pieces = max(1, min(pieces, units))
+    if axis == MATRICES:
+        field, steps[A], steps[B], steps[C] = COUNT, 4 * a_stack, 4 * b_stack, 4 * c_stack
+    elif axis == COLUMNS:
+        field, steps[B], steps[C] = N, 4 * (1 if trans_b == 111 else ldb), 4
+        if ldc % 16 == 0:  # two threads writing one cache line take turns for it, on every row
+            shift = (-c_at) % 64 // 4
+    else:
+        field, steps[A], steps[C] = M, 4 * (lda if trans_a == 111 else 1), 4 * ldc
+    cuts = numpy.empty(pieces + 1, numpy.int64)
+    for p in range(pieces + 1):
+        cuts[p] = 0 if p == 0 else length if p == pieces else min(units * p // pieces * unit + shift, length)
+    jobs = cut_jobs(job, field, cuts, steps)
+    for p in range(pieces):
+        rows, columns = jobs[p, M], jobs[p, N]
+        if small and (rows <= 1 or columns <= 1 or rows * columns * k <= small):
+            return none
+    return jobs
+
+
+@jit
+def _matrix_job(kind, a, b, c, blocks):
+    # the fields of a job of `kind` on matrices (or stacks of them) a, b, c, with OpenBLAS's blocks of the summed axis
+    job = numpy.zeros(FIELDS, numpy.int64)
+    job[KIND], job[A], job[B], job[C] = kind, a.ctypes.data, b.ctypes.data, c.ctypes.data
+    job[M], job[N], job[K] = c.shape[-2], c.shape[-1], a.shape[-1]
+    job[BLOCKS], job[NBLOCKS] = blocks.ctypes.data, blocks.shape[0]
+    return job
+
+
+@jit
+def matrix_jobs(kind, a, b, c, blocks, transposed, width, stop, threads):
+    """thin_gemm's ``GEMM`` or ``STREAM`` jobs for ``c[:, :stop] = a @ b[:, :stop]`` (a (M, K), b (K, N) or,
+    ``transposed``, bt (N, K), c (M, N), all C-contiguous; ``stop`` a multiple of ``width`` but transposed) shared by
+    up to ``threads``: runs of whole groups of ``width`` columns, or, where there are fewer groups than threads, runs
+    of whole groups of the kernels' rows of a (LeNet's second convolution at batch 1: 64 columns, 50 rows)."""
+    job, steps = _matrix_job(kind, a, b, c, blocks), numpy.zeros(FIELDS, numpy.int64)
+    job[TRANS_B], job[WIDTH] = transposed, width
+    units, row_units = -(-stop // width), a.shape[0] // _thin_jit.ROWS
+    if units >= threads or kind == STREAM or row_units < 2:
+        pieces = max(1, min(threads, units))
+        cuts = numpy.empty(pieces + 1, numpy.int64)
+        for p in range(pieces + 1):
+            cuts[p] = stop if p == pieces else units * p // pieces * width
+        return cut_jobs(job, -1, cuts, steps)
+    pieces = min(threads, row_units)
+    cuts = numpy.empty(pieces + 1, numpy.int64)
+    for p in range(pieces + 1):
+        cuts[p] = a.shape[0] if p == pieces else row_units * p // pieces * _thin_jit.ROWS
+    job[LO], job[HI] = 0, stop
+    steps[A], steps[C] = 4 * a.shape[1], 4 * c.shape[1]
+    return cut_jobs(job, M, cuts, steps)
+
+
+@jit
+def stack_jobs(a, b, c, blocks, pieces):
+    """thin_gemm's ``PRODUCT`` jobs for ``c[i] = a[i] @ b[i]`` (stacks (count, M, K), (count, K, N), (count, M, N) of
+    C-contiguous matrices, a stride of 0 between them for a broadcast one) in ``pieces`` runs of whole matrices."""
+    job = _matrix_job(PRODUCT, a, b, c, blocks)
+    job[SA], job[SB], job[SC] = a.strides[0] // 4, b.strides[0] // 4, c.strides[0] // 4
+    count = a.shape[0]
+    cuts = numpy.empty(pieces + 1, numpy.int64)
+    for p in range(pieces + 1):
+        cuts[p] = count * p // pieces
+    return cut_jobs(job, -1, cuts, numpy.zeros(FIELDS, numpy.int64))
 
 
 @jit

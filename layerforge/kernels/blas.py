@@ -183,78 +183,27 @@ def _cblas_sgemm(function, ilp64):
 def _sgemm_accumulate(a, b, c):
     """``c += a @ b`` for 2-D float32 arrays by OpenBLAS's cblas_sgemm (beta 1: in place, no temporary) on the
     calling thread; False where this BLAS has none or an array is not laid out as a BLAS matrix."""
-    control, f = _openblas_control(), _sgemm_fields(a, b, c)
-    if f is None:
+    jobs = _sgemm_jobs(a[None], b[None], c[None], True, 1, "matrices", invariant=False)
+    if jobs is None:
         return False
-    control[2](101, f["TRANS_A"], f["TRANS_B"], f["M"], f["N"], f["K"], 1.0, f["A"], f["LDA"], f["B"], f["LDB"], 1.0,
-               f["C"], f["LDC"])  # CblasRowMajor
+    product_jit().execute(jobs[0])
     return True
 
 
-def _sgemm_fields(a, b, c):
-    """The arguments of cblas_sgemm (row-major, alpha 1) for ``c (+)= a @ b`` of 2-D float32 arrays, by the names of
-    kernels/_product_jit.py's job fields, or None where this BLAS has no cblas_sgemm or an array is not laid out as a
-    BLAS matrix."""
+_AXES = {"matrices": 0, "rows": 1, "columns": 2}
+
+
+def _sgemm_jobs(a, b, out, accumulate, pieces, axis, invariant=True):
+    """kernels/_product_jit.py's SGEMM jobs for ``out (+)= a @ b`` of (count, rows, columns) float32 stacks, cut into
+    ``pieces`` along ``axis`` ("matrices"; "rows" or "columns" of one matrix: _product_jit.sgemm_jobs); None where
+    this BLAS has no cblas_sgemm, an array is not laid out as a BLAS matrix, or (``invariant``) a piece is one
+    OpenBLAS computes off its large path (thin_gemm's shapes)."""
     control = _openblas_control()
     if not control or control[2] is None:
         return None
-    if _layout(c) == 112:  # c^T is row-major: c^T += b^T a^T
-        a, b, c = b.T, a.T, c.T
-    layouts = [_layout(x) for x in (a, b, c)]
-    if None in layouts or layouts[2] != 111:
-        return None
-    (m, k), n = a.shape, b.shape[1]
-    ld = [max(x.strides[0 if t == 111 else 1] // 4, x.shape[1 if t == 111 else 0], 1) for x, t in zip((a, b, c),
-                                                                                                     layouts)]
-    return dict(TRANS_A=layouts[0], TRANS_B=layouts[1], M=m, N=n, K=k, A=a.ctypes.data, LDA=ld[0], B=b.ctypes.data,
-                LDB=ld[1], C=c.ctypes.data, LDC=ld[2])
-
-
-def _sgemm_jobs(a, b, out, accumulate, cuts, axis):
-    """kernels/_product_jit.py's SGEMM jobs for ``out (+)= a @ b`` cut at ``cuts`` along ``axis``: "rows" or
-    "columns" of 2-D float32 arrays, or "matrices" of (count, rows, columns) stacks; None where a piece is not one
-    for cblas_sgemm (thin_gemm's shapes, no cblas_sgemm, a layout the BLAS cannot take). The arguments are worked
-    out once for the whole product and offset per piece: Python's cost per product is what sharing small ones
-    spends."""
-    pj = product_jit()
-    stacked = axis == "matrices"
-    fields = _sgemm_fields(*((a[0], b[0], out[0]) if stacked else (a, b, out)))
-    if fields is None:
-        return None
-    control, swapped = _openblas_control(), _layout(out[0] if stacked else out) == 112  # c^T += b^T a^T
-    first = pj.job(pj.SGEMM, BETA=accumulate, FUNCTION=control[3], ILP64=control[4], COUNT=1, **fields)
-    jobs = []
-    if stacked:
-        strides = [x.strides[0] // 4 for x in ((b, a) if swapped else (a, b))] + [out.strides[0] // 4]
-        first[pj.SA], first[pj.SB], first[pj.SC] = strides
-        steps = {pj.A: 4 * strides[0], pj.B: 4 * strides[1], pj.C: 4 * strides[2]}
-        size = pj.COUNT
-    elif (axis == "columns") != swapped:
-        steps = {pj.B: 4 * (1 if fields["TRANS_B"] == 111 else fields["LDB"]), pj.C: 4}
-        size = pj.N
-    else:
-        steps = {pj.A: 4 * (fields["LDA"] if fields["TRANS_A"] == 111 else 1), pj.C: 4 * fields["LDC"]}
-        size = pj.M
-    for lo, hi in zip(cuts, cuts[1:]):
-        job = list(first)
-        job[size] = hi - lo
-        for field, step in steps.items():
-            job[field] += step * lo
-        if thin_gemm.is_thin(job[pj.M], job[pj.N], job[pj.K]):
-            return None
-        jobs.append(job)
-    return jobs
-
-
-def _layout(x):
-    # CBLAS_TRANSPOSE of a 2-D float32 x seen as a row-major matrix: 111 (NoTrans) with unit stride along its rows,
-    # 112 (Trans) along its columns, None otherwise (a broadcast or strided axis)
-    item, (rows, columns), (across, along) = 4, x.shape, x.strides
-    if along == item and (rows == 1 or across >= item * columns):
-        return 111
-    if across == item and (columns == 1 or along >= item * rows):
-        return 112
-    return None
+    jobs = product_jit().sgemm_jobs(a, b, out, accumulate, control[3], control[4], pieces, _AXES[axis],
+                                    thin_gemm.SMALL_MNK if invariant else 0)
+    return jobs if len(jobs) else None
 
 
 class _OneBlasThread:
@@ -332,7 +281,8 @@ def _invariant_matmul(a, b, out):
     thin_gemm where OpenBLAS leaves that path or where a has few rows (:data:`FEW_ROWS`), else by numpy's BLAS on one
     thread (:func:`_large_product`)."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    if thin_gemm.is_thin(m, n, k) or m < FEW_ROWS[b.strides[-2] == b.itemsize and n > 1]:
+    if thin_gemm.is_thin(m, n, k) or m < FEW_ROWS[b.strides[-2] == b.itemsize and n > 1] or \
+            m * n * k <= THIN_MULTIPLY_ADDS:
         return thin_gemm.matmul(a, b, out, threaded=False)
     return _large_product(_blasable(a), _blasable(b), out)
 
@@ -343,20 +293,27 @@ def _invariant_matmul(a, b, out):
 # against 39, at 64 60 against 51), and b C-contiguous (a convolution's columns; 4 rows: 0.5-0.9 times OpenBLAS's
 # time, 10 rows up to 1.9 times)
 FEW_ROWS = {True: 32, False: 8}
+# multiply-adds up to which a product goes to thin_gemm whatever its rows: on one thread it is as fast as OpenBLAS's
+# there (which packs both operands; 50 x 500 x 64, LeNet's second convolution at batch 1: 26 us against 28;
+# 64 x 256 x 256: 47 against 61), and it shares such a product between the threads in pieces of rows or columns
+# where OpenBLAS's pieces would leave its large path (below thin_gemm.SMALL_MNK each)
+THIN_MULTIPLY_ADDS = 1 << 22
 
 
 # multiply-adds from which a product under the switch is split over the kernel threads: about 100 us on one core of
-# this project's machine, where making and sharing the jobs costs about 60 us of Python (threadpool.run_jobs; the
-# product threads take a job in about a microsecond): 64 x 256 x 256, 4M, took 85 us on one thread and 105 shared,
-# 50 x 500 x 640, 16M, 348 and 265 (bench_batch_invariance.py --split)
+# this project's machine, where making and sharing the jobs costs about 30 us (its Python with the caches cold after
+# the product before: 50 x 500 x 640, LeNet's second convolution at batch 10, 16M, 270 us on one thread, 196 shared;
+# the product threads take a job in about a microsecond). The products up to THIN_MULTIPLY_ADDS go to thin_gemm
 SPLIT_MULTIPLY_ADDS = 1 << 22
 
 
-def _large_product(a, b, out, accumulate=False):
+def _large_product(a, b, out, accumulate=False, invariant=True):
     """``out = a @ b`` (``accumulate``: ``out += a @ b``) of float32 arrays (numpy's matmul rules; ``out`` of the
-    product's shape, or None) on OpenBLAS's large path, each BLAS call on one thread (:func:`one_blas_thread`): a
-    stack of products split by matrices over the kernel threads, one matrix by columns (or by rows, where it has
-    more rows than columns: each thread packs the other operand whole). A product is accumulated in place by
+    product's shape, or None) on OpenBLAS's large path (not ``invariant``: a weight gradient, a sum over the batch
+    whatever the arithmetic, whose small pieces may take OpenBLAS's small-matrix kernel and GEMV, faster there than
+    thin_gemm and a temporary), each BLAS call on one thread (:func:`one_blas_thread`): a
+    stack of products split by matrices over the kernel threads, one matrix by columns where it is at least twice as
+    wide as high, else by rows. A product is accumulated in place by
     cblas_sgemm, or, with a BLAS without it, in pieces of at most :data:`PIECE_BYTES` of ``out`` (each piece's
     product a temporary). Pieces that are cblas_sgemm calls run as jobs on the product threads
     (threadpool.run_jobs), others on parallel_for's. Each piece's elements are the same FMA chains as the whole product's, so the split changes
@@ -373,38 +330,39 @@ def _large_product(a, b, out, accumulate=False):
         stacks = [_stack(x, batch, count) for x in (a, b, out)] if threads > 1 and count > 1 else [None]
         if all(x is not None for x in stacks):
             sa, sb, so = stacks
-            jobs = _sgemm_jobs(sa, sb, so, accumulate, [count * p // threads for p in range(threads + 1)],
-                               "matrices")
+            jobs = _sgemm_jobs(sa, sb, so, accumulate, threads, "matrices", invariant)
             if jobs is not None:
                 run_jobs(jobs)
             else:
-                parallel_for(count, lambda lo, hi: _piece(sa[lo:hi], sb[lo:hi], so[lo:hi], accumulate),
+                parallel_for(count, lambda lo, hi: _piece(sa[lo:hi], sb[lo:hi], so[lo:hi], accumulate, invariant),
                              work=MIN_PARALLEL_ELEMENTS)
         elif count == 1 and (threads > 1 or temporary and out.nbytes > PIECE_BYTES):
             a2, b2, o2 = (x.reshape(x.shape[-2:]) for x in (a, b, out))
-            columns = m <= n
+            # by columns where out is at least twice as wide as high, else by rows: two threads writing the halves of
+            # every row of out cost more than each packing the other operand (500 x 50 x 640, LeNet's second
+            # convolution's data gradient at batch 10: 268 us by columns, 204 by rows; 50 x 500 x 640: 240 and 297)
+            columns = 2 * m <= n
             length = n if columns else m
             units = -(-length // 16)
             pieces = max(threads, -(-out.nbytes // PIECE_BYTES) if temporary else 1)
             pieces = max(1, min(pieces, units, m * n * k // (2 * thin_gemm.SMALL_MNK)))
-
-            cuts = [min(units * p // pieces * 16, length) for p in range(pieces + 1)]
-
-            def piece(p):
-                start, stop = cuts[p], cuts[p + 1]
-                if columns:
-                    return a2, b2[:, start:stop], o2[:, start:stop]
-                return a2[start:stop], b2, o2[start:stop]
-
-            jobs = _sgemm_jobs(a2, b2, o2, accumulate, cuts, "columns" if columns else "rows") \
-                if 1 < pieces <= threads else None
+            jobs = _sgemm_jobs(a2[None], b2[None], o2[None], accumulate, pieces, "columns" if columns else "rows",
+                               invariant) if 1 < pieces <= threads else None
             if jobs is not None:
                 run_jobs(jobs)
             else:
-                parallel_for(pieces, lambda lo, hi: [_piece(*piece(p), accumulate) for p in range(lo, hi)],
+                cuts = [min(units * p // pieces * 16, length) for p in range(pieces + 1)]
+
+                def piece(p):
+                    start, stop = cuts[p], cuts[p + 1]
+                    if columns:
+                        return a2, b2[:, start:stop], o2[:, start:stop]
+                    return a2[start:stop], b2, o2[start:stop]
+
+                parallel_for(pieces, lambda lo, hi: [_piece(*piece(p), accumulate, invariant) for p in range(lo, hi)],
                              work=MIN_PARALLEL_ELEMENTS if threads > 1 else 0)
         else:
-            _piece(a, b, out, accumulate)
+            _piece(a, b, out, accumulate, invariant)
     return out
 
 
@@ -420,10 +378,10 @@ def _stack(x, batch, count):
     return view if numpy.may_share_memory(view, x) else None
 
 
-def _piece(a, b, out, accumulate):
-    # out (+)= a @ b on this thread, on one BLAS thread, each element a large-path FMA chain (accumulated into out in
-    # place by cblas_sgemm where this BLAS has it)
-    thin = thin_gemm.is_thin(a.shape[-2], b.shape[-1], a.shape[-1])
+def _piece(a, b, out, accumulate, invariant):
+    # out (+)= a @ b on this thread, on one BLAS thread, each element a large-path FMA chain where invariant
+    # (accumulated into out in place by cblas_sgemm where this BLAS has it)
+    thin = invariant and thin_gemm.is_thin(a.shape[-2], b.shape[-1], a.shape[-1])
     if not accumulate:
         if thin:
             thin_gemm.matmul(a, b, out, threaded=False)
@@ -508,10 +466,13 @@ def add_matmul(c, a, b, overwrite=False):
             c.shape, a.shape[:-1] + b.shape[-1:]):
         return bf16_gemm.matmul(a, b, c, accumulate=not overwrite)
     a, b = _operands(a, b)
+    # under the switch a weight gradient large enough to split goes over the kernel threads (the pass holds OpenBLAS
+    # to one thread); it sums over the batch, so it need not be computed as the large path does. A smaller one (conv1's
+    # per-image gradients, an outer product at batch 1) takes the plain path below, in one call
     if c.dtype == a.dtype == b.dtype == numpy.float32 and a.ndim >= 2 and b.ndim >= 2 and batch_invariant() and \
-            canonical_blas() and c.shape == numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2],
-                                                                                                  b.shape[-1]):
-        return _large_product(_blasable(a), _blasable(b), c, accumulate=not overwrite)
+            canonical_blas() and c.size * a.shape[-1] >= 2 * SPLIT_MULTIPLY_ADDS and \
+            c.shape == numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]):
+        return _large_product(_blasable(a), _blasable(b), c, accumulate=not overwrite, invariant=False)
     gemm = None
     scipy_blas = _scipy_blas() if c.ndim == 2 and c.nbytes >= MIN_BYTES and c.flags.c_contiguous else None
     if scipy_blas is not None:

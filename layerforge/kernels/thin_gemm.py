@@ -29,13 +29,12 @@ from .threadpool import num_threads, product_jit, run_jobs
 BLOCK_K, UNROLL = 448, 16  # OpenBLAS's SGEMM_DEFAULT_Q and SGEMM_DEFAULT_UNROLL_M on SkylakeX
 _FLOAT32 = numpy.dtype(numpy.float32)
 SMALL_MNK = 100 ** 3  # OpenBLAS's small-matrix kernel takes products of at most this many multiply-adds
-# multiply-adds from which a product is shared between the kernel threads (threadpool.run_jobs: the product threads
-# take a job in about a microsecond, but making the jobs and sharing costs about 40 us of Python on this project's
-# 2-core machine): about 2M in the kernels that take four rows of a at a time (LeNet's ip1 at batch 10, 4M: 219 us
-# on one thread, 121 shared; its first convolution at batch 10, ten products of 0.29M: 97 and 89), 1M in those
-# that take fewer (ResNet-50's fc at batch 1, 2M: 414 and 312; LeNet's ip1 at batch 1, 0.4M: 50 and 55).
-# bench_batch_invariance.py --split measures them
-PARALLEL_MULTIPLY_ADDS, PARALLEL_MULTIPLY_ADDS_FEW_ROWS = 3 << 20, 1 << 20
+# multiply-adds from which a product is shared between the kernel threads (threadpool.run_jobs: a product thread
+# takes a job in about a microsecond, and making the jobs in one compiled call and sharing them costs 5-10 us on this
+# project's 2-core machine): 0.5M in the kernels that take four rows of a at a time (LeNet's first convolution at
+# batch 1, 0.29M: 9 us on one thread, 12 shared; at batch 10, ten products of 0.29M: 104 and 71), 0.25M in those that
+# take fewer (LeNet's ip1 at batch 1, 0.4M: 61 and 25). bench_batch_invariance.py --split measures them
+PARALLEL_MULTIPLY_ADDS, PARALLEL_MULTIPLY_ADDS_FEW_ROWS = 1 << 19, 1 << 18
 
 
 def k_blocks(k, threaded):
@@ -96,14 +95,10 @@ def _matrix(a, b, c, threaded):
     stream = not transposed and m < jit.ROWS  # one row or a few: b read as it lies, STREAM columns a pass
     # a thread's columns come in multiples of the kernels' widths: 256 for stream, 16 rows of bt, 64 (then 16) of b
     unit, stop = (256, n) if stream else (16, n) if transposed else (64, n // 16 * 16)
-    units = -(-stop // unit)
-    pieces = max(1, min(num_threads(), units))
-    cuts = [stop if p == pieces else units * p // pieces * unit for p in range(pieces + 1)]
-    pj = product_jit()
-    fields = dict(A=a.ctypes.data, B=b.ctypes.data, C=c.ctypes.data, M=m, N=n, K=k, TRANS_B=transposed, WIDTH=unit,
-                  BLOCKS=blocks.ctypes.data, NBLOCKS=len(blocks))
     if stop:
-        run_jobs([pj.job(pj.STREAM if stream else pj.GEMM, LO=lo, HI=hi, **fields) for lo, hi in zip(cuts, cuts[1:])])
+        pj = product_jit()
+        run_jobs(pj.matrix_jobs(pj.STREAM if stream else pj.GEMM, a, b, c, blocks, transposed, unit, stop,
+                                num_threads()))
     if stop < n:  # the last columns, through a copy padded with zeros to 16
         padded = numpy.zeros((k, 16), numpy.float32)
         padded[:, :n - stop] = b[:, stop:]
@@ -170,11 +165,7 @@ def matmul(a, b, out=None, threaded=True):
         if not _shared(m, count * m * n * k, jit):
             jit.batch(a, b, flat, blocks, 0, count)
             return _done(c, out)
-        pieces, pj = min(num_threads(), count), product_jit()
-        fields = dict(A=a.ctypes.data, B=b.ctypes.data, C=flat.ctypes.data, M=m, N=n, K=k, SA=a.strides[0] // 4,
-                      SB=b.strides[0] // 4, SC=m * n, BLOCKS=blocks.ctypes.data, NBLOCKS=len(blocks))
-        run_jobs([pj.job(pj.PRODUCT, LO=count * p // pieces, HI=count * (p + 1) // pieces, **fields)
-                  for p in range(pieces)])
+        run_jobs(product_jit().stack_jobs(a, b, flat, blocks, min(num_threads(), count)))
         return _done(c, out)
     a = numpy.broadcast_to(a, tuple(batch) + a.shape[-2:]).reshape((count,) + a.shape[-2:])
     b = numpy.broadcast_to(b, tuple(batch) + b.shape[-2:]).reshape((count,) + b.shape[-2:])

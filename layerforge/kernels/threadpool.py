@@ -20,7 +20,6 @@ import functools
 import os
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy
@@ -109,7 +108,8 @@ def parallel_for(n, body, work):
     if threads <= 1 or work < MIN_PARALLEL_ELEMENTS or getattr(_inside, "active", False):
         body(0, n)
         return
-    if _products["threads"]:
+    parked = bool(_products["threads"])
+    if parked:
         _park_product_threads()
     bounds = [n * k // threads for k in range(threads + 1)]
 
@@ -124,6 +124,8 @@ def parallel_for(n, body, work):
     try:
         run(bounds[0], bounds[1])
     finally:
+        if parked:  # spinning again by the next product: a futex wake-up takes it tens of microseconds
+            _wake_product_threads()
         for f in futures:
             f.result()
 
@@ -133,7 +135,7 @@ def parallel_for(n, body, work):
 # thread's spin for a job before it lets other threads run between its looks. A waiting product thread gives its
 # core to any thread that wants it every few microseconds (sched_yield), and parallel_for asks it to sleep at once
 SPIN_CYCLES, WAIT_CYCLES = 1 << 22, 1 << 22
-_products = {"threads": None, "lock": threading.Lock()}
+_products = {"threads": None, "boxes": None, "lock": threading.Lock()}
 
 
 class _ProductThread:
@@ -176,30 +178,36 @@ def product_jit():
 
 
 def run_jobs(jobs):
-    """Compute the pieces of a product that ``jobs`` describe (kernels/_product_jit.py's ``job`` lists, pieces that
-    write disjoint memory): the first on the calling thread, the others each on a product thread (on the calling thread
-    too where none is free: another thread is sharing a product, or the kernels use one thread)."""
+    """Compute the pieces of a product that ``jobs`` describe (kernels/_product_jit.py's jobs, a list of them or an
+    int64 array of rows; pieces that write disjoint memory): the first on the calling thread, the others each on a
+    product thread (on the calling thread too where none is free: another thread is sharing a product, or the kernels
+    use one thread). One compiled call posts, computes and waits (_product_jit.run)."""
     jit = product_jit()
-    jobs = numpy.array(jobs, numpy.int64)
+    jobs = numpy.asarray(jobs, numpy.int64)
     lock = _products["lock"]
     wanted = min(len(jobs), num_threads()) - 1 if _syscall() else 0
-    threads = []
     if wanted > 0 and not getattr(_inside, "active", False) and lock.acquire(blocking=False):
-        started = _products["threads"] = _products["threads"] or []
-        started.extend(_ProductThread(jit) for _ in range(wanted - len(started)))
-        threads = started[:wanted]
-    try:
-        for thread, job in zip(threads, jobs[1:]):
-            jit.post(thread.box, job, _syscall())
-        jit.execute(jobs[0])
-        for job in jobs[1 + len(threads):]:
-            jit.execute(job)
-    finally:
-        for thread in threads:
-            while not jit.wait(thread.box, WAIT_CYCLES):
-                time.sleep(0)  # its thread descheduled (a loaded machine): give up the core for a while
-        if threads:
+        try:
+            started = _products["threads"] = _products["threads"] or []
+            if len(started) < wanted:
+                try:
+                    started.extend(_ProductThread(jit) for _ in range(wanted - len(started)))
+                finally:  # the mailboxes of the threads started, every one of which is serving
+                    _products["boxes"] = numpy.array([t.box.ctypes.data for t in started], numpy.int64)
+            jit.run(_products["boxes"][:wanted], jobs, _syscall(), WAIT_CYCLES)
+        finally:
             lock.release()
+    else:
+        jit.run(_NO_BOXES, jobs, 0, WAIT_CYCLES)
+
+
+_NO_BOXES = numpy.zeros(0, numpy.int64)
+
+
+def _wake_product_threads():
+    jit = product_jit()
+    for thread in _products["threads"]:
+        jit.wake(thread.box, _syscall())
 
 
 def _park_product_threads():
@@ -210,7 +218,7 @@ def _park_product_threads():
 
 def _forget_product_threads():
     # a forked child has none of its parent's threads
-    _products["threads"], _products["lock"] = None, threading.Lock()
+    _products["threads"], _products["boxes"], _products["lock"] = None, None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_product_threads)

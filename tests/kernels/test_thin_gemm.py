@@ -76,6 +76,7 @@ def test_one_image_s_product_into_out_as_the_matrices_alone(m, k, n, out_dtype):
     ((2, 700), (700, 3000), "b"),  # a few rows: the stream kernel over columns
     ((9, 800), (800, 500), "bt"),  # x @ W.T: groups of 16 rows of W
     ((9, 300), (300, 1000), "b"),  # 64 columns at a time, then 16, then 8 from a padded copy
+    ((50, 500), (500, 64), "b"),  # one group of 64 columns: runs of rows (LeNet's second convolution at batch 1)
     ((6, 20, 25), (25, 500), "b"),  # one small product per image, a broadcast over them
     ((20, 25), (6, 25, 500), "b")])
 def test_products_shared_with_product_threads_equal_one_thread(monkeypatch, threads, shape_a, shape_b, layout):

@@ -329,31 +329,37 @@ def test_run_jobs_on_product_threads_awake_asleep_or_never_scheduled(monkeypatch
     numpy.testing.assert_allclose(expected, a.astype(numpy.float64) @ bt.T, rtol=1e-4, atol=1e-3)
 
 
-def test_parallel_for_asks_spinning_product_threads_to_sleep(monkeypatch):
+def test_parallel_for_asks_spinning_product_threads_to_sleep_and_wakes_them_after(monkeypatch):
     """A product thread spinning for its next job would take a core from parallel_for's threads: parallel_for asks
-    it to sleep first."""
+    it to sleep while its pieces run, and wakes it when its own piece is done, so that the thread spins again by the
+    next product (a futex wake-up takes tens of microseconds, which that product would wait for)."""
     monkeypatch.setattr(threadpool, "SPIN_CYCLES", 1 << 33)
     monkeypatch.setitem(threadpool._products, "threads", None)
     monkeypatch.setattr(threadpool, "MIN_PARALLEL_ELEMENTS", 0)
     rs = numpy.random.RandomState(2)
     a, bt = rs.randn(5, 300).astype(numpy.float32), rs.randn(64, 300).astype(numpy.float32)
+    pj = threadpool.product_jit()
+
+    def state_becomes(box, state):
+        for _ in range(2000):
+            if box[pj.STATE] == state:
+                return True
+            threading.Event().wait(0.001)
+        return False
+
     threadpool.set_num_threads(2)
     try:
         c = numpy.empty((5, 64), numpy.float32)  # alive while the jobs write it
         threadpool.run_jobs(_column_jobs(a, bt, c, 2)[1])
         box = threadpool._products["threads"][0].box
-        pj = threadpool.product_jit()
-        for _ in range(2000):
-            if box[pj.STATE] == pj.AWAKE:
-                break
-            threading.Event().wait(0.001)
-        assert box[pj.STATE] == pj.AWAKE  # spinning: its budget is seconds
-        threadpool.parallel_for(4, lambda lo, hi: None, work=1)
-        for _ in range(2000):
-            if box[pj.STATE] == pj.ASLEEP:
-                break
-            threading.Event().wait(0.001)
-        assert box[pj.STATE] == pj.ASLEEP
+        assert state_becomes(box, pj.AWAKE)  # spinning: its budget is seconds
+        seen = []
+        threadpool.parallel_for(2, lambda lo, hi: seen.append(state_becomes(box, pj.ASLEEP)) if lo == 0 else None,
+                                work=1)
+        assert seen == [True]
+        assert state_becomes(box, pj.AWAKE)
+        threadpool.run_jobs(_column_jobs(a, bt, c, 2)[1])
+        numpy.testing.assert_allclose(c, a.astype(numpy.float64) @ bt.T, rtol=1e-4, atol=1e-3)
     finally:
         threadpool.set_num_threads(None)
 

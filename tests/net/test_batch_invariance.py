@@ -336,6 +336,8 @@ def test_one_blas_thread_nests_and_puts_the_count_back_when_the_last_context_clo
     ((70, 600), (600, 900), False),  # columns split, the summed axis cut in two unequal halves on one thread
     ((900, 600), (600, 70), False),  # rows
     ((7, 40, 300), (300, 130), False),  # a stack: matrices split, b broadcast
+    ((3, 70, 600), (600, 130), False),  # a stack of products larger than thin_gemm takes (blas.THIN_MULTIPLY_ADDS)
+    ((500, 50), (50, 640), False),  # rows: out is less than twice as wide as high
     ((1, 64, 2001), (1, 2001, 400), False),  # one matrix behind an axis of one
     ((64, 3), (3, 900), True),  # a weight gradient's outer product, accumulated in place (cblas_sgemm)
     ((130, 600), (600, 700), True)])
@@ -365,6 +367,37 @@ def test_large_products_split_over_the_kernel_threads_give_numpys_bits_on_one_bl
     else:
         numpy.testing.assert_array_equal(blas.matmul(a, b), expected)
         numpy.testing.assert_array_equal(blas.matmul(a[..., :1, :], b), expected[..., :1, :])  # one row: thin_gemm
+
+
+@pytest.mark.skipif(not blas.one_blas_thread().available, reason="numpy's BLAS is not an OpenBLAS whose threads can be set")
+@pytest.mark.parametrize("axis", ["rows", "columns"])
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("pieces", [2, 3])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_sgemm_jobs_cut_one_product_into_pieces_with_one_blas_threads_bits(axis, order, pieces, transposed):
+    """blas._sgemm_jobs cuts a product into cblas_sgemm calls on rows or columns of out, in either layout of out
+    (F: c^T = b^T a^T) and of a; each piece computes its elements as the whole product on one BLAS thread does. A
+    column cut lands on a cache line of every row of out (two threads writing one line take turns for it)."""
+    from layerforge.kernels import threadpool
+
+    rs = numpy.random.RandomState(5)
+    a, b = rs.randn(96, 700).astype(numpy.float32), rs.randn(700, 330).astype(numpy.float32)
+    a = numpy.ascontiguousarray(a.T).T if transposed else a
+    with blas.one_blas_thread():
+        expected = numpy.matmul(a, b)
+    buffer = numpy.empty(96 * 336 + 32, numpy.float32)  # out's rows 336 floats apart, starting off a cache line
+    start = (16 - buffer.ctypes.data % 64 // 4) % 16 + 3
+    out = buffer[start:start + 96 * 336].reshape(96, 336)[:, :330] if order == "C" else \
+        numpy.empty((330, 96), numpy.float32).T
+    jobs = blas._sgemm_jobs(a[None], b[None], out[None], False, pieces, axis)
+    assert len(jobs) == pieces
+    pj = threadpool.product_jit()
+    if order == "C" and axis == "columns":
+        assert all(job[pj.C] % 64 == 0 for job in jobs[1:])
+    with blas.one_blas_thread():
+        for job in jobs:
+            pj.execute(job)
+    numpy.testing.assert_array_equal(out, expected)
 
 
 @pytest.mark.skipif(not blas.one_blas_thread().available, reason="numpy's BLAS is not an OpenBLAS whose threads can be set")
