@@ -417,10 +417,11 @@ def matrix_jobs(kind, a, b, c, blocks, transposed, width, stop, threads):
 @jit
 def stack_jobs(a, b, c, blocks, pieces):
     """thin_gemm's ``PRODUCT`` jobs for ``c[i] = a[i] @ b[i]`` (stacks (count, M, K), (count, K, N), (count, M, N) of
-    C-contiguous matrices, a stride of 0 between them for a broadcast one) in ``pieces`` runs of whole matrices."""
+    C-contiguous matrices, a stride of 0 between them for a broadcast one; ``a`` (M, K): one for all) in ``pieces``
+    runs of whole matrices."""
     job = _matrix_job(PRODUCT, a, b, c, blocks)
-    job[SA], job[SB], job[SC] = a.strides[0] // 4, b.strides[0] // 4, c.strides[0] // 4
-    count = a.shape[0]
+    job[SA], job[SB], job[SC] = 0 if a.ndim == 2 else a.strides[0] // 4, b.strides[0] // 4, c.strides[0] // 4
+    count = c.shape[0]
     cuts = numpy.empty(pieces + 1, numpy.int64)
     for p in range(pieces + 1):
         cuts[p] = count * p // pieces

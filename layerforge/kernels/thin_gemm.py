@@ -133,6 +133,15 @@ def matmul(a, b, out=None, threaded=True):
             return c
         into[...] = c  # an out of another layout or dtype
         return out
+    if into is not None and b.ndim >= 3 and into.ndim == b.ndim and a.size == x.shape[-2] * x.shape[-1] and \
+            x.dtype is _FLOAT32 and y.dtype is _FLOAT32 and into.dtype is _FLOAT32 and into.flags.c_contiguous and \
+            b.flags.c_contiguous and x.shape[-1] == y.shape[-2] and into.shape[:-2] == b.shape[:-2] and \
+            into.shape[-2:] == (x.shape[-2], y.shape[-1]) and into.shape[-2] * into.shape[-1] * x.shape[-1] <= SMALL_MNK:
+        # one matrix times a stack of small ones (a convolution's weights and its images' columns): one compiled call
+        # makes the jobs, a's matrix shared by all (LeNet's first convolution at batch 10: ten products of 9 us)
+        _small_stack(a.reshape(x.shape[-2:]), b.reshape((-1,) + b.shape[-2:]), into.reshape((-1,) + into.shape[-2:]),
+                     threaded)
+        return out
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"thin_gemm.matmul takes matrices, got {a.shape} and {b.shape}")
     if math.prod(a.shape[:-2]) == 1 and math.prod(b.shape[:-2]) == 1:
@@ -172,6 +181,19 @@ def matmul(a, b, out=None, threaded=True):
     for i in range(count):
         _matrix(a[i], b[i], flat[i], threaded)
     return _done(c, out)
+
+
+def _small_stack(a, b, c, threaded):
+    # c[i] = a @ b[i]: a (M, K), b (count, K, N) and c (count, M, N) C-contiguous, each product at most SMALL_MNK
+    m, k = a.shape
+    count, n = b.shape[0], b.shape[2]
+    if k == 0:
+        c[...] = 0
+        return
+    a = a if _rows_contiguous(a) else numpy.ascontiguousarray(a)
+    jit = _jit[0] if _jit else _kernels()
+    pieces = min(num_threads(), count) if _shared(m, count * m * n * k, jit) else 1
+    run_jobs(product_jit().stack_jobs(a, b, c, _blocks(k, threaded), pieces))
 
 
 def _rows_contiguous(x):

@@ -153,6 +153,10 @@ class _ProductThread:
         words = jit.JOB + jit.FIELDS
         self.box = numpy.ctypeslib.as_array((ctypes.c_int64 * words).from_address(libc.calloc(words, 8)))
         self.box[jit.STATE] = jit.AWAKE
+        # compiled (or loaded from numba's cache) here, not in the thread: a daemon thread still compiling when the
+        # interpreter exits crashes it (a short first run under the switch)
+        import numba
+        jit.serve.compile((numba.typeof(self.box), numba.int64, numba.int64))
         threading.Thread(target=self._serve, name="layerforge-product", daemon=True).start()
 
     def _serve(self):

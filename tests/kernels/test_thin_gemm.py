@@ -78,7 +78,8 @@ def test_one_image_s_product_into_out_as_the_matrices_alone(m, k, n, out_dtype):
     ((9, 300), (300, 1000), "b"),  # 64 columns at a time, then 16, then 8 from a padded copy
     ((50, 500), (500, 64), "b"),  # one group of 64 columns: runs of rows (LeNet's second convolution at batch 1)
     ((6, 20, 25), (25, 500), "b"),  # one small product per image, a broadcast over them
-    ((20, 25), (6, 25, 500), "b")])
+    ((20, 25), (6, 25, 500), "b"),
+    ((1, 20, 25), (7, 1, 25, 500), "b")])  # a convolution's filters times its images' columns (IMPLICIT's forward)
 def test_products_shared_with_product_threads_equal_one_thread(monkeypatch, threads, shape_a, shape_b, layout):
     """A product shared between the kernel threads is handed to product threads as jobs (threadpool.run_jobs); each
     element is computed alone, so the bits equal one thread's."""
@@ -97,6 +98,9 @@ def test_products_shared_with_product_threads_equal_one_thread(monkeypatch, thre
         threadpool.set_num_threads(threads)
         for _ in range(3):
             numpy.testing.assert_array_equal(thin_gemm.matmul(a, b, threaded=False), alone)
+            out = numpy.full(alone.shape, numpy.nan, numpy.float32)
+            assert thin_gemm.matmul(a, b, out, threaded=False) is out
+            numpy.testing.assert_array_equal(out, alone)
         assert len(threadpool._products["threads"]) >= threads - 1
     finally:
         threadpool.set_num_threads(None)
