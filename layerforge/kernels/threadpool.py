@@ -177,8 +177,11 @@ def _syscall():
 def product_jit():
     """kernels/_product_jit.py (its job fields and kinds), imported at the first shared product: numba's import costs
     commands that share none."""
-    from . import _product_jit
-    return _product_jit
+    module = _products.get("jit")
+    if module is None:  # an import statement costs a few microseconds even when done: LeNet's products take 5-300
+        from . import _product_jit as module
+        _products["jit"] = module
+    return module
 
 
 def run_jobs(jobs):
