@@ -309,15 +309,14 @@ SPLIT_MULTIPLY_ADDS = 1 << 22
 
 def _large_product(a, b, out, accumulate=False, invariant=True):
     """``out = a @ b`` (``accumulate``: ``out += a @ b``) of float32 arrays (numpy's matmul rules; ``out`` of the
-    product's shape, or None) on OpenBLAS's large path (not ``invariant``: a weight gradient, a sum over the batch
-    whatever the arithmetic, whose small pieces may take OpenBLAS's small-matrix kernel and GEMV, faster there than
-    thin_gemm and a temporary), each BLAS call on one thread (:func:`one_blas_thread`): a
+    product's shape, or None) on OpenBLAS's large path, each BLAS call on one thread (:func:`one_blas_thread`): a
     stack of products split by matrices over the kernel threads, one matrix by columns where it is at least twice as
-    wide as high, else by rows. A product is accumulated in place by
-    cblas_sgemm, or, with a BLAS without it, in pieces of at most :data:`PIECE_BYTES` of ``out`` (each piece's
-    product a temporary). Pieces that are cblas_sgemm calls run as jobs on the product threads
-    (threadpool.run_jobs), others on parallel_for's. Each piece's elements are the same FMA chains as the whole product's, so the split changes
-    no bit; a piece OpenBLAS would compute off its large path goes to thin_gemm."""
+    wide as high, else by rows. A product is accumulated in place by cblas_sgemm, or, with a BLAS without it, in
+    pieces of at most :data:`PIECE_BYTES` of ``out`` (each piece's product a temporary). Pieces that are cblas_sgemm
+    calls run as jobs on the product threads (threadpool.run_jobs), others on parallel_for's. Each piece's elements
+    are the same FMA chains as the whole product's, so the split changes no bit; a piece OpenBLAS would compute off
+    its large path goes to thin_gemm, unless not ``invariant`` (a weight gradient, a sum over the batch whatever the
+    arithmetic: OpenBLAS's small-matrix kernel and GEMV are faster there than thin_gemm and a temporary)."""
     batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     if out is None:

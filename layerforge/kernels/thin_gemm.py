@@ -117,11 +117,15 @@ def matmul(a, b, out=None, threaded=True):
     as OpenBLAS's large-product SGEMM computes it (see above; ``threaded``: as it does on several threads); into
     ``out`` when given."""
     # the common cases first, with as few checks as they need (LeNet's products at batch 1 take microseconds): a
-    # convolution's product of one image and one group, (1, M, K) x (1, K, N); InnerProduct's, 2-D
+    # convolution's product of one image and one group, (1, M, K) x (1, K, N) (or behind more axes of one: its data
+    # gradient, (1, K, M) x (1, 1, M, N)); InnerProduct's, 2-D
     x, y, into = a, b, out
     if a.ndim == 3 and b.ndim == 3 and out is not None and a.shape[0] == 1 and b.shape[0] == 1 and \
             out.shape[0] == 1:
         x, y, into = a[0], b[0], out[0]
+    elif out is not None and a.ndim > 2 and b.ndim > 2 and out.ndim > 2 and math.prod(a.shape[:-2]) == 1 and \
+            math.prod(b.shape[:-2]) == 1 and math.prod(out.shape[:-2]) == 1:
+        x, y, into = a.reshape(a.shape[-2:]), b.reshape(b.shape[-2:]), out.reshape(out.shape[-2:])  # views
     if x.ndim == 2 and y.ndim == 2 and x.dtype is _FLOAT32 and y.dtype is _FLOAT32 and x.shape[1] == y.shape[0]:
         shape = (x.shape[0], y.shape[1])
         if into is not None and into.shape == shape and into.dtype is _FLOAT32 and into.flags.c_contiguous:
@@ -136,7 +140,8 @@ def matmul(a, b, out=None, threaded=True):
     if into is not None and b.ndim >= 3 and into.ndim == b.ndim and a.size == x.shape[-2] * x.shape[-1] and \
             x.dtype is _FLOAT32 and y.dtype is _FLOAT32 and into.dtype is _FLOAT32 and into.flags.c_contiguous and \
             b.flags.c_contiguous and x.shape[-1] == y.shape[-2] and into.shape[:-2] == b.shape[:-2] and \
-            into.shape[-2:] == (x.shape[-2], y.shape[-1]) and into.shape[-2] * into.shape[-1] * x.shape[-1] <= SMALL_MNK:
+            into.shape[-2:] == (x.shape[-2], y.shape[-1]) and \
+            into.shape[-2] * into.shape[-1] * x.shape[-1] <= SMALL_MNK:
         # one matrix times a stack of small ones (a convolution's weights and its images' columns): one compiled call
         # makes the jobs, a's matrix shared by all (LeNet's first convolution at batch 10: ten products of 9 us)
         _small_stack(a.reshape(x.shape[-2:]), b.reshape((-1,) + b.shape[-2:]), into.reshape((-1,) + into.shape[-2:]),
