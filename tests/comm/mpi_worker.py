@@ -7,6 +7,8 @@ Modes:
   kill           rank 1 SIGKILLs itself while the others wait in an allreduce
   stall T ALG [busy]  allreduces with a deadline of T s (algorithm ALG); rank 1 SIGSTOPs itself at the tenth
                  (busy: it sleeps 60 s there instead, alive but late)
+
+With $LAYERFORGE_TEST_SEGMENTS=PREFIX, each rank first writes the MPICH shared-memory files it maps to PREFIX.RANK.
 """
 import json
 import os
@@ -89,6 +91,11 @@ def main(argv):
         group_size = int(argv[3]) if mode == "bytes" else (int(argv[2]) if mode == "sums" and len(argv) > 2 else None)
         timeout = float(argv[2]) if mode == "stall" else None
         comm = Communicator(group_size=group_size, cost_params=params, timeout=timeout)
+        if os.environ.get("LAYERFORGE_TEST_SEGMENTS"):  # mpirun.SEGMENTS_TO
+            from layerforge.launcher import mapped_segments
+
+            with open(f"{os.environ['LAYERFORGE_TEST_SEGMENTS']}.{comm.rank}", "w") as f:
+                f.write("".join(f"{path}\n" for path in mapped_segments()))
         if mode == "sums":
             return check_sums(comm)
         if mode == "bytes":

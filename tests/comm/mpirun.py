@@ -9,6 +9,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(ROOT, "tests", "comm", "mpi_worker.py")
+SEGMENTS_TO = "LAYERFORGE_TEST_SEGMENTS"  # the worker's ranks write the MPICH shared-memory files they map there
 
 
 def mpiexec():
