@@ -152,6 +152,9 @@ def fake_cupy(monkeypatch):
     libs = types.SimpleNamespace(cublas=types.SimpleNamespace(gemmStridedBatchedEx=fake_gemm_strided_batched_ex))
     monkeypatch.setitem(sys.modules, "cupy", module)
     monkeypatch.setitem(sys.modules, "cupy.cuda", module.cuda)
+    # the plain cuBLAS call: batch invariance pads small products first (tests/net/test_batch_invariance.py's emulated
+    # GPU cases), with arrays this fake does not make
+    monkeypatch.setitem(blas._BATCH_INVARIANT, "on", False)
     monkeypatch.setitem(sys.modules, "cupy_backends", types.SimpleNamespace(cuda=types.SimpleNamespace(libs=libs)))
     monkeypatch.setitem(sys.modules, "cupy_backends.cuda", types.SimpleNamespace(libs=libs))
     monkeypatch.setitem(sys.modules, "cupy_backends.cuda.libs", libs)

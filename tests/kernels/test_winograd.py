@@ -275,9 +275,11 @@ def test_compiled_f4_float32_error_per_zoo_shape(c, k, group, size):
 @pytest.mark.parametrize("tile", [2, 4])
 def test_products_split_over_kernel_threads_give_the_same_bits(monkeypatch, tile):
     """With several kernel threads the tile positions' products are split over them, one BLAS thread each
-    (winograd._position_products); the batched product on 2 BLAS threads gives the same bits."""
+    (winograd._position_products); the batched product on 2 BLAS threads gives the same bits. Without batch
+    invariance: under it the positions are one stacked product that blas.matmul splits (test_batch_invariance.py)."""
     from threadpoolctl import threadpool_limits
-    from layerforge.kernels import threadpool
+    from layerforge.kernels import blas, threadpool
+    monkeypatch.setitem(blas._BATCH_INVARIANT, "on", False)
     monkeypatch.setattr(threadpool, "MIN_PARALLEL_ELEMENTS", 0)
     from layerforge.kernels import winograd
     products = []  # the operands' dimensions of each product: 4 batched, 2 one position

@@ -147,6 +147,16 @@ def test_products_give_a_row_the_same_bits_in_any_batch(canonical, k, n):
         numpy.testing.assert_allclose(whole, x.astype(numpy.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False), ("false", False), ("", False)])
+def test_batch_invariance_is_on_unless_the_environment_turns_it_off(monkeypatch, value, on):
+    monkeypatch.setitem(blas._BATCH_INVARIANT, "on", None)  # read again from the environment
+    if value is None:
+        monkeypatch.delenv("LAYERFORGE_BATCH_INVARIANT", raising=False)
+    else:
+        monkeypatch.setenv("LAYERFORGE_BATCH_INVARIANT", value)
+    assert blas.batch_invariant() is on
+
+
 def test_without_the_switch_a_row_moves_with_its_batch(monkeypatch):
     monkeypatch.setitem(blas._BATCH_INVARIANT, "on", False)
     rs = numpy.random.RandomState(1)

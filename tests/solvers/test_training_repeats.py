@@ -10,7 +10,7 @@ import numpy
 import pytest
 
 from layerforge import Net, rng
-from layerforge.kernels import engine_cache
+from layerforge.kernels import blas, engine_cache
 from layerforge.kernels.autotune import AutoChoice, engines_settled, settle_apart
 from layerforge.solvers import get_solver
 
@@ -28,6 +28,14 @@ NET = {"name": "repeats", "layers": [
     {"name": "ip", "type": "InnerProduct", "bottom": "conv2", "top": "ip",
      "inner_product": {"num_output": 3, "weight_filler": {"type": "gaussian", "std": 0.3}}},
     {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]}
+
+
+@pytest.fixture(autouse=True)
+def _batch_invariance_off(monkeypatch):
+    """These runs count AUTO's timed calls and follow which engine computed what. Batch invariance, on by default,
+    times a net's forward apart before its first pass (Net.forward: autotune.settle_apart), where IM2COL and
+    IMPLICIT agree bit for bit anyway; tests/net/test_batch_invariance.py checks that case."""
+    monkeypatch.setitem(blas._BATCH_INVARIANT, "on", False)
 
 
 def rig(monkeypatch, fast):
