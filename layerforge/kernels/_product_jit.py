@@ -295,6 +295,16 @@ def _box(address):
 
 
 @jit
+def _cuts(units, pieces, unit, length, shift):
+    # the bounds of `pieces` runs of whole units (of `unit` elements) over `length` elements, each inner bound moved
+    # `shift` elements on (onto a cache line) and the last run ending at `length`
+    cuts = numpy.empty(pieces + 1, numpy.int64)
+    for p in range(pieces + 1):
+        cuts[p] = 0 if p == 0 else length if p == pieces else min(units * p // pieces * unit + shift, length)
+    return cuts
+
+
+@jit
 def cut_jobs(job, field, cuts, steps):
     """One job per piece ``[cuts[p], cuts[p + 1])`` of ``job`` (an int64 array): ``job[field]`` the piece's length
     (``field`` < 0: the fields LO and HI its bounds), each field ``f`` with ``steps[f]`` advanced by ``steps[f]``
@@ -369,10 +379,7 @@ def sgemm_jobs(a, b, c, beta, function, ilp64, pieces, axis, small):
             shift = (-c_at) % 64 // 4
     else:
         field, steps[A], steps[C] = M, 4 * (lda if trans_a == 111 else 1), 4 * ldc
-    cuts = numpy.empty(pieces + 1, numpy.int64)
-    for p in range(pieces + 1):
-        cuts[p] = 0 if p == 0 else length if p == pieces else min(units * p // pieces * unit + shift, length)
-    jobs = cut_jobs(job, field, cuts, steps)
+    jobs = cut_jobs(job, field, _cuts(units, pieces, unit, length, shift), steps)
     for p in range(pieces):
         rows, columns = jobs[p, M], jobs[p, N]
         if small and (rows <= 1 or columns <= 1 or rows * columns * k <= small):
@@ -400,18 +407,10 @@ def matrix_jobs(kind, a, b, c, blocks, transposed, width, stop, threads):
     job[TRANS_B], job[WIDTH] = transposed, width
     units, row_units = -(-stop // width), a.shape[0] // _thin_jit.ROWS
     if units >= threads or kind == STREAM or row_units < 2:
-        pieces = max(1, min(threads, units))
-        cuts = numpy.empty(pieces + 1, numpy.int64)
-        for p in range(pieces + 1):
-            cuts[p] = stop if p == pieces else units * p // pieces * width
-        return cut_jobs(job, -1, cuts, steps)
-    pieces = min(threads, row_units)
-    cuts = numpy.empty(pieces + 1, numpy.int64)
-    for p in range(pieces + 1):
-        cuts[p] = a.shape[0] if p == pieces else row_units * p // pieces * _thin_jit.ROWS
+        return cut_jobs(job, -1, _cuts(units, max(1, min(threads, units)), width, stop, 0), steps)
     job[LO], job[HI] = 0, stop
     steps[A], steps[C] = 4 * a.shape[1], 4 * c.shape[1]
-    return cut_jobs(job, M, cuts, steps)
+    return cut_jobs(job, M, _cuts(row_units, min(threads, row_units), _thin_jit.ROWS, a.shape[0], 0), steps)
 
 
 @jit
@@ -422,10 +421,7 @@ def stack_jobs(a, b, c, blocks, pieces):
     job = _matrix_job(PRODUCT, a, b, c, blocks)
     job[SA], job[SB], job[SC] = 0 if a.ndim == 2 else a.strides[0] // 4, b.strides[0] // 4, c.strides[0] // 4
     count = c.shape[0]
-    cuts = numpy.empty(pieces + 1, numpy.int64)
-    for p in range(pieces + 1):
-        cuts[p] = count * p // pieces
-    return cut_jobs(job, -1, cuts, numpy.zeros(FIELDS, numpy.int64))
+    return cut_jobs(job, -1, _cuts(count, pieces, 1, count, 0), numpy.zeros(FIELDS, numpy.int64))
 
 
 @jit

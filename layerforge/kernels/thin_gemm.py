@@ -120,10 +120,7 @@ def matmul(a, b, out=None, threaded=True):
     # convolution's product of one image and one group, (1, M, K) x (1, K, N) (or behind more axes of one: its data
     # gradient, (1, K, M) x (1, 1, M, N)); InnerProduct's, 2-D
     x, y, into = a, b, out
-    if a.ndim == 3 and b.ndim == 3 and out is not None and a.shape[0] == 1 and b.shape[0] == 1 and \
-            out.shape[0] == 1:
-        x, y, into = a[0], b[0], out[0]
-    elif out is not None and a.ndim > 2 and b.ndim > 2 and out.ndim > 2 and math.prod(a.shape[:-2]) == 1 and \
+    if out is not None and a.ndim > 2 and b.ndim > 2 and out.ndim > 2 and math.prod(a.shape[:-2]) == 1 and \
             math.prod(b.shape[:-2]) == 1 and math.prod(out.shape[:-2]) == 1:
         x, y, into = a.reshape(a.shape[-2:]), b.reshape(b.shape[-2:]), out.reshape(out.shape[-2:])  # views
     if x.ndim == 2 and y.ndim == 2 and x.dtype is _FLOAT32 and y.dtype is _FLOAT32 and x.shape[1] == y.shape[0]:
