@@ -19,35 +19,20 @@ from .threadpool import cpu_kernel, parallel_for
 
 
 @cpu_kernel
-def _channel_mean_var(x, lo, hi, mean, var):
+def _channel_moments(x, shift, lo, hi, sums, squares):
+    # per channel, in float64: the sums of d = x - shift[c] and of d^2 over N and S (mean and variance in one pass)
     n, _, s = x.shape
     for c in range(lo, hi):
-        total = 0.0
+        k = shift[c]
+        a = 0.0
+        b = 0.0
         for i in range(n):
-            for k in range(s):
-                total += x[i, c, k]
-        mu = total / (n * s)
-        squares = 0.0
-        for i in range(n):
-            for k in range(s):
-                d = x[i, c, k] - mu
-                squares += d * d
-        mean[c] = mu
-        var[c] = squares / (n * s)
-
-
-@cpu_kernel
-def _channel_sums(x, lo, hi, mean, squared, out):
-    # out[c] = sum of x (squared: of (x - mean[c])^2) over N and S, in float64
-    n, _, s = x.shape
-    for c in range(lo, hi):
-        total = 0.0
-        mu = mean[c] if squared else 0.0
-        for i in range(n):
-            for k in range(s):
-                d = x[i, c, k] - mu
-                total += d * d if squared else d
-        out[c] = total
+            for j in range(s):
+                d = x[i, c, j] - k
+                a += d
+                b += d * d
+        sums[c] = a
+        squares[c] = b
 
 
 @cpu_kernel
@@ -79,7 +64,8 @@ def _grad_sums(gy, y, relu, negative_slope, x_norm, lo, hi, s1, s2):
 
 
 @cpu_kernel
-def _input_grad(gy, y, relu, negative_slope, x_norm, coef_gz, coef_xn, shift, lo, hi, gx):
+def _input_grad(gy, y, relu, negative_slope, x_norm, coef_gz, coef_xn, shift, lo, hi, gx, in_place):
+    # in_place: gx is gy, written through gy itself; as a second array it overlaps, and the loop is not vectorised
     n, _, s = gy.shape
     for c in range(lo, hi):
         a, b, d = coef_gz[c], coef_xn[c], shift[c]
@@ -88,7 +74,11 @@ def _input_grad(gy, y, relu, negative_slope, x_norm, coef_gz, coef_xn, shift, lo
                 g = gy[i, c, k]
                 if relu and not y[i, c, k] > 0:
                     g = g * negative_slope
-                gx[i, c, k] = a * g - b * x_norm[i, c, k] - d
+                v = a * g - b * x_norm[i, c, k] - d
+                if in_place:
+                    gy[i, c, k] = v
+                else:
+                    gx[i, c, k] = v
 
 
 def _contiguous(a):
@@ -102,52 +92,54 @@ def _sweep_arguments(gy, y, negative_slope, x_norm):
     return gy, y, negative_slope is not None, float(negative_slope or 0.0), x_norm
 
 
-def batch_stats(x, centred=None, group=None):
-    """Per-channel mean and biased variance ``mean((x - mean)^2)`` of an (N, C, S) array.
+# mean^2 / var above which one pass's variance, mean(x^2) - mean^2, is taken again about the mean: float64 sums lose
+# about 1e-16 mean^2 to the difference, so below the ratio it keeps about 1e-12 of the variance
+REFINE_RATIO = 1e4
 
+
+def batch_stats(x, centred=None, group=None):
+    """Per-channel mean and biased variance of an (N, C, S) array.
+
+    On the host both come from one pass, the sums of x and of x^2 in float64, as ``var = mean(x^2) - mean(x)^2``
+    (Caffe's BatchNorm takes that difference in the data's type); a channel whose mean is large against its spread
+    (``REFINE_RATIO``) gets a second pass about the mean. The result depends on x alone, never on earlier batches.
     ``centred``: a contiguous buffer of x's shape that receives ``x - mean`` as a by-product.
-    ``group``: replicas whose ``x`` together are the batch (module docstring): the whole batch's statistics.
+    ``group``: replicas whose ``x`` together are the batch (module docstring): the whole batch's statistics, in one
+    exchange (two where a second pass is needed: every replica sees the same sums, so all of them make it).
     """
     xp = get_array_module(x)
-    if group is not None:
-        return _group_stats(x, centred, group)
-    if xp is not numpy:
+    if xp is not numpy and group is None:
         from .cuda.batch_norm import batch_stats_gpu
         return batch_stats_gpu(x, centred)
-    x = _contiguous(x)
-    c = x.shape[1]
-    mean, var = numpy.empty(c), numpy.empty(c)
-    parallel_for(c, lambda lo, hi: _channel_mean_var(x, lo, hi, mean, var), work=x.size)
-    mean, var = mean.astype(x.dtype), var.astype(x.dtype)
-    if centred is not None:
-        normalize(x, mean, numpy.ones(c, x.dtype), centred)
-    return mean, var
-
-
-def _channel_sum(x, mean=None):
-    """float64 (C,) on the host: per-channel sum of x over N and S, or of (x - mean)^2 with ``mean``."""
-    xp = get_array_module(x)
-    if xp is not numpy:
-        d = x if mean is None else (x - xp.asarray(mean, dtype=x.dtype)[None, :, None]) ** 2
-        return to_numpy(d.sum(axis=(0, 2), dtype=xp.float64))
-    x = _contiguous(x)
-    c = x.shape[1]
-    out = numpy.empty(c)
-    shift = numpy.zeros(c) if mean is None else numpy.asarray(mean, dtype=numpy.float64)
-    parallel_for(c, lambda lo, hi: _channel_sums(x, lo, hi, shift, mean is not None, out), work=x.size)
-    return out
-
-
-def _group_stats(x, centred, group):
-    # two passes as batch_stats's, each summed over the replicas: the mean first, then the squared deviations
-    xp = get_array_module(x)
-    m = x.shape[0] * x.shape[2] * group.count
-    mean = group.sum(_channel_sum(x)) / m
-    var = group.sum(_channel_sum(x, mean)) / m
+    m = x.shape[0] * x.shape[2] * (1 if group is None else group.count)
+    shift = numpy.zeros(x.shape[1])
+    for _ in range(2):
+        sums, squares = _channel_moments_host(x, shift)
+        if group is not None:
+            sums, squares = numpy.split(group.sum(numpy.concatenate([sums, squares])), 2)
+        offset = sums / m
+        mean, var = shift + offset, numpy.maximum(squares / m - offset * offset, 0.0)
+        if shift.any() or not (mean * mean > REFINE_RATIO * var).any():
+            break
+        shift = mean
     mean, var = (xp.asarray(v, dtype=x.dtype) for v in (mean, var))
     if centred is not None:
         normalize(x, mean, xp.ones(x.shape[1], x.dtype), centred)
     return mean, var
+
+
+def _channel_moments_host(x, shift):
+    """float64 (C,) arrays on the host: per-channel sums of d = x - shift and of d^2 over N and S."""
+    xp = get_array_module(x)
+    if xp is not numpy:
+        d = x.astype(xp.float64) - xp.asarray(shift)[None, :, None]
+        return to_numpy(d.sum(axis=(0, 2))), to_numpy((d * d).sum(axis=(0, 2)))
+    x = _contiguous(x)
+    c = x.shape[1]
+    sums, squares = numpy.empty(c), numpy.empty(c)
+    shift = numpy.ascontiguousarray(shift)
+    parallel_for(c, lambda lo, hi: _channel_moments(x, shift, lo, hi, sums, squares), work=x.size)
+    return sums, squares
 
 
 def across(group, *sums):
@@ -191,7 +183,8 @@ def input_grad(gy, y, negative_slope, x_norm, coef_gz, coef_xn, shift, gx):
         return fused_backward_gpu(gy, gy if y is None else y, x_norm, coef_gz, coef_xn, shift, negative_slope, gx)
     gy, y, relu, slope, x_norm = _sweep_arguments(gy, y, negative_slope, x_norm)
     coefs = [_contiguous(numpy.asarray(v, dtype=gy.dtype)) for v in (coef_gz, coef_xn, shift)]
-    parallel_for(gy.shape[1], lambda lo, hi: _input_grad(gy, y, relu, slope, x_norm, *coefs, lo, hi, gx),
+    in_place = gx.__array_interface__["data"][0] == gy.__array_interface__["data"][0]
+    parallel_for(gy.shape[1], lambda lo, hi: _input_grad(gy, y, relu, slope, x_norm, *coefs, lo, hi, gx, in_place),
                  work=gy.size)
     return gx
 

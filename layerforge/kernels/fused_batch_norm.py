@@ -20,7 +20,7 @@ over the kernel threads (the sweeps are kernels.batch_norm's, which the unfused 
 import numpy
 
 from ..backend import get_array_module
-from .batch_norm import across, grad_sums, input_grad
+from .batch_norm import across, grad_sums, input_grad, normalize
 from .threadpool import cpu_kernel, parallel_for
 
 
@@ -49,6 +49,39 @@ def scale_shift_relu(x_norm, gamma, beta, negative_slope, out):
     parallel_for(x_norm.shape[1], lambda lo, hi: _scale_shift_relu(x_norm, gamma, beta, relu, slope, lo, hi, out),
                  work=out.size)
     return out
+
+
+@cpu_kernel(reassociate=False)  # the bits of normalize, then scale_shift_relu: gamma (x - mean) inv_std as written
+def _normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, relu, negative_slope, lo, hi, x_norm):
+    n, _, s = x.shape
+    for c in range(lo, hi):
+        mu, r, a, b = mean[c], inv_std[c], gamma[c], beta[c]
+        for i in range(n):
+            for k in range(s):
+                v = (x[i, c, k] - mu) * r
+                x_norm[i, c, k] = v
+                z = a * v + b
+                if relu and not z > 0:
+                    z = z * negative_slope
+                x[i, c, k] = z
+
+
+def normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, negative_slope, x_norm):
+    """BatchNorm's ``x_norm = (x - mean) inv_std``, and then the fused forward's output from it in place of ``x``.
+
+    The same bits as :func:`kernels.batch_norm.normalize <layerforge.kernels.batch_norm.normalize>` followed by
+    :func:`scale_shift_relu` into x; on the CPU in one pass, which reads x once and never reads x_norm back.
+    ``x`` (N, C, S) and ``x_norm`` contiguous and apart (in place, the compiled loop is vectorised where an output
+    apart from x would overlap it); the per-channel vectors are (C,). Returns ``x``.
+    """
+    if get_array_module(x) is not numpy:
+        normalize(x, mean, inv_std, x_norm)
+        return scale_shift_relu(x_norm, gamma, beta, negative_slope, x)
+    mean, inv_std, gamma, beta = (numpy.ascontiguousarray(v, dtype=x.dtype) for v in (mean, inv_std, gamma, beta))
+    relu, slope = negative_slope is not None, float(negative_slope or 0.0)
+    parallel_for(x.shape[1], lambda lo, hi: _normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, relu, slope,
+                                                                        lo, hi, x_norm), work=x.size)
+    return x
 
 
 def bn_scale_relu_backward(gy, y, x_norm, inv_std, gamma, negative_slope, batch_stats, g_gamma=None, g_beta=None,

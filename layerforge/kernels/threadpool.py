@@ -266,13 +266,17 @@ def _sum_into(out, *arrays):
         out += a
 
 
-def cpu_kernel(fn):
+def cpu_kernel(fn=None, *, reassociate=True):
     """Compile a CPU kernel body with numba: nopython, releasing the GIL (so :func:`parallel_for`'s threads run
     it side by side), cached on disk. Used where numpy would need several passes or a pass per window
     position for what one loop does; each body computes its slice in a fixed order, so results stay
     bit-identical for any thread count. Floating-point reductions may be reassociated (vectorised), always
-    the same way for the same lengths. numba is imported at the first call (it takes a quarter of a second,
-    which commands that run no kernel, and every rank's start, would pay)."""
+    the same way for the same lengths; ``@cpu_kernel(reassociate=False)`` forbids that, for a body that must give
+    the bits of the separate passes it fuses (reassociation would fold one pass's factor into the next's). numba
+    is imported at the first call (it takes a quarter of a second, which commands that run no kernel, and every
+    rank's start, would pay)."""
+    if fn is None:
+        return functools.partial(cpu_kernel, reassociate=reassociate)
     compiled = []
     lock = threading.Lock()
 
@@ -283,7 +287,8 @@ def cpu_kernel(fn):
                 if not compiled:
                     import numba
 
-                    compiled.append(numba.njit(nogil=True, cache=True, fastmath={"reassoc"})(fn))
+                    fastmath = {"reassoc"} if reassociate else False
+                    compiled.append(numba.njit(nogil=True, cache=True, fastmath=fastmath)(fn))
         return compiled[0](*args)
     return call
 

@@ -64,14 +64,20 @@ class BatchNorm(Layer):
 
     def normalise(self, x):
         """``self.x_norm`` (N, C, S) = normalised ``x`` (and ``self.std``, the running statistics updated as the
-        phase says); the fused BatchNorm + Scale (+ ReLU) of layerforge.net.fusion calls it too."""
+        phase says)."""
+        mean, inv_std = self.statistics(x)
+        x = self._view(x)
+        normalize(x, mean, inv_std, out=self.x_norm_buffer(x.shape))
+        return self.x_norm
+
+    def statistics(self, x):
+        """The per-channel ``(mean, 1 / std)`` that normalise ``x`` (N, C, ...): the batch's (the running statistics
+        updated) or the running ones, as the phase says; ``self.std`` is set. The fused BatchNorm + Scale (+ ReLU) of
+        layerforge.net.fusion normalises with them in its own pass."""
         xp = self.xp
         p = self.layer_param.batch_norm
         x = self._view(x)
         m = x.shape[0] * x.shape[2] * (1 if self.batch_group is None else self.batch_group.count)
-        x_norm = getattr(self, "x_norm", None)
-        if x_norm is None or x_norm.shape != x.shape:
-            x_norm = xp.empty(x.shape, dtype=self.dtype)
         if self.use_global_stats:
             sf = float(self.blobs[2].data[0])
             sf = 0.0 if sf == 0 else 1.0 / sf
@@ -84,9 +90,14 @@ class BatchNorm(Layer):
             self.blobs[0].data[...] = f * self.blobs[0].data + mean
             self.blobs[1].data[...] = f * self.blobs[1].data + (m / (m - 1) if m > 1 else 1.0) * var
         self.std = xp.sqrt(var + p.eps).astype(self.dtype, copy=False)
-        normalize(x, mean, 1 / self.std, out=x_norm)
-        self.x_norm = x_norm
-        return x_norm
+        return mean, 1 / self.std
+
+    def x_norm_buffer(self, shape):
+        """``self.x_norm``, (re)made to the (N, C, S) ``shape``: the array the normalised input is written into."""
+        x_norm = getattr(self, "x_norm", None)
+        if x_norm is None or x_norm.shape != shape:
+            self.x_norm = self.xp.empty(shape, dtype=self.dtype)
+        return self.x_norm
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:

@@ -4,9 +4,10 @@ Where a net has, one after the other and all in place on one blob,
 
     BatchNorm  ->  Scale (one bottom, ``bias_term: true``, a per-channel scale: axis 1, num_axes 1)  ->  [ReLU]
 
-(negative_slope >= 0, no loss weight on any of them), the three run as one: forward normalises once and
-writes ``relu(gamma x_norm + beta)`` straight into the blob; backward turns the blob's diff into the input's
-with one sweep for two per-channel sums and one for the gradient (``kernels.fused_batch_norm``). Unfused,
+(negative_slope >= 0, no loss weight on any of them), the three run as one: forward takes the statistics in
+one sweep and writes x_norm and ``relu(gamma x_norm + beta)`` (straight into the blob) in one more; backward
+turns the blob's diff into the input's with one sweep for two per-channel sums and one for the gradient
+(``kernels.fused_batch_norm``). Unfused,
 BatchNorm keeps ``x_norm``, Scale keeps a copy of its (in-place) input for the gamma gradient, and the
 forward copies x_norm into the blob; fused, only ``x_norm`` (BatchNorm's own attribute) is kept, so each
 group holds one activation-sized array fewer (``Net.memory_report``'s ``cache_bytes``).
@@ -20,7 +21,7 @@ or ``Net.backward`` range that starts or ends inside a group runs its layers one
 member stops backward (``propagate_down: false``) while others need it is not fused, so each layer keeps
 Caffe's backward flags. ``fuse_batch_norm: false`` (a net key) turns fusion off.
 """
-from ..kernels.fused_batch_norm import bn_scale_relu_backward, scale_shift_relu
+from ..kernels.fused_batch_norm import bn_scale_relu_backward, normalize_scale_shift_relu
 
 
 class BatchNormScaleReLU:
@@ -42,10 +43,11 @@ class BatchNormScaleReLU:
 
     def forward(self):
         self.scale.x = None  # a copy that unfuse() made is not needed
-        blob = self.net.bottom_blobs(self.first)[0]
-        x_norm = self.batch_norm.normalise(blob.data)
+        blob, bn = self.net.bottom_blobs(self.first)[0], self.batch_norm
+        mean, inv_std = bn.statistics(blob.data)
+        x = _channels(blob.data, bn.channels)
         gamma, beta = (b.data for b in self.scale.blobs)
-        scale_shift_relu(x_norm, gamma, beta, self.negative_slope, out=_channels(blob.data, self.batch_norm.channels))
+        normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, self.negative_slope, bn.x_norm_buffer(x.shape))
         self.ran_fused = True
 
     def unfuse(self):

@@ -3,7 +3,8 @@ import numpy
 import pytest
 
 from layerforge.kernels import cuda
-from layerforge.kernels.fused_batch_norm import bn_scale_relu_backward, scale_shift_relu
+from layerforge.kernels.batch_norm import normalize
+from layerforge.kernels.fused_batch_norm import bn_scale_relu_backward, normalize_scale_shift_relu, scale_shift_relu
 
 
 def host(a):
@@ -39,6 +40,23 @@ def test_forward_and_backward_match_the_formulas(xp, shape, slope, batch_stats, 
     numpy.testing.assert_allclose(host(g), gx, **tol)
     numpy.testing.assert_allclose(host(g_beta), gz.sum(axis=(0, 2)), **tol)
     numpy.testing.assert_allclose(host(g_gamma), 1 + (gz * x_norm).sum(axis=(0, 2)), **tol)  # accumulates
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (4, 1, 7), (3, 6, 1), (2, 64, 49)])
+@pytest.mark.parametrize("slope", [None, 0.0, 0.2])
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+def test_normalize_scale_shift_relu_is_the_two_passes_bit_for_bit(xp, shape, slope, dtype):
+    r = numpy.random.default_rng(3)
+    x = xp.asarray((r.standard_normal(shape) * 3 + 1).astype(dtype))
+    vectors = (r.uniform(-1, 2, shape[1]), r.uniform(0.2, 2, shape[1]), r.uniform(-2, 2, shape[1]),
+               r.uniform(-1, 1, shape[1]))
+    mean, inv_std, gamma, beta = (xp.asarray(v.astype(dtype)) for v in vectors)
+    want_norm = normalize(x, mean, inv_std, xp.empty(shape, dtype=dtype))
+    want = scale_shift_relu(want_norm, gamma, beta, slope, xp.empty(shape, dtype=dtype))
+    x_norm = xp.full(shape, numpy.nan, dtype=dtype)
+    assert normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, slope, x_norm) is x  # in place
+    numpy.testing.assert_array_equal(host(x_norm), host(want_norm))
+    numpy.testing.assert_array_equal(host(x), host(want))
 
 
 def test_only_what_is_asked_for_is_written(xp):
