@@ -3,6 +3,7 @@ import math
 
 from ..backend import get_array_module
 from ..errors import ShapeError
+from ..kernels.relu import relu_backward
 from ..schema import REQUIRED, Params
 from .base import FILLER, Field, Layer, register_layer
 
@@ -61,12 +62,11 @@ class ReLU(NeuronLayer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        positive = self.positive if self.negative_slope < 0 else top[0].data > 0
         gy = top[0].diff
-        if self.negative_slope == 0:
-            get_array_module(gy).multiply(gy, positive, out=bottom[0].diff)
+        if self.negative_slope >= 0:
+            relu_backward(gy, top[0].data, self.negative_slope, bottom[0].diff)
         else:
-            bottom[0].diff[...] = get_array_module(gy).where(positive, gy, gy * self.negative_slope)
+            bottom[0].diff[...] = get_array_module(gy).where(self.positive, gy, gy * self.negative_slope)
 
 
 @register_layer("Sigmoid")
