@@ -46,50 +46,60 @@ def _normalize(x, lo, hi, mean, inv_std, out):
 
 
 @cpu_kernel
-def _grad_sums(gy, y, relu, negative_slope, x_norm, lo, hi, s1, s2):
-    # relu: gz = gy where y > 0, else negative_slope gy; otherwise gz = gy (y unused)
+def _grad_sums(gy, y, relu, negative_slope, x_norm, gamma, beta, affine, lo, hi, s1, s2):
+    # relu: gz = gy where the ReLU's output is > 0, else negative_slope gy; otherwise gz = gy (y unused). affine: that
+    # output's sign is gamma x_norm + beta's, computed as the forward did (y unread); else y's
     n, _, s = gy.shape
     for c in range(lo, hi):
         a = 0.0
         b = 0.0
+        w, u = gamma[c], beta[c]
         for i in range(n):
             for k in range(s):
                 g = gy[i, c, k]
-                if relu and not y[i, c, k] > 0:
+                v = x_norm[i, c, k]
+                if relu and not (w * v + u if affine else y[i, c, k]) > 0:
                     g = g * negative_slope
                 a += g
-                b += g * x_norm[i, c, k]
+                b += g * v
         s1[c] = a
         s2[c] = b
 
 
 @cpu_kernel
-def _input_grad(gy, y, relu, negative_slope, x_norm, coef_gz, coef_xn, shift, lo, hi, gx, in_place):
-    # in_place: gx is gy, written through gy itself; as a second array it overlaps, and the loop is not vectorised
+def _input_grad(gy, y, relu, negative_slope, x_norm, gamma, beta, affine, coef_gz, coef_xn, shift, lo, hi, gx,
+                in_place):
+    # gz as in _grad_sums. in_place: gx is gy, written through gy itself; as a second array it overlaps, and the loop
+    # is not vectorised
     n, _, s = gy.shape
     for c in range(lo, hi):
         a, b, d = coef_gz[c], coef_xn[c], shift[c]
+        w, u = gamma[c], beta[c]
         for i in range(n):
             for k in range(s):
                 g = gy[i, c, k]
-                if relu and not y[i, c, k] > 0:
+                v = x_norm[i, c, k]
+                if relu and not (w * v + u if affine else y[i, c, k]) > 0:
                     g = g * negative_slope
-                v = a * g - b * x_norm[i, c, k] - d
+                r = a * g - b * v - d
                 if in_place:
-                    gy[i, c, k] = v
+                    gy[i, c, k] = r
                 else:
-                    gx[i, c, k] = v
+                    gx[i, c, k] = r
 
 
 def _contiguous(a):
     return numpy.ascontiguousarray(a)
 
 
-def _sweep_arguments(gy, y, negative_slope, x_norm):
-    # the compiled sweeps' (gy, y, relu, slope, x_norm): y stands unused for gy where there is no ReLU
+def _sweep_arguments(gy, y, negative_slope, x_norm, affine):
+    # the compiled sweeps' (gy, y, relu, slope, x_norm, gamma, beta, affine): y stands unused for gy where there is no
+    # ReLU or the mask comes from x_norm, gamma and beta unused (ones) where it does not
     gy, x_norm = _contiguous(gy), _contiguous(x_norm)
-    y = gy if y is None else _contiguous(y)
-    return gy, y, negative_slope is not None, float(negative_slope or 0.0), x_norm
+    y = gy if y is None or affine is not None else _contiguous(y)
+    gamma, beta = (numpy.ones(gy.shape[1], gy.dtype),) * 2 if affine is None else (
+        _contiguous(numpy.asarray(v, dtype=gy.dtype)) for v in affine)
+    return gy, y, negative_slope is not None, float(negative_slope or 0.0), x_norm, gamma, beta, affine is not None
 
 
 # mean^2 / var above which one pass's variance, mean(x^2) - mean^2, is taken again about the mean: float64 sums lose
@@ -161,30 +171,35 @@ def normalize(x, mean, inv_std, out):
     return out
 
 
-def grad_sums(gy, y, negative_slope, x_norm):
+def grad_sums(gy, y, negative_slope, x_norm, affine=None):
     """Per-channel ``(S1, S2) = (sum(gz), sum(gz x_norm))`` of (N, C, S) arrays, with ``gz = gy`` when
-    ``negative_slope`` is None, else the gradient behind a ReLU of that slope whose output is ``y``."""
+    ``negative_slope`` is None, else the gradient behind a ReLU of that slope whose output is ``y``.
+
+    ``affine``: ``(gamma, beta)``, (C,) each, with which that ReLU's input was computed from ``x_norm`` (in
+    ``x_norm``'s dtype, as kernels.fused_batch_norm's forward does): on the host the ReLU's mask is then recomputed
+    from x_norm, to the same bits, and ``y`` is not read (one array fewer in each sweep); a GPU reads ``y``.
+    """
     xp = get_array_module(gy)
     if xp is not numpy:
         from .cuda.fused_batch_norm import grad_sums_gpu
         return grad_sums_gpu(gy, gy if y is None else y, x_norm, negative_slope)
-    gy, y, relu, slope, x_norm = _sweep_arguments(gy, y, negative_slope, x_norm)
+    gy, *arguments = _sweep_arguments(gy, y, negative_slope, x_norm, affine)
     c = gy.shape[1]
     s1, s2 = numpy.empty(c), numpy.empty(c)
-    parallel_for(c, lambda lo, hi: _grad_sums(gy, y, relu, slope, x_norm, lo, hi, s1, s2), work=gy.size)
+    parallel_for(c, lambda lo, hi: _grad_sums(gy, *arguments, lo, hi, s1, s2), work=gy.size)
     return s1.astype(gy.dtype), s2.astype(gy.dtype)
 
 
-def input_grad(gy, y, negative_slope, x_norm, coef_gz, coef_xn, shift, gx):
-    """``gx = coef_gz[c] gz - coef_xn[c] x_norm - shift[c]`` (``gz`` as in :func:`grad_sums`) on (N, C, S)
-    arrays; ``gx`` contiguous, may be ``gy``."""
+def input_grad(gy, y, negative_slope, x_norm, coef_gz, coef_xn, shift, gx, affine=None):
+    """``gx = coef_gz[c] gz - coef_xn[c] x_norm - shift[c]`` (``gz`` and ``affine`` as in :func:`grad_sums`) on
+    (N, C, S) arrays; ``gx`` contiguous, may be ``gy``."""
     if get_array_module(gy) is not numpy:
         from .cuda.fused_batch_norm import fused_backward_gpu
         return fused_backward_gpu(gy, gy if y is None else y, x_norm, coef_gz, coef_xn, shift, negative_slope, gx)
-    gy, y, relu, slope, x_norm = _sweep_arguments(gy, y, negative_slope, x_norm)
+    gy, *arguments = _sweep_arguments(gy, y, negative_slope, x_norm, affine)
     coefs = [_contiguous(numpy.asarray(v, dtype=gy.dtype)) for v in (coef_gz, coef_xn, shift)]
     in_place = gx.__array_interface__["data"][0] == gy.__array_interface__["data"][0]
-    parallel_for(gy.shape[1], lambda lo, hi: _input_grad(gy, y, relu, slope, x_norm, *coefs, lo, hi, gx, in_place),
+    parallel_for(gy.shape[1], lambda lo, hi: _input_grad(gy, *arguments, *coefs, lo, hi, gx, in_place),
                  work=gy.size)
     return gx
 

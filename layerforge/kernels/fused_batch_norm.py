@@ -85,7 +85,7 @@ def normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, negative_slope, x_
 
 
 def bn_scale_relu_backward(gy, y, x_norm, inv_std, gamma, negative_slope, batch_stats, g_gamma=None, g_beta=None,
-                           gx=None, group=None):
+                           gx=None, group=None, affine=None):
     """The gradients of the fused forward (module docstring) from ``gy`` (N, C, S).
 
     Args:
@@ -96,10 +96,12 @@ def bn_scale_relu_backward(gy, y, x_norm, inv_std, gamma, negative_slope, batch_
         gx: (N, C, S) to write the input gradient into (may be ``gy``: in place), or None.
         group: replicas whose ``gy`` together are the batch's (kernels.batch_norm): gx's means are the whole
             batch's; g_gamma and g_beta get this replica's own sums, which the replicas' exchange averages.
+        affine: the forward's ``(gamma, beta)``, where ``y`` is still the forward's output: the ReLU's mask is
+            recomputed from x_norm on the host, and y is not read (kernels.batch_norm.grad_sums).
     """
     xp = get_array_module(gy)
     m = gy.shape[0] * gy.shape[2]
-    s1, s2 = grad_sums(gy, y, negative_slope, x_norm)
+    s1, s2 = grad_sums(gy, y, negative_slope, x_norm, affine)
     if g_beta is not None:
         g_beta += s1
     if g_gamma is not None:
@@ -107,11 +109,11 @@ def bn_scale_relu_backward(gy, y, x_norm, inv_std, gamma, negative_slope, batch_
     if gx is None:
         if negative_slope is not None:  # the blob's diff shows the ReLU's gradient, as the layers one by one leave it
             zero = xp.zeros_like(s1)
-            input_grad(gy, y, negative_slope, x_norm, xp.ones_like(s1), zero, zero, gy)
+            input_grad(gy, y, negative_slope, x_norm, xp.ones_like(s1), zero, zero, gy, affine)
         return None
     if group is not None and batch_stats:
         m *= group.count
         s1, s2 = across(group, s1, s2)
     coef_gz = gamma * inv_std
     coef_xn, shift = (coef_gz * s2 / m, coef_gz * s1 / m) if batch_stats else (xp.zeros_like(s1), xp.zeros_like(s1))
-    return input_grad(gy, y, negative_slope, x_norm, coef_gz, coef_xn, shift, gx)
+    return input_grad(gy, y, negative_slope, x_norm, coef_gz, coef_xn, shift, gx, affine)

@@ -7,7 +7,8 @@ Where a net has, one after the other and all in place on one blob,
 (negative_slope >= 0, no loss weight on any of them), the three run as one: forward takes the statistics in
 one sweep and writes x_norm and ``relu(gamma x_norm + beta)`` (straight into the blob) in one more; backward
 turns the blob's diff into the input's with one sweep for two per-channel sums and one for the gradient
-(``kernels.fused_batch_norm``). Unfused,
+(``kernels.fused_batch_norm``); where no later layer writes the blob in place, these take the ReLU's mask from
+x_norm and forward's gamma and beta, to the same bits, rather than read the blob. Unfused,
 BatchNorm keeps ``x_norm``, Scale keeps a copy of its (in-place) input for the gamma gradient, and the
 forward copies x_norm into the blob; fused, only ``x_norm`` (BatchNorm's own attribute) is kept, so each
 group holds one activation-sized array fewer (``Net.memory_report``'s ``cache_bytes``).
@@ -32,6 +33,11 @@ class BatchNormScaleReLU:
         self.batch_norm, self.scale = net.layers[first], net.layers[first + 1]
         self.relu = net.layers[first + 2] if last == first + 2 else None
         self.ran_fused = False  # whether the last forward ran fused (backward must then too)
+        # no later layer writes the blob in place: backward finds the output as forward left it, and recomputes the
+        # ReLU's mask from x_norm and forward's (gamma, beta) instead of reading the blob (kernels.batch_norm)
+        blob = net.bottom_blobs(first)[0]
+        self.output_kept = not any(top is blob for k in range(last + 1, len(net.layers)) for top in net.top_blobs(k))
+        self.affine = None
 
     @property
     def members(self):
@@ -48,6 +54,7 @@ class BatchNormScaleReLU:
         x = _channels(blob.data, bn.channels)
         gamma, beta = (b.data for b in self.scale.blobs)
         normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, self.negative_slope, bn.x_norm_buffer(x.shape))
+        self.affine = (gamma.copy(), beta.copy()) if self.output_kept else None
         self.ran_fused = True
 
     def unfuse(self):
@@ -67,7 +74,8 @@ class BatchNormScaleReLU:
         gy = _channels(blob.diff, bn.channels)
         bn_scale_relu_backward(gy, _channels(blob.data, bn.channels), bn.x_norm, 1 / bn.std, scale.blobs[0].data,
                                self.negative_slope, not bn.use_global_stats, g_gamma, g_beta,
-                               gx=gy if net.entries[self.first].bottom_need_backward[0] else None, group=bn.batch_group)
+                               gx=gy if net.entries[self.first].bottom_need_backward[0] else None, group=bn.batch_group,
+                               affine=self.affine)
 
 
 def batch_norm_groups(net):

@@ -59,6 +59,35 @@ def test_normalize_scale_shift_relu_is_the_two_passes_bit_for_bit(xp, shape, slo
     numpy.testing.assert_array_equal(host(x), host(want))
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 5), (4, 16, 77)])
+@pytest.mark.parametrize("slope", [0.0, 0.2])
+@pytest.mark.parametrize("batch_stats", [True, False])
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_the_mask_from_x_norm_gives_the_bits_of_the_mask_from_y(shape, slope, batch_stats, dtype, input_grad):
+    # backward's ReLU mask recomputed as gamma x_norm + beta > 0 (affine) against the forward's output y; many
+    # values sit on the ReLU's edge: x_norm = -beta / gamma rounded, and exact zeros
+    r = numpy.random.default_rng(5)
+    gamma, beta = r.uniform(-2, 2, shape[1]).astype(dtype), r.uniform(-1, 1, shape[1]).astype(dtype)
+    x_norm = r.standard_normal(shape).astype(dtype)
+    x_norm[:, :, ::3] = (-beta / gamma)[None, :, None].astype(dtype)
+    x_norm[:, :, 1::7] = 0
+    beta[0] = 0
+    x = (x_norm * 1.5 + 0.25).astype(dtype)
+    mean, inv_std = numpy.full(shape[1], 0.25, dtype), numpy.full(shape[1], 1 / 1.5, dtype)
+    y, kept = x.copy(), numpy.empty(shape, dtype)
+    normalize_scale_shift_relu(y, mean, inv_std, gamma, beta, slope, kept)
+    gy = r.standard_normal(shape).astype(dtype)
+    results = []
+    for affine in (None, (gamma, beta)):
+        g, g_gamma, g_beta = gy.copy(), numpy.zeros(shape[1], dtype), numpy.zeros(shape[1], dtype)
+        bn_scale_relu_backward(g, y if affine is None else numpy.full(shape, numpy.nan, dtype), kept, inv_std, gamma,
+                               slope, batch_stats, g_gamma, g_beta, gx=g if input_grad else None, affine=affine)
+        results.append((g, g_gamma, g_beta))
+    for want, got in zip(*results):
+        assert got.tobytes() == want.tobytes()
+
+
 def test_only_what_is_asked_for_is_written(xp):
     shape = (2, 3, 4)
     r = numpy.random.default_rng(2)

@@ -70,6 +70,24 @@ def test_fused_equals_the_layers_one_by_one(shape, relu, slope, phase, global_st
     assert (fused.params["bn"][2].data[0] != 1.7) == moved
 
 
+def test_a_later_layer_in_place_on_the_blob_makes_backward_read_its_mask_from_the_blob():
+    # Caffe's ReLU backward reads its top as backward finds it: here a Power in place after the ReLU has negated it,
+    # so the group must read the blob rather than recompute forward's mask from x_norm
+    shape, r = (4, 3, 5, 2), numpy.random.default_rng(6)
+    x, target = r.standard_normal(shape) * 2 + 0.5, r.standard_normal(shape)
+    nets = {}
+    for fuse in (True, False):
+        definition = group_net(shape, fuse=fuse)
+        definition["layers"].insert(5, {"name": "negate", "type": "Power", "bottom": "h", "top": "h",
+                                        "power": {"scale": -1.0}})
+        nets[fuse] = run(definition, "TRAIN", x, target)
+    assert not nets[True]._fused[2].output_kept
+    assert run(group_net(shape), "TRAIN", x, target)._fused[2].output_kept
+    for key, a in arrays(nets[False]).items():
+        numpy.testing.assert_allclose(arrays(nets[True])[key], a, rtol=1e-10, atol=1e-12, err_msg=key)
+    assert not nets[True].blobs["x"].diff.any()  # the negated output is <= 0 everywhere: the mask stops it all
+
+
 def test_a_frozen_scale_keeps_its_diffs_and_a_negative_slope_is_not_fused():
     shape, r = (4, 3, 2, 2), numpy.random.default_rng(4)
     x, target = r.standard_normal(shape), r.standard_normal(shape)
