@@ -1,4 +1,4 @@
-"""Fused BatchNorm + Scale (+ ReLU): a net-build optimisation for Caffe's ResNet pattern.
+"""Fused BatchNorm + Scale (+ ReLU), and Eltwise SUM + ReLU: net-build optimisations for Caffe's ResNet patterns.
 
 Where a net has, one after the other and all in place on one blob,
 
@@ -20,9 +20,11 @@ runs forward at its BatchNorm's index (``Net.forward_layer``) and backward at it
 group's forward on the BatchNorm row and its backward on the ReLU's (or Scale's). A ``Net.forward`` range
 or ``Net.backward`` range that starts or ends inside a group runs its layers one by one. A chain in which a
 member stops backward (``propagate_down: false``) while others need it is not fused, so each layer keeps
-Caffe's backward flags. ``fuse_batch_norm: false`` (a net key) turns fusion off.
+Caffe's backward flags. ``fuse_batch_norm: false`` (a net key) turns this fusion off. Eltwise SUM + ReLU
+(:class:`EltwiseSumReLU`) always fuses: it gives the layers' own bits.
 """
 from ..kernels.fused_batch_norm import bn_scale_relu_backward, normalize_scale_shift_relu
+from ..kernels.relu import sum_relu, sum_relu_backward
 
 
 class BatchNormScaleReLU:
@@ -100,6 +102,59 @@ def batch_norm_groups(net):
                                                              for e in entries):
             continue  # a member stops backward (propagate_down: false): Caffe's flags hold only layer by layer
         group = BatchNormScaleReLU(net, i, last)
+        groups.update((k, group) for k in group.members)
+    return groups
+
+
+class EltwiseSumReLU:
+    """Eltwise SUM of two bottoms (coefficients 1) at ``first`` and the ReLU in place on its top at ``first + 1``
+    (ResNet's shortcut joins), run as one pass each way (kernels.relu): forward writes ``relu(a + b)`` into the top,
+    backward turns the top's diff into the ReLU's input gradient, in place as the layer leaves it, and copies it into
+    both bottoms' diffs. The same bits as the two layers one by one. ``layerforge time`` shows the forward on the
+    Eltwise row and the backward on the ReLU's."""
+
+    def __init__(self, net, first):
+        self.net, self.first, self.last = net, first, first + 1
+        self.relu = net.layers[first + 1]
+        self.ran_fused = False
+
+    @property
+    def members(self):
+        return range(self.first, self.last + 1)
+
+    def forward(self):
+        (a, b), top = self.net.bottom_blobs(self.first), self.net.top_blobs(self.first)[0]
+        sum_relu(a.data, b.data, self.relu.negative_slope, top.data)
+        self.ran_fused = True
+
+    def unfuse(self):
+        """The layers' own backward needs nothing that the fused forward did not leave."""
+        self.ran_fused = False
+
+    def backward(self):
+        net = self.net
+        if not any(net.entries[k].need_backward for k in self.members):
+            return
+        bottom, top = net.bottom_blobs(self.first), net.top_blobs(self.first)[0]
+        down = net.entries[self.first].bottom_need_backward
+        sum_relu_backward(top.diff, top.data, self.relu.negative_slope,
+                          *(b.diff if wanted else None for b, wanted in zip(bottom, down)))
+
+
+def eltwise_relu_groups(net):
+    """``{layer index: EltwiseSumReLU}`` for every member of every Eltwise SUM + in-place ReLU pair of ``net``."""
+    groups, layers = {}, net.layers
+    for i, eltwise in enumerate(layers[:-1]):
+        relu = layers[i + 1]
+        if eltwise.type != "Eltwise" or relu.type != "ReLU":
+            continue
+        p, bottom, top = eltwise.layer_param.eltwise, net.bottom_blobs(i), net.top_blobs(i)
+        if (p.operation != "SUM" or any(c != 1 for c in p.coeff) or len(bottom) != 2 or len(top) != 1
+                or any(b is top[0] for b in bottom) or not _in_place(net, i + 1, top[0]) or relu.negative_slope < 0
+                or any(w for k in (i, i + 1) for w in net.loss_weights(k))
+                or net.entries[i].need_backward != net.entries[i + 1].need_backward):
+            continue
+        group = EltwiseSumReLU(net, i)
         groups.update((k, group) for k in group.members)
     return groups
 

@@ -144,8 +144,10 @@ class Net:
         self.outputs = [v.name for e in self.entries for v in e.tops
                         if id(v) not in consumed and not v.anonymous and self.blobs[v.name] is v.blob]
         self._layer_index = {layer.name: i for i, layer in enumerate(self.layers)}
-        # BatchNorm + Scale (+ ReLU) in place run as one (layerforge.net.fusion): {member index: group}
-        self._fused = fusion.batch_norm_groups(self) if self.netdef.fuse_batch_norm else {}
+        # BatchNorm + Scale (+ ReLU) in place, and Eltwise SUM + ReLU, run as one (layerforge.net.fusion):
+        # {member index: group}
+        self._fused = {**fusion.eltwise_relu_groups(self),
+                       **(fusion.batch_norm_groups(self) if self.netdef.fuse_batch_norm else {})}
         # the seam (add_hooks): fn(i) around layer i's forward and its step of backward, run or skipped (Caffe's
         # Net callbacks; backward_hooks are after_backward's, e.g. to send gradients that are final), and
         # fn(direction, finished) around a whole forward or backward pass

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from layerforge import Net
+from layerforge.backend import to_numpy
 from layerforge.solvers import get_solver
 
 
@@ -238,9 +239,49 @@ def test_a_resnet_block_trains_identically():
         solver.solve()
         runs.append(solver)
     fused, plain = runs
-    assert len({id(g) for g in fused.net._fused.values()}) == 3 and plain.net._fused == {}
+    def kinds(net):
+        return sorted(type(g).__name__ for g in {id(g): g for g in net._fused.values()}.values())
+    assert kinds(fused.net) == ["BatchNormScaleReLU"] * 3 + ["EltwiseSumReLU"]
+    assert kinds(plain.net) == ["EltwiseSumReLU"]  # fuse_batch_norm: false leaves the bit-exact fusion
     for name, blobs in plain.net.params.items():
         for j, b in enumerate(blobs):
             numpy.testing.assert_allclose(fused.net.params[name][j].data, b.data, rtol=1e-9, atol=1e-12,
                                           err_msg=f"{name}/{j}")
     assert list(fused.losses) == pytest.approx(list(plain.losses), rel=1e-10)
+
+
+def join_net(relu_top="s", operation="SUM", coeff=None, slope=0.0):
+    """Input a, b -> Eltwise -> ReLU (in place unless ``relu_top`` names another blob) -> Power -> EuclideanLoss."""
+    eltwise = {"operation": operation, **({"coeff": coeff} if coeff else {})}
+    return {"name": "join", "force_backward": True, "layers": [
+        {"name": "input", "type": "Input", "top": ["a", "b", "target"], "input": {"shape": [[3, 4, 5, 5]] * 3}},
+        {"name": "sum", "type": "Eltwise", "bottom": ["a", "b"], "top": "s", "eltwise": eltwise},
+        {"name": "relu", "type": "ReLU", "bottom": "s", "top": relu_top, "relu": {"negative_slope": slope}},
+        {"name": "power", "type": "Power", "bottom": relu_top, "top": "p", "power": {"scale": 1.5}},
+        {"name": "loss", "type": "EuclideanLoss", "bottom": ["p", "target"], "top": "loss"}]}
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.3])
+def test_eltwise_sum_and_relu_run_as_one_with_the_layers_bits(xp, slope):
+    r = numpy.random.default_rng(8)
+    a, b, target = (r.standard_normal((3, 4, 5, 5)).astype(numpy.float32) for _ in range(3))
+    runs = {}
+    for top in ("s", "r"):  # in place: fused; into another blob: the two layers
+        net = Net(join_net(top, slope=slope), xp=xp)
+        net.forward(a=xp.asarray(a), b=xp.asarray(b), target=xp.asarray(target))
+        net.backward()
+        runs[top] = net
+    fused, plain = runs["s"], runs["r"]
+    assert {k: type(g).__name__ for k, g in fused._fused.items()} == {1: "EltwiseSumReLU", 2: "EltwiseSumReLU"}
+    assert plain._fused == {}
+    assert to_numpy(fused.blobs["s"].data).tobytes() == to_numpy(plain.blobs["r"].data).tobytes()
+    for name in ("s", "a", "b"):  # the ReLU's gradient in place in s's diff, and the bottoms' copies of it
+        assert to_numpy(fused.blobs[name].diff).tobytes() == to_numpy(plain.blobs[name].diff).tobytes()
+    gradient = to_numpy(fused.blobs["a"].diff)
+    assert (gradient != 0).any() and (gradient == 0).any() == (slope == 0)  # the mask
+
+
+@pytest.mark.parametrize("definition", [join_net(coeff=[1.0, -1.0]), join_net(operation="MAX"),
+                                        join_net(operation="PROD"), join_net(slope=-0.5)])
+def test_other_eltwise_and_relu_pairs_are_not_fused(definition):
+    assert Net(definition)._fused == {}
