@@ -14,7 +14,7 @@ import numpy
 import pytest
 
 from layerforge.layers.multibox_loss import MultiBoxLoss
-from layerforge.layers.neuron import ReLU
+from layerforge.layers.pooling import Pooling
 from tests.layers import test_every_layer_on_xp as every_layer
 from tests.solvers import test_cuda_graph as cuda_graph
 
@@ -43,11 +43,10 @@ def test_a_numpy_array_in_a_cupy_operation(monkeypatch):
 
 
 def test_a_host_synchronisation_inside_graph_capture(monkeypatch):
-    # planted: ReLU reads a device value on the host in the middle of the recorded body (the training goes on
+    # planted: Pooling reads a device value on the host in the middle of the recorded body (the training goes on
     # without graphs, with the same results, so the device test's check that recording succeeded is what fails)
-    plant(monkeypatch, ReLU, "forward", r"if self\.negative_slope == 0\s*:",
-          "if self.negative_slope == 0 and float(x.max()) > -1:")
+    plant(monkeypatch, Pooling, "forward", r"x = bottom\[0\]\.data\n", "x = bottom[0].data; float(x.max())\n")
     with pytest.raises(AssertionError) as failure:
         cuda_graph.test_training_with_graphs_on_the_device_equals_training_without("resnet block", 12)
-    assert ("layer 'res_relu' (ReLU): RuntimeError: the current stream is capturing, so D2H transfers are "
+    assert ("layer 'pool' (Pooling): RuntimeError: the current stream is capturing, so D2H transfers are "
             "disallowed") in str(failure.value)
