@@ -11,6 +11,9 @@ class Eltwise(Layer):
     Gradients: SUM gx_k = c_k gy; MAX routes gy to the bottom that won (ties as Caffe: between
     bottoms 0 and 1 the later one, after that the earlier winner stays); PROD gx_k = gy * prod_{j!=k} x_j
     with ``stable_prod_grad`` (exact even when some x_j is 0), else gy * y / x_k.
+
+    A SUM of two bottoms with coefficients 1 followed by a ReLU in place on its top (ResNet's shortcut joins) runs
+    fused with it, one pass each way, to the same bits (``layerforge.net.fusion``).
     """
 
     param_blocks = {"eltwise": {
