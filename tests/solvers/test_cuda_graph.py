@@ -29,7 +29,8 @@ def test_the_body_lies_between_the_data_and_the_first_loss():
 
 
 def test_the_recorded_body_gives_the_eager_iteration_bit_for_bit():
-    eager, graphed = (Net(net_def(), phase="TRAIN", dtype="float64") for _ in range(2))
+    # engines pinned: each net's AUTO times its own, and IM2COL's and IMPLICIT's weight gradients differ in last bits
+    eager, graphed = (Net(pinned(net_def()), phase="TRAIN", dtype="float64") for _ in range(2))
     for name, blobs in eager.params.items():
         for a, b in zip(blobs, graphed.params[name]):
             b.data[...] = a.data
@@ -49,8 +50,8 @@ def test_the_recorded_body_gives_the_eager_iteration_bit_for_bit():
 
 
 def test_a_recording_that_fails_names_the_layer_and_the_iteration_goes_on_eagerly(caplog):
-    net = Net(net_def(), phase="TRAIN", dtype="float64")
-    reference = Net(net_def(), phase="TRAIN", dtype="float64")
+    net = Net(pinned(net_def()), phase="TRAIN", dtype="float64")
+    reference = Net(pinned(net_def()), phase="TRAIN", dtype="float64")
     for name, blobs in reference.params.items():
         for a, b in zip(blobs, net.params[name]):
             b.data[...] = a.data
