@@ -19,6 +19,11 @@ def get_array_module(*arrays):
     return numpy
 
 
+def data_address(a):
+    """The address of an array's first element (cupy or numpy): two arrays are one memory when theirs are equal."""
+    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
+
+
 def to_numpy(a):
     """A host (numpy) copy or view of ``a``, whichever module it lives in."""
     if isinstance(a, numpy.ndarray):

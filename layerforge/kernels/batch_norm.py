@@ -14,7 +14,7 @@ parameter gradients stay each replica's own, which the replicas' gradient exchan
 """
 import numpy
 
-from ..backend import get_array_module, to_numpy
+from ..backend import data_address, get_array_module, to_numpy
 from .threadpool import cpu_kernel, parallel_for
 
 
@@ -126,7 +126,7 @@ def batch_stats(x, centred=None, group=None):
     for _ in range(2):
         sums, squares = _channel_moments_host(x, shift)
         if group is not None:
-            sums, squares = numpy.split(group.sum(numpy.concatenate([sums, squares])), 2)
+            sums, squares = across(group, sums, squares)
         offset = sums / m
         mean, var = shift + offset, numpy.maximum(squares / m - offset * offset, 0.0)
         if shift.any() or not (mean * mean > REFINE_RATIO * var).any():
@@ -198,7 +198,7 @@ def input_grad(gy, y, negative_slope, x_norm, coef_gz, coef_xn, shift, gx, affin
         return fused_backward_gpu(gy, gy if y is None else y, x_norm, coef_gz, coef_xn, shift, negative_slope, gx)
     gy, *arguments = _sweep_arguments(gy, y, negative_slope, x_norm, affine)
     coefs = [_contiguous(numpy.asarray(v, dtype=gy.dtype)) for v in (coef_gz, coef_xn, shift)]
-    in_place = gx.__array_interface__["data"][0] == gy.__array_interface__["data"][0]
+    in_place = data_address(gx) == data_address(gy)
     parallel_for(gy.shape[1], lambda lo, hi: _input_grad(gy, *arguments, *coefs, lo, hi, gx, in_place),
                  work=gy.size)
     return gx

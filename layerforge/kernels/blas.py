@@ -27,19 +27,20 @@ links its own OpenBLAS with its own thread pool, and two pools on two cores cost
 temporary (LeNet's ip1 backward went from 1 to 9 ms with both pools at 2 threads).
 
 Batch invariance (on by default; :func:`set_batch_invariant` or ``LAYERFORGE_BATCH_INVARIANT=0`` turns it off): one
-sample's results do not depend on the batch it is in, bit for bit. OpenBLAS's large-product SGEMM computes each element as
-one blocked FMA chain whatever the matrix sizes (kernels/thin_gemm.py); only its small-matrix kernel and GEMV, which
-it takes for small or one-row products, compute otherwise. Under the switch, where the installed BLAS passes
-:func:`canonical_blas`'s check, :func:`matmul` sends those products, and those with few rows, to thin_gemm, which
-computes them with the large path's arithmetic: every float32 product then gives an element the same bits whatever
-the other rows and columns, so InnerProduct and every convolution engine on the CPU are invariant (IM2COL and
-IMPLICIT agree bit for bit; each Winograd engine has its own sums, so autotune.ConvEngines chooses a convolution's
-forward arithmetic once per per-image problem, for every batch). Every BLAS call under the switch runs on one
-OpenBLAS thread (:func:`one_blas_thread`; a Net holds it for each pass), so the summed axis is always cut as one
-thread cuts it, and the large products split themselves over the kernel threads (:func:`_large_product`: pieces that
-threadpool.run_jobs hands to product threads waiting in compiled code), which then have the cores to themselves. With another BLAS (MKL,
-another OpenBLAS core) it falls back to one product of the same shape per sample (:func:`matmul_rows`) and the
-engines that declare ``batch_invariant`` (docs/performance.md, "Batch-invariant results").
+sample's results do not depend on the batch it is in, bit for bit. OpenBLAS's large-product SGEMM computes each
+element as one blocked FMA chain whatever the matrix sizes (kernels/thin_gemm.py); only its small-matrix kernel and
+GEMV, which it takes for small or one-row products, compute otherwise. Under the switch, where the installed BLAS
+passes :func:`canonical_blas`'s check, :func:`matmul` sends those products, and those with few rows, to thin_gemm,
+which computes them with the large path's arithmetic: every float32 product then gives an element the same bits
+whatever the other rows and columns, so InnerProduct and every convolution engine on the CPU are invariant (IM2COL
+and IMPLICIT agree bit for bit; each Winograd engine has its own sums, so autotune.ConvEngines chooses a
+convolution's forward arithmetic once per per-image problem, for every batch). Every BLAS call under the switch runs
+on one OpenBLAS thread (:func:`one_blas_thread`; a Net holds it for each pass), so the summed axis is always cut as
+one thread cuts it, and the large products split themselves over the kernel threads (:func:`_large_product`: pieces
+that threadpool.run_jobs hands to product threads waiting in compiled code), which then have the cores to themselves.
+With another BLAS (MKL, another OpenBLAS core) it falls back to one product of the same shape per sample
+(:func:`matmul_rows`) and the engines that declare ``batch_invariant`` (docs/performance.md, "Batch-invariant
+results").
 """
 import functools
 import math

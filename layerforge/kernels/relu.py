@@ -1,4 +1,5 @@
-"""ReLU's gradient read from its output, for numpy and cupy: with a negative slope a >= 0, x > 0 exactly where y > 0.
+"""ReLU's forward, and its gradient read from its output (with a negative slope a >= 0, x > 0 exactly where y > 0),
+for numpy and cupy:
 
     gx = gy where y > 0, else a gy
 
@@ -11,7 +12,7 @@ expressions.
 """
 import numpy
 
-from ..backend import get_array_module
+from ..backend import data_address, get_array_module
 from .threadpool import cpu_kernel, parallel_for
 
 
@@ -47,10 +48,20 @@ def relu_backward(gy, y, negative_slope, gx):
         return gx
     flat_gy, flat_y, flat_gx = gy.reshape(-1), y.reshape(-1), gx.reshape(-1)
     slope = gy.dtype.type(negative_slope)  # numpy multiplies by a Python float in gy's dtype
-    into = 1 if _address(gx) == _address(gy) else 2 if _address(gx) == _address(y) else 0
+    into = 1 if data_address(gx) == data_address(gy) else 2 if data_address(gx) == data_address(y) else 0
     parallel_for(flat_gy.size, lambda lo, hi: _relu_backward(flat_gy[lo:hi], flat_y[lo:hi], slope, flat_gx[lo:hi],
                                                              into), work=flat_gy.size)
     return gx
+
+
+def relu_forward(x, negative_slope, out):
+    """``out`` = ``max(x, 0)`` (slope 0: numpy's maximum, NaN kept) or ``where(x > 0, x, negative_slope x)``; numpy or
+    cupy, ``out`` may be ``x``. Returns ``out``."""
+    xp = get_array_module(x)
+    if negative_slope == 0:
+        return xp.maximum(x, 0, out=out)
+    out[...] = xp.where(x > 0, x, x * negative_slope)
+    return out
 
 
 @cpu_kernel
@@ -68,12 +79,7 @@ def sum_relu(a, b, negative_slope, out):
     one pass on the CPU, to the bits of the two (``out`` may not be ``a`` or ``b``). Returns ``out``."""
     xp = get_array_module(a)
     if xp is not numpy or not all(v.flags.c_contiguous for v in (a, b, out)):
-        xp.add(a, b, out=out)
-        if negative_slope == 0:
-            xp.maximum(out, 0, out=out)
-        else:
-            out[...] = xp.where(out > 0, out, out * negative_slope)
-        return out
+        return relu_forward(xp.add(a, b, out=out), negative_slope, out)
     flat = [v.reshape(-1) for v in (a, b, out)]
     slope = out.dtype.type(negative_slope)
     parallel_for(flat[2].size, lambda lo, hi: _sum_relu(flat[0][lo:hi], flat[1][lo:hi], slope, flat[2][lo:hi]),
@@ -114,10 +120,6 @@ def sum_relu_backward(gy, y, negative_slope, first, second):
         return
     flat = [v.reshape(-1) for v in (gy, y, first, second)]
     slope = gy.dtype.type(negative_slope)
-    is_y = [_address(d) == _address(y) for d in (first, second)]
+    is_y = [data_address(d) == data_address(y) for d in (first, second)]
     parallel_for(flat[0].size, lambda lo, hi: _relu_backward_to_both(
         flat[0][lo:hi], flat[1][lo:hi], slope, flat[2][lo:hi], flat[3][lo:hi], *is_y), work=flat[0].size)
-
-
-def _address(a):
-    return a.__array_interface__["data"][0]

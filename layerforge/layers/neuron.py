@@ -3,7 +3,7 @@ import math
 
 from ..backend import get_array_module
 from ..errors import ShapeError
-from ..kernels.relu import relu_backward
+from ..kernels.relu import relu_backward, relu_forward
 from ..schema import REQUIRED, Params
 from .base import FILLER, Field, Layer, register_layer
 
@@ -51,13 +51,9 @@ class ReLU(NeuronLayer):
 
     def forward(self, bottom, top):
         x = bottom[0].data
-        xp = get_array_module(x)
         if self.negative_slope < 0:
             self.positive = x > 0
-        if self.negative_slope == 0:
-            xp.maximum(x, 0, out=top[0].data)
-        else:
-            top[0].data[...] = xp.where(x > 0, x, x * self.negative_slope)
+        relu_forward(x, self.negative_slope, top[0].data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:

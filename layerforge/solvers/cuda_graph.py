@@ -26,6 +26,8 @@ recording: when a reshape has moved one, both graphs are recorded again.
 import contextlib
 import logging
 
+from ..backend import data_address
+
 log = logging.getLogger("layerforge")
 
 
@@ -90,11 +92,6 @@ def cuda_recorder(xp):
     return record
 
 
-def _address(a):
-    """The address of an array's first element (cupy or numpy)."""
-    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
-
-
 class IterationGraphs:
     """Forward-backward of ``net`` with its body replayed from recorded graphs (see the module text).
 
@@ -134,7 +131,7 @@ class IterationGraphs:
         for i in range(self.lo, self.hi + 1):
             for blob in (*net.bottom_blobs(i), *net.top_blobs(i), *net.layers[i].blobs):
                 for a in (blob.data, blob.diff):
-                    out.append((_address(a), tuple(a.shape)))
+                    out.append((data_address(a), tuple(a.shape)))
         return out
 
     def _replay(self, which, run):

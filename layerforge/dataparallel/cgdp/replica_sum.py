@@ -1,11 +1,11 @@
 """Sums of small vectors across the replicas of one batch, through shared memory: BatchNorm's per-channel sums.
 
-Replicas that each hold a share of a batch (``WorkerOptions.split``) normalise with the whole batch's
-statistics (layerforge/kernels/batch_norm.py): per BatchNorm layer, one exchange of 2C values forward (two where a
-channel's mean is large against its spread) and one of 2C backward. Each replica writes its values into its row of a shared table and then its sequence number; it
-waits until every row carries that number and adds the rows, in row order, so every replica gets the same
-bits. Two tables alternate: a replica can only write call k + 2 into the table of call k once every replica
-has written call k + 1, which it does after reading call k.
+Replicas that each hold a share of a batch (``WorkerOptions.split``) normalise with the whole batch's statistics
+(layerforge/kernels/batch_norm.py): per BatchNorm layer, one exchange of 2C values forward (two where a channel's
+mean is large against its spread) and one of 2C backward. Each replica writes its values into its row of a shared
+table and then its sequence number; it waits until every row carries that number and adds the rows, in row order, so
+every replica gets the same bits. Two tables alternate: a replica can only write call k + 2 into the table of call k
+once every replica has written call k + 1, which it does after reading call k.
 """
 import os
 import time
