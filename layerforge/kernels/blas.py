@@ -279,13 +279,18 @@ def _blasable(x):
     return x if x.strides[-1] == item or x.strides[-2] == item else numpy.ascontiguousarray(x)
 
 
+def _count(a, b):
+    # the number of products in a stacked a @ b
+    return math.prod(numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+
+
 def _invariant_matmul(a, b, out):
     """``a @ b`` of float32 arrays with every element computed as OpenBLAS's large path does on one thread: by
-    thin_gemm where OpenBLAS leaves that path or where a has few rows (:data:`FEW_ROWS`), else by numpy's BLAS on one
-    thread (:func:`_large_product`)."""
+    thin_gemm where OpenBLAS leaves that path, where a has few rows (:data:`FEW_ROWS`) or where it is one product of
+    at most :data:`THIN_MULTIPLY_ADDS`, else by numpy's BLAS on one thread (:func:`_large_product`)."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     if thin_gemm.is_thin(m, n, k) or m < FEW_ROWS[b.strides[-2] == b.itemsize and n > 1] or \
-            m * n * k <= THIN_MULTIPLY_ADDS:
+            m * n * k <= THIN_MULTIPLY_ADDS and _count(a, b) == 1:
         return thin_gemm.matmul(a, b, out, threaded=False)
     return _large_product(_blasable(a), _blasable(b), out)
 
@@ -296,10 +301,12 @@ def _invariant_matmul(a, b, out):
 # against 39, at 64 60 against 51), and b C-contiguous (a convolution's columns; 4 rows: 0.5-0.9 times OpenBLAS's
 # time, 10 rows up to 1.9 times)
 FEW_ROWS = {True: 32, False: 8}
-# multiply-adds up to which a product goes to thin_gemm whatever its rows: on one thread it is as fast as OpenBLAS's
+# multiply-adds up to which one product goes to thin_gemm whatever its rows: on one thread it is as fast as OpenBLAS's
 # there (which packs both operands; 50 x 500 x 64, LeNet's second convolution at batch 1: 26 us against 28;
 # 64 x 256 x 256: 47 against 61), and it shares such a product between the threads in pieces of rows or columns
-# where OpenBLAS's pieces would leave its large path (below thin_gemm.SMALL_MNK each)
+# where OpenBLAS's pieces would leave its large path (below thin_gemm.SMALL_MNK each). A stack of them goes to
+# OpenBLAS, which thin_gemm computes one by one (copying a transposed a for each) at 0.4 to 0.9 times its speed: F(4,3)
+# Winograd's 36 tile-position products of ResNet-50 at batch 4 (64 x 64 x 784 to 256 x 256 x 64, docs/performance.md)
 THIN_MULTIPLY_ADDS = 1 << 22
 
 

@@ -139,3 +139,37 @@ def test_im2col_nd_on_two_axes_is_the_2d_im2col(xp, geom):
     numpy.testing.assert_array_equal(to_numpy(col), to_numpy(im2col(x, *geom)))
     numpy.testing.assert_allclose(to_numpy(col2im_nd(col, (sy, sx), (ph, pw), (dy, dx), (7, 8))),
                                   to_numpy(col2im(col, sy, sx, ph, pw, 7, 8, dy, dx)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+@pytest.mark.parametrize("geom, size", [
+    (g, s) for g in GEOMETRIES + [(7, 7, 2, 2, 3, 3, 1, 1), (5, 5, 4, 3, 6, 1, 1, 1)] for s in [(7, 7), (6, 9), (2, 11)]
+    if conv_output_size(s[0], g[0], g[2], g[4], g[6]) > 0 and conv_output_size(s[1], g[1], g[3], g[5], g[7]) > 0])
+def test_compiled_tiles_give_the_slicing_bodies_bits(monkeypatch, geom, size, dtype):
+    """The engines' layouts ((n, C, H, W) images, (n, C, kh, kw, rows, out_w) columns behind the views) go to the
+    compiled loops: the same columns as the slicing bodies, every element written (a reused buffer holds garbage),
+    and col2im adds each element's taps in the same order, so the same bits; for the whole image and for row tiles."""
+    from layerforge.kernels import im2col as module
+
+    kh, kw, sy, sx, ph, pw, dy, dx = geom
+    h, w = size
+    out_h, out_w = conv_output_size(h, kh, sy, ph, dy), conv_output_size(w, kw, sx, pw, dx)
+    calls = []
+    for name in ("_im2col_compiled", "_col2im_compiled"):
+        monkeypatch.setattr(module, name, lambda *a, fn=getattr(module, name), name=name: calls.append(name) or fn(*a))
+    rng = numpy.random.default_rng(7)
+    x = rng.standard_normal((3, 4, h, w)).astype(dtype)
+    for r0, rows in [(0, out_h), (out_h // 2, out_h - out_h // 2), (out_h - 1, 1)]:
+        expected = numpy.empty((4, kh, kw, 3, rows, out_w), dtype)
+        module._im2col_slice(x.transpose(1, 0, 2, 3), expected, *geom, r0)
+        col = numpy.full((3, 4, kh, kw, rows, out_w), numpy.nan, dtype)
+        module.im2col_tile(x.transpose(1, 0, 2, 3), col.transpose(1, 2, 3, 0, 4, 5), *geom, r0=r0)
+        numpy.testing.assert_array_equal(col.transpose(1, 2, 3, 0, 4, 5), expected)
+        grad = rng.standard_normal(col.shape).astype(dtype)
+        start = rng.standard_normal(x.shape).astype(dtype)
+        expected_gx = start.transpose(1, 0, 2, 3).copy()
+        module._col2im_slice(grad.transpose(1, 2, 3, 0, 4, 5), expected_gx, *geom, r0)
+        gx = start.copy()
+        module.col2im_tile(grad.transpose(1, 2, 3, 0, 4, 5), gx.transpose(1, 0, 2, 3), *geom, r0=r0)
+        numpy.testing.assert_array_equal(gx.transpose(1, 0, 2, 3), expected_gx)
+    assert calls == ["_im2col_compiled", "_col2im_compiled"] * 3
