@@ -1,4 +1,7 @@
 """Stochastic gradient descent with momentum, and Nesterov's accelerated gradient (Caffe's formulas)."""
+import numpy
+
+from ..kernels.update import sgd_step
 from .solver import Solver, register_solver
 
 
@@ -16,6 +19,12 @@ class SGDSolver(Solver):
         v *= self.param.momentum
         v += rate * param.diff
         param.diff[...] = v
+
+    def fused_update(self, param, state, rate, decay):
+        # on the host, one compiled pass (kernels/update.py) where the decay is L2 or none
+        if self.xp is not numpy or (decay and self.param.regularization_type != "L2"):
+            return False
+        return sgd_step(param.data, param.diff, state[0], decay, self.param.momentum, rate)
 
 
 @register_solver("Nesterov")

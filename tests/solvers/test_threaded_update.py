@@ -1,5 +1,6 @@
-"""The solver's update runs whole parameters on the kernel threads, each in blocks on the host: the same bits
-for any thread count and block size."""
+"""The solver's update runs the blocks of the parameters on the kernel threads, on the host: the same bits for any
+thread count and block size; momentum SGD's compiled pass gives the general path's bits."""
+import numpy
 import pytest
 
 from layerforge.kernels import threadpool as parallel
@@ -8,14 +9,15 @@ from layerforge.solvers import get_solver
 from .test_snapshot import CONV_NET  # DummyData -> conv1 -> ReLU -> conv2 -> ip -> loss
 
 
-def trained(solver_type, threads, tmp_path, **keys):
+def trained(solver_type, threads, tmp_path, history=False, **keys):
     parallel.set_num_threads(threads)
     try:
-        solver = get_solver(dict(net_param=CONV_NET, type=solver_type, base_lr=0.05, max_iter=4, random_seed=3,
-                                 display=0, snapshot_after_train=False, weight_decay=0.01,
-                                 snapshot_prefix=str(tmp_path / "s"), **keys))
+        solver = get_solver(dict(dict(net_param=CONV_NET, type=solver_type, base_lr=0.05, max_iter=4, random_seed=3,
+                                      display=0, snapshot_after_train=False, weight_decay=0.01,
+                                      snapshot_prefix=str(tmp_path / "s")), **keys))
         solver.solve()
-        return [p.data.tobytes() for p in solver.net.learnable_params]
+        return [a.tobytes() for a in [p.data for p in solver.net.learnable_params] +
+                [p.diff for p in solver.net.learnable_params] + (solver.history if history else [])]
     finally:
         parallel.set_num_threads(None)
 
@@ -37,12 +39,58 @@ def test_update_is_bit_identical_for_any_thread_count_and_block(solver_type, key
 
 
 def test_groups_balance_sizes():
-    from types import SimpleNamespace
-
     from layerforge.solvers.solver import balanced_groups
-    params = [SimpleNamespace(count=c) for c in (100, 1, 60, 50, 2, 3)]
-    groups = balanced_groups(range(6), params, 2)
+    sizes = [100, 1, 60, 50, 2, 3]
+    groups = balanced_groups(sizes, 2)
     assert sorted(i for g in groups for i in g) == list(range(6))
-    totals = sorted(sum(params[i].count for i in g) for g in groups)
+    totals = sorted(sum(sizes[i] for i in g) for g in groups)
     assert totals == [106, 110]  # greedy, largest first: 100+3+2+1 and 60+50
-    assert balanced_groups([0, 1], params, 5) == [[0], [1]]
+    assert balanced_groups(sizes[:2], 5) == [[0], [1]]
+
+
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+@pytest.mark.parametrize("keys", [{"momentum": 0.9}, {"momentum": 0.0}, {"momentum": 0.9, "weight_decay": 0.0},
+                                  {"momentum": 0.9, "regularization_type": "L1"}])
+def test_sgds_compiled_pass_gives_the_passes_bits(keys, dtype, tmp_path, monkeypatch):
+    """The parameters, their diffs (the step, as Caffe leaves them) and the history after 4 iterations: the same bits
+    with SGD's one compiled pass (kernels/update.py) as with regularize, compute_update and the step one after the
+    other, for decay_mult 0, 1 and 2 and lr_mult 1 and 2; L1 decay takes the passes."""
+    from layerforge.kernels import update
+    from layerforge.solvers import sgd
+
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_ELEMENTS", 0)
+    layers = [dict(layer) for layer in CONV_NET["layers"]]
+    layers[1]["param"] = [{"lr_mult": 1, "decay_mult": 2}, {"lr_mult": 2, "decay_mult": 0}]  # conv1's weights, bias
+    keys = dict(keys, dtype=numpy.dtype(dtype).name, net_param=dict(CONV_NET, layers=layers))
+    calls = []
+    monkeypatch.setattr(sgd, "sgd_step", lambda *a: calls.append((a[0].dtype, a[3])) or update.sgd_step(*a))
+    fused = trained("SGD", 2, tmp_path, history=True, **keys)
+    assert {t for t, _ in calls} == {numpy.dtype(dtype)}
+    if keys.get("regularization_type") == "L1":  # only conv1's bias, decay_mult 0, has the one pass
+        assert {decay for _, decay in calls} == {0}
+    else:
+        assert len({decay for _, decay in calls}) == (1 if keys.get("weight_decay") == 0 else 3)
+    monkeypatch.setattr(sgd.SGDSolver, "fused_update", lambda *a: False)
+    assert trained("SGD", 2, tmp_path, history=True, **keys) == fused
+
+
+def test_sgd_step_gives_numpys_passes_bits_in_float32():
+    """Values whose products and sums round in float32 (not float64, not fused): the passes' bits, in place."""
+    from layerforge.kernels.update import sgd_step
+
+    rs = numpy.random.RandomState(0)
+    data, diff, history = (rs.randn(3, 1000).astype(numpy.float32) * s for s in (1.0, 1e-3, 1e-2))
+    decay, momentum, rate = 5e-4 * 1.3, 0.9, 0.01 * 2
+    expected = [a.copy() for a in (data, diff, history)]
+    d, g, h = expected
+    g += decay * d
+    h *= momentum
+    h += rate * g
+    g[...] = h
+    d -= g
+    assert sgd_step(data, diff, history, decay, momentum, rate)
+    for got, want in zip((data, diff, history), expected):
+        numpy.testing.assert_array_equal(got, want)
+    wide = numpy.zeros((3, 1000), numpy.float64)
+    assert not sgd_step(data, diff, wide, decay, momentum, rate)  # another dtype: the passes do it
+    assert not sgd_step(data[:, ::2], diff[:, ::2], history[:, ::2], decay, momentum, rate)
