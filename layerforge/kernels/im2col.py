@@ -131,6 +131,25 @@ def _im2col_compiled(x, col, inside_rows, inside_cols, sy, sx, ph, pw, dy, dx, r
                 top, bottom = inside_rows[i, 0], inside_rows[i, 1]
                 for j in range(col.shape[3]):
                     taps, a, b = col[m, c, i, j], inside_cols[j, 0], inside_cols[j, 1]
+                    w = taps.shape[1]
+                    if sx == 1 and sy == 1 and w == x.shape[3] and top < bottom:
+                        # stride 1, the output as wide as the image: the tap's rows [top, bottom) of columns [a, b)
+                        # are one run of the flat image, copied as one (a view per row costs more than copying a
+                        # row of 27), then the columns outside [a, b) that the run wrapped into are zeroed
+                        flat, first, last = taps.reshape(-1), top * w + a, (bottom - 1) * w + b
+                        source = (r0 + top - ph + i * dy) * w + a + j * dx - pw
+                        flat[:first] = 0
+                        flat[last:] = 0
+                        run, image = flat[first:last], x[m, c].reshape(-1)[source:source + last - first]
+                        for o in range(run.size):
+                            run[o] = image[o]
+                        if a > 0 or b < w:
+                            for r in range(top, bottom):
+                                for o in range(a):
+                                    taps[r, o] = 0
+                                for o in range(b, w):
+                                    taps[r, o] = 0
+                        continue
                     taps[:top] = 0
                     taps[bottom:] = 0
                     for r in range(top, bottom):
