@@ -33,7 +33,7 @@ import math
 import numpy
 
 from ..backend import get_array_module
-from .blas import add_matmul_nt, matmul
+from .blas import add_matmul_nt, matmul, row_sums
 from .im2col import col2im_nd, col2im_tile, im2col_nd, im2col_tile
 from .output_size import conv_output_size
 from .threadpool import elementwise, host_work, parallel_for
@@ -91,11 +91,10 @@ class _GemmConv:
         return n, c, h, w, out_h, out_w, g, W.shape[0] // g, W[0].size
 
 
-def _bias_grad(xp, gy, gb):
+def _bias_grad(gy, gb):
     # a GEMV against ones runs in BLAS; a sum over axes (0, 2, 3) is a slow strided reduction
     n, cout = gy.shape[:2]
-    p = gy[0, 0].size
-    gb += (gy.reshape(n * cout, p) @ xp.ones(p, dtype=gy.dtype)).reshape(n, cout).sum(axis=0)
+    gb += row_sums(gy.reshape(n * cout, gy[0, 0].size)).reshape(n, cout).sum(axis=0)
 
 
 class Im2colConv(_GemmConv):
@@ -162,7 +161,7 @@ class Im2colConv(_GemmConv):
         gyt = self._buffer(xp, "y", (g, cog, out_h * out_w * n), x.dtype)
         elementwise(xp.copyto, gyt.reshape(g * cog, out_h, out_w, n), gy.transpose(1, 2, 3, 0))
         if gb is not None:
-            gb += gyt.reshape(g * cog, -1) @ xp.ones(gyt.shape[-1], dtype=gy.dtype)
+            gb += row_sums(gyt.reshape(g * cog, -1))
         if gW is not None:
             col = self._columns(x, W)
             add_matmul_nt(gW.reshape(g, cog, kg), gyt, col)
@@ -247,7 +246,7 @@ class ImplicitGemmConv(_GemmConv):
         n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
         kh, kw = self.geometry[:2]
         if gb is not None:
-            _bias_grad(xp, gy, gb)
+            _bias_grad(gy, gb)
         if gx is not None and not self.pointwise:
             gx[...] = 0
         Wg = W.reshape(g, cog, kg)

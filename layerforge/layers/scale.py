@@ -2,6 +2,7 @@
 import math
 
 from ..errors import ShapeError
+from ..kernels.blas import row_sums
 from ..kernels.threadpool import elementwise
 from ..schema import Context, validate_block
 from .base import FILLER, Field, Layer, register_layer
@@ -83,13 +84,13 @@ class Scale(Layer):
     def _reduce(self, a):
         if not self.sum_axes:
             return a
-        # (outer, scale, inner): the inner sum as a GEMV against ones runs in BLAS
+        # (outer, scale, inner): the inner sum as a GEMV against ones (blas.row_sums)
         outer = math.prod(a.shape[:self.axis])
         inner = math.prod(self.trailing and a.shape[len(a.shape) - len(self.trailing):])
         size = a.size // (outer * inner)
         a = a.reshape(outer * size, inner)
         if inner > 1:
-            a = a @ self.xp.ones(inner, dtype=a.dtype)
+            a = row_sums(a)
         return a.reshape(outer, size).sum(axis=0).reshape(self._scale_shape)
 
     def _broadcast(self, a):
