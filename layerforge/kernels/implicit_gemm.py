@@ -206,8 +206,9 @@ class ImplicitGemmConv(_GemmConv):
         if per_row * out_h <= self.budget:
             nb = max(1, self.budget // (per_row * out_h))
             return [(n0, min(n, n0 + nb), 0, out_h) for n0 in range(0, n, nb)]
-        rows = max(1, self.budget // per_row)
-        return [(i, i + 1, r0, min(out_h, r0 + rows)) for i in range(n) for r0 in range(0, out_h, rows)]
+        count = -(-out_h // max(1, self.budget // per_row))  # tiles of an image, its rows dealt evenly among them
+        cuts = [out_h * k // count for k in range(count + 1)]
+        return [(i, i + 1, cuts[k], cuts[k + 1]) for i in range(n) for k in range(count)]
 
     def _lower(self, x, W, n0, n1, r0, r1):
         xp = get_array_module(x)

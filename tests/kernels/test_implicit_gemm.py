@@ -79,12 +79,14 @@ def test_backward_without_data_gradient_and_without_bias():
 def test_implicit_tiles_cover_every_output_once_within_the_budget(budget):
     engine = ImplicitGemmConv((3, 3, 1, 1, 1, 1, 1, 1), 1, budget)
     shape = (5, 2, 7, 6)
-    seen = numpy.zeros((5, 7), int)
+    seen, rows = numpy.zeros((5, 7), int), set()
     for n0, n1, r0, r1 in engine.tiles(shape, 8):
         seen[n0:n1, r0:r1] += 1
         assert n1 - n0 == 1 or (r0, r1) == (0, 7)
         assert (n1 - n0) * (r1 - r0) * 2 * 9 * 6 * 8 <= max(budget, 2 * 9 * 6 * 8)  # one row at least
+        rows.add(r1 - r0)
     assert (seen == 1).all()
+    assert max(rows) - min(rows) <= 1  # an image's rows dealt evenly (AlexNet's conv1: 28 + 27, not 52 + 3)
 
 
 def test_workspace_bytes():
