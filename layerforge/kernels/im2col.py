@@ -16,6 +16,7 @@ As in ``chainer/utils/conv.py``: ``im2col_cpu`` / ``col2im_cpu`` are the xp slic
 / ``col2im`` the entry points, which send cupy arrays to the CUDA kernels of kernels/cuda/im2col.cu.
 """
 
+import functools
 import itertools
 
 import numpy
@@ -113,13 +114,20 @@ def _compiled_call(kernel, xt, col, kh, kw, sy, sx, ph, pw, dy, dx, r0):
     x, columns = xt.transpose(1, 0, 2, 3), col.transpose(3, 0, 1, 2, 4, 5)
     if not (x.flags.c_contiguous and columns.flags.c_contiguous):
         return False
-    h, w = x.shape[2:]
-    rows, out_w = col.shape[4:]
-    inside_rows = numpy.array([_valid(h, i * dy - ph, sy, r0, r0 + rows) for i in range(kh)], numpy.int64) - r0
-    inside_cols = numpy.array([_valid(w, j * dx - pw, sx, 0, out_w) for j in range(kw)], numpy.int64)
+    inside_rows, inside_cols = _inside(x.shape[2:], col.shape[4:], kh, kw, sy, sx, ph, pw, dy, dx, r0)
     parallel_for(xt.shape[0], lambda lo, hi: kernel(x, columns, inside_rows, inside_cols, sy, sx, ph, pw, dy, dx, r0,
                                                     lo, hi), work=host_work(col, kh * kw))
     return True
+
+
+@functools.lru_cache(maxsize=256)
+def _inside(size, tile, kh, kw, sy, sx, ph, pw, dy, dx, r0):
+    # per kernel row the tile's output rows [top, bottom), per kernel column the output columns [a, b), whose input
+    # lies inside the image (size (H, W); tile (rows, out_w)): a layer's tiles ask for the same few, call after call
+    (h, w), (rows, out_w) = size, tile
+    inside_rows = numpy.array([_valid(h, i * dy - ph, sy, r0, r0 + rows) for i in range(kh)], numpy.int64) - r0
+    inside_cols = numpy.array([_valid(w, j * dx - pw, sx, 0, out_w) for j in range(kw)], numpy.int64)
+    return inside_rows, inside_cols
 
 
 @cpu_kernel(reassociate=False)

@@ -9,8 +9,6 @@ the step: a temporary and a Python call each), which leaves the update at a thir
 compiled loop reads data, diff and V once and writes them once. Each value takes the same float operations in the same
 order as the passes (the scalars in the arrays' dtype, no fused multiply-add), so the same bits.
 """
-import numpy
-
 from .threadpool import cpu_kernel
 
 

@@ -441,9 +441,10 @@ class Solver:
                 for k in group:
                     i, part = parts[k]
                     arrays, state = self._part(i, part)
-                    decay = self.param.weight_decay * self.net.params_weight_decay[i]
-                    if not self.fused_update(arrays, state, rate * self.net.params_lr[i], decay):
-                        self._update(i, arrays, state, rate)
+                    decay, lr = self._decay_and_rate(i, rate)
+                    if not self.fused_update(arrays, state, lr, decay):
+                        self.regularize(arrays, decay)
+                        self.compute_update(arrays, state, lr)
                         arrays.data -= arrays.diff
         parallel_for(len(groups), update, work=sum(sizes) if self.xp is numpy else 0)
 
@@ -453,10 +454,15 @@ class Solver:
         arrays; False (nothing done) where not, and the three run one after the other."""
         return False
 
+    def _decay_and_rate(self, i, rate):
+        # parameter i's weight decay (weight_decay x decay_mult) and learning rate (the iteration's x lr_mult)
+        return self.param.weight_decay * self.net.params_weight_decay[i], rate * self.net.params_lr[i]
+
     def _update(self, i, param, state, rate):
         # regularise, then the rule: the step for parameter i (or its block or rows ``param``) is left in param.diff
-        self.regularize(param, self.param.weight_decay * self.net.params_weight_decay[i])
-        self.compute_update(param, state, rate * self.net.params_lr[i])
+        decay, lr = self._decay_and_rate(i, rate)
+        self.regularize(param, decay)
+        self.compute_update(param, state, lr)
 
     def _part(self, i, part):
         """``(ParamArrays, state)`` of the values ``part`` of parameter ``i`` (``(start, stop)`` of its flattened values,
