@@ -30,6 +30,7 @@ from bench_train import NETS  # noqa: E402
 from layerforge.kernels.output_size import conv_output_size  # noqa: E402
 from layerforge.kernels import winograd  # noqa: E402
 from layerforge.kernels.implicit_gemm import ENGINES  # noqa: E402
+from layerforge.kernels.autotune import WINOGRAD_TILES  # noqa: E402
 
 
 def conv_shapes(net_name):
@@ -76,7 +77,7 @@ def bench_shape(key, batch, repeat):
     flops = 2.0 * batch * cout * o * o * (cin // group) * k * k
     row = {"shape": key, "out": o, "gflop_fwd": flops / 1e9}
     for name, cls in ENGINES.items():
-        if name.startswith("WINOGRAD") and not winograd.eligible(geometry):
+        if name in WINOGRAD_TILES and not winograd.eligible(geometry, WINOGRAD_TILES[name]):
             continue
         engine = cls(geometry, group)
         tf = best_time(lambda: engine.forward(x, W, b, y), repeat)

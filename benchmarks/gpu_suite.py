@@ -308,6 +308,7 @@ def phase_convs(mode):
     from bench_conv import conv_shapes
     from layerforge.kernels.output_size import conv_output_size
     from layerforge.kernels.implicit_gemm import ENGINES
+    from layerforge.kernels.autotune import WINOGRAD_TILES
     from layerforge.kernels.winograd import eligible
 
     batch, repeat = (1, 1) if mode.small else (32, 5)
@@ -351,7 +352,7 @@ def phase_convs(mode):
         flops = 2.0 * batch * cout * o * o * (cin // group) * k * k
         row = {"shape": [cin, s, cout, k, stride, pad, group], "count": count, "batch": batch}
         for name, cls in ENGINES.items():
-            if name.startswith("WINOGRAD") and not eligible((k, k, stride, stride, pad, pad, 1, 1)):
+            if name in WINOGRAD_TILES and not eligible((k, k, stride, stride, pad, pad, 1, 1), WINOGRAD_TILES[name]):
                 continue
             engine = cls((k, k, stride, stride, pad, pad, 1, 1), group)
             row[name + "_gflop_s"] = flops / timed(lambda: engine.forward(x, W, b, y)) / 1e9

@@ -26,7 +26,8 @@ import numpy
 import pytest
 import yaml
 
-from layerforge.kernels.autotune import WINOGRAD_ENGINES
+from layerforge.kernels import winograd
+from layerforge.kernels.autotune import WINOGRAD_ENGINES, WINOGRAD_TILES
 from layerforge.net.blocks import expand_blocks
 from layerforge.net.caffe_net import read_net_file
 from layerforge.solvers import get_solver
@@ -99,13 +100,15 @@ def reduced_net(name, width, size, batch):
 def training_losses(name, iterations=ITERATIONS, engine=None):
     """The losses of ``iterations`` steps of the reduced ``name`` in float64, from random seed 1, with the zoo
     solver's rule, rate (times ``NETS``' factor), momentum and weight decay; ``engine`` names every convolution's
-    engine, a Winograd engine every 3x3 stride-1 one's (default: as the zoo net says, AUTO)."""
+    engine, a Winograd engine every one it runs (stride 1, 3x3, and 5x5 for WINOGRAD_F2; default: as the zoo net
+    says, AUTO)."""
     solver_file, width, size, batch, lr_scale = NETS[name]
     net = reduced_net(name, width, size, batch)
     for lp in net["layers"] if engine else ():
         conv = lp.get("convolution", {})
         if lp["type"] == "Convolution" and (engine not in WINOGRAD_ENGINES or (
-                conv.get("kernel_size") == 3 and conv.get("stride", 1) == 1 and conv.get("dilation", 1) == 1)):
+                conv.get("kernel_size") in winograd.kernel_sizes(WINOGRAD_TILES[engine])
+                and conv.get("stride", 1) == 1 and conv.get("dilation", 1) == 1)):
             lp["convolution"] = dict(conv, engine=engine)
     settings = yaml.safe_load((CONFIGS / f"{solver_file}.yaml").read_text())
     keys = {k: settings[k] for k in ("type", "base_lr", "momentum", "momentum2", "delta", "weight_decay")
@@ -167,11 +170,13 @@ def test_losses_over_20_iterations_equal_the_recorded_ones(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD"])
-@pytest.mark.parametrize("name", ["vgg16_net", "resnet50_net"])
+@pytest.mark.parametrize("name,engine", [(name, engine) for name in ("vgg16_net", "resnet50_net")
+                                         for engine in ("IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD")]
+                         + [("alexnet_net", "WINOGRAD_F2"), ("googlenet_net", "WINOGRAD_F2")])
 def test_every_engine_gives_the_recorded_losses(name, engine):
-    """Each engine AUTO may pick, named (Winograd on every 3x3 stride-1 layer): the narrowed nets have too few
-    channels for AUTO to try Winograd itself (autotune.AUTO_WINOGRAD_MIN_CHANNELS)."""
+    """Each engine AUTO may pick, named (Winograd on every layer it runs: 3x3 and, F(2,5), AlexNet's and GoogLeNet's
+    5x5 ones): the narrowed nets have too few channels for AUTO to try Winograd itself
+    (autotune.AUTO_WINOGRAD_MIN_CHANNELS)."""
     numpy.testing.assert_allclose(training_losses(name, engine=engine), REFERENCE[name], rtol=RTOL, atol=0)
 
 

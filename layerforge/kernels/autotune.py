@@ -26,7 +26,8 @@ from .. import trace
 from ..backend import Stopwatch
 from ..logs import DETAIL
 from . import blas, engine_cache, winograd
-from .implicit_gemm import ENGINES, free_arenas
+from .implicit_gemm import ENGINES
+from .workspace import free_arenas
 
 logger = logging.getLogger("layerforge")
 ROUNDS = "1 untimed round, then 2 timed"  # AutoChoice's defaults
@@ -93,21 +94,24 @@ class AutoChoice:
 # engine name in the config -> the engines it may run; DEFAULT (Caffe's CAFFE/DEFAULT after import) means AUTO
 # AUTO does not try IM2COL (or Winograd) where its column and output buffers (its tiles) would exceed this many bytes
 AUTO_WORKSPACE_LIMIT = 64 << 20
-# AUTO also tries WINOGRAD_F2 and WINOGRAD (F(4,3)) on eligible layers (3x3, stride 1, undilated). F2's float32
-# error is that of direct convolution (within 2x, docs/performance.md); F4's is 8-30x direct's, at most 1.4e-5 of
-# the largest value of y, gx or gW on every 3x3 shape of the zoo nets with 64-512 input channels per group, which
-# tests/kernels/test_winograd.py bounds per shape (3e-5): AUTO tries F4 only within that range of channels.
+# AUTO also tries WINOGRAD_F2 and WINOGRAD (F(4,3)) on eligible layers (3x3, stride 1, undilated), and WINOGRAD_F2
+# (F(2,5)) on 5x5 ones. F(2,3)'s float32 error is that of direct convolution (within 2x, docs/performance.md); F(4,3)'s
+# is 8-30x direct's, at most 1.4e-5 of the largest value of y, gx or gW on every 3x3 shape of the zoo nets with 64-512
+# input channels per group, and F(2,5)'s 4-25x, at most 1.2e-5 on the zoo's 5x5 shapes (16-256 channels), which
+# tests/kernels/test_winograd.py bounds per shape (3e-5): AUTO tries them only within those ranges of channels.
 ENGINE_CHOICES = {"AUTO": ("IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD"),
                   "DEFAULT": ("IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD"),
                   "IM2COL": ("IM2COL",), "IMPLICIT": ("IMPLICIT",), "WINOGRAD": ("WINOGRAD",),
                   "WINOGRAD_F2": ("WINOGRAD_F2",)}
 WINOGRAD_ENGINES = ("WINOGRAD", "WINOGRAD_F2")
-WINOGRAD_TILES = {"WINOGRAD": 4, "WINOGRAD_F2": 2}  # output tile size m of F(m, 3)
+WINOGRAD_TILES = {"WINOGRAD": 4, "WINOGRAD_F2": 2}  # output tile size m of F(m, r)
 # Winograd's transforms cost per input channel and save per channel pair: below this many input channels per
-# group it lost to the GEMM engines by 2-12x on every layer measured (docs/performance.md), so AUTO does not
-# spend its timing calls on it there
-AUTO_WINOGRAD_MIN_CHANNELS = 64
-# the most input channels per group whose F(4,3) float32 error the tests bound (ResNet-50's and VGG-16's 512)
+# group, by filter size, F(m,3) lost to the GEMM engines by 2-12x on every layer measured (docs/performance.md), so
+# AUTO does not spend its timing calls on it there; F(2,5) saves 25 - 9 multiplications a channel pair where F(2,3)
+# saves 9 - 4, and won or tied down to GoogLeNet's 16 channels
+AUTO_WINOGRAD_MIN_CHANNELS = {3: 64, 5: 16}
+# the most input channels per group whose F(4,3) (and F(2,5)) float32 error the tests bound (ResNet-50's and
+# VGG-16's 512)
 AUTO_WINOGRAD_F4_MAX_CHANNELS = 512
 
 
@@ -272,10 +276,10 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
     ``geometry`` (kh, kw, sy, sx, ph, pw, dy, dx) and ``group`` runs or times from ``x_shape`` to ``y_shape``.
 
     AUTO leaves out the Winograd engines where they do not apply, where there are fewer than
-    :data:`AUTO_WINOGRAD_MIN_CHANNELS` input channels per group, or where one image's tiles would exceed
-    :data:`AUTO_WORKSPACE_LIMIT` (``compiled``: the CPU's compiled transforms; a larger batch runs in chunks of
-    images, winograd.CHUNK_BYTES, so this does not depend on the batch); WINOGRAD (F4) also above
-    :data:`AUTO_WINOGRAD_F4_MAX_CHANNELS` (beyond its tested error bound); and IM2COL where its column buffer
+    :data:`AUTO_WINOGRAD_MIN_CHANNELS` input channels per group (for the filter size), or where one image's tiles
+    would exceed :data:`AUTO_WORKSPACE_LIMIT` (``compiled``: the CPU's compiled transforms; a larger batch runs in
+    chunks of images, winograd.CHUNK_BYTES, so this does not depend on the batch); WINOGRAD (F(4,3)) and F(2,5) also
+    above :data:`AUTO_WINOGRAD_F4_MAX_CHANNELS` (beyond their tested error bound); and IM2COL where its column buffer
     would (like cuDNN's workspace limit: a huge column buffer is never allocated just to try it). Under
     :func:`blas.batch_invariant <layerforge.kernels.blas.batch_invariant>` AUTO times only engines that give an
     image the same bits in any batch: with a BLAS that passes :func:`blas.canonical_blas
@@ -292,8 +296,8 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
     image = (1,) + tuple(x_shape[1:])
     if len(names) > 1:
         names = tuple(k for k in names if k not in WINOGRAD_ENGINES or (
-            winograd.eligible(geometry) and AUTO_WINOGRAD_MIN_CHANNELS <= channels
-            and (k != "WINOGRAD" or channels <= AUTO_WINOGRAD_F4_MAX_CHANNELS)
+            winograd.eligible(geometry, WINOGRAD_TILES[k]) and AUTO_WINOGRAD_MIN_CHANNELS[geometry[0]] <= channels
+            and ((WINOGRAD_TILES[k], geometry[0]) == (2, 3) or channels <= AUTO_WINOGRAD_F4_MAX_CHANNELS)
             and winograd.workspace_estimate(image, y_shape[1], geometry, WINOGRAD_TILES[k], itemsize,
                                             compiled=compiled) <= AUTO_WORKSPACE_LIMIT))
     if len(names) > 1 and im2col_bytes(x_shape, y_shape, geometry[:2], itemsize) > AUTO_WORKSPACE_LIMIT:

@@ -19,11 +19,9 @@ and differ in how much of ``col`` exists at once and how it is laid out:
   stride-1 unpadded convolution needs no lowering at all: x is its own column matrix.
 
 Workspaces are scratch: nothing in them outlives one forward or backward call (backward lowers the
-columns again, as Caffe does). So, like Caffe's shared column buffer, every layer's engines take
-their workspaces as views of one process-wide arena per buffer role, grown to the largest request:
-the net pays for its largest layer's workspace, not for the sum. ``workspace_bytes`` reports what an
-engine asks for; ``arena_bytes()`` what the arenas hold; ``release()`` forgets an engine's requests
-(AUTO releases the engine it did not choose).
+columns again, as Caffe does). So every layer's engines take their workspaces as views of the shared arenas of
+kernels.workspace. ``workspace_bytes`` reports what an engine asks for; ``workspace.arena_bytes()`` what the arenas
+hold; ``release()`` forgets an engine's requests (AUTO releases the engine it did not choose).
 
 :class:`NdIm2colConv` is the explicit-column engine for 1, 3 or more spatial axes (and for 2 under
 Caffe's ``force_nd_im2col``), with the same interface.
@@ -37,30 +35,9 @@ from .blas import add_matmul_nt, matmul, row_sums
 from .im2col import col2im_nd, col2im_tile, im2col_nd, im2col_tile
 from .output_size import conv_output_size
 from .threadpool import elementwise, host_work, parallel_for
+from .workspace import arena
 
 DEFAULT_BUDGET = 4 << 20  # bytes of column tile for IMPLICIT: a few MiB stays in L2/L3
-
-_ARENAS = {}  # (array module name, role, dtype) -> flat array
-
-
-def arena_bytes():
-    """Bytes held by the shared workspace arenas."""
-    return sum(int(a.nbytes) for a in _ARENAS.values())
-
-
-def free_arenas():
-    """Drop the shared arenas (the next call allocates again)."""
-    _ARENAS.clear()
-
-
-def _arena(xp, role, shape, dtype):
-    size = math.prod(shape)
-    key = (xp.__name__, role, dtype.str)
-    flat = _ARENAS.get(key)
-    if flat is None or flat.size < size:
-        flat = _ARENAS[key] = xp.empty(size, dtype=dtype)
-    return flat[:size].reshape(shape)
-
 
 class _GemmConv:
     name = None
@@ -73,7 +50,7 @@ class _GemmConv:
     def _buffer(self, xp, key, shape, dtype):
         dtype = numpy.dtype(dtype)
         self._requests[key] = math.prod(shape) * dtype.itemsize
-        return _arena(xp, key, tuple(shape), dtype)
+        return arena(xp, key, tuple(shape), dtype)
 
     @property
     def workspace_bytes(self):

@@ -2,7 +2,7 @@
 from ..errors import ShapeError
 from ..kernels.output_size import conv_output_size
 from ..kernels import winograd
-from ..kernels.autotune import ENGINE_CHOICES, WINOGRAD_ENGINES, ConvEngines
+from ..kernels.autotune import ENGINE_CHOICES, WINOGRAD_ENGINES, WINOGRAD_TILES, ConvEngines
 from ..kernels.implicit_gemm import NdIm2colConv
 from ..schema import REQUIRED
 from .base import FILLER, Field, Layer, register_layer
@@ -49,8 +49,9 @@ class Convolution(Layer):
         "weight_filler": Field(FILLER, doc="filler of W"),
         "bias_filler": Field(FILLER, doc="filler of b"),
         "engine": Field("enum", "AUTO", choices=tuple(ENGINE_CHOICES),
-                        doc="IM2COL (full column buffer), IMPLICIT (bounded tiles), WINOGRAD (F(4x4,3x3)) or "
-                            "WINOGRAD_F2 (F(2x2,3x3); both 3x3 stride 1 only), or AUTO/DEFAULT (time IM2COL, "
+                        doc="IM2COL (full column buffer), IMPLICIT (bounded tiles), WINOGRAD (F(4x4,3x3), 3x3 "
+                            "stride 1 only) or WINOGRAD_F2 (F(2x2,3x3) or F(2x2,5x5), 3x3 or 5x5 stride 1 only), "
+                            "or AUTO/DEFAULT (time IM2COL, "
                             "IMPLICIT and, where they apply, both WINOGRAD engines; keep the fastest per direction)"),
         "axis": Field("int", 1, doc="the channel axis; axes before it are batch axes, the axes after it spatial"),
         "force_nd_im2col": Field("bool", False, doc="use the N-d column path even for 2 spatial axes"),
@@ -70,8 +71,9 @@ class Convolution(Layer):
         kernel_given = p.kernel_size or p.given("kernel_h") or p.given("kernel_w")
         if not cls.wants_nd(lp) and kernel_given:
             geometry = cls.read_geometry(lp)
-            if p.engine in WINOGRAD_ENGINES and not winograd.eligible(geometry):
-                raise lp.error(f"engine {p.engine} runs 3x3 convolutions with stride 1 and dilation 1 only; this "
+            if p.engine in WINOGRAD_ENGINES and not winograd.eligible(geometry, WINOGRAD_TILES[p.engine]):
+                sizes = " and ".join(f"{r}x{r}" for r in winograd.kernel_sizes(WINOGRAD_TILES[p.engine]))
+                raise lp.error(f"engine {p.engine} runs {sizes} convolutions with stride 1 and dilation 1 only; this "
                                f"layer has kernel {geometry[0]}x{geometry[1]}, stride {geometry[2]}x{geometry[3]}, "
                                f"dilation {geometry[6]}x{geometry[7]}: use AUTO, IM2COL or IMPLICIT",
                                "convolution.engine")

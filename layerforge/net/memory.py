@@ -22,7 +22,7 @@ every array attribute of a layer) and the convolution workspace arenas, which al
 """
 import numpy
 
-from ..kernels.implicit_gemm import arena_bytes
+from ..kernels.workspace import arena_bytes
 
 
 class _Unit:
@@ -170,7 +170,7 @@ def memory_report(net):
     param_bytes = sum(int(b.data.nbytes + b.diff.nbytes) for b in params.values())
     layers = {layer.name: layer_bytes(layer) for layer in net.layers}
     caches = sum(layer_bytes(layer, workspace=False) for layer in net.layers)
-    workspace = arena_bytes()  # shared by all layers (see layerforge.kernels.implicit_gemm)
+    workspace = arena_bytes()  # shared by all layers (layerforge.kernels.workspace)
     activations = sum(bases.values())
     return {"activation_bytes": activations, "unplanned_activation_bytes": unplanned,
             "param_bytes": param_bytes, "cache_bytes": caches, "workspace_bytes": workspace,

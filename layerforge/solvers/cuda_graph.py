@@ -19,7 +19,7 @@ meets (a layer reading a device value on the host) ends the recording: the solve
 error once and goes on without graphs, with the same results.
 
 A graph holds raw device addresses and keeps nothing alive. So the graphs keep the shared convolution
-workspaces they were recorded with (``implicit_gemm._ARENAS`` may replace or drop them later), and before
+workspaces they were recorded with (``kernels.workspace._ARENAS`` may replace or drop them later), and before
 each replay the addresses and shapes of every blob array of the body are compared with those at
 recording: when a reshape has moved one, both graphs are recorded again.
 """
@@ -137,7 +137,7 @@ class IterationGraphs:
     def _replay(self, which, run):
         """Replay graph ``which`` (recording it first); eagerly when recording failed."""
         if self.failed is None and getattr(self, which) is None:
-            from ..kernels.implicit_gemm import _ARENAS
+            from ..kernels.workspace import _ARENAS
             if which == "forward_graph":
                 self._recorded, self._kept = self._fingerprint(), []
             self._kept += list(_ARENAS.values())  # the workspaces the graph writes: those before recording ...

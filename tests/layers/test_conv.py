@@ -51,6 +51,7 @@ CASES = [  # param block, bottom shape
     ({"num_output": 3, "kernel_size": [3, 2], "dilation": [1, 2], "bias_term": False}, (2, 2, 5, 6)),
     ({"num_output": 6, "kernel_size": 2, "group": 3, "stride": [1, 2], "bias_term": False}, (1, 3, 4, 5)),
     ({"num_output": 3, "kernel_size": 3, "pad": 2}, (1, 2, 7, 5)),  # Winograd: odd sizes, tiles cut at the edge
+    ({"num_output": 4, "kernel_size": 5, "pad": 2, "group": 2}, (2, 4, 7, 6)),  # F(2x2, 5x5), as AlexNet's conv2
 ]
 
 
@@ -62,9 +63,11 @@ ENGINES = ["IM2COL", "IMPLICIT", "AUTO", "WINOGRAD", "WINOGRAD_F2"]
 
 
 def engine_applies(engine, param):
-    """Winograd engines run 3x3 stride-1 undilated layers only (others refuse them: test_winograd.py)."""
+    """Winograd engines run stride-1 undilated layers only, WINOGRAD 3x3 ones and WINOGRAD_F2 3x3 and 5x5 ones (others
+    refuse them: test_winograd.py)."""
     return not engine.startswith("WINOGRAD") or (
-        param.get("kernel_size") == 3 and param.get("stride", 1) == 1 and param.get("dilation", 1) == 1)
+        param.get("kernel_size") in ((3, 5) if engine == "WINOGRAD_F2" else (3,)) and param.get("stride", 1) == 1
+        and param.get("dilation", 1) == 1)
 
 
 ENGINE_CASES = [(param, shape, engine) for engine in ENGINES for param, shape in CASES if engine_applies(engine, param)]
@@ -111,7 +114,7 @@ def test_forward_and_gradients_match_torch(param, shape, engine):
 
 
 @pytest.mark.parametrize("param, shape, engine", [c for c in ENGINE_CASES if c[:2] in
-                                                   (CASES[1], CASES[3], CASES[4], CASES[6], CASES[8])])
+                                                   (CASES[1], CASES[3], CASES[4], CASES[6], CASES[8], CASES[9])])
 def test_gradient_check(param, shape, engine):
     layer = conv_layer(engine=engine, **param)
     bottom = [make_blob(numpy.random.default_rng(2).standard_normal(shape))]
