@@ -144,8 +144,9 @@ def test_im2col_nd_on_two_axes_is_the_2d_im2col(xp, geom):
 @pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
 @pytest.mark.parametrize("geom, size", [
     (g, s) for g in GEOMETRIES + [(7, 7, 2, 2, 3, 3, 1, 1), (5, 5, 4, 3, 6, 1, 1, 1), (3, 3, 1, 1, 1, 1, 1, 1),
-                                  (5, 5, 1, 1, 2, 2, 1, 1)] for s in [(7, 7), (6, 9), (2, 11)]
-    if conv_output_size(s[0], g[0], g[2], g[4], g[6]) > 0 and conv_output_size(s[1], g[1], g[3], g[5], g[7]) > 0])
+                                  (5, 5, 1, 1, 2, 2, 1, 1), (3, 5, 2, 3, 1, 4, 1, 2)] for s in [(7, 7), (6, 9), (2, 11)]
+    if conv_output_size(s[0], g[0], g[2], g[4], g[6]) > 0 and conv_output_size(s[1], g[1], g[3], g[5], g[7]) > 0]
+    + [((11, 11, 4, 4, 0, 0, 1, 1), (27, 31)), ((11, 11, 4, 4, 2, 3, 1, 1), (15, 12))])  # AlexNet's conv1, padded
 def test_compiled_tiles_give_the_slicing_bodies_bits(monkeypatch, geom, size, dtype):
     """The engines' layouts ((n, C, H, W) images, (n, C, kh, kw, rows, out_w) columns behind the views) go to the
     compiled loops: the same columns as the slicing bodies, every element written (a reused buffer holds garbage),
