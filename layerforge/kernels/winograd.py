@@ -190,7 +190,7 @@ class WinogradConv:
         n, c, h, w = x.shape
         _, _, th, tw = self._layout(x.shape)
         x = numpy.ascontiguousarray(x)
-        V = self._scratch(numpy, "col", (alpha * alpha, c, n, th, tw), x.dtype, compiled)
+        V = arena(numpy, "col", (alpha * alpha, c, n, th, tw), x.dtype)
         ph, pw = self.geometry[4:6]
         kernel = _COMPILED[self.m, self.r]["input"]
         parallel_for(c, lambda lo, hi: kernel(x, ph, pw, lo, hi, V), work=V.size // alpha ** 2)
@@ -209,7 +209,7 @@ class WinogradConv:
             return self._to_tiles(gyt, at.T, at)
         alpha = self.alpha
         gy = numpy.ascontiguousarray(gy)
-        dM = self._scratch(numpy, "y", (alpha * alpha, k, n, th, tw), gy.dtype, compiled)
+        dM = arena(numpy, "y", (alpha * alpha, k, n, th, tw), gy.dtype)
         kernel = _COMPILED[self.m, self.r]["gradient"]
         parallel_for(k, lambda lo, hi: kernel(gy, lo, hi, dM), work=dM.size // alpha ** 2)
         return dM.reshape(alpha, alpha, k, n * th * tw)

@@ -443,8 +443,7 @@ class Solver:
                     arrays, state = self._part(i, part)
                     decay, lr = self._decay_and_rate(i, rate)
                     if not self.fused_update(arrays, state, lr, decay):
-                        self.regularize(arrays, decay)
-                        self.compute_update(arrays, state, lr)
+                        self._update(i, arrays, state, rate)
                         arrays.data -= arrays.diff
         parallel_for(len(groups), update, work=sum(sizes) if self.xp is numpy else 0)
 
