@@ -100,15 +100,15 @@ def reduced_net(name, width, size, batch):
 def training_losses(name, iterations=ITERATIONS, engine=None):
     """The losses of ``iterations`` steps of the reduced ``name`` in float64, from random seed 1, with the zoo
     solver's rule, rate (times ``NETS``' factor), momentum and weight decay; ``engine`` names every convolution's
-    engine, a Winograd engine every one it runs (stride 1, 3x3, and 5x5 for WINOGRAD_F2; default: as the zoo net
-    says, AUTO)."""
+    engine, a Winograd engine every one it runs (winograd.eligible: 3x3 at stride 1 and strided ones spanning 3x3
+    strides, such as AlexNet's conv1, and 5x5 for WINOGRAD_F2; default: as the zoo net says, AUTO)."""
     solver_file, width, size, batch, lr_scale = NETS[name]
     net = reduced_net(name, width, size, batch)
     for lp in net["layers"] if engine else ():
         conv = lp.get("convolution", {})
-        if lp["type"] == "Convolution" and (engine not in WINOGRAD_ENGINES or (
-                conv.get("kernel_size") in winograd.kernel_sizes(WINOGRAD_TILES[engine])
-                and conv.get("stride", 1) == 1 and conv.get("dilation", 1) == 1)):
+        k, s, d = conv.get("kernel_size"), conv.get("stride", 1), conv.get("dilation", 1)
+        if lp["type"] == "Convolution" and (engine not in WINOGRAD_ENGINES or winograd.eligible(
+                (k, k, s, s, 0, 0, d, d), WINOGRAD_TILES[engine])):
             lp["convolution"] = dict(conv, engine=engine)
     settings = yaml.safe_load((CONFIGS / f"{solver_file}.yaml").read_text())
     keys = {k: settings[k] for k in ("type", "base_lr", "momentum", "momentum2", "delta", "weight_decay")
@@ -172,10 +172,10 @@ def test_losses_over_20_iterations_equal_the_recorded_ones(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name,engine", [(name, engine) for name in ("vgg16_net", "resnet50_net")
                                          for engine in ("IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD")]
-                         + [("alexnet_net", "WINOGRAD_F2"), ("googlenet_net", "WINOGRAD_F2")])
+                         + [("alexnet_net", "WINOGRAD_F2"), ("alexnet_net", "WINOGRAD"), ("googlenet_net", "WINOGRAD_F2")])
 def test_every_engine_gives_the_recorded_losses(name, engine):
-    """Each engine AUTO may pick, named (Winograd on every layer it runs: 3x3 and, F(2,5), AlexNet's and GoogLeNet's
-    5x5 ones): the narrowed nets have too few channels for AUTO to try Winograd itself
+    """Each engine AUTO may pick, named (Winograd on every layer it runs: 3x3, AlexNet's conv1 over space-to-depth
+    blocks and, F(2,5), AlexNet's and GoogLeNet's 5x5 ones): the narrowed nets have too few channels for AUTO to try Winograd itself
     (autotune.AUTO_WINOGRAD_MIN_CHANNELS)."""
     numpy.testing.assert_allclose(training_losses(name, engine=engine), REFERENCE[name], rtol=RTOL, atol=0)
 

@@ -94,8 +94,8 @@ class AutoChoice:
 # engine name in the config -> the engines it may run; DEFAULT (Caffe's CAFFE/DEFAULT after import) means AUTO
 # AUTO does not try IM2COL (or Winograd) where its column and output buffers (its tiles) would exceed this many bytes
 AUTO_WORKSPACE_LIMIT = 64 << 20
-# AUTO also tries WINOGRAD_F2 and WINOGRAD (F(4,3)) on eligible layers (3x3, stride 1, undilated), and WINOGRAD_F2
-# (F(2,5)) on 5x5 ones. F(2,3)'s float32 error is that of direct convolution (within 2x, docs/performance.md); F(4,3)'s
+# AUTO also tries WINOGRAD_F2 and WINOGRAD (F(4,3)) on eligible layers (3x3, stride 1, undilated, or strided ones
+# spanning 3x3 strides, over space-to-depth blocks), and WINOGRAD_F2 (F(2,5)) on 5x5 ones. F(2,3)'s float32 error is that of direct convolution (within 2x, docs/performance.md); F(4,3)'s
 # is 8-30x direct's, at most 1.4e-5 of the largest value of y, gx or gW on every 3x3 shape of the zoo nets with 64-512
 # input channels per group, and F(2,5)'s 4-25x, at most 1.2e-5 on the zoo's 5x5 shapes and others to 512 channels, which
 # tests/kernels/test_winograd.py bounds per shape (3e-5): AUTO tries them only within those ranges of channels.
@@ -110,6 +110,10 @@ WINOGRAD_TILES = {"WINOGRAD": 4, "WINOGRAD_F2": 2}  # output tile size m of F(m,
 # AUTO does not spend its timing calls on it there; F(2,5) saves 25 - 9 multiplications a channel pair where F(2,3)
 # saves 9 - 4, and won or tied down to GoogLeNet's 16 channels
 AUTO_WINOGRAD_MIN_CHANNELS = {3: 64, 5: 16}
+# a strided layer runs Winograd over space-to-depth blocks (kernels.space_to_depth), C sy sx / G channels of them,
+# against GEMM engines whose strided lowering costs about as much as their products: F(4,3) won 2-3x on AlexNet's
+# conv1 (48 block channels), tied at 16 and lost at 12 (docs/performance.md), so AUTO tries it from 16 block channels
+AUTO_WINOGRAD_MIN_BLOCK_CHANNELS = 16
 # the most input channels per group whose F(4,3) (and F(2,5)) float32 error the tests bound (ResNet-50's and
 # VGG-16's 512)
 AUTO_WINOGRAD_F4_MAX_CHANNELS = 512
@@ -276,7 +280,8 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
     ``geometry`` (kh, kw, sy, sx, ph, pw, dy, dx) and ``group`` runs or times from ``x_shape`` to ``y_shape``.
 
     AUTO leaves out the Winograd engines where they do not apply, where there are fewer than
-    :data:`AUTO_WINOGRAD_MIN_CHANNELS` input channels per group (for the filter size), or where one image's tiles
+    :data:`AUTO_WINOGRAD_MIN_CHANNELS` input channels per group (for the filter size; a strided layer counts the
+    channels of its space-to-depth blocks against :data:`AUTO_WINOGRAD_MIN_BLOCK_CHANNELS`), or where one image's tiles
     would exceed :data:`AUTO_WORKSPACE_LIMIT` (``compiled``: the CPU's compiled transforms; a larger batch runs in
     chunks of images, winograd.CHUNK_BYTES, so this does not depend on the batch); WINOGRAD (F(4,3)) and F(2,5) also
     above :data:`AUTO_WINOGRAD_F4_MAX_CHANNELS` (beyond their tested error bound); and IM2COL where its column buffer
@@ -292,12 +297,15 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
     are products over the whole batch).
     """
     names = ENGINE_CHOICES[engine]
-    channels = x_shape[1] // group
+    channels = x_shape[1] // group * geometry[2] * geometry[3]  # per group, of the space-to-depth blocks if strided
+    least = AUTO_WINOGRAD_MIN_BLOCK_CHANNELS if tuple(geometry[2:4]) != (1, 1) else \
+        AUTO_WINOGRAD_MIN_CHANNELS.get(winograd.block_kernel(geometry)[0])
     image = (1,) + tuple(x_shape[1:])
     if len(names) > 1:
         names = tuple(k for k in names if k not in WINOGRAD_ENGINES or (
-            winograd.eligible(geometry, WINOGRAD_TILES[k]) and AUTO_WINOGRAD_MIN_CHANNELS[geometry[0]] <= channels
-            and ((WINOGRAD_TILES[k], geometry[0]) == (2, 3) or channels <= AUTO_WINOGRAD_F4_MAX_CHANNELS)
+            winograd.eligible(geometry, WINOGRAD_TILES[k]) and least <= channels
+            and ((WINOGRAD_TILES[k], winograd.block_kernel(geometry)[0]) == (2, 3)
+                 or channels <= AUTO_WINOGRAD_F4_MAX_CHANNELS)
             and winograd.workspace_estimate(image, y_shape[1], geometry, WINOGRAD_TILES[k], itemsize,
                                             compiled=compiled) <= AUTO_WORKSPACE_LIMIT))
     if len(names) > 1 and im2col_bytes(x_shape, y_shape, geometry[:2], itemsize) > AUTO_WORKSPACE_LIMIT:

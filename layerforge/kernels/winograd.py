@@ -1,5 +1,7 @@
 """Winograd convolution F(m x m, r x r) for stride-1 layers (Lavin & Gray 2016): F(2x2, 3x3) and F(4x4, 3x3) for
-3x3 filters, F(2x2, 5x5) for 5x5 ones; forward, data and filter gradients, numpy or cupy through ``xp``.
+3x3 filters, F(2x2, 5x5) for 5x5 ones; forward, data and filter gradients, numpy or cupy through ``xp``. A strided
+layer whose kernel spans r x r strides (AlexNet's 11 x 11 at stride 4: 3 x 3) runs as the stride-1 convolution of its
+space-to-depth blocks (kernels.space_to_depth).
 
 The output is cut into m x m tiles; each reads an alpha x alpha input tile (alpha = m + r - 1, tiles overlapping
 by r - 1). With B, G, A the transforms of the tile and filter sizes::
@@ -30,6 +32,7 @@ import numpy
 from ..backend import get_array_module
 from .blas import batch_invariant, matmul, one_blas_thread
 from .output_size import conv_output_size
+from .space_to_depth import SpaceToDepth, block_kernel
 from .threadpool import cpu_kernel, into_contiguous, num_threads, parallel_for
 from .workspace import arena
 
@@ -57,13 +60,18 @@ def workspace_estimate(x_shape, out_channels, geometry, tile, itemsize, compiled
     their transform (and its transposed copies), the products and the output tiles; with ``compiled`` (the CPU,
     whose loops write the transforms straight from and into the images) one transformed array of each side,
     input and output."""
+    blocks = 0
+    if tuple(geometry[2:4]) != (1, 1):  # the stride-1 convolution over space-to-depth blocks, and the blocks
+        depth = SpaceToDepth(geometry)
+        x_shape, geometry = depth.blocks(x_shape), depth.geometry
+        blocks = math.prod(x_shape) * itemsize
     n, c, h, w = x_shape
     r, ph, pw = geometry[0], geometry[4], geometry[5]
     out_h, out_w = conv_output_size(h, r, 1, ph), conv_output_size(w, r, 1, pw)
     tiles = n * -(-out_h // tile) * -(-out_w // tile)
     if compiled:
-        return (tile + r - 1) ** 2 * tiles * (c + out_channels) * itemsize
-    return (tile + r - 1) ** 2 * tiles * (3 * c + 2 * out_channels) * itemsize
+        return (tile + r - 1) ** 2 * tiles * (c + out_channels) * itemsize + blocks
+    return (tile + r - 1) ** 2 * tiles * (3 * c + 2 * out_channels) * itemsize + blocks
 
 
 # the most bytes of transformed tiles one call holds (workspace_estimate): a larger batch runs in chunks of images,
@@ -78,10 +86,12 @@ def kernel_sizes(tile):
 
 
 def eligible(geometry, tile):
-    """Whether a convolution ``(kh, kw, sy, sx, ph, pw, dy, dx)`` can run as Winograd F(tile x tile, r x r): a square
-    r x r filter with r in :func:`kernel_sizes`, stride 1, dilation 1 (any padding)."""
-    kh, kw, sy, sx, ph, pw, dy, dx = geometry
-    return kh == kw and (tile, kh) in TRANSFORMS and (sy, sx, dy, dx) == (1, 1, 1, 1)
+    """Whether a convolution ``(kh, kw, sy, sx, ph, pw, dy, dx)`` can run as Winograd F(tile x tile, r x r),
+    undilated with any padding: at stride 1 a square r x r filter with r in :func:`kernel_sizes`; at a larger
+    stride one that spans r x r strides (``ceil(kh / sy) = ceil(kw / sx) = r``, AlexNet's 11 x 11 at stride 4 for
+    r = 3), run over space-to-depth blocks (kernels.space_to_depth)."""
+    rh, rw = block_kernel(geometry)
+    return rh == rw and (tile, rh) in TRANSFORMS and tuple(geometry[6:8]) == (1, 1)
 
 
 class WinogradConv:
@@ -94,7 +104,8 @@ class WinogradConv:
     with any BLAS). A batch whose tiles exceed :data:`CHUNK_BYTES` runs in chunks of images.
 
     Args:
-        geometry: ``(kh, kw, sy, sx, ph, pw, dy, dx)``, which must be :func:`eligible` for ``tile``.
+        geometry: ``(kh, kw, sy, sx, ph, pw, dy, dx)``, which must be :func:`eligible` for ``tile``; a strided one
+            runs as the stride-1 convolution of its space-to-depth blocks (:attr:`depth`, :attr:`tile_geometry`).
         group: convolution groups.
         tile: output tile size m (2 or 4; 2 only for 5x5 filters).
     """
@@ -107,7 +118,9 @@ class WinogradConv:
             raise ValueError(f"Winograd F({tile}) needs a {sizes} stride-1 undilated convolution, got geometry "
                              f"{geometry}")
         self.geometry, self.group, self.m = tuple(geometry), group, tile
-        self.r = geometry[0]
+        self.depth = SpaceToDepth(geometry) if tuple(geometry[2:4]) != (1, 1) else None
+        self.tile_geometry = self.depth.geometry if self.depth else self.geometry  # the stride-1 one the tiles run
+        self.r = self.tile_geometry[0]
         self.alpha = tile + self.r - 1  # the input tile's side
         self.name = f"WINOGRAD_F{tile}" if tile != 4 else "WINOGRAD"
         self._bytes = 0
@@ -126,7 +139,7 @@ class WinogradConv:
 
     def _layout(self, x_shape):
         n, c, h, w = x_shape
-        ph, pw = self.geometry[4:6]
+        ph, pw = self.tile_geometry[4:6]
         out_h, out_w = conv_output_size(h, self.r, 1, ph), conv_output_size(w, self.r, 1, pw)
         th, tw = -(-out_h // self.m), -(-out_w // self.m)
         return out_h, out_w, th, tw
@@ -135,7 +148,7 @@ class WinogradConv:
         """Input tiles (alpha, alpha, C, N th tw) of the zero-padded x, and the layout."""
         xp = get_array_module(x)
         n, c, h, w = x.shape
-        ph, pw = self.geometry[4:6]
+        ph, pw = self.tile_geometry[4:6]
         out_h, out_w, th, tw = self._layout(x.shape)
         alpha, edge = self.alpha, self.r - 1
         xpad = xp.zeros((n, c, th * self.m + edge, tw * self.m + edge), dtype=dtype)
@@ -191,7 +204,7 @@ class WinogradConv:
         _, _, th, tw = self._layout(x.shape)
         x = numpy.ascontiguousarray(x)
         V = arena(numpy, "col", (alpha * alpha, c, n, th, tw), x.dtype)
-        ph, pw = self.geometry[4:6]
+        ph, pw = self.tile_geometry[4:6]
         kernel = _COMPILED[self.m, self.r]["input"]
         parallel_for(c, lambda lo, hi: kernel(x, ph, pw, lo, hi, V), work=V.size // alpha ** 2)
         self._bytes = V.nbytes
@@ -228,19 +241,23 @@ class WinogradConv:
     def _chunks(self, x, out_channels, compiled):
         """``[(lo, hi), ...]``: the images of each call, as many as fit in :data:`CHUNK_BYTES` (at least one)."""
         n = x.shape[0]
-        one = workspace_estimate((1,) + tuple(x.shape[1:]), out_channels, self.geometry, self.m, x.dtype.itemsize,
+        one = workspace_estimate((1,) + tuple(x.shape[1:]), out_channels, self.tile_geometry, self.m, x.dtype.itemsize,
                                  compiled=compiled)
         step = max(1, min(n, CHUNK_BYTES // max(one, 1)))
         return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
     def forward(self, x, W, b, y):
         """Write ``W * x (+ b)`` into ``y`` (N, Cout, out_h, out_w)."""
+        if self.depth is not None:
+            x, W = self.depth.images(x), self.depth.filters(W)
         xp = get_array_module(x)
         bt, g, at = self._matrices(xp, x.dtype)
         compiled = self._compiled(xp)
         U = self._filter_transform(W, g, compiled)  # (a, a, K, C/G)
         for lo, hi in self._chunks(x, W.shape[0], compiled):
             self._forward_images(x[lo:hi], U, b, y[lo:hi], bt, at, compiled)
+        if self.depth is not None:
+            self._bytes += x.nbytes
 
     def _forward_images(self, x, U, b, y, bt, at, compiled):
         xp = get_array_module(x)
@@ -268,6 +285,19 @@ class WinogradConv:
     def backward(self, x, W, gy, gW, gb, gx):
         """Add the filter (and bias) gradients into ``gW`` (``gb``); write the data gradient into ``gx``.
         Any of them may be None (not wanted)."""
+        if self.depth is None:
+            return self._backward(x, W, gy, gW, gb, gx)
+        xp, depth = get_array_module(gy), self.depth
+        xs, Ws = depth.images(x), depth.filters(W)
+        gWs = xp.zeros_like(Ws) if gW is not None else None
+        gxs = xp.empty_like(xs) if gx is not None else None
+        self._backward(xs, Ws, gy, gWs, gb, gxs)
+        if gW is not None:
+            depth.add_filter_gradient(gWs, gW)
+        if gx is not None:
+            depth.image_gradient(gxs, gx)
+
+    def _backward(self, x, W, gy, gW, gb, gx):
         xp = get_array_module(gy)
         bt, g, at = self._matrices(xp, gy.dtype)
         k, groups = W.shape[0], self.group
@@ -307,7 +337,7 @@ class WinogradConv:
         """Write gx = the sum of B dV B^T over the overlapping input tiles (dV: (a, a, C, N th tw))."""
         alpha, m, edge = self.alpha, self.m, self.r - 1
         n, c, h, w = gx.shape
-        ph, pw = self.geometry[4:6]
+        ph, pw = self.tile_geometry[4:6]
         if compiled:
             dV, scatter = dV.reshape(alpha * alpha, c, n, th, tw), _COMPILED[m, self.r]["scatter"]
             into_contiguous(gx, lambda target: parallel_for(

@@ -49,9 +49,10 @@ class Convolution(Layer):
         "weight_filler": Field(FILLER, doc="filler of W"),
         "bias_filler": Field(FILLER, doc="filler of b"),
         "engine": Field("enum", "AUTO", choices=tuple(ENGINE_CHOICES),
-                        doc="IM2COL (full column buffer), IMPLICIT (bounded tiles), WINOGRAD (F(4x4,3x3), 3x3 "
-                            "stride 1 only) or WINOGRAD_F2 (F(2x2,3x3) or F(2x2,5x5), 3x3 or 5x5 stride 1 only), "
-                            "or AUTO/DEFAULT (time IM2COL, "
+                        doc="IM2COL (full column buffer), IMPLICIT (bounded tiles), WINOGRAD (F(4x4,3x3): 3x3 at "
+                            "stride 1, or a kernel spanning 3x3 strides such as 11x11 at stride 4, over space-to-depth "
+                            "blocks) or WINOGRAD_F2 (F(2x2,3x3) or F(2x2,5x5): 3x3 or 5x5, or spanning as many "
+                            "strides), or AUTO/DEFAULT (time IM2COL, "
                             "IMPLICIT and, where they apply, both WINOGRAD engines; keep the fastest per direction)"),
         "axis": Field("int", 1, doc="the channel axis; axes before it are batch axes, the axes after it spatial"),
         "force_nd_im2col": Field("bool", False, doc="use the N-d column path even for 2 spatial axes"),
@@ -72,9 +73,9 @@ class Convolution(Layer):
         if not cls.wants_nd(lp) and kernel_given:
             geometry = cls.read_geometry(lp)
             if p.engine in WINOGRAD_ENGINES and not winograd.eligible(geometry, WINOGRAD_TILES[p.engine]):
-                sizes = " and ".join(f"{r}x{r}" for r in winograd.kernel_sizes(WINOGRAD_TILES[p.engine]))
-                raise lp.error(f"engine {p.engine} runs {sizes} convolutions with stride 1 and dilation 1 only; this "
-                               f"layer has kernel {geometry[0]}x{geometry[1]}, stride {geometry[2]}x{geometry[3]}, "
+                sizes = " or ".join(f"{r}x{r}" for r in winograd.kernel_sizes(WINOGRAD_TILES[p.engine]))
+                raise lp.error(f"engine {p.engine} runs undilated convolutions whose kernel spans {sizes} strides "
+                               f"({sizes} at stride 1, or such as 11x11 at stride 4) only; this layer has kernel {geometry[0]}x{geometry[1]}, stride {geometry[2]}x{geometry[3]}, "
                                f"dilation {geometry[6]}x{geometry[7]}: use AUTO, IM2COL or IMPLICIT",
                                "convolution.engine")
         elif p.engine in WINOGRAD_ENGINES:

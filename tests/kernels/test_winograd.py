@@ -1,5 +1,6 @@
 """Winograd F(2x2,3x3), F(4x4,3x3) and F(2x2,5x5): exact adjoints in float64 (against torch), their float32 rounding
-against a float64 direct convolution, and where the engines apply."""
+against a float64 direct convolution, and where the engines apply; strided layers over space-to-depth blocks
+(kernels.space_to_depth, whose own operands tests/kernels/test_space_to_depth.py checks)."""
 import numpy
 import pytest
 
@@ -97,8 +98,8 @@ def conv(engine, **param):
     ({"kernel_size": 7}, "kernel 7x7"), ({"kernel_size": 3, "stride": 2}, "stride 2x2"),
     ({"kernel_size": 5, "dilation": 2}, "dilation 2x2"), ({"kernel_size": [5, 3]}, "kernel 5x3"),
     ({"kernel_size": [3, 3, 3]}, "2-D convolutions only")])
-@pytest.mark.parametrize("engine,runs", [("WINOGRAD", "runs 3x3 convolutions"),
-                                         ("WINOGRAD_F2", "runs 3x3 and 5x5 convolutions")])
+@pytest.mark.parametrize("engine,runs", [("WINOGRAD", "whose kernel spans 3x3 strides"),
+                                         ("WINOGRAD_F2", "whose kernel spans 3x3 or 5x5 strides")])
 def test_ineligible_layers_refuse_winograd_in_one_line(engine, runs, param, what):
     with pytest.raises(ConfigError) as e:
         conv(engine, **param)
@@ -108,7 +109,7 @@ def test_ineligible_layers_refuse_winograd_in_one_line(engine, runs, param, what
 
 
 def test_f4_refuses_a_5x5_layer_that_f2_runs():
-    with pytest.raises(ConfigError, match=r"engine WINOGRAD runs 3x3 convolutions .* kernel 5x5"):
+    with pytest.raises(ConfigError, match=r"engine WINOGRAD runs .* spans 3x3 strides .* kernel 5x5"):
         conv("WINOGRAD", kernel_size=5)
     from layerforge.blob import Blob
     layer = conv("WINOGRAD_F2", kernel_size=5, pad=2)
@@ -131,16 +132,23 @@ def test_f4_refuses_a_5x5_layer_that_f2_runs():
     ({"kernel_size": 5, "pad": 2}, 15, {"IM2COL", "IMPLICIT"}),
     ({"kernel_size": 5, "pad": 2}, 512, {"IM2COL", "IMPLICIT", "WINOGRAD_F2"}),
     ({"kernel_size": 5, "pad": 2}, 513, {"IM2COL", "IMPLICIT"}),  # F(2,5)'s error untested beyond 512
-    ({"kernel_size": 5, "stride": 2}, 64, {"IM2COL", "IMPLICIT"}),
+    # strided: over space-to-depth blocks of C s^2 channels, a kernel spanning 3x3 (or 5x5) strides, from 16 channels
+    ({"kernel_size": 11, "stride": 4}, 3, {"IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD"}),  # AlexNet's conv1: 48
+    ({"kernel_size": 11, "stride": 4}, 1, {"IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD"}),  # 16
+    ({"kernel_size": 5, "stride": 2}, 3, {"IM2COL", "IMPLICIT"}),  # 12
+    ({"kernel_size": 5, "stride": 2}, 64, {"IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD"}),  # 256
+    ({"kernel_size": 5, "stride": 2}, 129, {"IM2COL", "IMPLICIT", "WINOGRAD_F2"}),  # 516: F4's error untested
+    ({"kernel_size": 9, "stride": 2}, 16, {"IM2COL", "IMPLICIT", "WINOGRAD_F2"}),  # 5x5 strides: F(2,5)
+    ({"kernel_size": 7, "stride": 2}, 64, {"IM2COL", "IMPLICIT"}),  # ResNet's conv1: 4x4 strides
 ])
 def test_auto_tries_winograd_only_where_it_applies(param, channels, tried):
     from layerforge.blob import Blob
     layer = conv("AUTO", **param)
     layer.setup([Blob((2, channels, 12, 12))], [Blob()])
     assert set(layer.engines.tuning["forward"].names) == tried
-    stride_1 = "stride" not in param
-    assert eligible(layer.geometry, 4) == (param["kernel_size"] == 3 and stride_1)
-    assert eligible(layer.geometry, 2) == (param["kernel_size"] in (3, 5) and stride_1)
+    spans = -(-param["kernel_size"] // param.get("stride", 1))
+    assert eligible(layer.geometry, 4) == (spans == 3)
+    assert eligible(layer.geometry, 2) == (spans in (3, 5))
 
 
 @pytest.mark.parametrize("engine,r", [("WINOGRAD", 3), ("WINOGRAD_F2", 3), ("WINOGRAD_F2", 5)])
@@ -420,3 +428,100 @@ def test_an_images_result_is_the_same_in_any_batch_and_chunk_under_the_switch(mo
     chunked = run(WinogradConv(geometry, 1, tile), x, W, b, gy)
     for a, e in zip(chunked[:2], whole[:2]):
         assert a.tobytes() == e.tobytes()
+
+
+# Strided layers, run as the stride-1 convolution of their space-to-depth blocks: (N, C, H, W, K, geometry, groups).
+# AlexNet's conv1 geometry, with and without padding, and a size whose last rows and columns no output reads (30:
+# 11 x 11 at stride 4 reads rows 0-27); 5 x 5 and 6 x 6 at stride 2 (zero taps in the blocks' filters), 9 x 9 at
+# stride 2 (5 x 5 strides: F(2,5)), unequal kernels and strides spanning 3 x 3 strides, groups.
+STRIDED = [
+    (2, 3, 27, 27, 4, (11, 11, 4, 4, 0, 0, 1, 1), 1),
+    (2, 3, 30, 29, 4, (11, 11, 4, 4, 0, 0, 1, 1), 1),
+    (1, 3, 30, 29, 4, (11, 11, 4, 4, 2, 1, 1, 1), 1),
+    (1, 4, 13, 12, 6, (5, 5, 2, 2, 2, 2, 1, 1), 2),
+    (2, 2, 9, 11, 3, (6, 6, 2, 2, 1, 0, 1, 1), 1),
+    (1, 2, 17, 15, 2, (9, 9, 2, 2, 4, 4, 1, 1), 1),
+    (1, 2, 12, 14, 2, (7, 8, 3, 3, 1, 2, 1, 1), 1),
+    (2, 2, 10, 10, 2, (5, 3, 2, 1, 1, 1, 1, 1), 1),
+]
+
+
+def strided_problem(n, c, h, w, k, geometry, groups, dtype=numpy.float64, seed=0):
+    """x, W, b and gy of a strided layer, and torch's y and (gx, gW, gb) for them."""
+    kh, kw, sy, sx, ph, pw = geometry[:6]
+    rng = numpy.random.default_rng(seed)
+    x, W, b = rng.standard_normal((n, c, h, w)), rng.standard_normal((k, c // groups, kh, kw)), rng.standard_normal(k)
+    x, W, b = (a.astype(dtype) for a in (x, W, b))
+    xt, Wt, bt = (torch.tensor(a, requires_grad=True) for a in (x, W, b))
+    yt = torch.nn.functional.conv2d(xt, Wt, bt, stride=(sy, sx), padding=(ph, pw), groups=groups)
+    gy = rng.standard_normal(tuple(yt.shape)).astype(dtype)
+    yt.backward(torch.tensor(gy))
+    return (x, W, b, gy), [t.detach().numpy() for t in (yt, xt.grad, Wt.grad, bt.grad)]
+
+
+@pytest.mark.parametrize("tile,n,c,h,w,k,geometry,groups", [(tile,) + case for case in STRIDED for tile in (2, 4)
+                                                             if eligible(case[5], tile)])
+def test_strided_layers_equal_torch_in_float64_on_each_backend(xp, tile, n, c, h, w, k, geometry, groups):
+    """y, gx (every pixel: those no output reads get zero), gW and gb, on the compiled CPU transforms and on the xp
+    path of cupy (a real device or the emulated one)."""
+    from layerforge.backend import to_numpy
+    (x, W, b, gy), want = strided_problem(n, c, h, w, k, geometry, groups)
+    engine = WinogradConv(geometry, groups, tile)
+    assert engine.depth is not None and engine.tile_geometry[2:6] == (1, 1, 0, 0)
+    y = xp.empty(gy.shape)
+    engine.forward(xp.asarray(x), xp.asarray(W), xp.asarray(b), y)
+    gW, gb, gx = xp.full(W.shape, 1.0), xp.zeros(b.shape), xp.full(x.shape, 7.0)
+    engine.backward(xp.asarray(x), xp.asarray(W), xp.asarray(gy), gW, gb, gx)
+    want[2] = want[2] + 1.0  # gW accumulates
+    for a, e, name in zip((y, gx, gW, gb), want, ("y", "gx", "gW", "gb")):
+        numpy.testing.assert_allclose(to_numpy(a), e, rtol=1e-10, atol=1e-11, err_msg=name)
+
+
+@pytest.mark.parametrize("engine", ["WINOGRAD", "WINOGRAD_F2"])
+@pytest.mark.parametrize("n,c,h,w,k,geometry,groups", [STRIDED[1], STRIDED[3]])
+def test_strided_layer_finite_differences(engine, n, c, h, w, k, geometry, groups):
+    from layerforge.blob import Blob
+    from layerforge.testing import check_gradient, make_blob
+    kh, kw, sy, sx, ph, pw = geometry[:6]
+    layer = create_layer({"name": "c", "type": "Convolution", "bottom": ["x"], "top": ["y"],
+                          "convolution": {"num_output": k, "kernel_h": kh, "kernel_w": kw, "stride_h": sy,
+                                          "stride_w": sx, "pad_h": ph, "pad_w": pw, "group": groups, "engine": engine,
+                                          "weight_filler": {"type": "gaussian", "std": 0.5},
+                                          "bias_filler": {"type": "gaussian", "std": 0.5}}}, dtype=numpy.float64)
+    x = numpy.random.default_rng(2).standard_normal((n, c, h, w))
+    assert check_gradient(layer, [make_blob(x)], [Blob((), numpy.float64)], stepsize=1e-4, threshold=1e-6) > 0
+    assert layer.engine_choice == {"forward": engine, "backward": engine}
+
+
+@pytest.mark.parametrize("tile,bound", [(4, F4_BOUND), (2, 2e-6)])
+def test_alexnet_conv1_float32_error_over_blocks(tile, bound):
+    """AlexNet's conv1 (3 -> 96 channels, 11 x 11 at stride 4, 227 x 227) over its 48 block channels, batch 1:
+    measured (2026-11-29) F(4,3)'s float32 error of y, gx and gW 3.8e-6 to 8.0e-6 (IM2COL's 2.6e-7 to 6.3e-7), F(2,3)'s
+    2.7e-7 to 6.9e-7, as IM2COL's; F(4,3) within the zoo's bound."""
+    geometry = (11, 11, 4, 4, 0, 0, 1, 1)
+    rng = numpy.random.default_rng(5)
+    x, gy = rng.standard_normal((1, 3, 227, 227)), rng.standard_normal((1, 96, 55, 55))
+    W, b = rng.standard_normal((96, 3, 11, 11)) * numpy.sqrt(2.0 / 363), numpy.zeros(96)
+    exact = run(Im2colConv(geometry, 1), x, W, b, gy)
+    errors = {}
+    for name, engine in (("IM2COL", Im2colConv(geometry, 1)), ("WINOGRAD", WinogradConv(geometry, 1, tile))):
+        got = run(engine, *(a.astype(numpy.float32) for a in (x, W, b, gy)))
+        errors[name] = [float(numpy.abs(a - e).max() / numpy.abs(e).max()) for a, e in zip(got, exact) if a.size > 96]
+    assert max(errors["IM2COL"]) < 1e-6
+    assert all(e < bound for e in errors["WINOGRAD"]), errors
+    if tile == 4:
+        assert errors["WINOGRAD"][0] > 4 * errors["IM2COL"][0]  # F(4,3)'s own rounding
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_a_strided_images_result_is_the_same_in_any_batch_under_the_switch(monkeypatch, tile):
+    """The blocks are made per image, so an image's y and gx keep their bits in any batch (as stride 1's)."""
+    from layerforge.kernels import blas
+    monkeypatch.setitem(blas._BATCH_INVARIANT, "on", True)
+    geometry = (11, 11, 4, 4, 0, 0, 1, 1)
+    (x, W, b, gy), _ = strided_problem(5, 3, 47, 47, 16, geometry, 1, numpy.float32, seed=6)
+    whole = run(WinogradConv(geometry, 1, tile), x, W, b, gy)
+    for lo, hi in [(0, 1), (4, 5), (1, 4)]:
+        part = run(WinogradConv(geometry, 1, tile), x[lo:hi], W, b, gy[lo:hi])
+        for a, e, name in zip(part[:2], whole[:2], ("y", "gx")):
+            assert a.tobytes() == e[lo:hi].tobytes(), name
