@@ -28,3 +28,26 @@ def test_scale_by_hand(xp):
     want = 1 + 0.1 * numpy.array([1 + 4, 1 + 4 + 9, 4 + 9])
     numpy.testing.assert_allclose(to_numpy(scale).ravel(), want, rtol=1e-14)
     numpy.testing.assert_allclose(to_numpy(y).ravel(), numpy.array([1.0, 2.0, 3.0]) / want, rtol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+@pytest.mark.parametrize("size,beta", [(5, 0.75), (3, 0.5), (5, 1), (1, 0.75), (7, 0.75)])
+@pytest.mark.parametrize("shape", [(3, 7, 5, 6), (2, 4, 1, 3)])
+def test_compiled_bodies_give_the_xp_bodies_bits(monkeypatch, dtype, size, beta, shape):
+    """The host's compiled loops (the exponents taken by square roots) order every operation as the xp bodies do:
+    y, scale and gx bit for bit, with scalars of the array's type as numpy's in-place operations take them."""
+    from layerforge.kernels import lrn
+    rng = numpy.random.default_rng(1)
+    x, gy = (rng.standard_normal(shape) * 10).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    alpha_n, k = 1e-2 / size, 1.5
+    ran = set()
+    for name in ("_compiled_forward", "_compiled_backward"):
+        monkeypatch.setattr(lrn, name, lambda *a, body=getattr(lrn, name), name=name: ran.add(name) or body(*a))
+    y, scale = lrn_across_forward(x, size, alpha_n, k, beta)
+    gx = lrn_across_backward(x, scale, gy, size, alpha_n, beta, numpy.empty_like(x))
+    assert ran == {"_compiled_forward", "_compiled_backward"}
+    want_y, want_scale, want_gx = (numpy.empty_like(x) for _ in range(3))
+    lrn._across_forward(x, size, alpha_n, k, beta, want_y, want_scale)
+    lrn._across_backward(x, scale, gy, size, alpha_n, beta, want_gx)
+    for got, want in ((y, want_y), (scale, want_scale), (gx, want_gx)):
+        assert got.dtype == dtype and got.tobytes() == want.tobytes()

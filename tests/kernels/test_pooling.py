@@ -85,3 +85,25 @@ def test_average_pool_size_counts_padding_up_to_the_padded_edge():
     # 3x3/2 on 6x6 (ceil: 3 outputs): the last window covers rows 4..5 only -> 2 rows
     size = pooling.average_pool_size(6, 6, 3, 3, 2, 2, 0, 0, 3, 3, numpy, numpy.float64)
     numpy.testing.assert_array_equal(size, [[9, 9, 6], [9, 9, 6], [6, 6, 4]])
+
+
+@pytest.mark.parametrize("window", sorted(pooling._MAX_FORWARD_WINDOWS))
+@pytest.mark.parametrize("sy,ph,pw,size", [(2, 0, 0, (13, 13)), (1, 1, 0, (8, 11)), (3, 1, 1, (7, 10)), (2, 0, 1, (4, 5))])
+def test_max_windows_compiled_with_their_sizes_equal_the_general_loop(window, sy, ph, pw, size):
+    """The window sizes compiled as constants (pooling._MAX_FORWARD_WINDOWS), for the windows inside the image, and the
+    general loop for the edges' give the general loop's maxima and winners bit for bit: ties (the first in raster
+    order), NaN (never wins), -inf, padding, ceil mode's windows past the edge."""
+    kh, kw, sx = window
+    rng = numpy.random.default_rng(7)
+    x = numpy.round(rng.standard_normal((3, 4) + size)).astype(numpy.float32)
+    x.ravel()[rng.choice(x.size, 20, replace=False)] = numpy.nan
+    x.ravel()[rng.choice(x.size, 20, replace=False)] = -numpy.inf
+    x[0, 0] = numpy.nan  # a plane of NaN only: every maximum -inf, every winner 0
+    out_h, out_w = pooling_output_size(size[0], kh, sy, ph), pooling_output_size(size[1], kw, sx, pw)
+    shape = (12, out_h, out_w)
+    planes = x.reshape((12,) + size)
+    want_y, want_arg = numpy.empty(shape, numpy.float32), numpy.empty(shape, numpy.uint8)
+    pooling._max_forward(planes, kh, kw, sy, sx, ph, pw, 0, out_h, 0, out_w, 0, 12, want_y, want_arg)
+    got_y, got_arg = pooling.max_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w)
+    assert got_y.tobytes() == want_y.tobytes() and got_arg.tobytes() == want_arg.tobytes()
+    assert numpy.isneginf(got_y[0, 0]).all() and not (got_arg[0, 0]).any()
