@@ -38,7 +38,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -410,69 +409,9 @@ def child(args):
 # --------------------------------------------------------------------------------------------------
 # the parent: subprocesses, their memory, the table
 
-def _tree(root):
-    """``root`` and its descendants (pids), from /proc."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    pids, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        pids.append(pid)
-        todo += children.get(pid, [])
-    return pids
-
-
-def _resident(pid):
-    """``(RssAnon + RssFile, RssShmem)`` of a process in bytes, from /proc/PID/status (counters: cheap to read)."""
-    fields = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
-                    key, value = line.split(":", 1)
-                    fields[key] = int(value.split()[0]) * 1024
-    except OSError:
-        pass
-    return fields.get("RssAnon", 0) + fields.get("RssFile", 0), fields.get("RssShmem", 0)
-
-
-class PeakMemory:
-    """The peak, sampled every ``interval`` s, of the memory of a process and its descendants together: their
-    private and file-backed resident pages summed, plus the largest shared-memory residency of any of them (the
-    replicas and their parent map the same segments). Libraries each process maps count once per process, so
-    this errs high for several processes. (Their PSS, from smaps_rollup, would split those too, but reading it
-    walks the page tables: 0.6 s for a process of 13 GB here, and it holds up the process's own allocations.)"""
-
-    def __init__(self, pid, interval=0.05):
-        self.pid, self.interval, self.peak = pid, interval, 0
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        samples, pids = 0, []
-        while not self.done.is_set():
-            if samples % 20 == 0:  # the process tree, once a second
-                pids = _tree(self.pid)
-            own, shared = zip(*[_resident(p) for p in pids]) if pids else ((0,), (0,))
-            self.peak = max(self.peak, sum(own) + max(shared))
-            samples += 1
-            self.done.wait(self.interval)
-
-    def stop(self):
-        self.done.set()
-        self.thread.join()
-        return self.peak
-
-
 def measure(framework, net, args, mode=None, replicas=1):
+    sys.path.insert(0, ROOT)
+    from layerforge.dataparallel.peak_memory import PeakMemory
     threads = 1 if mode == "REPLICAS" else args.threads  # the replicas' workers set their own (one each)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads))

@@ -10,7 +10,9 @@ thread per replica has no GEMM split in two and no Python between the BLAS calls
 price is the exchange and each replica's own activations.
 
 ``AUTO`` (the default): ``REPLICAS`` where the replicas compute what one process computes
-(:func:`replica_refusal`) and a short timed trial of both runs it faster, else ``THREADS``. The choice is
+(:func:`replica_refusal`) and a short timed trial of both runs it faster, within :data:`REPLICA_MEMORY_LIMIT` of
+one process's memory (the trial's peak resident memory of each, dataparallel/peak_memory.py), else ``THREADS``.
+The choice is
 remembered per machine, net, batch and solver in ``cpu_parallel.json`` beside AUTO's engine cache
 (layerforge/kernels/engine_cache.py), so only a net's first run pays for the trial, and a run of train shorter
 than :data:`SHORT_RUN` iterations pays nothing (``THREADS`` unless a choice is remembered); the solver key
@@ -42,6 +44,9 @@ TRIAL_ITERATIONS = 3  # timed iterations per configuration, after the warm-up
 # could not win it back, so AUTO keeps THREADS for it untimed (a remembered choice still holds)
 SHORT_RUN = 100
 MARGIN = 1.03  # replicas hold more memory and processes: they must win by more than the trial's noise
+# nor may they hold more than this times one process's peak memory: each replica has its own gradients, workspaces and
+# runtime (AlexNet's 61 M parameters: two replicas held 1.9x what THREADS did, for 3-10% more images per second)
+REPLICA_MEMORY_LIMIT = 1.5
 
 # Layer types whose output for a sample depends only on that sample (and the parameters), so R replicas on
 # batch / R compute what one process computes on the batch; the dict value names the block whose ``axis``
@@ -183,7 +188,8 @@ def choose(sp, layers, requested, measure, replicas=None, run=None, resume=None)
 
     Args:
         requested: ``"AUTO"``, ``"THREADS"`` or ``"REPLICAS"`` (the solver key, or the command line's).
-        measure: ``measure(mode, replicas) -> images per second`` of a short trial (AUTO, not cached).
+        measure: ``measure(mode, replicas) -> (images per second, peak resident bytes)`` of a short trial (AUTO,
+            not cached); a peak of 0 is unknown (no memory rule).
         replicas: the replica count (default: :func:`cores`).
         run: the iterations the choice is for (``layerforge train``: max_iter), or None; AUTO times no trial
             for fewer than :data:`SHORT_RUN`.
@@ -217,17 +223,21 @@ def choose(sp, layers, requested, measure, replicas=None, run=None, resume=None)
         return Choice("THREADS", 1, f"a run of {run} iterations, too short for a trial", quiet=True)
     try:
         with interrupting():  # a Ctrl-C ends the command: neither a cut-short figure nor the failure it caused counts
-            threads_rate = measure("THREADS", 1)
+            threads_rate, threads_peak = measure("THREADS", 1)
     except LayerforgeError:  # the run will meet it again and say it, with its log, as one process does
         return Choice("THREADS", 1, "the trial failed")
     try:
         with interrupting():
-            replicas_rate = measure("REPLICAS", replicas)
+            replicas_rate, replicas_peak = measure("REPLICAS", replicas)
     except LayerforgeError as e:  # the net ran in one process: train it so, and time the replicas next time
         log.warning("CPU parallelism: the replicas' trial failed (%s)", e)
         return Choice("THREADS", 1, "the replicas' trial failed")
-    mode = "REPLICAS" if replicas_rate > MARGIN * threads_rate else "THREADS"
+    memory = replicas_peak / threads_peak if replicas_peak and threads_peak else None
+    mode = "REPLICAS" if replicas_rate > MARGIN * threads_rate and (
+        memory is None or memory <= REPLICA_MEMORY_LIMIT) else "THREADS"
     trial = f"{replicas_rate:.2f} img/s with {replicas} replicas, {threads_rate:.2f} img/s with threads"
+    if memory is not None:
+        trial += f"; the replicas' peak memory {memory:.2f}x one process's ({replicas_peak / 2 ** 20:.0f} MiB)"
     CACHE.store(machine, key, {"mode": mode, "trial": trial})
     return Choice(mode, replicas if mode == "REPLICAS" else 1, f"trial: {trial}")
 
@@ -273,7 +283,10 @@ WARM_UP_LIMIT = 20  # warm-up iterations at most, until AUTO's convolutions have
 
 def timed_trial(sp, batch=None):
     """``measure(mode, replicas)`` of :func:`choose` for the SolverParameter ``sp``: the timed trial, said in the log
-    (what it times and, once the first iteration has run, about how long it takes)."""
+    (what it times and, once the first iteration has run, about how long it takes), and the peak resident memory of
+    this process and its children while it runs (THREADS: this process; REPLICAS: it and the replicas)."""
+    from .peak_memory import PeakMemory
+
     took = {}
 
     def measure(mode, replicas):
@@ -286,9 +299,13 @@ def timed_trial(sp, batch=None):
             about = f", about {took['THREADS']:.0f} s as THREADS took" if "THREADS" in took else ""
             log.info("CPU parallelism: timing REPLICAS, %d single-threaded replicas%s", replicas, about)
         t0 = time.perf_counter()
-        rate = trial(sp, mode, replicas, batch=batch)
+        memory = PeakMemory(os.getpid())
+        try:
+            rate = trial(sp, mode, replicas, batch=batch)
+        finally:
+            peak = memory.stop()
         took[mode] = time.perf_counter() - t0
-        return rate
+        return rate, peak
     return measure
 
 

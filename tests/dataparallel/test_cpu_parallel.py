@@ -170,14 +170,16 @@ def test_synthetic_data_trains_as_one_process():
 
 
 class Timer:
-    """Stands in for the trial: images per second by mode, and a record of what was measured."""
+    """Stands in for the trial: images per second and peak memory (bytes, 0: unknown) by mode, and a record of what
+    was measured."""
 
-    def __init__(self, threads, replicas):
+    def __init__(self, threads, replicas, peaks=(0, 0)):
         self.rates, self.calls = {"THREADS": threads, "REPLICAS": replicas}, []
+        self.peaks = dict(zip(("THREADS", "REPLICAS"), peaks))
 
     def __call__(self, mode, replicas):
         self.calls.append((mode, replicas))
-        return self.rates[mode]
+        return self.rates[mode], self.peaks[mode]
 
 
 @pytest.fixture
@@ -216,11 +218,39 @@ def test_auto_times_both_once_and_remembers_the_faster(source, cache):
     assert choose(dict(d, gemm_precision="BF16"), timer=bf16).mode == "THREADS" and len(bf16.calls) == 2
 
 
+@pytest.mark.parametrize("peaks,mode", [((1000, 1500), "REPLICAS"), ((1000, 1501), "THREADS"), ((1000, 1900), "THREADS"),
+                                        ((0, 1900), "REPLICAS")])  # 0: not measured (no /proc)
+def test_replicas_that_hold_more_than_the_memory_limit_are_not_chosen(source, cache, peaks, mode):
+    """Faster replicas are chosen only within REPLICA_MEMORY_LIMIT (1.5) of one process's peak memory."""
+    assert cpu_parallel.REPLICA_MEMORY_LIMIT == 1.5
+    choice = choose(solver(source, 12), timer=Timer(threads=10.0, replicas=14.0, peaks=[p << 20 for p in peaks]))
+    assert choice.mode == mode
+    if peaks[0]:
+        assert choice.why.endswith(f"; the replicas' peak memory {peaks[1] / peaks[0]:.2f}x one process's "
+                                   f"({peaks[1]} MiB)")
+    assert json.loads(cache.read_text())[engine_cache.machine_key(numpy)].popitem()[1]["mode"] == mode
+
+
+def test_the_trial_measures_each_configurations_peak_memory(source, cache):
+    """timed_trial's measure: images per second and the peak resident memory of this process (THREADS) or of it and
+    its replicas (REPLICAS), more than the process held before."""
+    import os
+    from layerforge.dataparallel.peak_memory import process_tree, resident
+    sp = load_solver_param(solver(source, 12), SOLVER_REGISTRY)
+    before = sum(resident(os.getpid()))
+    assert process_tree(os.getpid())[0] == os.getpid() and before > 0
+    measure = cpu_parallel.timed_trial(sp)
+    rate, peak = measure("THREADS", 1)
+    assert rate > 0 and peak >= before
+    rate, peak = measure("REPLICAS", 2)
+    assert rate > 0 and peak > before  # two more processes
+
+
 def test_a_failing_replicas_trial_leaves_one_process_and_no_choice(source, cache, caplog):
     def measure(mode, replicas):
         if mode == "REPLICAS":
             raise LayerforgeError("worker 1 (pid 42) was killed by signal SIGKILL; the job was stopped")
-        return 1.0
+        return 1.0, 0
 
     choice = choose(solver(source, 12), timer=measure)
     assert (choice.mode, choice.why) == ("THREADS", "the replicas' trial failed")
