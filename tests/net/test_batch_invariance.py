@@ -83,12 +83,21 @@ def test_engines_say_whether_they_are_invariant():
         "IM2COL": False, "IMPLICIT": True, "WINOGRAD": False, "WINOGRAD_F2": False}
 
 
-@pytest.mark.parametrize("k, n", [(9216, 64), (500, 10), (1000, 3)])
-def test_matmul_rows_is_row_by_row_under_the_switch(invariant, k, n):
+@pytest.mark.parametrize("k, n", [(9216, 64), (500, 10), (1000, 3), (2048, 300)])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("blas_kind", ["invariant", "canonical"])
+def test_matmul_rows_is_row_by_row_under_the_switch(request, blas_kind, k, n, transposed):
+    """Row by row, with a BLAS thin_gemm does not reproduce (one product per row) and with this machine's: rows alone,
+    4 (thin_gemm), 13 and 16 (blas.SWAP_MIN_ROWS and more: with the weights transposed, as InnerProduct's x W^T, the
+    product runs as (W x^T)^T on OpenBLAS's large path) and all 33 give a row the same bits."""
+    request.getfixturevalue(blas_kind)
     rs = numpy.random.RandomState(1)
     x, w = rs.randn(33, k).astype(numpy.float32), rs.randn(k, n).astype(numpy.float32)
+    if transposed:
+        w = numpy.ascontiguousarray(w.T).T
     whole = blas.matmul_rows(x, w, numpy.empty((33, n), numpy.float32))
-    for lo, hi in [(0, 1), (5, 9), (20, 33)]:
+    assert blas.SWAP_MIN_ROWS <= 13
+    for lo, hi in [(0, 1), (5, 9), (20, 33), (1, 17)]:
         numpy.testing.assert_array_equal(blas.matmul_rows(x[lo:hi], w, numpy.empty((hi - lo, n), numpy.float32)),
                                          whole[lo:hi])
     numpy.testing.assert_allclose(whole, x.astype(numpy.float64) @ w, rtol=1e-4, atol=1e-3)
