@@ -210,7 +210,7 @@ def time_training(args, solver):
     """``{"training": {...}, "images_per_second": ...}``: whole iterations of ``solver`` as ``layerforge train``
     runs them here (one process, or replicas: layerforge/dataparallel/cpu_parallel.py)."""
     from ..dataparallel import cpu_parallel
-
+    from ..dataparallel.peak_memory import PeakMemory
     from ..solvers import SOLVER_REGISTRY, load_solver_param
 
     iterations, rates = args.iterations, {}
@@ -218,15 +218,20 @@ def time_training(args, solver):
                            SOLVER_REGISTRY)
     setup = cpu_parallel.warm_up_replica if args.no_reuse else cpu_parallel.plan_and_warm_up_replica
 
-    def measure(mode, replicas):
+    def measure(mode, replicas):  # (images per second, peak resident bytes), as cpu_parallel.timed_trial's
         if mode not in rates:
-            rates[mode] = (cpu_parallel.threads_rate(solver, iterations, best=False) if mode == "THREADS" else
-                           cpu_parallel.replicas_rate(sp, replicas, iterations, args.batch, setup, best=False))
+            memory = PeakMemory(os.getpid())
+            try:
+                rate = (cpu_parallel.threads_rate(solver, iterations, best=False) if mode == "THREADS" else
+                        cpu_parallel.replicas_rate(sp, replicas, iterations, args.batch, setup, best=False))
+            finally:
+                peak = memory.stop()
+            rates[mode] = rate, peak
         return rates[mode]
 
     choice = cpu_parallel.Choice("THREADS", 1, "on a GPU") if solver.xp is not numpy else \
         cpu_parallel.resolve(sp, requested=args.cpu_parallel, measure=measure, batch=args.batch)
-    rate = measure(choice.mode, choice.replicas)
+    rate = measure(choice.mode, choice.replicas)[0]
     training = {"cpu_parallel": choice.mode, "replicas": choice.replicas, "why": choice.why,
                 "iteration_ms": 1000.0 * solver.images_per_iteration() / rate, "images_per_second": rate}
     return {"training": training, "images_per_second": rate}
