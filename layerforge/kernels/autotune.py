@@ -95,10 +95,11 @@ class AutoChoice:
 # AUTO does not try IM2COL (or Winograd) where its column and output buffers (its tiles) would exceed this many bytes
 AUTO_WORKSPACE_LIMIT = 64 << 20
 # AUTO also tries WINOGRAD_F2 and WINOGRAD (F(4,3)) on eligible layers (3x3, stride 1, undilated, or strided ones
-# spanning 3x3 strides, over space-to-depth blocks), and WINOGRAD_F2 (F(2,5)) on 5x5 ones. F(2,3)'s float32 error is that of direct convolution (within 2x, docs/performance.md); F(4,3)'s
-# is 8-30x direct's, at most 1.4e-5 of the largest value of y, gx or gW on every 3x3 shape of the zoo nets with 64-512
-# input channels per group, and F(2,5)'s 4-25x, at most 1.2e-5 on the zoo's 5x5 shapes and others to 512 channels, which
-# tests/kernels/test_winograd.py bounds per shape (3e-5): AUTO tries them only within those ranges of channels.
+# spanning 3x3 strides, over space-to-depth blocks), and WINOGRAD_F2 (F(2,5)) on 5x5 ones. F(2,3)'s float32 error is
+# that of direct convolution (within 2x, docs/performance.md); F(4,3)'s is 8-30x direct's, at most 1.4e-5 of the
+# largest value of y, gx or gW on every 3x3 shape of the zoo nets with 64-512 input channels per group, and F(2,5)'s
+# 4-25x, at most 1.2e-5 on the zoo's 5x5 shapes and others to 512 channels, which tests/kernels/test_winograd.py
+# bounds per shape (3e-5): AUTO tries them only within those ranges of channels.
 ENGINE_CHOICES = {"AUTO": ("IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD"),
                   "DEFAULT": ("IM2COL", "IMPLICIT", "WINOGRAD_F2", "WINOGRAD"),
                   "IM2COL": ("IM2COL",), "IMPLICIT": ("IMPLICIT",), "WINOGRAD": ("WINOGRAD",),

@@ -115,8 +115,8 @@ class WinogradConv:
     def __init__(self, geometry, group, tile=4):
         if not eligible(geometry, tile):
             sizes = " or ".join(f"{r}x{r}" for r in kernel_sizes(tile)) or "no"
-            raise ValueError(f"Winograd F({tile}) needs a {sizes} stride-1 undilated convolution, got geometry "
-                             f"{geometry}")
+            raise ValueError(f"Winograd F({tile}) needs an undilated convolution whose kernel spans {sizes} strides, "
+                             f"got geometry {geometry}")
         self.geometry, self.group, self.m = tuple(geometry), group, tile
         self.depth = SpaceToDepth(geometry) if tuple(geometry[2:4]) != (1, 1) else None
         self.tile_geometry = self.depth.geometry if self.depth else self.geometry  # the stride-1 one the tiles run
@@ -241,8 +241,8 @@ class WinogradConv:
     def _chunks(self, x, out_channels, compiled):
         """``[(lo, hi), ...]``: the images of each call, as many as fit in :data:`CHUNK_BYTES` (at least one)."""
         n = x.shape[0]
-        one = workspace_estimate((1,) + tuple(x.shape[1:]), out_channels, self.tile_geometry, self.m, x.dtype.itemsize,
-                                 compiled=compiled)
+        one = workspace_estimate((1,) + tuple(x.shape[1:]), out_channels, self.tile_geometry, self.m,
+                                 x.dtype.itemsize, compiled=compiled)
         step = max(1, min(n, CHUNK_BYTES // max(one, 1)))
         return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 

@@ -75,8 +75,8 @@ class Convolution(Layer):
             if p.engine in WINOGRAD_ENGINES and not winograd.eligible(geometry, WINOGRAD_TILES[p.engine]):
                 sizes = " or ".join(f"{r}x{r}" for r in winograd.kernel_sizes(WINOGRAD_TILES[p.engine]))
                 raise lp.error(f"engine {p.engine} runs undilated convolutions whose kernel spans {sizes} strides "
-                               f"({sizes} at stride 1, or such as 11x11 at stride 4) only; this layer has kernel {geometry[0]}x{geometry[1]}, stride {geometry[2]}x{geometry[3]}, "
-                               f"dilation {geometry[6]}x{geometry[7]}: use AUTO, IM2COL or IMPLICIT",
+                               f"({sizes} at stride 1, or such as 11x11 at stride 4) only; this layer has kernel "
+                               f"{geometry[0]}x{geometry[1]}, stride {geometry[2]}x{geometry[3]}, dilation {geometry[6]}x{geometry[7]}: use AUTO, IM2COL or IMPLICIT",
                                "convolution.engine")
         elif p.engine in WINOGRAD_ENGINES:
             raise lp.error(f"engine {p.engine} runs 2-D convolutions only (this layer takes the N-d path)",
