@@ -151,19 +151,22 @@ def test_auto_tries_winograd_only_where_it_applies(param, channels, tried):
     assert eligible(layer.geometry, 2) == (spans in (3, 5))
 
 
-@pytest.mark.parametrize("engine,r", [("WINOGRAD", 3), ("WINOGRAD_F2", 3), ("WINOGRAD_F2", 5)])
-def test_deconvolution_runs_on_winograd(engine, r):
+@pytest.mark.parametrize("engine,r,stride", [("WINOGRAD", 3, 1), ("WINOGRAD_F2", 3, 1), ("WINOGRAD_F2", 5, 1),
+                                             ("WINOGRAD", 6, 2), ("WINOGRAD_F2", 11, 4)])  # strided: over blocks
+def test_deconvolution_runs_on_winograd(engine, r, stride):
     from layerforge.blob import Blob
     from layerforge.testing import make_blob
     layer = create_layer({"name": "d", "type": "Deconvolution", "bottom": ["x"], "top": ["y"],
-                          "convolution": {"num_output": 3, "kernel_size": r, "pad": 1, "engine": engine,
-                                          "bias_term": False}}, dtype=numpy.float64)
+                          "convolution": {"num_output": 3, "kernel_size": r, "pad": 1, "stride": stride,
+                                          "engine": engine, "bias_term": False}}, dtype=numpy.float64)
     x = numpy.random.default_rng(3).standard_normal((2, 4, 5, 6))
     bottom, top = [make_blob(x)], [Blob((), numpy.float64)]
     layer.setup(bottom, top)
     layer.reshape(bottom, top)
     layer.forward(bottom, top)
-    want = torch.nn.functional.conv_transpose2d(torch.tensor(x), torch.tensor(layer.blobs[0].data), padding=1)
+    assert layer.engine_choice["forward"] == engine
+    want = torch.nn.functional.conv_transpose2d(torch.tensor(x), torch.tensor(layer.blobs[0].data), padding=1,
+                                                stride=stride)
     numpy.testing.assert_allclose(top[0].data, want.numpy(), rtol=1e-10, atol=1e-11)
 
 
