@@ -210,7 +210,6 @@ def time_training(args, solver):
     """``{"training": {...}, "images_per_second": ...}``: whole iterations of ``solver`` as ``layerforge train``
     runs them here (one process, or replicas: layerforge/dataparallel/cpu_parallel.py)."""
     from ..dataparallel import cpu_parallel
-    from ..dataparallel.peak_memory import PeakMemory
     from ..solvers import SOLVER_REGISTRY, load_solver_param
 
     iterations, rates = args.iterations, {}
@@ -218,15 +217,13 @@ def time_training(args, solver):
                            SOLVER_REGISTRY)
     setup = cpu_parallel.warm_up_replica if args.no_reuse else cpu_parallel.plan_and_warm_up_replica
 
+    base = cpu_parallel.own_memory()
+
     def measure(mode, replicas):  # (images per second, peak resident bytes), as cpu_parallel.timed_trial's
         if mode not in rates:
-            memory = PeakMemory(os.getpid())
-            try:
-                rate = (cpu_parallel.threads_rate(solver, iterations, best=False) if mode == "THREADS" else
-                        cpu_parallel.replicas_rate(sp, replicas, iterations, args.batch, setup, best=False))
-            finally:
-                peak = memory.stop()
-            rates[mode] = rate, peak
+            rates[mode] = cpu_parallel.with_peak_memory(
+                lambda: cpu_parallel.threads_rate(solver, iterations, best=False) if mode == "THREADS" else
+                cpu_parallel.replicas_rate(sp, replicas, iterations, args.batch, setup, best=False), base)
         return rates[mode]
 
     choice = cpu_parallel.Choice("THREADS", 1, "on a GPU") if solver.xp is not numpy else \

@@ -10,7 +10,7 @@ thread per replica has no GEMM split in two and no Python between the BLAS calls
 price is the exchange and each replica's own activations.
 
 ``AUTO`` (the default): ``REPLICAS`` where the replicas compute what one process computes
-(:func:`replica_refusal`) and a short timed trial of both runs it faster, within :data:`REPLICA_MEMORY_LIMIT` of
+(:func:`replica_refusal`) and a short timed trial of both runs it faster, within :data:`REPLICA_MEMORY_LIMIT` times
 one process's memory (the trial's peak resident memory of each, dataparallel/peak_memory.py), else ``THREADS``.
 The choice is
 remembered per machine, net, batch and solver in ``cpu_parallel.json`` beside AUTO's engine cache
@@ -35,6 +35,7 @@ import numpy
 
 from ..errors import ConfigError, LayerforgeError, interrupting
 from ..kernels.engine_cache import ChoiceCache, machine_key
+from ..kernels.workspace import free_arenas
 
 log = logging.getLogger("layerforge")
 
@@ -45,8 +46,10 @@ TRIAL_ITERATIONS = 3  # timed iterations per configuration, after the warm-up
 SHORT_RUN = 100
 MARGIN = 1.03  # replicas hold more memory and processes: they must win by more than the trial's noise
 # nor may they hold more than this times one process's peak memory: each replica has its own gradients, workspaces and
-# runtime (AlexNet's 61 M parameters: two replicas held 1.9x what THREADS did, for 3-10% more images per second)
-REPLICA_MEMORY_LIMIT = 1.5
+# runtime. Two replicas of AlexNet (61 M parameters) held 1.9x what THREADS did and LeNet's 2.5x (the runtime of a
+# second process), ResNet-50's at batch 8 1.5x (its activations, split between them, dominate); PyTorch holds 1.2-1.5x
+# what THREADS does on those nets, so within 1.75x the replicas stay within about 1.5x PyTorch's memory
+REPLICA_MEMORY_LIMIT = 1.75
 
 # Layer types whose output for a sample depends only on that sample (and the parameters), so R replicas on
 # batch / R compute what one process computes on the batch; the dict value names the block whose ``axis``
@@ -285,9 +288,7 @@ def timed_trial(sp, batch=None):
     """``measure(mode, replicas)`` of :func:`choose` for the SolverParameter ``sp``: the timed trial, said in the log
     (what it times and, once the first iteration has run, about how long it takes), and the peak resident memory of
     this process and its children while it runs (THREADS: this process; REPLICAS: it and the replicas)."""
-    from .peak_memory import PeakMemory
-
-    took = {}
+    took, base = {}, own_memory()  # this process before any trial
 
     def measure(mode, replicas):
         if mode == "THREADS":
@@ -299,14 +300,30 @@ def timed_trial(sp, batch=None):
             about = f", about {took['THREADS']:.0f} s as THREADS took" if "THREADS" in took else ""
             log.info("CPU parallelism: timing REPLICAS, %d single-threaded replicas%s", replicas, about)
         t0 = time.perf_counter()
-        memory = PeakMemory(os.getpid())
-        try:
-            rate = trial(sp, mode, replicas, batch=batch)
-        finally:
-            peak = memory.stop()
+        measured = with_peak_memory(lambda: trial(sp, mode, replicas, batch=batch), base)
         took[mode] = time.perf_counter() - t0
-        return rate, peak
+        return measured
     return measure
+
+
+def own_memory():
+    """Resident bytes of this process now (private and file-backed pages and shared memory; 0 without /proc)."""
+    from .peak_memory import resident
+
+    return sum(resident(os.getpid()))
+
+
+def with_peak_memory(run, base):
+    """``(run(), peak bytes)``: the peak resident memory of this process and its children while ``run`` runs, as
+    what it added to ``base`` (this process's memory before the trials; not what an earlier trial left here)."""
+    from .peak_memory import PeakMemory
+
+    start, memory = own_memory(), PeakMemory(os.getpid())
+    try:
+        result = run()
+    finally:
+        peak = memory.stop()
+    return result, base + max(0, peak - start)
 
 
 def announce_trial(seconds, passes_left):
@@ -367,6 +384,7 @@ def trial(sp, mode, replicas, iterations=TRIAL_ITERATIONS, batch=None):
         return threads_rate(solver, iterations, announce=announce_trial)
     finally:
         close_data_layers(solver)
+        free_arenas()  # the throwaway net's workspaces
 
 
 def threads_rate(solver, iterations, best=True, announce=None):

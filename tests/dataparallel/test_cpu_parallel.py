@@ -218,11 +218,12 @@ def test_auto_times_both_once_and_remembers_the_faster(source, cache):
     assert choose(dict(d, gemm_precision="BF16"), timer=bf16).mode == "THREADS" and len(bf16.calls) == 2
 
 
-@pytest.mark.parametrize("peaks,mode", [((1000, 1500), "REPLICAS"), ((1000, 1501), "THREADS"), ((1000, 1900), "THREADS"),
-                                        ((0, 1900), "REPLICAS")])  # 0: not measured (no /proc)
+@pytest.mark.parametrize("peaks,mode", [((1000, 1750), "REPLICAS"), ((1000, 1751), "THREADS"), ((1000, 1900), "THREADS"),
+                                        ((1600, 2400), "REPLICAS"), ((0, 1900), "REPLICAS")])  # 0: not measured
 def test_replicas_that_hold_more_than_the_memory_limit_are_not_chosen(source, cache, peaks, mode):
-    """Faster replicas are chosen only within REPLICA_MEMORY_LIMIT (1.5) of one process's peak memory."""
-    assert cpu_parallel.REPLICA_MEMORY_LIMIT == 1.5
+    """Faster replicas are chosen only within REPLICA_MEMORY_LIMIT (1.75) times one process's peak memory: not
+    AlexNet's (1.9x), ResNet-50's (1.5x) yes."""
+    assert cpu_parallel.REPLICA_MEMORY_LIMIT == 1.75
     choice = choose(solver(source, 12), timer=Timer(threads=10.0, replicas=14.0, peaks=[p << 20 for p in peaks]))
     assert choice.mode == mode
     if peaks[0]:
@@ -233,7 +234,7 @@ def test_replicas_that_hold_more_than_the_memory_limit_are_not_chosen(source, ca
 
 def test_the_trial_measures_each_configurations_peak_memory(source, cache):
     """timed_trial's measure: images per second and the peak resident memory of this process (THREADS) or of it and
-    its replicas (REPLICAS), more than the process held before."""
+    its replicas (REPLICAS), counted from what the process held before the trials (not what the THREADS trial left)."""
     import os
     from layerforge.dataparallel.peak_memory import process_tree, resident
     sp = load_solver_param(solver(source, 12), SOLVER_REGISTRY)
@@ -243,7 +244,7 @@ def test_the_trial_measures_each_configurations_peak_memory(source, cache):
     rate, peak = measure("THREADS", 1)
     assert rate > 0 and peak >= before
     rate, peak = measure("REPLICAS", 2)
-    assert rate > 0 and peak > before  # two more processes
+    assert rate > 0 and peak - before > 100 << 20  # two more processes, each with numpy and the net
 
 
 def test_a_failing_replicas_trial_leaves_one_process_and_no_choice(source, cache, caplog):
