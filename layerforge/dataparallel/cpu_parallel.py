@@ -12,8 +12,7 @@ price is the exchange and each replica's own activations.
 ``AUTO`` (the default): ``REPLICAS`` where the replicas compute what one process computes
 (:func:`replica_refusal`) and a short timed trial of both runs it faster, within :data:`REPLICA_MEMORY_LIMIT` times
 one process's memory (the trial's peak resident memory of each, dataparallel/peak_memory.py), else ``THREADS``.
-The choice is
-remembered per machine, net, batch and solver in ``cpu_parallel.json`` beside AUTO's engine cache
+The choice is remembered per machine, net, batch and solver in ``cpu_parallel.json`` beside AUTO's engine cache
 (layerforge/kernels/engine_cache.py), so only a net's first run pays for the trial, and a run of train shorter
 than :data:`SHORT_RUN` iterations pays nothing (``THREADS`` unless a choice is remembered); the solver key
 ``cpu_parallel`` or ``layerforge train --cpu-parallel`` forces either. The choice is logged in one line.
