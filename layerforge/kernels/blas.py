@@ -140,10 +140,7 @@ def matmul_rows(a, b, out):
     if type(a) is numpy.ndarray and type(b) is numpy.ndarray and a.dtype is _FLOAT32 and b.dtype is _FLOAT32 and \
             a.ndim == 2 and a.shape[0] >= SWAP_MIN_ROWS and b.T.flags.c_contiguous and gemm_precision() == "fp32" \
             and (not batch_invariant() or canonical_blas()):
-        if batch_invariant():
-            out[...] = _large_product(b.T, _blasable(a.T), None).T
-        else:
-            out[...] = numpy.matmul(b.T, a.T).T
+        out[...] = matmul(b.T, a.T).T
         return out
     if not batch_invariant() or canonical_blas():
         return matmul(a, b, out=out)

@@ -82,7 +82,7 @@ def max_pooling_forward(x, kh, kw, sy, sx, ph, pw, out_h, out_w, out=None):
     window = _MAX_FORWARD_WINDOWS.get((kh, kw, sx))
     h, w = x.shape[2:]
     if window is None:  # every output by the general loop
-        inside, strips = (0, 0, 0, 0), [(0, out_h, 0, out_w)]
+        strips = [(0, out_h, 0, out_w)]
     else:  # the outputs whose windows lie inside the image by the compiled window, the edges' by the general loop
         oy0, ox0 = -(-ph // sy), -(-pw // sx)
         oy1, ox1 = max(oy0, min(out_h, (h + ph - kh) // sy + 1)), max(ox0, min(out_w, (w + pw - kw) // sx + 1))

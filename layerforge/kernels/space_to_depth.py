@@ -82,9 +82,9 @@ class SpaceToDepth:
         _, _, hb, wb = self.blocks(x.shape)
         xs = arena(xp, "depth", (n, c, sy, sx, hb, wb), x.dtype)
         if xp is numpy:
-            planes, xs_planes = numpy.ascontiguousarray(x).reshape((n * c,) + x.shape[2:]), xs.reshape(n * c, -1)
-            parallel_for(n * c, lambda lo, hi: _host_blocks(planes, sy, sx, *self.pad, lo, hi,
-                                                            xs_planes.reshape(n * c, sy, sx, hb, wb)), work=xs.size)
+            planes = numpy.ascontiguousarray(x).reshape((n * c,) + x.shape[2:])
+            blocks = xs.reshape(n * c, sy, sx, hb, wb)
+            parallel_for(n * c, lambda lo, hi: _host_blocks(planes, sy, sx, *self.pad, lo, hi, blocks), work=xs.size)
             return xs.reshape(n, c * sy * sx, hb, wb)
         for a, b, (i0, i1), (j0, j1), rows, cols in self._phases(x.shape, hb, wb):
             part = xs[:, :, a, b]
@@ -96,21 +96,11 @@ class SpaceToDepth:
         """Write into gx (N, C, H, W) the gradient of the blocks ``gxs`` (N, C sy sx, Hb, Wb): every pixel is in
         one block, so each takes its one value (zero for the trailing pixels no output reads)."""
         n, c = gx.shape[:2]
-        (sy, sx) = self.stride
-        gxs = gxs.reshape((n, c, sy, sx) + tuple(gxs.shape[2:]))
-        covered = 0
-        for a, b, (i0, i1), (j0, j1), rows, cols in self._phases(gx.shape, *gxs.shape[4:]):
+        (sy, sx), (ph, pw), (hb, wb) = self.stride, self.pad, gxs.shape[2:]
+        gxs = gxs.reshape(n, c, sy, sx, hb, wb)
+        for a, b, (i0, i1), (j0, j1), rows, cols in self._phases(gx.shape, hb, wb):
             gx[:, :, rows, cols] = gxs[:, :, a, b, i0:i1, j0:j1]
-            covered += (i1 - i0) * (j1 - j0)
-        if covered < gx.shape[2] * gx.shape[3]:
-            self._clear_unread(gx)
-
-    def _clear_unread(self, gx):
-        """Zero the trailing rows and columns of gx that lie past the last block (no output reads them)."""
-        n, c, h, w = gx.shape
-        (sy, sx), (ph, pw) = self.stride, self.pad
-        _, _, hb, wb = self.blocks(gx.shape)
-        gx[:, :, max(0, hb * sy - ph):] = 0
+        gx[:, :, max(0, hb * sy - ph):] = 0  # the trailing rows and columns past the last block (empty if none)
         gx[:, :, :, max(0, wb * sx - pw):] = 0
 
     def filters(self, W):
