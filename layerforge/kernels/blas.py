@@ -51,7 +51,7 @@ import numpy
 
 from ..backend import get_array_module
 from . import bf16_gemm, thin_gemm
-from .threadpool import MIN_PARALLEL_ELEMENTS, num_threads, parallel_for, product_jit, run_jobs
+from .threadpool import MIN_PARALLEL_ELEMENTS, num_threads, parallel_for, product_jit, run_jobs, within_parallel_for
 
 @functools.cache
 def _scipy_blas():
@@ -360,7 +360,8 @@ def _large_product(a, b, out, accumulate=False, invariant=True):
     if out is None:
         out = numpy.empty(batch + (m, n), numpy.float32)
     count = math.prod(batch)
-    threads = min(num_threads(), count * m * n * k // SPLIT_MULTIPLY_ADDS)
+    # inside a parallel_for body the pieces would run one after the other on this thread, each packing its operands
+    threads = 1 if within_parallel_for() else min(num_threads(), count * m * n * k // SPLIT_MULTIPLY_ADDS)
     control = _openblas_control()
     temporary = accumulate and not (control and control[2] is not None)  # its pieces' products are temporaries
     with one_blas_thread():

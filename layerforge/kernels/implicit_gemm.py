@@ -15,8 +15,13 @@ and differ in how much of ``col`` exists at once and how it is laid out:
 * :class:`ImplicitGemmConv`: the full column matrix never exists. Tiles of whole images (or, when one
   image's columns exceed the budget, of output rows of one image) are lowered into a workspace bounded
   by ``budget`` bytes, laid out per image ``(n, K, P)``: the batched GEMM writes y straight into the
-  NCHW top and reads gy straight from it, and a tile stays in cache between lowering and GEMM. A 1x1
-  stride-1 unpadded convolution needs no lowering at all: x is its own column matrix.
+  NCHW top (a tile of rows too: its rows of a channel are one run) and reads gy straight from it. The
+  tiles are dealt out to the kernel threads, each lowering and multiplying its own in its own workspace
+  (each product on its thread's BLAS), so that a tile stays in its core's caches between lowering and
+  GEMM and no thread waits for the other between tiles; the data gradient deals whole images (their
+  tiles' gradients overlap), and the filter gradient, a sum over the batch, adds the images' in order
+  (:meth:`ImplicitGemmConv._add_filter_gradient`), so the results are the same on any number of threads.
+  A 1x1 stride-1 unpadded convolution needs no lowering at all: x is its own column matrix.
 
 Workspaces are scratch: nothing in them outlives one forward or backward call (backward lowers the
 columns again, as Caffe does). So every layer's engines take their workspaces as views of the shared arenas of
@@ -31,13 +36,15 @@ import math
 import numpy
 
 from ..backend import get_array_module
-from .blas import add_matmul_nt, matmul, row_sums
+from .blas import add_matmul_nt, matmul, one_blas_thread, row_sums
 from .im2col import col2im_nd, col2im_tile, im2col_nd, im2col_tile
 from .output_size import conv_output_size
-from .threadpool import elementwise, host_work, parallel_for
+from .threadpool import MIN_PARALLEL_ELEMENTS, elementwise, host_work, num_threads, parallel_for
 from .workspace import arena
 
-DEFAULT_BUDGET = 4 << 20  # bytes of column tile for IMPLICIT: a few MiB stays in L2/L3
+# bytes of column tile for IMPLICIT, each kernel thread's: a few MiB stays in L2/L3 (1 and 2 MiB, within the 2 MiB L2
+# of a core of this project's AVX-512 machine, ran ResNet-50's strided layers 2-15% slower, docs/performance.md)
+DEFAULT_BUDGET = 4 << 20
 
 class _GemmConv:
     name = None
@@ -159,7 +166,8 @@ class Im2colConv(_GemmConv):
 
 
 class ImplicitGemmConv(_GemmConv):
-    """Implicit GEMM: per-tile lowering into a workspace of at most ``budget`` bytes, batched per image."""
+    """Implicit GEMM: per-tile lowering into a workspace of at most ``budget`` bytes a kernel thread, batched per
+    image."""
 
     name = "IMPLICIT"
     # one GEMM of the same shape per image (its tiles never mix images' columns): invariant on the CPU
@@ -180,22 +188,48 @@ class ImplicitGemmConv(_GemmConv):
             return [(0, n, 0, out_h)]
         k = c * kh * kw
         per_row = k * out_w * itemsize
-        if per_row * out_h <= self.budget:
-            nb = max(1, self.budget // (per_row * out_h))
-            return [(n0, min(n, n0 + nb), 0, out_h) for n0 in range(0, n, nb)]
+        if per_row * out_h <= self.budget:  # whole images, as evenly as the budget allows, a tile a thread at least
+            count = max(-(-n // max(1, self.budget // (per_row * out_h))), min(n, num_threads()))
+            cuts = [n * i // count for i in range(count + 1)]
+            return [(cuts[i], cuts[i + 1], 0, out_h) for i in range(count)]
         count = -(-out_h // max(1, self.budget // per_row))  # tiles of an image, its rows dealt evenly among them
         cuts = [out_h * k // count for k in range(count + 1)]
         return [(i, i + 1, cuts[k], cuts[k + 1]) for i in range(n) for k in range(count)]
 
-    def _lower(self, x, W, n0, n1, r0, r1):
+    def _lower(self, x, W, n0, n1, r0, r1, slot=0):
+        """The columns of images n0..n1, output rows r0..r1: x itself (1x1), or lowered into workspace ``slot``."""
         xp = get_array_module(x)
         n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
         kh, kw = self.geometry[:2]
         if self.pointwise:
             return x[n0:n1]
-        col = self._buffer(xp, "col", (n1 - n0, c, kh, kw, r1 - r0, out_w), x.dtype)
+        col = self._buffer(xp, _column_role(slot), (n1 - n0, c, kh, kw, r1 - r0, out_w), x.dtype)
         im2col_tile(x[n0:n1].transpose(1, 0, 2, 3), col.transpose(1, 2, 3, 0, 4, 5), *self.geometry, r0=r0)
         return col
+
+    def _groups(self, tiles, whole_images):
+        """The tiles cut into one contiguous run per kernel thread (fewer where there are fewer tiles); with
+        ``whole_images`` no image's tiles are in two runs (their data gradients overlap at the cuts)."""
+        threads = num_threads()
+        if whole_images:
+            first, last = tiles[0][0], tiles[-1][1]
+            cuts = [first + (last - first) * k // threads for k in range(threads + 1)]
+            runs = [[t for t in tiles if lo <= t[0] < hi] for lo, hi in zip(cuts, cuts[1:])]
+        else:
+            runs = [tiles[len(tiles) * k // threads:len(tiles) * (k + 1) // threads] for k in range(threads)]
+        return [run for run in runs if run]
+
+    def _over_tiles(self, tiles, body, whole_images=False):
+        """``body(run, slot)`` for each run of tiles (:meth:`_groups`) on the kernel threads, each product on its
+        thread's BLAS; ``slot`` names the run's own workspace. A tile is lowered and multiplied by one thread,
+        with its columns in that core's caches, and no thread waits for another between tiles."""
+        runs = self._groups(tiles, whole_images)
+        if len(runs) == 1:  # one run (one tile, or one thread): its products shared as the BLAS shares them
+            body(runs[0], 0)
+            return
+        with one_blas_thread():
+            parallel_for(len(runs), lambda lo, hi: [body(runs[k], k) for k in range(lo, hi)],
+                         work=MIN_PARALLEL_ELEMENTS)
 
     def forward(self, x, W, b, y):
         xp = get_array_module(x)
@@ -204,15 +238,13 @@ class ImplicitGemmConv(_GemmConv):
             return conv_forward_gpu(x, W, b, y, self.geometry, self.group)
         n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
         Wg = W.reshape(g, cog, kg)
-        for n0, n1, r0, r1 in self.tiles(x.shape, x.itemsize):
-            nb, pt = n1 - n0, (r1 - r0) * out_w
-            col = self._lower(x, W, n0, n1, r0, r1).reshape(nb, g, kg, pt)
-            if r1 - r0 == out_h:
-                matmul(Wg, col, out=y[n0:n1].reshape(nb, g, cog, pt))
-            else:
-                yt = self._buffer(xp, "y", (nb, g, cog, pt), x.dtype)
-                matmul(Wg, col, out=yt)
-                y[n0:n1, :, r0:r1] = yt.reshape(nb, g * cog, r1 - r0, out_w)
+
+        def run(tiles, slot):
+            for n0, n1, r0, r1 in tiles:
+                nb, pt = n1 - n0, (r1 - r0) * out_w
+                col = self._lower(x, W, n0, n1, r0, r1, slot).reshape(nb, g, kg, pt)
+                matmul(Wg, col, out=_view(y[n0:n1, :, r0:r1], (nb, g, cog, pt)))
+        self._over_tiles(self.tiles(x.shape, x.itemsize), run)
         if b is not None:
             y += b[:, None, None]
 
@@ -225,30 +257,68 @@ class ImplicitGemmConv(_GemmConv):
         kh, kw = self.geometry[:2]
         if gb is not None:
             _bias_grad(gy, gb)
-        if gx is not None and not self.pointwise:
-            gx[...] = 0
         Wg = W.reshape(g, cog, kg)
-        gW4 = None if gW is None else gW.reshape(g, cog, kg)
-        for n0, n1, r0, r1 in self.tiles(x.shape, x.itemsize):
-            nb, pt = n1 - n0, (r1 - r0) * out_w
-            if gW is not None or self.pointwise:
-                col = self._lower(x, W, n0, n1, r0, r1).reshape(nb, g, kg, pt)
-            else:  # the data gradient alone: a workspace for its columns, x not lowered
-                col = self._buffer(xp, "col", (nb, c, kh, kw, r1 - r0, out_w), x.dtype).reshape(nb, g, kg, pt)
-            if r1 - r0 == out_h:
-                gyt = gy[n0:n1].reshape(nb, g, cog, pt)
-            else:
-                gyt = self._buffer(xp, "y", (nb, g, cog, pt), x.dtype)
-                gyt.reshape(nb, g * cog, r1 - r0, out_w)[...] = gy[n0:n1, :, r0:r1]
-            if gW is not None:  # one image at a time: no partial products to hold and sum
-                for k in range(nb):
-                    add_matmul_nt(gW4, gyt[k], col[k])
-            if gx is not None and self.pointwise:
-                matmul(Wg.transpose(0, 2, 1), gyt, out=gx[n0:n1].reshape(nb, g, kg, pt))
-            elif gx is not None:
-                matmul(Wg.transpose(0, 2, 1), gyt, out=col)
-                col6 = col.reshape(nb, c, kh, kw, r1 - r0, out_w).transpose(1, 2, 3, 0, 4, 5)
-                col2im_tile(col6, gx[n0:n1].transpose(1, 0, 2, 3), *self.geometry, r0=r0)
+        tiles = self.tiles(x.shape, x.itemsize)
+        if gW is not None:
+            self._add_filter_gradient(x, W, gy, gW, tiles)
+        if gx is None:
+            return
+        if self.pointwise:
+            matmul(Wg.transpose(0, 2, 1), _view(gy, (n, g, cog, out_h * out_w)),
+                   out=_view(gx, (n, g, kg, out_h * out_w)))
+            return
+
+        def run(tiles, slot):  # an image's tiles on one thread: their gradients overlap in gx
+            gx[tiles[0][0]:tiles[-1][1]] = 0
+            for n0, n1, r0, r1 in tiles:
+                nb, pt = n1 - n0, (r1 - r0) * out_w
+                gcol = self._buffer(xp, _column_role(slot), (nb, c, kh, kw, r1 - r0, out_w), x.dtype)
+                matmul(Wg.transpose(0, 2, 1), _view(gy[n0:n1, :, r0:r1], (nb, g, cog, pt)),
+                       out=gcol.reshape(nb, g, kg, pt))
+                col2im_tile(gcol.transpose(1, 2, 3, 0, 4, 5), gx[n0:n1].transpose(1, 0, 2, 3), *self.geometry, r0=r0)
+        self._over_tiles(tiles, run, whole_images=True)
+
+
+    def _add_filter_gradient(self, x, W, gy, gW, tiles):
+        """gW += the filter gradient, image by image in the batch's order (the same sums on any number of threads).
+
+        Where the images' gradients are small (:data:`PARTIAL_BYTES` for all of them: a few filters over large images,
+        ResNet-50's conv1), each image's is made apart by the thread that lowers its tiles, and they are added in
+        order; else tile by tile, the threads sharing each image's product."""
+        n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
+        gW4 = gW.reshape(g, cog, kg)
+
+        def add(tiles, slot, into):
+            for n0, n1, r0, r1 in tiles:
+                nb, pt = n1 - n0, (r1 - r0) * out_w
+                col = self._lower(x, W, n0, n1, r0, r1, slot).reshape(nb, g, kg, pt)
+                gyt = _view(gy[n0:n1, :, r0:r1], (nb, g, cog, pt))
+                for k in range(nb):  # one image at a time: no partial products to hold and sum
+                    add_matmul_nt(into(n0 + k), gyt[k], col[k])
+        if n == 1 or n * gW.nbytes > PARTIAL_BYTES:
+            add(tiles, 0, lambda image: gW4)
+            return
+        parts = numpy.zeros((n,) + gW4.shape, gW.dtype)
+        self._over_tiles(tiles, lambda run, slot: add(run, slot, parts.__getitem__), whole_images=True)
+        for part in parts:
+            gW4 += part
+
+
+# the most bytes of the images' filter gradients that IMPLICIT makes apart (ImplicitGemmConv._add_filter_gradient)
+PARTIAL_BYTES = 1 << 20
+
+
+def _column_role(slot):
+    # the workspace arena of a run's columns: the first run's is the one IM2COL's and Winograd's share
+    return "col" if slot == 0 else f"col{slot}"
+
+
+def _view(a, shape):
+    """``a`` reshaped to ``shape`` without a copy (an image tile's rows of every channel: rows apart by the plane);
+    raises where a view cannot be."""
+    v = a.view()
+    v.shape = shape
+    return v
 
 
 class NdIm2colConv:

@@ -94,6 +94,12 @@ def _started_pool(workers):
     return pool
 
 
+def within_parallel_for():
+    """Whether the calling thread is running a piece of a :func:`parallel_for` body (whose own calls of it, and
+    :func:`run_jobs`', then run on this thread)."""
+    return getattr(_inside, "active", False)
+
+
 def parallel_for(n, body, work):
     """Call ``body(lo, hi)`` for contiguous pieces ``[lo, hi)`` that cover ``range(n)``, in parallel.
 
@@ -105,7 +111,7 @@ def parallel_for(n, body, work):
             thread, as do calls made from inside a body.
     """
     threads = min(num_threads(), n)
-    if threads <= 1 or work < MIN_PARALLEL_ELEMENTS or getattr(_inside, "active", False):
+    if threads <= 1 or work < MIN_PARALLEL_ELEMENTS or within_parallel_for():
         body(0, n)
         return
     parked = bool(_products["threads"])
@@ -193,7 +199,7 @@ def run_jobs(jobs):
     jobs = numpy.asarray(jobs, numpy.int64)
     lock = _products["lock"]
     wanted = min(len(jobs), num_threads()) - 1 if _syscall() else 0
-    if wanted > 0 and not getattr(_inside, "active", False) and lock.acquire(blocking=False):
+    if wanted > 0 and not within_parallel_for() and lock.acquire(blocking=False):
         try:
             started = _products["threads"] = _products["threads"] or []
             if len(started) < wanted:

@@ -3,7 +3,9 @@ import pytest
 
 from layerforge.kernels.im2col import col2im_cpu, im2col_cpu
 from layerforge.kernels.output_size import conv_output_size
+from layerforge.kernels import implicit_gemm
 from layerforge.kernels.implicit_gemm import ENGINES, ImplicitGemmConv, Im2colConv, NdIm2colConv, gemm_shape
+from layerforge.kernels.threadpool import num_threads, set_num_threads
 
 GEOMETRIES = [  # kh, kw, sy, sx, ph, pw, dy, dx, group
     (3, 3, 1, 1, 0, 0, 1, 1, 1),
@@ -89,6 +91,46 @@ def test_implicit_tiles_cover_every_output_once_within_the_budget(budget):
     assert max(rows) - min(rows) <= 1  # an image's rows dealt evenly (AlexNet's conv1: 28 + 27, not 52 + 3)
 
 
+@pytest.mark.parametrize("geom", GEOMETRIES)
+@pytest.mark.parametrize("budget", [None, 2000, 1])  # whole images a tile, an image's rows, a row a tile
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+@pytest.mark.parametrize("apart", [True, False])
+def test_implicit_gives_the_same_bits_on_one_thread_and_with_its_tiles_over_three(monkeypatch, geom, budget, dtype,
+                                                                                   apart):
+    """The tiles run on the kernel threads, each lowered and multiplied by one of them (the data gradient an image's
+    tiles on one thread, the filter gradient each image's apart, or tile by tile): every value is the same product
+    or sum whichever thread computes it."""
+    monkeypatch.setattr(implicit_gemm, "PARTIAL_BYTES", implicit_gemm.PARTIAL_BYTES if apart else 0)
+    x, W, b, gy = (a.astype(dtype) for a in make(geom, shape=(5, 4, 9, 8)))
+    engine = ImplicitGemmConv(geom[:8], geom[8], budget)
+    try:
+        set_num_threads(1)
+        alone = run(engine, x, W, b, gy, geom)
+        set_num_threads(3)
+        # (a 1x1 layer is one tile: x is its columns, and its products' stack is shared out by blas.matmul)
+        assert len(engine._groups(engine.tiles(x.shape, x.itemsize), whole_images=True)) == (
+            1 if engine.pointwise else 3)
+        shared = run(engine, x, W, b, gy, geom)
+    finally:
+        set_num_threads(None)
+    for got, want in zip(shared, alone):
+        numpy.testing.assert_array_equal(got, want)
+    for got, want in zip(shared, reference(x, W, b, gy, geom)):
+        numpy.testing.assert_allclose(got, want, rtol=1e-4 if dtype == numpy.float32 else 1e-10, atol=1e-4)
+
+
+def test_implicit_deals_whole_images_evenly_a_tile_a_thread_at_least():
+    engine = ImplicitGemmConv((3, 3, 2, 2, 1, 1, 1, 1), 1, budget=5 * 2 * 9 * 4 * 4 * 4)  # 5 images' columns
+    try:
+        set_num_threads(2)
+        assert engine.tiles((8, 2, 8, 8)) == [(0, 4, 0, 4), (4, 8, 0, 4)]  # 4 + 4, not 5 + 3
+        assert engine.tiles((1, 2, 8, 8)) == [(0, 1, 0, 4)]
+        set_num_threads(3)
+        assert engine.tiles((4, 2, 8, 8)) == [(0, 1, 0, 4), (1, 2, 0, 4), (2, 4, 0, 4)]
+    finally:
+        set_num_threads(None)
+
+
 def test_workspace_bytes():
     x, W, b, gy = make((3, 3, 1, 1, 1, 1, 1, 1, 1), shape=(8, 4, 16, 16), cout=6)
     x, W, b, gy = (a.astype(numpy.float32) for a in (x, W, b, gy))
@@ -99,7 +141,7 @@ def test_workspace_bytes():
     assert full.workspace_bytes == col + 2 * 4 * 18 * 18 * 8 * 4 + 6 * 16 * 16 * 8 * 4  # col, x/gx pads, y
     tiled = ImplicitGemmConv(geom, 1, budget=col // 8)
     run(tiled, x, W, b, gy, geom + (1,))
-    assert tiled.workspace_bytes <= col // 8
+    assert 0 < tiled.workspace_bytes <= num_threads() * col // 8  # a tile's columns per kernel thread
     tiled.release()
     assert tiled.workspace_bytes == 0
 
