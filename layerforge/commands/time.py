@@ -88,26 +88,28 @@ def time_net(net, iterations):
              "then %d passes timed layer by layer and %d timed whole", net.name, WARM_UP_LIMIT, iterations, iterations)
     warmups = warm_up(net, iterations=iterations)
     watch = Stopwatch(net.xp)
-    for k in range(iterations):
+    for k in range(iterations):  # each a training pass, as the solver's (Net.training_pass)
         trace.iteration(warmups + k)
-        for i in range(n):
-            watch.start()
-            net.forward_layer(i)
-            fwd[i] += watch.stop()
-        for i in reversed(range(n)):
-            watch.start()
-            net.backward_layer(i)
-            bwd[i] += watch.stop()
+        with net.training_pass():
+            for i in range(n):
+                watch.start()
+                net.forward_layer(i)
+                fwd[i] += watch.stop()
+            for i in reversed(range(n)):
+                watch.start()
+                net.backward_layer(i)
+                bwd[i] += watch.stop()
     total_fwd = total_bwd = 0.0
     reset_input_stats(net)
     for k in range(iterations):
         trace.iteration(warmups + iterations + k)
-        watch.start()
-        net.forward()
-        total_fwd += watch.stop()
-        watch.start()
-        net.backward()
-        total_bwd += watch.stop()
+        with net.training_pass():
+            watch.start()
+            net.forward()
+            total_fwd += watch.stop()
+            watch.start()
+            net.backward()
+            total_bwd += watch.stop()
     stats = input_stats(net)
     ms = 1000.0 / iterations
     layer_sum = sum(fwd) + sum(bwd)

@@ -408,15 +408,22 @@ class ConvEngines(Mapping):
         """Bytes of the engines' reused workspaces (after AUTO settles, only the chosen engines')."""
         return sum(e.workspace_bytes for e in self._by_name.values())
 
-    def run(self, direction, *args, method=None):
-        """Run engine ``method`` (default: ``direction``), timing it for AUTO's choice in ``direction``."""
+    def run(self, direction, *args, method=None, keep=False):
+        """Run engine ``method`` (default: ``direction``), timing it for AUTO's choice in ``direction``. ``keep``
+        (a forward whose backward follows with the same input: Net.training_pass): where both directions have
+        settled on one engine that can (``keeps_input_tiles``: Winograd's), it keeps what it derived from the input
+        for its backward."""
         if self.image_key and direction == "forward" and not self.tuning[direction].choice:
             self._follow_shared_forward()
         tune = self.tuning[direction]
         if SUMMARY.cached:
             SUMMARY.flush_cached()
         if tune.choice:
-            return getattr(self._by_name[tune.choice], method or direction)(*args)
+            engine = self._by_name[tune.choice]
+            if keep and method is None and self.tuning["backward"].choice == tune.choice and \
+                    getattr(engine, "keeps_input_tiles", False):
+                return engine.forward(*args, keep=True)
+            return getattr(engine, method or direction)(*args)
         SUMMARY.timed(self)
         name = tune.next()
         with trace.span(direction, self.layer_name, trial=name):  # AUTO's trial of one engine, in the layer's span
@@ -433,6 +440,17 @@ class ConvEngines(Mapping):
             if self.cache_key:  # each direction once it has chosen
                 engine_cache.store(*self.cache_key, {d: k for d, k in self.choice.items() if k is not None})
             SUMMARY.settled(self, direction, tune.choice)
+
+    @property
+    def kept_bytes(self):
+        """Bytes of what the engines keep from forward for backward (:meth:`run`'s ``keep``), reused pass after pass."""
+        return sum(getattr(e, "kept_bytes", 0) for e in self._by_name.values())
+
+    def drop_kept(self):
+        """Forget what an engine's forward kept for a backward (:meth:`run`'s ``keep``)."""
+        for engine in self._by_name.values():
+            if getattr(engine, "kept", None) is not None:
+                engine.kept = None
 
     def get_state(self):
         """AUTO's engine choices and the input shape they were made for (a snapshot keeps them, so a resumed run

@@ -111,6 +111,7 @@ class WinogradConv:
     """
 
     batch_invariant = False
+    keeps_input_tiles = True  # forward(..., keep=True): autotune.ConvEngines.run
 
     def __init__(self, geometry, group, tile=4):
         if not eligible(geometry, tile):
@@ -124,14 +125,21 @@ class WinogradConv:
         self.alpha = tile + self.r - 1  # the input tile's side
         self.name = f"WINOGRAD_F{tile}" if tile != 4 else "WINOGRAD"
         self._bytes = 0
+        self.kept = None  # (the input's identity, its transformed tiles V) that forward kept for backward
+        self._own_tiles = None  # the array forward keeps them in, reused pass after pass
 
     @property
     def workspace_bytes(self):
         """Bytes of the transformed tiles of the last call (V, M and the padded input)."""
         return self._bytes
 
+    @property
+    def kept_bytes(self):
+        """Bytes of the array that holds the input tiles forward keeps for backward (``forward(..., keep=True)``)."""
+        return 0 if self._own_tiles is None else int(self._own_tiles.nbytes)
+
     def release(self):
-        self._bytes = 0
+        self._bytes, self.kept, self._own_tiles = 0, None, None
 
     def _matrices(self, xp, dtype):
         bt, g, at = (xp.asarray(numpy.array(t, dtype=numpy.float64), dtype=dtype) for t in TRANSFORMS[self.m, self.r])
@@ -195,15 +203,22 @@ class WinogradConv:
         kernel = _COMPILED[self.m, self.r]["filter_gradient"]
         parallel_for(k, lambda lo, hi: kernel(dU.reshape(-1, k, cg), lo, hi, gW), work=gW.size)
 
-    def _input_transform(self, x, bt, compiled):
-        """V = B^T d B of every input tile, (a, a, C, P)."""
+    def _input_transform(self, x, bt, compiled, own=False):
+        """V = B^T d B of every input tile, (a, a, C, P); ``own``: in an array of its own (else, on the host, in the
+        shared arena)."""
         if not compiled:
             return self._to_tiles(self._tiles(x, x.dtype), bt, bt.T)
         alpha = self.alpha
         n, c, h, w = x.shape
         _, _, th, tw = self._layout(x.shape)
         x = numpy.ascontiguousarray(x)
-        V = arena(numpy, "col", (alpha * alpha, c, n, th, tw), x.dtype)
+        shape = (alpha * alpha, c, n, th, tw)
+        if not own:
+            V = arena(numpy, "col", shape, x.dtype)
+        else:  # an array of the engine's own, whose pages are not faulted in again each pass
+            if self._own_tiles is None or self._own_tiles.shape != shape or self._own_tiles.dtype != x.dtype:
+                self._own_tiles = numpy.empty(shape, x.dtype)
+            V = self._own_tiles
         ph, pw = self.tile_geometry[4:6]
         kernel = _COMPILED[self.m, self.r]["input"]
         parallel_for(c, lambda lo, hi: kernel(x, ph, pw, lo, hi, V), work=V.size // alpha ** 2)
@@ -246,26 +261,37 @@ class WinogradConv:
         step = max(1, min(n, CHUNK_BYTES // max(one, 1)))
         return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
-    def forward(self, x, W, b, y):
-        """Write ``W * x (+ b)`` into ``y`` (N, Cout, out_h, out_w)."""
+    def forward(self, x, W, b, y, keep=False):
+        """Write ``W * x (+ b)`` into ``y`` (N, Cout, out_h, out_w). ``keep``: hold the transformed input tiles for
+        the :meth:`backward` that follows with this x (a training pass, in which nothing changes x in between:
+        Net.training_pass), which then need not transform x again for the filter gradient; where the batch is one
+        chunk (:data:`CHUNK_BYTES`)."""
+        self.kept = None
+        key = _identity(x)
         if self.depth is not None:
             x, W = self.depth.images(x), self.depth.filters(W)
         xp = get_array_module(x)
         bt, g, at = self._matrices(xp, x.dtype)
         compiled = self._compiled(xp)
         U = self._filter_transform(W, g, compiled)  # (a, a, K, C/G)
-        for lo, hi in self._chunks(x, W.shape[0], compiled):
-            self._forward_images(x[lo:hi], U, b, y[lo:hi], bt, at, compiled)
+        chunks = self._chunks(x, W.shape[0], compiled)
+        keep = keep and len(chunks) == 1
+        for lo, hi in chunks:
+            V = self._forward_images(x[lo:hi], U, b, y[lo:hi], bt, at, compiled, keep)
+        if keep:
+            self.kept = (key, V)
         if self.depth is not None:
             self._bytes += x.nbytes
 
-    def _forward_images(self, x, U, b, y, bt, at, compiled):
+    def _forward_images(self, x, U, b, y, bt, at, compiled, own=False):
+        """y of the images x from the transformed filters U; returns the input tiles V (``own``: an array of their
+        own, else on the host the shared arena's)."""
         xp = get_array_module(x)
         n, c = x.shape[:2]
         k, groups = U.shape[2], self.group
         out_h, out_w, th, tw = self._layout(x.shape)
         alpha, m = self.alpha, self.m
-        V = self._input_transform(x, bt, compiled)  # (a, a, C, P)
+        V = self._input_transform(x, bt, compiled, own)  # (a, a, C, P)
         kg, cg = k // groups, c // groups
         M = self._scratch(xp, "y", (alpha, alpha, k, V.shape[-1]), x.dtype, compiled)
         for q in range(groups):
@@ -274,30 +300,34 @@ class WinogradConv:
         self._bytes += M.nbytes
         if compiled:
             _output_tiles(_COMPILED[m, self.r]["output"], M.reshape(alpha * alpha, k, n, th, tw), b, y)
-            return
+            return V
         Y = self._to_tiles(M, at, at.T).reshape(m, m, k, n, th, tw)  # (m, m, K, N, th, tw)
         full = Y.transpose(3, 2, 4, 0, 5, 1).reshape(n, k, th * m, tw * m)
         if b is None:
             y[...] = full[:, :, :out_h, :out_w]
         else:
             xp.add(full[:, :, :out_h, :out_w], b[None, :, None, None], out=y)
+        return V
 
     def backward(self, x, W, gy, gW, gb, gx):
         """Add the filter (and bias) gradients into ``gW`` (``gb``); write the data gradient into ``gx``.
-        Any of them may be None (not wanted)."""
+        Any of them may be None (not wanted). The input tiles that forward kept for this x serve the filter
+        gradient."""
+        kept, self.kept = self.kept, None
+        V = kept[1] if kept is not None and gW is not None and kept[0] == _identity(x) else None
         if self.depth is None:
-            return self._backward(x, W, gy, gW, gb, gx)
+            return self._backward(x, W, gy, gW, gb, gx, V)
         xp, depth = get_array_module(gy), self.depth
         xs, Ws = depth.images(x), depth.filters(W)
         gWs = xp.zeros_like(Ws) if gW is not None else None
         gxs = xp.empty_like(xs) if gx is not None else None
-        self._backward(xs, Ws, gy, gWs, gb, gxs)
+        self._backward(xs, Ws, gy, gWs, gb, gxs, V)
         if gW is not None:
             depth.add_filter_gradient(gWs, gW)
         if gx is not None:
             depth.image_gradient(gxs, gx)
 
-    def _backward(self, x, W, gy, gW, gb, gx):
+    def _backward(self, x, W, gy, gW, gb, gx, V=None):
         xp = get_array_module(gy)
         bt, g, at = self._matrices(xp, gy.dtype)
         k, groups = W.shape[0], self.group
@@ -312,7 +342,8 @@ class WinogradConv:
         for i, (lo, hi) in enumerate(self._chunks(x, k, compiled)):
             dM = self._gradient_transform(gy[lo:hi], at, th, tw, compiled)  # (a, a, K, P)
             if gW is not None:
-                V = self._input_transform(x[lo:hi], bt, compiled)
+                if V is None or i:  # (forward keeps the tiles of a batch of one chunk only)
+                    V = self._input_transform(x[lo:hi], bt, compiled)
                 if i and part is None:
                     part = xp.empty_like(dU)
                 into = part if i else dU
@@ -352,6 +383,12 @@ class WinogradConv:
         rows, cols = min(h, th * m + edge - ph), min(w, tw * m + edge - pw)
         gx[...] = 0
         gx[:, :, :rows, :cols] = gpad[:, :, ph:ph + rows, pw:pw + cols]
+
+
+def _identity(x):
+    """Where x's values are and how they are laid out: forward's tiles serve backward for the same array only."""
+    pointer = x.ctypes.data if isinstance(x, numpy.ndarray) else x.data.ptr
+    return pointer, x.shape, x.strides, x.dtype
 
 
 def _position_products(a, b, out):

@@ -227,11 +227,20 @@ class Convolution(Layer):
         """Bytes of the engines' reused workspaces (after AUTO settles, only the chosen engines')."""
         return self.engines.workspace_bytes
 
+    # set by Net.training_pass where backward follows this forward with the bottom unchanged: the engine may keep what
+    # it derives from the bottom for backward (Winograd's input tiles)
+    keep_for_backward = False
+
+    @property
+    def kept_bytes(self):
+        """Bytes the engines hold for the backward of a training pass (Net.training_pass; net/memory.py's caches)."""
+        return self.engines.kept_bytes
+
     def forward(self, bottom, top):
         b = self.blobs[1].data if self.bias_term else None
         f = self._flat
         for x, y in zip(bottom, top):
-            self.engines.run("forward", f(x.data), self.blobs[0].data, b, f(y.data))
+            self.engines.run("forward", f(x.data), self.blobs[0].data, b, f(y.data), keep=self.keep_for_backward)
 
     def backward(self, top, propagate_down, bottom):
         gb = self.blobs[1].diff if self.bias_term else None

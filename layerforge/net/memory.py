@@ -18,7 +18,8 @@ whatever last used their slot, so only tools that need speed and memory (the sol
 
 ``memory_report`` counts bytes: planned (slots + pinned units), unplanned (every blob's own arrays),
 parameters (data + diff), layer caches (pooling argmax, BatchNorm's saved normalised input, ...:
-every array attribute of a layer) and the convolution workspace arenas, which all layers share.
+every array attribute of a layer, and the input tiles a Winograd convolution keeps from forward for its backward in a
+training pass) and the convolution workspace arenas, which all layers share.
 """
 import numpy
 
@@ -138,8 +139,10 @@ def _reshare_splits(net):
 
 
 def layer_bytes(layer, workspace=True):
-    """Bytes a layer holds outside its blobs: array attributes (caches) and (``workspace``) engine workspaces."""
+    """Bytes a layer holds outside its blobs: array attributes and what its engines keep for backward (caches), and
+    (``workspace``) engine workspaces."""
     total = int(getattr(layer, "workspace_bytes", 0) or 0) if workspace else 0
+    total += int(getattr(layer, "kept_bytes", 0) or 0)
     seen = set()
     for value in vars(layer).values():
         if hasattr(value, "nbytes") and hasattr(value, "shape") and id(value) not in seen:

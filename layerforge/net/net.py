@@ -148,6 +148,11 @@ class Net:
         # {member index: group}
         self._fused = {**fusion.eltwise_relu_groups(self),
                        **(fusion.batch_norm_groups(self) if self.netdef.fuse_batch_norm else {})}
+        # convolutions that may keep what their forward derives from their bottom for their backward (training_pass):
+        # one bottom, whose values no later layer writes (in place on it or on a Split's top), and a backward to run
+        self._keeping = [i for i, layer in enumerate(self.layers) if layer.type == "Convolution"
+                         and len(self.bottom_blobs(i)) == 1 and self.entries[i].need_backward
+                         and not self._written_later(i, self.bottom_blobs(i)[0])]
         # the seam (add_hooks): fn(i) around layer i's forward and its step of backward, run or skipped (Caffe's
         # Net callbacks; backward_hooks are after_backward's, e.g. to send gradients that are final), and
         # fn(direction, finished) around a whole forward or backward pass
@@ -528,9 +533,33 @@ class Net:
 
     def forward_backward(self):
         """One forward and one backward pass; returns the loss."""
-        self.forward()
-        self.backward()
+        with self.training_pass():
+            self.forward()
+            self.backward()
         return self.loss
+
+    def _written_later(self, i, blob):
+        # a later layer writes blob's values: in place on it, or on a blob that shares its array (a Split's top)
+        share = self.xp.may_share_memory
+        return any(top is blob or share(top.data, blob.data) for k in range(i + 1, len(self.layers))
+                   for top in self.top_blobs(k))
+
+    @contextlib.contextmanager
+    def training_pass(self):
+        """A context for one forward and the backward that follows it with nothing changing the blobs in between (the
+        solver's step, ``layerforge time``): a convolution whose bottom no later layer writes keeps what its forward
+        derives from it for its backward (Winograd's transformed input tiles: kernels/winograd.py), which a forward
+        and backward apart (pycaffe's, whose caller may change a blob in between) compute again. What is kept is
+        dropped at the end."""
+        layers = [self.layers[i] for i in self._keeping]
+        for layer in layers:
+            layer.keep_for_backward = True
+        try:
+            yield
+        finally:
+            for layer in layers:
+                layer.keep_for_backward = False
+                layer.engines.drop_kept()
 
     def clear_param_diffs(self):
         """Zero every learnable parameter's diff (the gradients accumulate from here). A parameter that only one

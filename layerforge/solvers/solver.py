@@ -358,12 +358,14 @@ class Solver:
             self.graphs = cuda_graph.IterationGraphs(self.net)
         if self.graphs is not None:
             loss = self.graphs.forward_backward()
-        else:
+            if not math.isfinite(loss):
+                raise self.non_finite_error(f"loss is {loss}")
+            return loss
+        with self.net.training_pass():
             self.net.forward()
             loss = self.net.loss
-        if not math.isfinite(loss):
-            raise self.non_finite_error(f"loss is {loss}")
-        if self.graphs is None:
+            if not math.isfinite(loss):
+                raise self.non_finite_error(f"loss is {loss}")
             self.net.backward()
         return loss
 

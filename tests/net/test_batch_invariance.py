@@ -247,10 +247,10 @@ def test_the_first_net_to_time_a_convolution_chooses_its_arithmetic_for_every_ba
     batch = {}
     timed = autotune.ConvEngines.run
 
-    def run(self, direction, *args, method=None):  # the engine that is "fastest" at this batch takes no time
+    def run(self, direction, *args, **kwargs):  # the engine that is "fastest" at this batch takes no time
         if self.tuning[direction].choice is None:
             batch["now"] = args[0].shape[0]
-        return timed(self, direction, *args, method=method)
+        return timed(self, direction, *args, **kwargs)
     monkeypatch.setattr(autotune.ConvEngines, "run", run)
     monkeypatch.setattr(autotune.AutoChoice, "record", lambda self, name, seconds, record=autotune.AutoChoice.record:
                         record(self, name, 0.0 if name == fastest[batch["now"]] else 1.0))
