@@ -125,7 +125,8 @@ class WinogradConv:
         self.alpha = tile + self.r - 1  # the input tile's side
         self.name = f"WINOGRAD_F{tile}" if tile != 4 else "WINOGRAD"
         self._bytes = 0
-        self.kept = None  # (the input's identity, its transformed tiles V) that forward kept for backward
+        # (the identities of x and W, the input tiles V, the transformed filters U) that forward kept for backward
+        self.kept = None
         self._own_tiles = None  # the array forward keeps them in, reused pass after pass
 
     @property
@@ -135,8 +136,10 @@ class WinogradConv:
 
     @property
     def kept_bytes(self):
-        """Bytes of the array that holds the input tiles forward keeps for backward (``forward(..., keep=True)``)."""
-        return 0 if self._own_tiles is None else int(self._own_tiles.nbytes)
+        """Bytes of what forward keeps for backward (``forward(..., keep=True)``): the array of the input tiles,
+        reused pass after pass, and the transformed filters while kept."""
+        return (0 if self._own_tiles is None else int(self._own_tiles.nbytes)) + (
+            0 if self.kept is None else int(self.kept[2].nbytes))
 
     def release(self):
         self._bytes, self.kept, self._own_tiles = 0, None, None
@@ -262,12 +265,12 @@ class WinogradConv:
         return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
     def forward(self, x, W, b, y, keep=False):
-        """Write ``W * x (+ b)`` into ``y`` (N, Cout, out_h, out_w). ``keep``: hold the transformed input tiles for
-        the :meth:`backward` that follows with this x (a training pass, in which nothing changes x in between:
-        Net.training_pass), which then need not transform x again for the filter gradient; where the batch is one
-        chunk (:data:`CHUNK_BYTES`)."""
+        """Write ``W * x (+ b)`` into ``y`` (N, Cout, out_h, out_w). ``keep``: hold the transformed input tiles and
+        filters for the :meth:`backward` that follows with this x and W (a training pass, in which nothing changes
+        them in between: Net.training_pass), which then need not transform x again for the filter gradient, nor W for
+        the data gradient; where the batch is one chunk (:data:`CHUNK_BYTES`)."""
         self.kept = None
-        key = _identity(x)
+        key = (_identity(x), _identity(W))
         if self.depth is not None:
             x, W = self.depth.images(x), self.depth.filters(W)
         xp = get_array_module(x)
@@ -279,7 +282,7 @@ class WinogradConv:
         for lo, hi in chunks:
             V = self._forward_images(x[lo:hi], U, b, y[lo:hi], bt, at, compiled, keep)
         if keep:
-            self.kept = (key, V)
+            self.kept = (key, V, U)
         if self.depth is not None:
             self._bytes += x.nbytes
 
@@ -311,23 +314,25 @@ class WinogradConv:
 
     def backward(self, x, W, gy, gW, gb, gx):
         """Add the filter (and bias) gradients into ``gW`` (``gb``); write the data gradient into ``gx``.
-        Any of them may be None (not wanted). The input tiles that forward kept for this x serve the filter
-        gradient."""
+        Any of them may be None (not wanted). The input tiles and filters that forward kept for this x and W serve
+        the gradients."""
         kept, self.kept = self.kept, None
-        V = kept[1] if kept is not None and gW is not None and kept[0] == _identity(x) else None
+        if kept is None or kept[0] != (_identity(x), _identity(W)):
+            kept = (None, None, None)
+        V, U = kept[1:]
         if self.depth is None:
-            return self._backward(x, W, gy, gW, gb, gx, V)
+            return self._backward(x, W, gy, gW, gb, gx, V, U)
         xp, depth = get_array_module(gy), self.depth
         xs, Ws = depth.images(x), depth.filters(W)
         gWs = xp.zeros_like(Ws) if gW is not None else None
         gxs = xp.empty_like(xs) if gx is not None else None
-        self._backward(xs, Ws, gy, gWs, gb, gxs, V)
+        self._backward(xs, Ws, gy, gWs, gb, gxs, V, U)
         if gW is not None:
             depth.add_filter_gradient(gWs, gW)
         if gx is not None:
             depth.image_gradient(gxs, gx)
 
-    def _backward(self, x, W, gy, gW, gb, gx, V=None):
+    def _backward(self, x, W, gy, gW, gb, gx, V=None, U=None):
         xp = get_array_module(gy)
         bt, g, at = self._matrices(xp, gy.dtype)
         k, groups = W.shape[0], self.group
@@ -338,7 +343,7 @@ class WinogradConv:
             gb += gy.sum(axis=(0, 2, 3))
         compiled = self._compiled(xp)
         dU = xp.empty((alpha, alpha, k, cg), dtype=gy.dtype) if gW is not None else None
-        part = U = None  # a later chunk's dU, added to the first's; the transformed filters, made once for gx
+        part = None  # a later chunk's dU, added to the first's (U: the transformed filters, made once for gx)
         for i, (lo, hi) in enumerate(self._chunks(x, k, compiled)):
             dM = self._gradient_transform(gy[lo:hi], at, th, tw, compiled)  # (a, a, K, P)
             if gW is not None:

@@ -534,35 +534,33 @@ def test_a_strided_images_result_is_the_same_in_any_batch_under_the_switch(monke
                                              (2, 5, geometry_of(5, 1)), (4, 3, (11, 11, 4, 4, 2, 2, 1, 1))])
 @pytest.mark.parametrize("chunks", [1, 2])
 def test_tiles_kept_from_forward_give_backward_the_same_bits(monkeypatch, xp, tile, r, geometry, chunks):
-    """forward(keep=True) holds the transformed input tiles for the backward of the same x, which then does not
-    transform x again: the same bits as transforming it (on each backend, strided layers over their blocks too). A
-    batch of more than one chunk keeps nothing; a backward of another x, or a second one, transforms it."""
+    """forward(keep=True) holds the transformed input tiles and filters for the backward of the same x and W, which
+    then does not transform them again: the same bits as transforming them (on each backend, strided layers over
+    their blocks too). A batch of more than one chunk keeps nothing; a backward of another x or W transforms it."""
     from layerforge.backend import to_numpy
     from layerforge.kernels import winograd
     n, c, h, w, k, groups = (3, 6, 9, 7, 4, 2) if geometry[2] == 1 else (2, 3, 27, 27, 4, 1)
     x, W, b, gy = random_problem(n, c, h, w, k, geometry[4] - (r - 3) // 2, groups, r=r) if geometry[2] == 1 else \
         strided_problem(n, c, h, w, k, geometry, groups)[0]
-    other = x[::-1].copy()
+    other, other_W = x[::-1].copy(), W * 0.5
     if chunks > 1:
         shape = (1,) + x.shape[1:]
         monkeypatch.setattr(winograd, "CHUNK_BYTES", winograd.workspace_estimate(
             shape, k, geometry, tile, 8, compiled=xp is numpy) * (n - 1))
-    x, W, b, gy, other = (xp.asarray(a) for a in (x, W, b, gy, other))
+    x, W, b, gy, other, other_W = (xp.asarray(a) for a in (x, W, b, gy, other, other_W))
 
-    def passes(keep, backward_x):
+    def passes(keep, backward_x, backward_W):
         engine = WinogradConv(geometry, groups, tile)
         results = []
         for _ in range(2):  # the second pass reuses the engine's array for the tiles
             y, gW, gb, gx = xp.empty(gy.shape), xp.zeros(W.shape), xp.zeros(b.shape), xp.empty(x.shape)
             engine.forward(x, W, b, y, keep=keep)
             assert (engine.kept is not None) == (keep and chunks == 1)
-            engine.backward(backward_x, W, gy, gW, gb, gx)
+            engine.backward(backward_x, backward_W, gy, gW, gb, gx)
             assert engine.kept is None
             results.append([to_numpy(a) for a in (y, gW, gb, gx)])
         return results
-    for want, got in zip(passes(False, x), passes(True, x)):
-        for a, e in zip(got, want):
-            assert a.tobytes() == e.tobytes()
-    for want, got in zip(passes(False, other), passes(True, other)):  # backward of another array: transformed
-        for a, e in zip(got, want):
-            assert a.tobytes() == e.tobytes()
+    for backward_x, backward_W in ((x, W), (other, W), (x, other_W)):  # other arrays: transformed again
+        for want, got in zip(passes(False, backward_x, backward_W), passes(True, backward_x, backward_W)):
+            for a, e in zip(got, want):
+                assert a.tobytes() == e.tobytes()
