@@ -400,7 +400,12 @@ def _large_product(a, b, out, accumulate=False, invariant=True):
                 parallel_for(pieces, lambda lo, hi: [_piece(*piece(p), accumulate, invariant) for p in range(lo, hi)],
                              work=MIN_PARALLEL_ELEMENTS if threads > 1 else 0)
         else:
-            _piece(a, b, out, accumulate, invariant)
+            stacks = [_stack(x, batch, count) for x in (a, b, out)] if accumulate else [None]
+            if all(x is not None for x in stacks):  # matrix by matrix, each accumulated in place by cblas_sgemm
+                for sa, sb, so in zip(*stacks):  # (a stack of them, or one behind axes of one, 2-D as it needs)
+                    _piece(sa, sb, so, accumulate, invariant)
+            else:
+                _piece(a, b, out, accumulate, invariant)
     return out
 
 

@@ -317,3 +317,27 @@ def test_add_matmul_of_an_outer_product_is_the_products_bits(overwrite, m, n):
     expected = (a.astype(numpy.float64) * b).astype(numpy.float32) + (0 if overwrite else c)
     assert blas.add_matmul(c, a, b, overwrite=overwrite) is c
     numpy.testing.assert_array_equal(c, expected)
+
+
+@pytest.mark.parametrize("batch", [(1,), (1, 1), (3,)])
+def test_an_accumulation_on_one_thread_goes_to_cblas_matrix_by_matrix(monkeypatch, batch):
+    """On one kernel thread, c += a @ b of one matrix behind axes of one (a convolution's filter gradient, (1, Cout,
+    K)) or of a stack is accumulated in place matrix by matrix (cblas_sgemm, beta 1), not as a temporary product
+    added to c: the same sums as the 2-D product's."""
+    from layerforge.kernels import threadpool
+    if not blas._openblas_control() or blas._openblas_control()[2] is None:
+        pytest.skip("this BLAS has no cblas_sgemm")
+    monkeypatch.setitem(blas._BATCH_INVARIANT, "on", True)
+    monkeypatch.setattr(threadpool, "_state", dict(threadpool._state, threads=1))
+    pieces = []
+    piece = blas._piece
+    monkeypatch.setattr(blas, "_piece", lambda a, b, out, *rest: (pieces.append(out.ndim), piece(a, b, out, *rest)))
+    a, b, c = rand(batch + (96, 400), 1), rand(batch + (400, 300), 2), rand(batch + (96, 300), 3)
+    want = [c2 + a2 @ b2 for a2, b2, c2 in zip(a.reshape(-1, 96, 400), b.reshape(-1, 400, 300), c.reshape(-1, 96, 300))]
+    flat = [blas.add_matmul(c2.copy(), a2, b2) for a2, b2, c2 in zip(a.reshape(-1, 96, 400), b.reshape(-1, 400, 300),
+                                                                       c.reshape(-1, 96, 300))]
+    blas.add_matmul(c, a, b)
+    assert pieces and set(pieces) == {2}
+    for got, two_d, expected in zip(c.reshape(-1, 96, 300), flat, want):
+        assert got.tobytes() == two_d.tobytes()
+        numpy.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
