@@ -264,8 +264,8 @@ class ImplicitGemmConv(_GemmConv):
         if gx is None:
             return
         if self.pointwise:
-            matmul(Wg.transpose(0, 2, 1), _view(gy, (n, g, cog, out_h * out_w)),
-                   out=_view(gx, (n, g, kg, out_h * out_w)))
+            pixels = out_h * out_w
+            matmul(Wg.transpose(0, 2, 1), gy.reshape(n, g, cog, pixels), out=_view(gx, (n, g, kg, pixels)))
             return
 
         def run(tiles, slot):  # an image's tiles on one thread: their gradients overlap in gx
@@ -273,11 +273,10 @@ class ImplicitGemmConv(_GemmConv):
             for n0, n1, r0, r1 in tiles:
                 nb, pt = n1 - n0, (r1 - r0) * out_w
                 gcol = self._buffer(xp, _column_role(slot), (nb, c, kh, kw, r1 - r0, out_w), x.dtype)
-                matmul(Wg.transpose(0, 2, 1), _view(gy[n0:n1, :, r0:r1], (nb, g, cog, pt)),
-                       out=gcol.reshape(nb, g, kg, pt))
+                gyt = gy[n0:n1, :, r0:r1].reshape(nb, g, cog, pt)
+                matmul(Wg.transpose(0, 2, 1), gyt, out=gcol.reshape(nb, g, kg, pt))
                 col2im_tile(gcol.transpose(1, 2, 3, 0, 4, 5), gx[n0:n1].transpose(1, 0, 2, 3), *self.geometry, r0=r0)
         self._over_tiles(tiles, run, whole_images=True)
-
 
     def _add_filter_gradient(self, x, W, gy, gW, tiles):
         """gW += the filter gradient, image by image in the batch's order (the same sums on any number of threads).
@@ -293,7 +292,7 @@ class ImplicitGemmConv(_GemmConv):
             for n0, n1, r0, r1 in tiles:
                 nb, pt = n1 - n0, (r1 - r0) * out_w
                 col = self._lower(x, W, n0, n1, r0, r1, slot).reshape(nb, g, kg, pt)
-                gyt = _view(gy[n0:n1, :, r0:r1], (nb, g, cog, pt))
+                gyt = gy[n0:n1, :, r0:r1].reshape(nb, g, cog, pt)  # a view where gy is contiguous
                 for k in range(nb):  # one image at a time: no partial products to hold and sum
                     add_matmul_nt(into(n0 + k), gyt[k], col[k])
         if n == 1 or n * gW.nbytes > PARTIAL_BYTES:
@@ -319,8 +318,8 @@ def _column_role(slot):
 
 
 def _view(a, shape):
-    """``a`` reshaped to ``shape`` without a copy (an image tile's rows of every channel: rows apart by the plane);
-    raises where a view cannot be."""
+    """``a`` reshaped to ``shape`` without a copy, for an output (an image tile's rows of every channel: rows apart by
+    the plane); raises where a view cannot be."""
     v = a.view()
     v.shape = shape
     return v
