@@ -270,7 +270,7 @@ class WinogradConv:
         them in between: Net.training_pass), which then need not transform x again for the filter gradient, nor W for
         the data gradient; where the batch is one chunk (:data:`CHUNK_BYTES`)."""
         self.kept = None
-        key = (_identity(x), _identity(W))
+        key = (_identity(x), _identity(W)) if keep else None
         if self.depth is not None:
             x, W = self.depth.images(x), self.depth.filters(W)
         xp = get_array_module(x)

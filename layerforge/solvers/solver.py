@@ -357,16 +357,17 @@ class Solver:
                 raise LayerforgeError(reason)
             self.graphs = cuda_graph.IterationGraphs(self.net)
         if self.graphs is not None:
-            loss = self.graphs.forward_backward()
-            if not math.isfinite(loss):
-                raise self.non_finite_error(f"loss is {loss}")
-            return loss
+            return self._finite(self.graphs.forward_backward())
         with self.net.training_pass():
             self.net.forward()
-            loss = self.net.loss
-            if not math.isfinite(loss):
-                raise self.non_finite_error(f"loss is {loss}")
+            loss = self._finite(self.net.loss)
             self.net.backward()
+        return loss
+
+    def _finite(self, loss):
+        """``loss``, or the one-line error of a non-finite one."""
+        if not math.isfinite(loss):
+            raise self.non_finite_error(f"loss is {loss}")
         return loss
 
     def _update_smoothed_loss(self, loss):
