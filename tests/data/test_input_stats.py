@@ -1,8 +1,10 @@
 """InputStats: rates and shares over a window, sums over layers, and the input-bound rule."""
 import time
+import types
 
 import pytest
 
+from layerforge.data import input_stats
 from layerforge.data.input_stats import INPUT_BOUND_SHARE, InputStats
 
 
@@ -13,7 +15,10 @@ def window(seconds, batches, images, wait_s, decoded=0, decode_s=0.0, workers=2)
     return stats
 
 
-def test_rates_and_shares():
+def test_rates_and_shares(monkeypatch):
+    # the stats' clock stands still, so that a loaded machine's milliseconds between the lines cannot move the rate
+    now = time.perf_counter()
+    monkeypatch.setattr(input_stats, "time", types.SimpleNamespace(perf_counter=lambda: now))
     stats = window(2.0, 10, 640, 0.1, decoded=704, decode_s=1.1)
     assert stats.rate == pytest.approx(320, rel=0.01)
     assert stats.wait_share == pytest.approx(0.05, rel=0.01)
