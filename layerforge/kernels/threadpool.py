@@ -20,6 +20,7 @@ import functools
 import os
 import sys
 import threading
+import types
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy
@@ -286,17 +287,31 @@ def cpu_kernel(fn=None, *, reassociate=True):
     compiled = []
     lock = threading.Lock()
 
-    @functools.wraps(fn)
-    def call(*args):
+    def dispatcher():
         if not compiled:
             with lock:
                 if not compiled:
                     import numba
 
                     fastmath = {"reassoc"} if reassociate else False
-                    compiled.append(numba.njit(nogil=True, cache=True, fastmath=fastmath)(fn))
-        return compiled[0](*args)
+                    compiled.append(numba.njit(nogil=True, cache=True, fastmath=fastmath)(_calling_kernels(fn)))
+        return compiled[0]
+
+    @functools.wraps(fn)
+    def call(*args):
+        return (compiled[0] if compiled else dispatcher())(*args)
+    call.dispatcher = dispatcher
     return call
+
+
+def _calling_kernels(fn):
+    """``fn`` with the kernels it calls by name (other :func:`cpu_kernel` functions) seen as their compiled selves, so
+    that a kernel may run another's loop as a step of its own (a channel's sums, then its gradient)."""
+    names = [name for name in fn.__code__.co_names if hasattr(fn.__globals__.get(name), "dispatcher")]
+    if not names:
+        return fn
+    namespace = dict(fn.__globals__, **{name: fn.__globals__[name].dispatcher() for name in names})
+    return types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 def host_work(array, passes=1):

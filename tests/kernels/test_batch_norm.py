@@ -86,3 +86,29 @@ def test_normalize_in_place_and_into_a_buffer():
     out = normalize(x, mean, inv_std, numpy.empty_like(x))
     numpy.testing.assert_array_equal(out, want)
     numpy.testing.assert_array_equal(normalize(x, mean, inv_std, x), want)  # x itself
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (4, 16, 77), (3, 6, 1), (8, 5, 3136)])
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+@pytest.mark.parametrize("slope,affine", [(None, False), (0.0, False), (0.2, False), (0.0, True), (0.2, True)])
+@pytest.mark.parametrize("batch_stats", [True, False])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_one_sweep_gives_the_bits_of_the_two_passes(shape, dtype, slope, affine, batch_stats, in_place):
+    # sums_and_input_grad runs grad_sums' and input_grad's loops channel by channel, their coefficients rounded as
+    # the two passes' array expressions round them (coef * S2 / m in the data's type)
+    from layerforge.kernels.batch_norm import grad_sums, input_grad, sums_and_input_grad
+    rng = numpy.random.default_rng(7)
+    x_norm, gy = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    gamma, beta = rng.uniform(-2, 2, shape[1]).astype(dtype), rng.uniform(-1, 1, shape[1]).astype(dtype)
+    coef_gz = gamma * rng.uniform(0.5, 2, shape[1]).astype(dtype)
+    y = numpy.maximum(gamma[None, :, None] * x_norm + beta[None, :, None], 0)
+    vectors = (gamma, beta) if affine else None
+    s1, s2 = grad_sums(gy, y, slope, x_norm, vectors)
+    m = shape[0] * shape[2]
+    coef_xn, shift = (coef_gz * s2 / m, coef_gz * s1 / m) if batch_stats else (numpy.zeros_like(s1),) * 2
+    want = input_grad(gy, y, slope, x_norm, coef_gz, coef_xn, shift, numpy.empty_like(gy), vectors)
+    g = gy.copy()
+    got = g if in_place else numpy.full_like(gy, numpy.nan)
+    sums = sums_and_input_grad(g, y, slope, x_norm, coef_gz, batch_stats, got, vectors)
+    assert got.tobytes() == want.tobytes()
+    assert all(a.dtype == dtype and a.tobytes() == b.tobytes() for a, b in zip(sums, (s1, s2)))
