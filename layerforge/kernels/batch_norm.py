@@ -35,6 +35,24 @@ def _channel_moments(x, shift, lo, hi, sums, squares):
         squares[c] = b
 
 
+@cpu_kernel(reassociate=False)  # the statistics' arithmetic as batch_stats' array expressions do it (a group's)
+def _channel_statistics(x, m, ratio, lo, hi, shift, sums, mean, var):
+    # per channel: float64 mean and biased variance from one pass, or from a second about the first's mean where the
+    # mean is large against the spread (`ratio`); shift[c] is the shift of the pass kept
+    for c in range(lo, hi):
+        shift[c] = 0.0
+        for _ in range(2):
+            _channel_moments(x, shift, c, c + 1, sums[0], sums[1])
+            offset = sums[0, c] / m
+            mu = shift[c] + offset
+            d = sums[1, c] / m - offset * offset
+            v = 0.0 if d < 0.0 else d
+            mean[c], var[c] = mu, v
+            if shift[c] != 0.0 or not mu * mu > ratio * v:
+                break
+            shift[c] = mu
+
+
 @cpu_kernel
 def _normalize(x, lo, hi, mean, inv_std, out):
     n, _, s = x.shape
@@ -126,7 +144,7 @@ def batch_stats(x, centred=None, group=None):
 
     On the host both come from one pass, the sums of x and of x^2 in float64, as ``var = mean(x^2) - mean(x)^2``
     (Caffe's BatchNorm takes that difference in the data's type); a channel whose mean is large against its spread
-    (``REFINE_RATIO``) gets a second pass about the mean. The result depends on x alone, never on earlier batches.
+    (``REFINE_RATIO``) gets a second pass about its mean. The result depends on x alone, never on earlier batches.
     ``centred``: a contiguous buffer of x's shape that receives ``x - mean`` as a by-product.
     ``group``: replicas whose ``x`` together are the batch (module docstring): the whole batch's statistics, in one
     exchange (two where a second pass is needed: every replica sees the same sums, so all of them make it).
@@ -135,20 +153,32 @@ def batch_stats(x, centred=None, group=None):
     if xp is not numpy and group is None:
         from .cuda.batch_norm import batch_stats_gpu
         return batch_stats_gpu(x, centred)
-    m = x.shape[0] * x.shape[2] * (1 if group is None else group.count)
-    shift = numpy.zeros(x.shape[1])
-    for _ in range(2):
-        sums, squares = _channel_moments_host(x, shift)
-        if group is not None:
-            sums, squares = across(group, sums, squares)
-        offset = sums / m
-        mean, var = shift + offset, numpy.maximum(squares / m - offset * offset, 0.0)
-        if shift.any() or not (mean * mean > REFINE_RATIO * var).any():
-            break
-        shift = mean
+    if group is None:
+        mean, var = _statistics_host(_contiguous(x))
+    else:
+        m = x.shape[0] * x.shape[2] * group.count
+        shift = numpy.zeros(x.shape[1])
+        for _ in range(2):
+            sums, squares = across(group, *_channel_moments_host(x, shift))
+            offset = sums / m
+            mean, var = shift + offset, numpy.maximum(squares / m - offset * offset, 0.0)
+            refine = mean * mean > REFINE_RATIO * var
+            if shift.any() or not refine.any():
+                break
+            shift = numpy.where(refine, mean, 0.0)  # the others' second sums are their first
     mean, var = (xp.asarray(v, dtype=x.dtype) for v in (mean, var))
     if centred is not None:
         normalize(x, mean, xp.ones(x.shape[1], x.dtype), centred)
+    return mean, var
+
+
+def _statistics_host(x):
+    """float64 (C,) mean and variance of the host array x (N, C, S), channel by channel on the kernel threads."""
+    c = x.shape[1]
+    shift, sums, mean, var = numpy.empty(c), numpy.empty((2, c)), numpy.empty(c), numpy.empty(c)
+    m = float(x.shape[0] * x.shape[2])
+    parallel_for(c, lambda lo, hi: _channel_statistics(x, m, REFINE_RATIO, lo, hi, shift, sums, mean, var),
+                 work=x.size)
     return mean, var
 
 

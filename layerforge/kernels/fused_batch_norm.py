@@ -23,7 +23,7 @@ share the batch's statistics exchange the sums between the sweeps, so they keep 
 import numpy
 
 from ..backend import get_array_module
-from .batch_norm import across, grad_sums, input_grad, normalize, sums_and_input_grad
+from .batch_norm import REFINE_RATIO, _channel_statistics, across, grad_sums, input_grad, normalize, sums_and_input_grad
 from .threadpool import cpu_kernel, parallel_for
 
 
@@ -67,6 +67,37 @@ def _normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, relu, negative_sl
                 if relu and not z > 0:
                     z = z * negative_slope
                 x[i, c, k] = z
+
+
+@cpu_kernel(reassociate=False)  # inv_std as the BatchNorm layer's array expressions round it
+def _batch_normalize_scale_shift_relu(x, m, ratio, constants, gamma, beta, relu, negative_slope, lo, hi, shift, sums,
+                                      mean64, var64, mean, var, inv_std, x_norm):
+    # a channel's statistics, then its normalised and fused output while it is in the core's cache; constants: (eps,
+    # 1) in x's dtype
+    for c in range(lo, hi):
+        _channel_statistics(x, m, ratio, c, c + 1, shift, sums, mean64, var64)
+        mean[c], var[c] = mean64[c], var64[c]
+        inv_std[c] = constants[1] / numpy.sqrt(var[c] + constants[0])
+        _normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, relu, negative_slope, c, c + 1, x_norm)
+
+
+def batch_normalize_scale_shift_relu(x, eps, gamma, beta, negative_slope, x_norm):
+    """The batch's statistics (:func:`kernels.batch_norm.batch_stats <layerforge.kernels.batch_norm.batch_stats>`)
+    and :func:`normalize_scale_shift_relu` with ``inv_std = 1 / sqrt(var + eps)``, in one sweep of the channels on the
+    host: each channel is normalised while it is in the core's cache after its sums, where the two steps read all of
+    x twice from memory. The same bits as the two steps. ``x`` (N, C, S) numpy, contiguous; returns ``(mean, var)``
+    (C,) in x's dtype."""
+    c, dtype = x.shape[1], x.dtype
+    shift, mean64, var64, sums = numpy.empty(c), numpy.empty(c), numpy.empty(c), numpy.empty((2, c))
+    mean, var, inv_std = numpy.empty((3, c), dtype)
+    constants = numpy.array([eps, 1], dtype)
+    gamma, beta = (numpy.ascontiguousarray(v, dtype=dtype) for v in (gamma, beta))
+    relu, slope = negative_slope is not None, float(negative_slope or 0.0)
+    m = float(x.shape[0] * x.shape[2])
+    parallel_for(c, lambda lo, hi: _batch_normalize_scale_shift_relu(
+        x, m, REFINE_RATIO, constants, gamma, beta, relu, slope, lo, hi, shift, sums, mean64, var64, mean, var, inv_std,
+        x_norm), work=x.size)
+    return mean, var
 
 
 def normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, negative_slope, x_norm):

@@ -74,23 +74,29 @@ class BatchNorm(Layer):
         """The per-channel ``(mean, 1 / std)`` that normalise ``x`` (N, C, ...): the batch's (the running statistics
         updated) or the running ones, as the phase says; ``self.std`` is set. The fused BatchNorm + Scale (+ ReLU) of
         layerforge.net.fusion normalises with them in its own pass."""
-        xp = self.xp
-        p = self.layer_param.batch_norm
         x = self._view(x)
-        m = x.shape[0] * x.shape[2] * (1 if self.batch_group is None else self.batch_group.count)
         if self.use_global_stats:
             sf = float(self.blobs[2].data[0])
             sf = 0.0 if sf == 0 else 1.0 / sf
             mean, var = sf * self.blobs[0].data, sf * self.blobs[1].data
+            self.std = self.xp.sqrt(var + self.layer_param.batch_norm.eps).astype(self.dtype, copy=False)
         else:  # batch_norm.cu on cupy
             mean, var = batch_stats(x, group=self.batch_group)
-            f = p.moving_average_fraction
-            self.blobs[2].data *= f
-            self.blobs[2].data += 1
-            self.blobs[0].data[...] = f * self.blobs[0].data + mean
-            self.blobs[1].data[...] = f * self.blobs[1].data + (m / (m - 1) if m > 1 else 1.0) * var
-        self.std = xp.sqrt(var + p.eps).astype(self.dtype, copy=False)
+            self.record_batch_statistics(x, mean, var)
         return mean, 1 / self.std
+
+    def record_batch_statistics(self, x, mean, var):
+        """The running statistics updated with the batch's ``mean`` and biased ``var`` of ``x`` (N, C, S), and
+        ``self.std`` set: what :meth:`statistics` does after it computes them (the fused forward computes them in
+        its own sweep)."""
+        p = self.layer_param.batch_norm
+        m = x.shape[0] * x.shape[2] * (1 if self.batch_group is None else self.batch_group.count)
+        f = p.moving_average_fraction
+        self.blobs[2].data *= f
+        self.blobs[2].data += 1
+        self.blobs[0].data[...] = f * self.blobs[0].data + mean
+        self.blobs[1].data[...] = f * self.blobs[1].data + (m / (m - 1) if m > 1 else 1.0) * var
+        self.std = self.xp.sqrt(var + p.eps).astype(self.dtype, copy=False)
 
     def x_norm_buffer(self, shape):
         """``self.x_norm``, (re)made to the (N, C, S) ``shape``: the array the normalised input is written into."""

@@ -7,7 +7,9 @@ Where a net has, one after the other and all in place on one blob,
 (negative_slope >= 0, no loss weight on any of them), the three run as one: forward takes the statistics in
 one sweep and writes x_norm and ``relu(gamma x_norm + beta)`` (straight into the blob) in one more; backward
 turns the blob's diff into the input's with one sweep for two per-channel sums and one for the gradient
-(``kernels.fused_batch_norm``); where no later layer writes the blob in place, these take the ReLU's mask from
+(``kernels.fused_batch_norm``). On the CPU the two sweeps of each direction run channel by channel, the second
+reading the channel from the core's cache (where replicas exchange the statistics, in between: the whole arrays
+each); where no later layer writes the blob in place, these take the ReLU's mask from
 x_norm and forward's gamma and beta, to the same bits, rather than read the blob. Unfused,
 BatchNorm keeps ``x_norm``, Scale keeps a copy of its (in-place) input for the gamma gradient, and the
 forward copies x_norm into the blob; fused, only ``x_norm`` (BatchNorm's own attribute) is kept, so each
@@ -23,7 +25,10 @@ member stops backward (``propagate_down: false``) while others need it is not fu
 Caffe's backward flags. ``fuse_batch_norm: false`` (a net key) turns this fusion off. Eltwise SUM + ReLU
 (:class:`EltwiseSumReLU`) always fuses: it gives the layers' own bits.
 """
-from ..kernels.fused_batch_norm import bn_scale_relu_backward, normalize_scale_shift_relu
+import numpy
+
+from ..kernels.fused_batch_norm import (batch_normalize_scale_shift_relu, bn_scale_relu_backward,
+                                         normalize_scale_shift_relu)
 from ..kernels.relu import sum_relu, sum_relu_backward
 
 
@@ -52,10 +57,16 @@ class BatchNormScaleReLU:
     def forward(self):
         self.scale.x = None  # a copy that unfuse() made is not needed
         blob, bn = self.net.bottom_blobs(self.first)[0], self.batch_norm
-        mean, inv_std = bn.statistics(blob.data)
         x = _channels(blob.data, bn.channels)
         gamma, beta = (b.data for b in self.scale.blobs)
-        normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, self.negative_slope, bn.x_norm_buffer(x.shape))
+        x_norm = bn.x_norm_buffer(x.shape)
+        if self.net.xp is numpy and not bn.use_global_stats and bn.batch_group is None:  # one sweep of the channels
+            mean, var = batch_normalize_scale_shift_relu(x, bn.layer_param.batch_norm.eps, gamma, beta,
+                                                         self.negative_slope, x_norm)
+            bn.record_batch_statistics(x, mean, var)
+        else:
+            mean, inv_std = bn.statistics(blob.data)
+            normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, self.negative_slope, x_norm)
         self.affine = (gamma.copy(), beta.copy()) if self.output_kept else None
         self.ran_fused = True
 

@@ -77,6 +77,21 @@ def test_a_group_exchanges_once_and_twice_only_for_a_large_mean(offset):
     assert all(a.tobytes() == b.tobytes() for a, b in zip(solo, (mean, var)))  # a group of one is one process
 
 
+def test_only_the_channels_with_a_large_mean_take_a_second_pass():
+    # every other channel around 3e3 (mean^2 / var > REFINE_RATIO): those are summed again about their mean, the
+    # others keep their one pass; alone or as a group of one, the same bits
+    rng = numpy.random.default_rng(8)
+    x = rng.normal(0.0, 0.5, size=(4, 6, 3000))
+    x[:, ::2] += 3e3
+    x = x.astype(numpy.float32)
+    want_var = x.astype(numpy.float64).var(axis=(0, 2))
+    solo, grouped = batch_stats(x), batch_stats(x, group=_OneReplicaGroup())
+    numpy.testing.assert_allclose(solo[1], want_var, rtol=1e-6)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(solo, grouped))
+    one_pass = batch_stats(x[:, 1::2])  # the small channels alone: none takes a second pass
+    assert all(a[1::2].tobytes() == b.tobytes() for a, b in zip(solo, one_pass))
+
+
 def test_normalize_in_place_and_into_a_buffer():
     from layerforge.kernels.batch_norm import normalize
     rng = numpy.random.default_rng(6)

@@ -103,3 +103,29 @@ def test_the_cuda_source_defines_what_the_launchers_run():
     text = cuda.sources()["fused_batch_norm"].read_text()
     for name in ("scale_shift_relu", "fused_grad_sums", "fused_backward"):
         assert f'extern "C" __global__ void {name}(' in text
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (4, 16, 77), (3, 6, 1)])
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+@pytest.mark.parametrize("slope", [None, 0.0, 0.2])
+@pytest.mark.parametrize("offset", [0.0, 1e3, "every other channel"])
+def test_statistics_and_forward_in_one_sweep_give_the_bits_of_the_two_steps(shape, dtype, slope, offset):
+    # the batch's statistics, then 1 / sqrt(var + eps) and the fused forward, a channel at a time; a large mean takes
+    # a second pass about it (in every channel, or every other one)
+    from layerforge.kernels.batch_norm import batch_stats
+    from layerforge.kernels.fused_batch_norm import batch_normalize_scale_shift_relu
+    r = numpy.random.default_rng(4)
+    x = r.standard_normal(shape) * 0.5
+    if offset == "every other channel":
+        x[:, ::2] += 3e3
+    else:
+        x += offset
+    x = x.astype(dtype)
+    gamma, beta = r.uniform(-2, 2, shape[1]).astype(dtype), r.uniform(-1, 1, shape[1]).astype(dtype)
+    mean, var = batch_stats(x)
+    want, want_norm = x.copy(), numpy.empty_like(x)
+    normalize_scale_shift_relu(want, mean, 1 / numpy.sqrt(var + 1e-5).astype(dtype), gamma, beta, slope, want_norm)
+    got, got_norm = x.copy(), numpy.full_like(x, numpy.nan)
+    statistics = batch_normalize_scale_shift_relu(got, 1e-5, gamma, beta, slope, got_norm)
+    for a, b in zip((got, got_norm) + statistics, (want, want_norm, mean, var)):
+        assert a.dtype == dtype and a.tobytes() == b.tobytes()
