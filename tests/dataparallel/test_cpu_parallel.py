@@ -218,12 +218,12 @@ def test_auto_times_both_once_and_remembers_the_faster(source, cache):
     assert choose(dict(d, gemm_precision="BF16"), timer=bf16).mode == "THREADS" and len(bf16.calls) == 2
 
 
-@pytest.mark.parametrize("peaks,mode", [((1000, 1750), "REPLICAS"), ((1000, 1751), "THREADS"), ((1000, 1900), "THREADS"),
+@pytest.mark.parametrize("peaks,mode", [((1000, 1600), "REPLICAS"), ((1000, 1601), "THREADS"), ((1000, 1700), "THREADS"),
                                         ((1600, 2400), "REPLICAS"), ((0, 1900), "REPLICAS")])  # 0: not measured
 def test_replicas_that_hold_more_than_the_memory_limit_are_not_chosen(source, cache, peaks, mode):
-    """Faster replicas are chosen only within REPLICA_MEMORY_LIMIT (1.75) times one process's peak memory: not
-    AlexNet's (1.9x), ResNet-50's (1.5x) yes."""
-    assert cpu_parallel.REPLICA_MEMORY_LIMIT == 1.75
+    """Faster replicas are chosen only within REPLICA_MEMORY_LIMIT (1.6) times one process's peak memory: not
+    AlexNet's (1.9x) nor VGG-16's (1.7x), ResNet-50's (1.3-1.5x) yes."""
+    assert cpu_parallel.REPLICA_MEMORY_LIMIT == 1.6
     choice = choose(solver(source, 12), timer=Timer(threads=10.0, replicas=14.0, peaks=[p << 20 for p in peaks]))
     assert choice.mode == mode
     if peaks[0]:
