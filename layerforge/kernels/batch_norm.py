@@ -275,7 +275,5 @@ def batch_norm_backward(gy, y, inv_std, out, group=None):
         sums_and_input_grad(gy, None, None, y, inv_std, True, out)
         return out
     m = y.shape[0] * y.shape[2] * group.count
-    s1, s2 = grad_sums(gy, None, None, y)
-    if group is not None:
-        s1, s2 = across(group, s1, s2)
+    s1, s2 = across(group, *grad_sums(gy, None, None, y))
     return input_grad(gy, None, None, y, inv_std, inv_std * s2 / m, inv_std * s1 / m, out)

@@ -307,7 +307,7 @@ def cpu_kernel(fn=None, *, reassociate=True):
 def _calling_kernels(fn):
     """``fn`` with the kernels it calls by name (other :func:`cpu_kernel` functions) seen as their compiled selves, so
     that a kernel may run another's loop as a step of its own (a channel's sums, then its gradient)."""
-    names = [name for name in fn.__code__.co_names if hasattr(fn.__globals__.get(name), "dispatcher")]
+    names = [name for name in fn.__code__.co_names if callable(getattr(fn.__globals__.get(name), "dispatcher", None))]
     if not names:
         return fn
     namespace = dict(fn.__globals__, **{name: fn.__globals__[name].dispatcher() for name in names})
