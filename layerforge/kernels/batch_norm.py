@@ -172,12 +172,18 @@ def batch_stats(x, centred=None, group=None):
     return mean, var
 
 
+def channel_statistics_arguments(x):
+    """``(m, ratio, shift, sums, mean, var)`` for :func:`_channel_statistics` over the host array x (N, C, S): the
+    count, :data:`REFINE_RATIO` and float64 scratch and results (the fused forward's sweep calls it too)."""
+    c = x.shape[1]
+    return float(x.shape[0] * x.shape[2]), REFINE_RATIO, numpy.empty(c), numpy.empty((2, c)), numpy.empty(c), \
+        numpy.empty(c)
+
+
 def _statistics_host(x):
     """float64 (C,) mean and variance of the host array x (N, C, S), channel by channel on the kernel threads."""
-    c = x.shape[1]
-    shift, sums, mean, var = numpy.empty(c), numpy.empty((2, c)), numpy.empty(c), numpy.empty(c)
-    m = float(x.shape[0] * x.shape[2])
-    parallel_for(c, lambda lo, hi: _channel_statistics(x, m, REFINE_RATIO, lo, hi, shift, sums, mean, var),
+    m, ratio, shift, sums, mean, var = channel_statistics_arguments(x)
+    parallel_for(x.shape[1], lambda lo, hi: _channel_statistics(x, m, ratio, lo, hi, shift, sums, mean, var),
                  work=x.size)
     return mean, var
 

@@ -23,7 +23,8 @@ share the batch's statistics exchange the sums between the sweeps, so they keep 
 import numpy
 
 from ..backend import get_array_module
-from .batch_norm import REFINE_RATIO, _channel_statistics, across, grad_sums, input_grad, normalize, sums_and_input_grad
+from .batch_norm import (_channel_statistics, across, channel_statistics_arguments, grad_sums, input_grad, normalize,
+                         sums_and_input_grad)
 from .threadpool import cpu_kernel, parallel_for
 
 
@@ -88,15 +89,14 @@ def batch_normalize_scale_shift_relu(x, eps, gamma, beta, negative_slope, x_norm
     x twice from memory. The same bits as the two steps. ``x`` (N, C, S) numpy, contiguous; returns ``(mean, var)``
     (C,) in x's dtype."""
     c, dtype = x.shape[1], x.dtype
-    shift, mean64, var64, sums = numpy.empty(c), numpy.empty(c), numpy.empty(c), numpy.empty((2, c))
+    statistics = channel_statistics_arguments(x)  # (m, ratio, shift, sums, mean, var), the last two float64
     mean, var, inv_std = numpy.empty((3, c), dtype)
     constants = numpy.array([eps, 1], dtype)
     gamma, beta = (numpy.ascontiguousarray(v, dtype=dtype) for v in (gamma, beta))
     relu, slope = negative_slope is not None, float(negative_slope or 0.0)
-    m = float(x.shape[0] * x.shape[2])
     parallel_for(c, lambda lo, hi: _batch_normalize_scale_shift_relu(
-        x, m, REFINE_RATIO, constants, gamma, beta, relu, slope, lo, hi, shift, sums, mean64, var64, mean, var, inv_std,
-        x_norm), work=x.size)
+        x, *statistics[:2], constants, gamma, beta, relu, slope, lo, hi, *statistics[2:], mean, var, inv_std, x_norm),
+        work=x.size)
     return mean, var
 
 
@@ -134,19 +134,19 @@ def bn_scale_relu_backward(gy, y, x_norm, inv_std, gamma, negative_slope, batch_
             recomputed from x_norm on the host, and y is not read (kernels.batch_norm.grad_sums).
     """
     xp = get_array_module(gy)
-    if xp is numpy and gx is not None and (group is None or not batch_stats):  # one sweep: gy and x_norm read once
-        s1, s2 = sums_and_input_grad(gy, y, negative_slope, x_norm, gamma * inv_std, batch_stats, gx, affine)
-        if g_beta is not None:
-            g_beta += s1
-        if g_gamma is not None:
-            g_gamma += s2
-        return gx
-    m = gy.shape[0] * gy.shape[2]
-    s1, s2 = grad_sums(gy, y, negative_slope, x_norm, affine)
+    coef_gz = gamma * inv_std
+    one_sweep = xp is numpy and gx is not None and (group is None or not batch_stats)  # gy and x_norm read once
+    if one_sweep:
+        s1, s2 = sums_and_input_grad(gy, y, negative_slope, x_norm, coef_gz, batch_stats, gx, affine)
+    else:
+        s1, s2 = grad_sums(gy, y, negative_slope, x_norm, affine)
     if g_beta is not None:
         g_beta += s1
     if g_gamma is not None:
         g_gamma += s2
+    if one_sweep:
+        return gx
+    m = gy.shape[0] * gy.shape[2]
     if gx is None:
         if negative_slope is not None:  # the blob's diff shows the ReLU's gradient, as the layers one by one leave it
             zero = xp.zeros_like(s1)
@@ -155,6 +155,5 @@ def bn_scale_relu_backward(gy, y, x_norm, inv_std, gamma, negative_slope, batch_
     if group is not None and batch_stats:
         m *= group.count
         s1, s2 = across(group, s1, s2)
-    coef_gz = gamma * inv_std
     coef_xn, shift = (coef_gz * s2 / m, coef_gz * s1 / m) if batch_stats else (xp.zeros_like(s1), xp.zeros_like(s1))
     return input_grad(gy, y, negative_slope, x_norm, coef_gz, coef_xn, shift, gx, affine)
