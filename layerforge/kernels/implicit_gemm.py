@@ -23,6 +23,10 @@ and differ in how much of ``col`` exists at once and how it is laid out:
   (:meth:`ImplicitGemmConv._add_filter_gradient`), so the results are the same on any number of threads.
   A 1x1 stride-1 unpadded convolution needs no lowering at all: x is its own column matrix.
 
+Every engine's backward can add the data gradient into ``gx`` instead of writing it (``add_gx``): the Net lets the
+consumers of a Split's tops make the Split's sum that way (net/net.py), the product with beta = 1 or the scatter
+adding into what the others wrote, where a separate sum would read two diffs and write a third.
+
 Workspaces are scratch: nothing in them outlives one forward or backward call (backward lowers the
 columns again, as Caffe does). So every layer's engines take their workspaces as views of the shared arenas of
 kernels.workspace. ``workspace_bytes`` reports what an engine asks for; ``workspace.arena_bytes()`` what the arenas
@@ -36,7 +40,7 @@ import math
 import numpy
 
 from ..backend import get_array_module
-from .blas import add_matmul_nt, matmul, one_blas_thread, row_sums
+from .blas import add_matmul, add_matmul_nt, matmul, one_blas_thread, row_sums
 from .im2col import col2im_nd, col2im_tile, im2col_nd, im2col_tile
 from .output_size import conv_output_size
 from .threadpool import MIN_PARALLEL_ELEMENTS, elementwise, host_work, num_threads, parallel_for
@@ -134,8 +138,9 @@ class Im2colConv(_GemmConv):
             bias = b[None, :, None, None]
             elementwise(lambda y, src: xp.add(src, bias, out=y), y, src)
 
-    def backward(self, x, W, gy, gW, gb, gx):
-        """Add the filter (and bias) gradients into ``gW`` (``gb``); write the data gradient into ``gx``.
+    def backward(self, x, W, gy, gW, gb, gx, add_gx=False):
+        """Add the filter (and bias) gradients into ``gW`` (``gb``); write the data gradient into ``gx`` (``add_gx``:
+        add it to what ``gx`` holds).
 
         Any of ``gW``, ``gb``, ``gx`` may be None (not wanted); with ``gW`` None, x is used for its shape only.
         """
@@ -162,7 +167,8 @@ class Im2colConv(_GemmConv):
             for i, j, tap in self._taps(gpad, out_h, out_w):
                 tap[lo:hi] += col6[lo:hi, i, j]
         parallel_for(c, scatter, work=host_work(gpad))
-        elementwise(xp.copyto, gx, gpad[:, ph:ph + h, pw:pw + w].transpose(3, 0, 1, 2))
+        src = gpad[:, ph:ph + h, pw:pw + w].transpose(3, 0, 1, 2)
+        elementwise((lambda out, s: xp.add(out, s, out=out)) if add_gx else xp.copyto, gx, src)
 
 
 class ImplicitGemmConv(_GemmConv):
@@ -248,11 +254,16 @@ class ImplicitGemmConv(_GemmConv):
         if b is not None:
             y += b[:, None, None]
 
-    def backward(self, x, W, gy, gW, gb, gx):
+    def backward(self, x, W, gy, gW, gb, gx, add_gx=False):
         xp = get_array_module(x)
         if xp is not numpy:
             from .cuda.implicit_gemm import conv_backward_gpu
-            return conv_backward_gpu(x, W, gy, gW, gb, gx, self.geometry, self.group)
+            # the CUDA kernels write gx; an added gradient goes through a scratch array
+            out = xp.empty_like(gx) if add_gx and gx is not None else gx
+            conv_backward_gpu(x, W, gy, gW, gb, out, self.geometry, self.group)
+            if out is not gx:
+                gx += out
+            return
         n, c, h, w, out_h, out_w, g, cog, kg = self._sizes(x, W)
         kh, kw = self.geometry[:2]
         if gb is not None:
@@ -265,11 +276,16 @@ class ImplicitGemmConv(_GemmConv):
             return
         if self.pointwise:
             pixels = out_h * out_w
-            matmul(Wg.transpose(0, 2, 1), gy.reshape(n, g, cog, pixels), out=_view(gx, (n, g, kg, pixels)))
+            gxv, gy4 = _view(gx, (n, g, kg, pixels)), gy.reshape(n, g, cog, pixels)
+            if add_gx:  # beta = 1: no zeroing pass over gx either
+                add_matmul(gxv, Wg.transpose(0, 2, 1), gy4)
+            else:
+                matmul(Wg.transpose(0, 2, 1), gy4, out=gxv)
             return
 
         def run(tiles, slot):  # an image's tiles on one thread: their gradients overlap in gx
-            gx[tiles[0][0]:tiles[-1][1]] = 0
+            if not add_gx:
+                gx[tiles[0][0]:tiles[-1][1]] = 0
             for n0, n1, r0, r1 in tiles:
                 nb, pt = n1 - n0, (r1 - r0) * out_w
                 gcol = self._buffer(xp, _column_role(slot), (nb, c, kh, kw, r1 - r0, out_w), x.dtype)
@@ -353,8 +369,9 @@ class NdIm2colConv:
         if b is not None:
             y += b.reshape((1, -1) + (1,) * (y.ndim - 2))
 
-    def backward(self, x, W, gy, gW, gb, gx):
-        """Add into ``gW`` (``gb``), write ``gx``; any may be None (with ``gW`` None, x gives its shape only)."""
+    def backward(self, x, W, gy, gW, gb, gx, add_gx=False):
+        """Add into ``gW`` (``gb``), write ``gx`` (``add_gx``: add into it); any may be None (with ``gW`` None, x gives
+        its shape only)."""
         g, cog, kg = self._gemm_shapes(x, W)
         rest = (gy.shape[0],) + gy.shape[2:]
         gyt = gy.swapaxes(0, 1).reshape(g, cog, math.prod(rest))
@@ -367,7 +384,11 @@ class NdIm2colConv:
             kernel, stride, pad, dilation = self.geometry
             cols = matmul(W.reshape(g, cog, kg).transpose(0, 2, 1), gyt)
             c = x.shape[1]
-            gx[...] = col2im_nd(cols.reshape((c,) + tuple(kernel) + rest), stride, pad, dilation, x.shape[2:])
+            grad = col2im_nd(cols.reshape((c,) + tuple(kernel) + rest), stride, pad, dilation, x.shape[2:])
+            if add_gx:
+                gx += grad
+            else:
+                gx[...] = grad
 
 
 from .winograd import WinogradF2Conv, WinogradF4Conv  # noqa: E402 - winograd imports im2col, not this module

@@ -312,16 +312,16 @@ class WinogradConv:
             xp.add(full[:, :, :out_h, :out_w], b[None, :, None, None], out=y)
         return V
 
-    def backward(self, x, W, gy, gW, gb, gx):
-        """Add the filter (and bias) gradients into ``gW`` (``gb``); write the data gradient into ``gx``.
-        Any of them may be None (not wanted). The input tiles and filters that forward kept for this x and W serve
-        the gradients."""
+    def backward(self, x, W, gy, gW, gb, gx, add_gx=False):
+        """Add the filter (and bias) gradients into ``gW`` (``gb``); write the data gradient into ``gx`` (``add_gx``:
+        add it to what ``gx`` holds). Any of them may be None (not wanted). The input tiles and filters that forward
+        kept for this x and W serve the gradients."""
         kept, self.kept = self.kept, None
         if kept is None or kept[0] != (_identity(x), _identity(W)):
             kept = (None, None, None)
         V, U = kept[1:]
         if self.depth is None:
-            return self._backward(x, W, gy, gW, gb, gx, V, U)
+            return self._backward(x, W, gy, gW, gb, gx, V, U, add_gx)
         xp, depth = get_array_module(gy), self.depth
         xs, Ws = depth.images(x), depth.filters(W)
         gWs = xp.zeros_like(Ws) if gW is not None else None
@@ -330,9 +330,14 @@ class WinogradConv:
         if gW is not None:
             depth.add_filter_gradient(gWs, gW)
         if gx is not None:
-            depth.image_gradient(gxs, gx)
+            if add_gx:  # the blocks' gradient goes to every pixel: made whole, then added
+                whole = xp.empty_like(gx)
+                depth.image_gradient(gxs, whole)
+                gx += whole
+            else:
+                depth.image_gradient(gxs, gx)
 
-    def _backward(self, x, W, gy, gW, gb, gx, V=None, U=None):
+    def _backward(self, x, W, gy, gW, gb, gx, V=None, U=None, add_gx=False):
         xp = get_array_module(gy)
         bt, g, at = self._matrices(xp, gy.dtype)
         k, groups = W.shape[0], self.group
@@ -365,19 +370,25 @@ class WinogradConv:
             for q in range(groups):
                 _position_products(U[:, :, q * kg:(q + 1) * kg].swapaxes(2, 3), dM[:, :, q * kg:(q + 1) * kg],
                                    dV[:, :, q * cg:(q + 1) * cg])
-            self._scatter_input_gradient(dV, gx[lo:hi], th, tw, bt, compiled)
+            self._scatter_input_gradient(dV, gx[lo:hi], th, tw, bt, compiled, add_gx)
         if gW is not None:
             self._add_filter_gradient(dU, g, gW, compiled)
 
-    def _scatter_input_gradient(self, dV, gx, th, tw, bt, compiled):
-        """Write gx = the sum of B dV B^T over the overlapping input tiles (dV: (a, a, C, N th tw))."""
+    def _scatter_input_gradient(self, dV, gx, th, tw, bt, compiled, add=False):
+        """Write gx (``add``: add to gx) the sum of B dV B^T over the overlapping input tiles (dV: (a, a, C, N th
+        tw))."""
         alpha, m, edge = self.alpha, self.m, self.r - 1
         n, c, h, w = gx.shape
         ph, pw = self.tile_geometry[4:6]
+        if add and compiled and not gx.flags.c_contiguous:  # the kernels add into a contiguous array only
+            whole = numpy.empty(gx.shape, gx.dtype)
+            self._scatter_input_gradient(dV, whole, th, tw, bt, compiled)
+            gx += whole
+            return
         if compiled:
             dV, scatter = dV.reshape(alpha * alpha, c, n, th, tw), _COMPILED[m, self.r]["scatter"]
             into_contiguous(gx, lambda target: parallel_for(
-                c, lambda lo, hi: scatter(dV, ph, pw, lo, hi, target), work=gx.size))
+                c, lambda lo, hi: scatter(dV, ph, pw, add, lo, hi, target), work=gx.size))
             return
         xp = get_array_module(dV)
         dd = self._to_tiles(dV, bt.T, bt).reshape(alpha, alpha, c, n, th, tw)
@@ -386,6 +397,9 @@ class WinogradConv:
             for j in range(alpha):
                 gpad[:, :, i:i + th * m:m, j:j + tw * m:m] += dd[i, j].transpose(1, 0, 2, 3)
         rows, cols = min(h, th * m + edge - ph), min(w, tw * m + edge - pw)
+        if add:
+            gx[:, :, :rows, :cols] += gpad[:, :, ph:ph + rows, pw:pw + cols]
+            return
         gx[...] = 0
         gx[:, :, :rows, :cols] = gpad[:, :, ph:ph + rows, pw:pw + cols]
 
@@ -536,7 +550,7 @@ def _output_tiles(body, M, b, y):
 
 
 @cpu_kernel
-def _f2_scatter_input_grad(dV, ph, pw, lo, hi, gx):
+def _f2_scatter_input_grad(dV, ph, pw, add, lo, hi, gx):
     _, _, n, th, tw = dV.shape
     h, w = gx.shape[2], gx.shape[3]
     plane = numpy.empty((2 * th + 2, 2 * tw + 2), dtype=dV.dtype)  # the padded gx plane the tiles add into
@@ -562,8 +576,11 @@ def _f2_scatter_input_grad(dV, ph, pw, lo, hi, gx):
                         dst[q + 1] += e1 - e2 + e3
                         dst[q + 2] += e1 + e2 - e0
                         dst[q + 3] -= e3
-            gx[b, c] = 0
-            gx[b, c, :rows, :cols] = plane[ph:ph + rows, pw:pw + cols]
+            if add:
+                gx[b, c, :rows, :cols] += plane[ph:ph + rows, pw:pw + cols]
+            else:
+                gx[b, c] = 0
+                gx[b, c, :rows, :cols] = plane[ph:ph + rows, pw:pw + cols]
 
 
 @cpu_kernel
@@ -731,12 +748,13 @@ def _six_point_output_tiles(m):
 
 
 def _six_point_scatter_input_grad(m):
-    """The compiled gx scatter of tiles m apart: ``body(dV, ph, pw, lo, hi, gx)`` writes gx = the sum of the tiles
-    B v B^T of dV (36, C, N, th, tw) at stride m, cut at (ph, pw). B's rows (B^T's columns), for (v0 .. v5): 4 v0 |
-    2 d4 - 4 d + 4 v5 ... written out below with s, d = v1 +- v2 and s4, d4 = v3 +- v4; the six columns of each tile
-    row are added into a strip first, then B down the strip's rows. (m a constant, as _six_point_input_tiles'.)"""
+    """The compiled gx scatter of tiles m apart: ``body(dV, ph, pw, add, lo, hi, gx)`` writes gx (``add``: adds to gx)
+    the sum of the tiles B v B^T of dV (36, C, N, th, tw) at stride m, cut at (ph, pw). B's rows (B^T's columns), for
+    (v0 .. v5): 4 v0 | 2 d4 - 4 d + 4 v5 ... written out below with s, d = v1 +- v2 and s4, d4 = v3 +- v4; the six
+    columns of each tile row are added into a strip first, then B down the strip's rows. (m a constant, as
+    _six_point_input_tiles'.)"""
     @cpu_kernel
-    def body(dV, ph, pw, lo, hi, gx):
+    def body(dV, ph, pw, add, lo, hi, gx):
         _, _, n, th, tw = dV.shape
         h, w = gx.shape[2], gx.shape[3]
         two, four, five = numpy.float32(2), numpy.float32(4), numpy.float32(5)
@@ -773,8 +791,11 @@ def _six_point_scatter_input_grad(m):
                         dst[3, q] += d + two * d4 - five * v5
                         dst[4, q] += v0 + s + s4
                         dst[5, q] += v5
-                gx[b, c] = 0
-                gx[b, c, :rows, :cols] = plane[ph:ph + rows, pw:pw + cols]
+                if add:
+                    gx[b, c, :rows, :cols] += plane[ph:ph + rows, pw:pw + cols]
+                else:
+                    gx[b, c] = 0
+                    gx[b, c, :rows, :cols] = plane[ph:ph + rows, pw:pw + cols]
     return body
 
 

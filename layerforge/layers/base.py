@@ -33,6 +33,9 @@ class Layer:
         overwrites_param_diffs: indices of ``self.blobs`` whose diff backward writes whole, as the first of the
             pass's writers, when told so by ``Blob.diff_to_overwrite`` (InnerProduct's weights): the net then
             does not clear them before the iteration (``Net.clear_param_diffs``).
+        adds_bottom_diffs: True where backward can add its bottom gradients to the bottoms' diffs instead of writing
+            them, for the bottom indices the net puts in ``bottom_diffs_added`` (Convolution): the consumers of a
+            Split's tops then make the Split's sum themselves (``Net._sums_by_consumers``).
         learnable: False when ``self.blobs`` hold running statistics rather than weights (BatchNorm):
             the net gives them lr_mult 0 and does not count them as learnable parameters.
         capturable: False when replaying a recorded forward/backward (a CUDA graph, ``cuda_graph``) would not
@@ -52,6 +55,8 @@ class Layer:
     backward_reads = ("bottom", "top")
     has_backward = True
     overwrites_param_diffs = ()
+    adds_bottom_diffs = False
+    bottom_diffs_added = frozenset()  # set by the Net (adds_bottom_diffs)
     learnable = True
     capturable = True
     batch_split = None

@@ -133,7 +133,9 @@ class Split(Layer):
 
     Backward sums the tops' diffs into the bottom diff. The Net inserts Split layers where a blob feeds
     several layers (Caffe names the tops ``<blob>_<layer>_<index>_split``); because the data is shared,
-    no consumer may compute in place on a split top.
+    no consumer may compute in place on a split top. Where the net plans its memory (training, ``layerforge
+    time``) and the consumers can, they make the sum themselves, the tops sharing the bottom's diff (the first
+    consumer backward meets writes it, the convolutions after it add to it), and the Split's backward is skipped.
     """
 
     num_top = (1, None)

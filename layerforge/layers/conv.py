@@ -60,6 +60,7 @@ class Convolution(Layer):
     num_bottom = (1, None)
     num_top = (1, None)
     backward_reads = ("bottom",)
+    adds_bottom_diffs = True  # every engine's backward can add its data gradient (kernels/implicit_gemm.py)
 
     @classmethod
     def validate_params(cls, lp):
@@ -247,7 +248,8 @@ class Convolution(Layer):
         f = self._flat
         for i, (x, y) in enumerate(zip(bottom, top)):
             gx = f(x.diff) if propagate_down[i] else None
-            self.engines.run("backward", f(x.data), self.blobs[0].data, f(y.diff), self.blobs[0].diff, gb, gx)
+            self.engines.run("backward", f(x.data), self.blobs[0].data, f(y.diff), self.blobs[0].diff, gb, gx,
+                             i in self.bottom_diffs_added)
 
     def multiply_adds(self, bottom, top):
         # per output value: one multiply-add per weight of one filter

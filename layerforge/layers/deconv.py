@@ -16,6 +16,8 @@ class Deconvolution(Convolution):
     one kernel/stride/pad/dilation value per spatial axis, ``force_nd_im2col``): W (Cin, Cout / G, *kernel).
     """
 
+    adds_bottom_diffs = False  # its backward writes the bottom's diff (no engine's data gradient)
+
     def layer_setup(self, bottom, top):
         super().layer_setup(bottom, top)
         p = self.layer_param.convolution

@@ -23,6 +23,8 @@ class Im2col(Convolution):
     the pixels it came from. No parameters.
     """
 
+    adds_bottom_diffs = False  # its backward writes the bottom's diff (no engine's data gradient)
+
     param_blocks = {"convolution": {**Convolution.param_blocks["convolution"],
                                     "num_output": Field("int", None, min=1, doc="not used by Im2col")}}
     num_bottom = (1, 1)

@@ -12,7 +12,8 @@ given back after their last forward reader, and their memory holds later activat
 
 Pinned (never shared, always readable): blobs produced by layers without bottoms (inputs, data),
 net outputs (losses, accuracies), diffs that no consumer assigns, and the storage of Split tops
-(which alias their bottom's data). The price of reuse: after an iteration, intermediate blobs hold
+(which alias their bottom's data; and its diff, one unit, where the Split's consumers make its sum:
+``Net._sums_by_consumers``). The price of reuse: after an iteration, intermediate blobs hold
 whatever last used their slot, so only tools that need speed and memory (the solver's train net,
 ``layerforge time``) turn planning on, with ``Net.optimize_memory()``.
 
@@ -46,10 +47,13 @@ def _units(net):
     n = len(net.layers)
     fwd, bwd = (lambda i: i), (lambda i: 2 * n - 1 - i)
     alias = {}  # id(split top blob) -> its bottom blob: their data is one array
+    diff_alias = {}  # the same for the diffs of the Splits whose consumers make the sum (Net._sums_by_consumers)
     for i, layer in enumerate(net.layers):
         if layer.type == "Split":
             for t in net.top_blobs(i):
                 alias[id(t)] = net.bottom_blobs(i)[0]
+                if i in net._split_sums:
+                    diff_alias[id(t)] = net.bottom_blobs(i)[0]
     data, diff = {}, {}
 
     def unit(table, blob, kind):
@@ -60,6 +64,9 @@ def _units(net):
 
     def data_unit(blob):
         return unit(data, alias.get(id(blob), blob), "data")
+
+    def diff_unit(blob):
+        return unit(diff, diff_alias.get(id(blob), blob), "diff")
 
     consumed, assigned = set(), set()
     for i, entry in enumerate(net.entries):
@@ -73,8 +80,8 @@ def _units(net):
             if "bottom" in reads:
                 u.touch(bwd(i))
             if need and entry.bottom_need_backward[j]:
-                unit(diff, b, "diff").touch(bwd(i))
-                assigned.add(id(b))
+                diff_unit(b).touch(bwd(i))
+                assigned.add(id(diff_alias.get(id(b), b)))
         for j, t in enumerate(tops):
             u = data_unit(t)
             u.touch(fwd(i))
@@ -83,7 +90,7 @@ def _units(net):
             if "top" in reads:
                 u.touch(bwd(i))
             if need or entry.loss_weights[j]:
-                unit(diff, t, "diff").touch(bwd(i))
+                diff_unit(t).touch(bwd(i))
                 if entry.loss_weights[j]:
                     assigned.add(id(t))
     for i in range(n):
@@ -131,11 +138,14 @@ def plan(net):
     return {"slots": arrays, "units": units}
 
 
-def _reshare_splits(net):
+def _reshare_splits(net, diffs=True):
     for i, layer in enumerate(net.layers):
-        if layer.type == "Split":  # the tops alias the bottom's (new) array
+        if layer.type == "Split":  # the tops alias the bottom's (new) array, and its diff where the consumers sum
+            bottom = net.bottom_blobs(i)[0]
             for t in net.top_blobs(i):
-                t.share_data(net.bottom_blobs(i)[0])
+                t.share_data(bottom)
+                if i in net._split_sums:  # (not ``diffs``: unplanned, each its own again)
+                    t.diff = bottom.diff if diffs else net.xp.zeros(t.shape, dtype=net.dtype)
 
 
 def layer_bytes(layer, workspace=True):
@@ -156,7 +166,7 @@ def unplan(net, planned):
     for u in planned["units"]:
         if u.slot is not None:
             setattr(u.blob, u.kind, net.xp.zeros(u.blob.shape, dtype=net.dtype))
-    _reshare_splits(net)
+    _reshare_splits(net, diffs=False)
 
 
 def memory_report(net):

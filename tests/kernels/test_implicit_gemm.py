@@ -178,3 +178,45 @@ def test_nd_engine_on_two_axes_matches_the_reference(geom):
     gx = numpy.full_like(x, 7.0)  # backward writes gx (no accumulation) and skips gW and gb when not asked
     engine.backward(x, W, gy, None, None, gx)
     numpy.testing.assert_allclose(gx, reference(x, W, b, gy, geom)[3], rtol=1e-10, atol=1e-12)
+
+
+ADD_CASES = [  # (engine, kh, kw, sy, sx, ph, pw, dy, dx, group): each engine's data-gradient paths
+    ("IM2COL", 3, 3, 2, 2, 1, 1, 1, 1, 1),
+    ("IMPLICIT", 1, 1, 1, 1, 0, 0, 1, 1, 1),  # x its own columns: the product adds (beta = 1)
+    ("IMPLICIT", 3, 3, 1, 1, 1, 1, 1, 1, 2),  # lowered: the scatter adds, nothing zeroed
+    ("IMPLICIT", 1, 1, 2, 2, 0, 0, 1, 1, 1),
+    ("WINOGRAD", 3, 3, 1, 1, 1, 1, 1, 1, 1),
+    ("WINOGRAD_F2", 3, 3, 1, 1, 0, 0, 1, 1, 1),
+    ("WINOGRAD_F2", 5, 5, 1, 1, 2, 2, 1, 1, 1),
+    ("WINOGRAD", 5, 5, 2, 2, 1, 1, 1, 1, 1),  # over space-to-depth blocks
+    ("IM2COL_ND", 3, 3, 1, 1, 1, 1, 1, 1, 1),
+]
+
+
+@pytest.mark.parametrize("case, contiguous", [(case, True) for case in ADD_CASES] + [
+    (case, False) for case in ADD_CASES if case[0] != "IMPLICIT"],  # (IMPLICIT writes a contiguous gx only)
+    ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else ("contiguous" if v else "strided"))
+def test_backward_adds_the_data_gradient_where_asked(xp, case, contiguous):
+    """``add_gx``: gx + the data gradient, what a Split's sum of it and another consumer's would be (Net's split
+    sums), for every engine on both backends, into a contiguous gx and a strided view."""
+    from layerforge.backend import to_numpy
+    name, *geom = case
+    x, W, b, gy = make(tuple(geom), shape=(2, 4, 9, 8), cout=6, seed=3)
+    x, W, gy = (a.astype(numpy.float32) for a in (x, W, gy))
+    kh, kw, sy, sx, ph, pw, dy, dx, g = geom
+    if name == "IM2COL_ND":
+        engine = NdIm2colConv(((kh, kw), (sy, sx), (ph, pw), (dy, dx)), g)
+    else:
+        engine = ENGINES[name]((kh, kw, sy, sx, ph, pw, dy, dx), g)
+    before = numpy.random.default_rng(4).standard_normal(x.shape).astype(numpy.float32)
+    plain = xp.empty(x.shape, numpy.float32)
+    engine.backward(xp.asarray(x), xp.asarray(W), xp.asarray(gy), None, None, plain)
+    room = xp.zeros(x.shape[:3] + (x.shape[3] + 3,), numpy.float32)
+    added = room[..., :x.shape[3]] if not contiguous else xp.empty(x.shape, numpy.float32)
+    added[...] = xp.asarray(before)
+    engine.backward(xp.asarray(x), xp.asarray(W), xp.asarray(gy), None, None, added, True)
+    expected = before + to_numpy(plain)
+    numpy.testing.assert_allclose(to_numpy(added), expected, rtol=0, atol=1e-5 * numpy.abs(expected).max())
+    assert not contiguous or float(abs(to_numpy(plain)).max()) > 1  # (a gradient that is not zero was added)
+    if not contiguous:
+        numpy.testing.assert_array_equal(to_numpy(room[..., x.shape[3]:]), 0)  # nothing written past the view

@@ -65,17 +65,35 @@ def twin_nets(batch=4):
     return a, b
 
 
-def assert_same(run_a, run_b):
+def assert_same(run_a, run_b, rtol=0.0):
+    """The same losses and gradients; to ``rtol`` of the largest gradient where the planned net's Split sums are its
+    consumers' (the sum of conv2's and the Eltwise's gradients in another order: conv1's bias gradient, zero but for
+    rounding under BatchNorm, then differs in every bit)."""
     for (la, ga, pa), (lb, gb, pb) in zip(run_a, run_b):
         assert la == lb
-        for k in ga:
-            numpy.testing.assert_array_equal(ga[k], gb[k])
-        for x, y in zip(pa, pb):
-            numpy.testing.assert_array_equal(x, y)
+        pairs = [(ga[k], gb[k]) for k in ga] + list(zip(pa, pb))
+        scale = max(numpy.abs(x).max() for x, _ in pairs)
+        for x, y in pairs:
+            numpy.testing.assert_allclose(x, y, rtol=0, atol=rtol * scale)
 
 
-def test_planned_net_computes_exactly_what_the_plain_net_does():
+SUM_ORDER = 1e-13  # float64's rounding of a sum in another order, with a margin
+
+
+def test_planned_net_computes_what_the_plain_net_does():
     a, b = twin_nets()
+    f = feeds()
+    assert_same(iterate(a, f), iterate(b, f), SUM_ORDER)
+    assert_same(iterate(a, f), iterate(b, f), SUM_ORDER)
+    assert list(b._split_sums.values()) == [[(b._layer_index["sum"], 0), (b._layer_index["conv2"], 0)]]
+
+
+def test_planned_net_without_split_sums_computes_the_same_bits():
+    a, b = twin_nets()
+    b.optimize_memory(False)
+    b.layers[b._layer_index["conv2"]].adds_bottom_diffs = False  # (an instance's: conv2 cannot make the sum)
+    b.optimize_memory()
+    assert b._split_sums == {}
     f = feeds()
     assert_same(iterate(a, f), iterate(b, f))
 
@@ -105,9 +123,10 @@ def test_inputs_and_outputs_stay_readable():
 def test_reshape_replans_and_optimize_memory_can_be_undone():
     a, b = twin_nets()
     f = feeds(batch=6)
-    assert_same(iterate(a, f), iterate(b, f))  # set_inputs reshapes both nets to batch 6
+    assert_same(iterate(a, f), iterate(b, f), SUM_ORDER)  # set_inputs reshapes both nets to batch 6
     b.optimize_memory(False)
     assert memory_report(b)["activation_bytes"] == memory_report(b)["unplanned_activation_bytes"]
+    assert b._split_sums == {} and not any(layer.bottom_diffs_added for layer in b.layers)
     assert_same(iterate(a, f), iterate(b, f))
 
 
@@ -156,3 +175,65 @@ def test_backward_reads_only_what_it_declares(layer_dict, shapes):
         got, _ = backward_after(layer_dict, shapes, side)
         for a, e in zip(got, expected):
             numpy.testing.assert_array_equal(a, e, err_msg=f"backward reads its {side} but does not declare it")
+
+
+def bottleneck_net(engine, batch=2):
+    """Two ResNet blocks: a projection shortcut (branch1 and branch2a read one Split's tops) and an identity one
+    (branch2a and the Eltwise + ReLU join read them), 1x1 and 3x3 convolutions on ``engine``."""
+    def c(name, bottom, n, k=1, stride=1):
+        return {"name": name, "type": "Convolution", "bottom": bottom, "top": name,
+                "convolution": {"num_output": n, "kernel_size": k, "pad": k // 2, "stride": stride,
+                                "weight_filler": GAUSS, "bias_term": False, "engine": engine}}
+
+    def bn_relu(blob, relu=True):
+        return ([{"name": f"{blob}_bn", "type": "BatchNorm", "bottom": blob, "top": blob},
+                 {"name": f"{blob}_sc", "type": "Scale", "bottom": blob, "top": blob, "scale": {"bias_term": True}}]
+                + ([{"name": f"{blob}_relu", "type": "ReLU", "bottom": blob, "top": blob}] if relu else []))
+
+    def block(name, bottom, width, project):
+        layers = [c(f"{name}_1", bottom, 4 * width)] + bn_relu(f"{name}_1", False) if project else []
+        layers += [c(f"{name}_2a", bottom, width)] + bn_relu(f"{name}_2a")
+        layers += [c(f"{name}_2b", f"{name}_2a", width, k=3)] + bn_relu(f"{name}_2b")
+        layers += [c(f"{name}_2c", f"{name}_2b", 4 * width)] + bn_relu(f"{name}_2c", False)
+        layers += [{"name": name, "type": "Eltwise", "bottom": [f"{name}_1" if project else bottom, f"{name}_2c"],
+                    "top": name},
+                   {"name": f"{name}_relu", "type": "ReLU", "bottom": name, "top": name}]
+        return layers
+    layers = [{"name": "input", "type": "Input", "top": ["data", "label"],
+               "input": {"shape": [[batch, 8, 6, 6], [batch]]}}]
+    layers += block("a", "data", 4, True) + block("b", "a", 4, False)
+    layers += [{"name": "ip", "type": "InnerProduct", "bottom": "b", "top": "ip",
+                "inner_product": {"num_output": 3, "weight_filler": GAUSS}},
+               {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]
+    return {"name": "bottleneck", "force_backward": True, "layers": layers}
+
+
+@pytest.mark.parametrize("engine", ["IMPLICIT", "IM2COL", "AUTO"])
+def test_splits_are_summed_by_their_consumers(monkeypatch, engine):
+    """Under optimize_memory, the Splits of both shortcuts leave their sums to their consumers: the tops share the
+    bottom's diff, the first consumer backward meets writes it, the convolution after it adds to it, and the Split's
+    own backward does not run; the gradients are the plain net's to float32 rounding."""
+    from layerforge.layers.concat import Split
+    a = layerforge.Net(bottleneck_net(engine))
+    b = layerforge.Net(bottleneck_net(engine))
+    b.copy_from(a.state_arrays())
+    b.optimize_memory()
+    index = b._layer_index
+    assert sorted(b._split_sums.values()) == sorted([
+        [(index["a_2a"], 0), (index["a_1"], 0)],  # backward meets branch2a first: it writes, branch1 adds
+        [(index["b"], 0), (index["b_2a"], 0)]])  # the join (at its ReLU) writes, branch2a adds
+    for i in b._split_sums:
+        bottom = b.bottom_blobs(i)[0]
+        assert all(t.diff is bottom.diff for t in b.top_blobs(i))
+    assert b.layers[index["a_1"]].bottom_diffs_added == {0} and b.layers[index["a_2a"]].bottom_diffs_added == set()
+    monkeypatch.setattr(Split, "backward", lambda *args: pytest.fail("a summed Split ran its backward"))
+    f = [{"data": numpy.random.default_rng(k).standard_normal((2, 8, 6, 6)), "label": numpy.array([0.0, 2.0])}
+         for k in range(2)]
+    monkeypatch.undo()
+    plain = iterate(a, f)
+    monkeypatch.setattr(Split, "backward", lambda *args: pytest.fail("a summed Split ran its backward"))
+    planned = iterate(b, f)
+    for (la, ga, pa), (lb, gb, pb) in zip(plain, planned):
+        assert la == pytest.approx(lb, rel=1e-6)
+        for x, y in [(ga["data"], gb["data"])] + list(zip(pa, pb)):
+            numpy.testing.assert_allclose(y, x, rtol=0, atol=2e-5 * numpy.abs(x).max())
