@@ -25,6 +25,7 @@ import numpy
 from ..backend import get_array_module
 from .batch_norm import (_channel_statistics, across, channel_statistics_arguments, grad_sums, input_grad, normalize,
                          sums_and_input_grad)
+from .relu import _sum_relu
 from .threadpool import cpu_kernel, parallel_for
 
 
@@ -82,17 +83,40 @@ def _batch_normalize_scale_shift_relu(x, m, ratio, constants, gamma, beta, relu,
         _normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, relu, negative_slope, c, c + 1, x_norm)
 
 
-def batch_normalize_scale_shift_relu(x, eps, gamma, beta, negative_slope, x_norm):
+@cpu_kernel(reassociate=False)
+def _batch_normalize_scale_shift_sum_relu(x, m, ratio, constants, gamma, beta, residual, negative_slope, lo, hi,
+                                          shift, sums, mean64, var64, mean, var, inv_std, x_norm, out):
+    # a channel's BatchNorm + Scale, then its sum with the residual and the ReLU, each image's plane still in the
+    # core's cache
+    for c in range(lo, hi):
+        _batch_normalize_scale_shift_relu(x, m, ratio, constants, gamma, beta, False, negative_slope, c, c + 1, shift,
+                                          sums, mean64, var64, mean, var, inv_std, x_norm)
+        for i in range(x.shape[0]):
+            _sum_relu(x[i, c], residual[i, c], negative_slope, out[i, c])
+
+
+def batch_normalize_scale_shift_relu(x, eps, gamma, beta, negative_slope, x_norm, residual=None, out=None):
     """The batch's statistics (:func:`kernels.batch_norm.batch_stats <layerforge.kernels.batch_norm.batch_stats>`)
     and :func:`normalize_scale_shift_relu` with ``inv_std = 1 / sqrt(var + eps)``, in one sweep of the channels on the
     host: each channel is normalised while it is in the core's cache after its sums, where the two steps read all of
     x twice from memory. The same bits as the two steps. ``x`` (N, C, S) numpy, contiguous; returns ``(mean, var)``
-    (C,) in x's dtype."""
+    (C,) in x's dtype.
+
+    With ``residual`` (N, C, S, contiguous): ``gamma x_norm + beta`` is written into x (no ReLU there), and ``out``
+    (contiguous, apart from x and residual) = the ReLU of ``negative_slope`` of ``x + residual``, each channel's in
+    the same sweep (kernels.relu.sum_relu's bits): ResNet's join (Eltwise SUM + ReLU) after the BatchNorm + Scale of
+    a block's last convolution, which then never reads x back from memory."""
     c, dtype = x.shape[1], x.dtype
     statistics = channel_statistics_arguments(x)  # (m, ratio, shift, sums, mean, var), the last two float64
     mean, var, inv_std = numpy.empty((3, c), dtype)
     constants = numpy.array([eps, 1], dtype)
     gamma, beta = (numpy.ascontiguousarray(v, dtype=dtype) for v in (gamma, beta))
+    if residual is not None:
+        slope = dtype.type(negative_slope)
+        parallel_for(c, lambda lo, hi: _batch_normalize_scale_shift_sum_relu(
+            x, *statistics[:2], constants, gamma, beta, residual, slope, lo, hi, *statistics[2:], mean, var, inv_std,
+            x_norm, out), work=x.size)
+        return mean, var
     relu, slope = negative_slope is not None, float(negative_slope or 0.0)
     parallel_for(c, lambda lo, hi: _batch_normalize_scale_shift_relu(
         x, *statistics[:2], constants, gamma, beta, relu, slope, lo, hi, *statistics[2:], mean, var, inv_std, x_norm),

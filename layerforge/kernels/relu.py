@@ -109,14 +109,14 @@ def _relu_backward_to_both(gy, y, negative_slope, first, second, first_is_y, sec
 def sum_relu_backward(gy, y, negative_slope, first, second):
     """The backward of :func:`sum_relu`: ``gy`` becomes the ReLU's input gradient (in place, as Caffe's in-place ReLU
     leaves its blob's diff) and is copied into ``first`` and ``second`` (the two bottoms' diffs; either may be None,
-    or ``y``'s memory, which is read before it is written), in one pass on the CPU where both are wanted."""
+    or ``y``'s memory, which is read before it is written), in one pass on the CPU where one or both are wanted."""
     xp = get_array_module(gy)
-    if xp is not numpy or first is None or second is None or not all(
-            v.flags.c_contiguous for v in (gy, y, first, second)):
+    if first is None or second is None:  # one bottom's: the loop writes it twice, in one cache line
+        first = second = second if first is None else first
+    if xp is not numpy or first is None or not all(v.flags.c_contiguous for v in (gy, y, first, second)):
         relu_backward(gy, y, negative_slope, gy)
-        for diff in (first, second):
-            if diff is not None:
-                diff[...] = gy
+        for diff in {id(d): d for d in (first, second) if d is not None}.values():
+            diff[...] = gy
         return
     flat = [v.reshape(-1) for v in (gy, y, first, second)]
     slope = gy.dtype.type(negative_slope)

@@ -23,7 +23,9 @@ group's forward on the BatchNorm row and its backward on the ReLU's (or Scale's)
 or ``Net.backward`` range that starts or ends inside a group runs its layers one by one. A chain in which a
 member stops backward (``propagate_down: false``) while others need it is not fused, so each layer keeps
 Caffe's backward flags. ``fuse_batch_norm: false`` (a net key) turns this fusion off. Eltwise SUM + ReLU
-(:class:`EltwiseSumReLU`) always fuses: it gives the layers' own bits.
+(:class:`EltwiseSumReLU`) always fuses: it gives the layers' own bits. A BatchNorm + Scale group without a ReLU whose
+blob the next join reads (ResNet's block ends: the last convolution's BatchNorm, then the shortcut's join) runs with
+that join as one (:class:`BatchNormScaleSumReLU`), to the two groups' bits.
 """
 import numpy
 
@@ -78,17 +80,20 @@ class BatchNormScaleReLU:
             self.scale.x = self.batch_norm.x_norm.reshape(blob.shape).copy()
             self.ran_fused = False
 
-    def backward(self):
+    def backward(self, gy=None):
+        """The group's gradients from its blob's diff, or from ``gy`` (the join after it: BatchNormScaleSumReLU), the
+        input gradient then written into the blob's diff."""
         net, bn = self.net, self.batch_norm
         if not any(net.entries[k].need_backward for k in self.members):
             return
         blob, scale = net.bottom_blobs(self.first)[0], self.scale
         g_gamma, g_beta = (b.diff if down else None for b, down in zip(scale.blobs, scale.param_propagate_down))
-        gy = _channels(blob.diff, bn.channels)
+        diff = _channels(blob.diff, bn.channels)
+        gy = diff if gy is None else _channels(gy, bn.channels)
         bn_scale_relu_backward(gy, _channels(blob.data, bn.channels), bn.x_norm, 1 / bn.std, scale.blobs[0].data,
                                self.negative_slope, not bn.use_global_stats, g_gamma, g_beta,
-                               gx=gy if net.entries[self.first].bottom_need_backward[0] else None, group=bn.batch_group,
-                               affine=self.affine)
+                               gx=diff if net.entries[self.first].bottom_need_backward[0] else None,
+                               group=bn.batch_group, affine=self.affine)
 
 
 def batch_norm_groups(net):
@@ -168,6 +173,84 @@ def eltwise_relu_groups(net):
         group = EltwiseSumReLU(net, i)
         groups.update((k, group) for k in group.members)
     return groups
+
+
+class BatchNormScaleSumReLU:
+    """A BatchNorm + Scale group (no ReLU) followed by the Eltwise SUM + ReLU join that reads its blob (ResNet's last
+    convolution of a block and its shortcut): run as one. Forward, on the host with the batch's statistics, each
+    channel's BatchNorm + Scale output is added to the shortcut and ReLU'd while it is in the core's cache (the join
+    would read it back from memory); backward, the join's gradient goes to the shortcut's diff, and the BatchNorm
+    group takes it from the join's top diff and writes its input gradient into the blob's (where the join would have
+    copied it there first). The BatchNorm group's blob still holds ``gamma x_norm + beta``; the bits are the two
+    groups' one after the other. ``layerforge time`` shows the forward on the BatchNorm row and the backward on the
+    join's ReLU's."""
+
+    def __init__(self, net, batch_norm, join):
+        self.net, self.batch_norm, self.join = net, batch_norm, join
+        self.first, self.last = batch_norm.first, join.last
+        blob = net.bottom_blobs(batch_norm.first)[0]
+        self.shortcut = next(b for b in net.bottom_blobs(join.first) if b is not blob)
+        self.ran_fused = False
+
+    @property
+    def members(self):
+        return range(self.first, self.last + 1)
+
+    def forward(self):
+        net, group = self.net, self.batch_norm
+        bn = group.batch_norm
+        if net.xp is not numpy or bn.use_global_stats or bn.batch_group is not None:
+            group.forward()
+            self.join.forward()
+        else:
+            group.scale.x = None
+            blob, top = net.bottom_blobs(self.first)[0], net.top_blobs(self.join.first)[0]
+            x = _channels(blob.data, bn.channels)
+            gamma, beta = (b.data for b in group.scale.blobs)
+            mean, var = batch_normalize_scale_shift_relu(
+                x, bn.layer_param.batch_norm.eps, gamma, beta, self.join.relu.negative_slope,
+                bn.x_norm_buffer(x.shape), _channels(self.shortcut.data, bn.channels), _channels(top.data, bn.channels))
+            bn.record_batch_statistics(x, mean, var)
+            group.affine = (gamma.copy(), beta.copy()) if group.output_kept else None
+            group.ran_fused = self.join.ran_fused = True
+        self.ran_fused = True
+
+    def unfuse(self):
+        """A backward range that cuts the group runs its layers' own backward (see the groups')."""
+        self.batch_norm.unfuse()
+        self.join.unfuse()
+        self.ran_fused = False
+
+    def backward(self):
+        net, join = self.net, self.join
+        if not any(net.entries[k].need_backward for k in self.members):
+            return
+        down = net.entries[join.first].bottom_need_backward
+        bottom, top = net.bottom_blobs(join.first), net.top_blobs(join.first)[0]
+        blob = net.bottom_blobs(self.first)[0]
+        wanted = [b.diff if want and b is not blob else None for b, want in zip(bottom, down)]
+        sum_relu_backward(top.diff, top.data, join.relu.negative_slope, *wanted)
+        if down[[b is blob for b in bottom].index(True)]:
+            self.batch_norm.backward(gy=top.diff)
+
+
+def residual_join_groups(net, groups):
+    """``{layer index: BatchNormScaleSumReLU}`` for the BatchNorm + Scale groups of ``groups`` (no ReLU) whose blob the
+    Eltwise SUM + ReLU group right after them reads, with another bottom, and nothing else does."""
+    joined = {}
+    for group in {id(g): g for g in groups.values()}.values():
+        if not isinstance(group, BatchNormScaleReLU) or group.relu is not None:
+            continue
+        join = groups.get(group.last + 1)
+        blob = net.bottom_blobs(group.first)[0]
+        if not isinstance(join, EltwiseSumReLU) or join.first != group.last + 1 or \
+                sum(b is blob for b in net.bottom_blobs(join.first)) != 1:
+            continue
+        if net.entries[group.first].need_backward != net.entries[join.first].need_backward:
+            continue
+        merged = BatchNormScaleSumReLU(net, group, join)
+        joined.update((k, merged) for k in merged.members)
+    return joined
 
 
 def _channels(a, channels):

@@ -149,6 +149,7 @@ class Net:
         # {member index: group}
         self._fused = {**fusion.eltwise_relu_groups(self),
                        **(fusion.batch_norm_groups(self) if self.netdef.fuse_batch_norm else {})}
+        self._fused.update(fusion.residual_join_groups(self, self._fused))
         # convolutions that may keep what their forward derives from their bottom for their backward (training_pass):
         # one bottom, whose values no later layer writes (in place on it or on a Split's top), and a backward to run
         self._keeping = [i for i, layer in enumerate(self.layers) if layer.type == "Convolution"

@@ -241,7 +241,7 @@ def test_a_resnet_block_trains_identically():
     fused, plain = runs
     def kinds(net):
         return sorted(type(g).__name__ for g in {id(g): g for g in net._fused.values()}.values())
-    assert kinds(fused.net) == ["BatchNormScaleReLU"] * 3 + ["EltwiseSumReLU"]
+    assert kinds(fused.net) == ["BatchNormScaleReLU"] * 2 + ["BatchNormScaleSumReLU"]  # res_b's with the join
     assert kinds(plain.net) == ["EltwiseSumReLU"]  # fuse_batch_norm: false leaves the bit-exact fusion
     for name, blobs in plain.net.params.items():
         for j, b in enumerate(blobs):
@@ -285,3 +285,55 @@ def test_eltwise_sum_and_relu_run_as_one_with_the_layers_bits(xp, slope):
                                         join_net(operation="PROD"), join_net(slope=-0.5)])
 def test_other_eltwise_and_relu_pairs_are_not_fused(definition):
     assert Net(definition)._fused == {}
+
+
+def residual_net(slope, global_stats, bn_first):
+    """Inputs a (the shortcut) and x -> Power -> BatchNorm -> Scale in place on h -> Eltwise SUM of h and a -> ReLU in
+    place (``slope``) -> Power -> EuclideanLoss: ResNet's last BatchNorm group of a block and its join."""
+    definition = group_net((4, 3, 5, 6), relu=False, global_stats=global_stats)
+    layers = definition["layers"]
+    layers[0] = {"name": "input", "type": "Input", "top": ["x", "a", "target"], "input": {"shape": [[4, 3, 5, 6]] * 3}}
+    layers[-1:] = [
+        {"name": "sum", "type": "Eltwise", "bottom": ["h", "a"] if bn_first else ["a", "h"], "top": "s"},
+        {"name": "relu", "type": "ReLU", "bottom": "s", "top": "s", "relu": {"negative_slope": slope}},
+        {"name": "power2", "type": "Power", "bottom": "s", "top": "p", "power": {"scale": 1.5}},
+        {"name": "loss", "type": "EuclideanLoss", "bottom": ["p", "target"], "top": "loss"}]
+    return definition
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.3])
+@pytest.mark.parametrize("phase,global_stats", [("TRAIN", None), ("TRAIN", True), ("TEST", None)])
+@pytest.mark.parametrize("bn_first", [True, False])
+def test_the_join_after_a_batch_norm_group_runs_with_it_to_the_groups_bits(xp, monkeypatch, slope, phase,
+                                                                           global_stats, bn_first):
+    """BatchNorm + Scale and the Eltwise SUM + ReLU that reads their blob run as one group (BatchNormScaleSumReLU):
+    every blob's data and diff, and the parameters' diffs, have the bits of the two groups one after the other."""
+    from layerforge import rng
+    from layerforge.net import fusion
+    r = numpy.random.default_rng(11)
+    x, a, target = (r.standard_normal((4, 3, 5, 6)).astype(numpy.float32) for _ in range(3))
+    nets = []
+    for merge in (True, False):
+        if not merge:
+            monkeypatch.setattr(fusion, "residual_join_groups", lambda net, groups: {})
+        rng.seed(3)
+        net = Net(residual_net(slope, global_stats, bn_first), phase=phase, xp=xp)
+        for _ in range(2):
+            net.clear_param_diffs()
+            net.forward(x=xp.asarray(x), a=xp.asarray(a), target=xp.asarray(target))
+            net.backward()
+        nets.append(net)
+    merged, apart = nets
+    kinds = {type(g).__name__ for g in merged._fused.values()}
+    assert kinds == {"BatchNormScaleSumReLU"} and {type(g).__name__ for g in apart._fused.values()} == {
+        "BatchNormScaleReLU", "EltwiseSumReLU"}
+    for name in ("h", "s", "a", "x"):
+        for kind in ("data", "diff"):
+            got, expected = (to_numpy(getattr(net.blobs[name], kind)) for net in nets)
+            assert got.tobytes() == expected.tobytes(), f"{name} {kind}"
+    for name, blobs in apart.params.items():
+        for j, b in enumerate(blobs):
+            assert to_numpy(merged.params[name][j].diff).tobytes() == to_numpy(b.diff).tobytes(), f"{name}/{j}"
+            assert to_numpy(merged.params[name][j].data).tobytes() == to_numpy(b.data).tobytes(), f"{name}/{j}"
+    gradient = to_numpy(merged.blobs["x"].diff)
+    assert numpy.abs(gradient).max() > 0.01 and (to_numpy(merged.blobs["s"].data) == 0).any() == (slope == 0)
