@@ -206,10 +206,12 @@ class Blob:
             self._diff_zero = True
         self._pending = [grad]
 
-    def clear_diff(self):
-        """diff = 0 (and no pending rows)."""
+    def clear_diff(self, written=False):
+        """diff = 0 (and no pending rows); ``written``: the caller has written the zeros into the diff array already
+        (Net.clear_param_diffs, all of a net's at once on the kernel threads)."""
         self._pending = []
-        self._diff[...] = 0
+        if not written:
+            self._diff[...] = 0
         self._diff_zero, self._zeros_due = True, False
 
     def defer_clear_diff(self):

@@ -17,6 +17,7 @@ from . import fusion, graph, memory
 from ..blob import Blob
 from ..kernels import blas
 from ..kernels.autotune import settle_apart
+from ..kernels.threadpool import fill_zeros
 from ..errors import ConfigError, DataError, LabelError, LayerforgeError, ShapeError
 from ..layers import LAYER_REGISTRY
 from ..layers.layer_param import layer_included
@@ -610,11 +611,17 @@ class Net:
         layer uses, a layer that runs backward and writes that diff whole (``Layer.overwrites_param_diffs``:
         InnerProduct's weights) gets its zeros deferred instead (``Blob.defer_clear_diff``): the layer's backward
         writes it without reading it, and anything that reads it first sees zeros."""
+        cleared = []
         for blob in self.learnable_params:
             if id(blob) in self._overwritten_diffs:
                 blob.defer_clear_diff()
+            elif self.xp is numpy and blob.diff.flags.c_contiguous:
+                cleared.append(blob)
             else:
                 blob.clear_diff()
+        fill_zeros([blob.diff for blob in cleared])  # on the kernel threads, about equal bytes each
+        for blob in cleared:
+            blob.clear_diff(written=True)
 
     def _whole_diff_writers(self):
         """``{id(blob)}`` of the parameters :meth:`clear_param_diffs` defers (see there)."""

@@ -388,3 +388,16 @@ def _product_in_a_child(a, bt):
     threadpool.run_jobs(_column_jobs(a, bt, c, 2)[1])
     assert len(threadpool._products["threads"]) == 1
     return c
+
+
+@pytest.mark.parametrize("sizes", [[3], [70000], [5, 200000, 7, 65536, 1], [131072] * 4 + [3]])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_fill_zeros_zeroes_every_array_whole_on_any_number_of_threads(monkeypatch, sizes, threads):
+    from layerforge.kernels import threadpool
+    monkeypatch.setattr(threadpool, "num_threads", lambda: threads)
+    arrays = [numpy.full((s,), 7.0, numpy.float32) for s in sizes]
+    room = numpy.full(10, 7.0)
+    arrays.append(room[2:8].reshape(2, 3))  # contiguous, inside a larger array
+    threadpool.fill_zeros(arrays)
+    assert all((a == 0).all() for a in arrays)
+    assert (room[:2] == 7).all() and (room[8:] == 7).all()
