@@ -25,7 +25,6 @@ import numpy
 from ..backend import get_array_module
 from .batch_norm import (_channel_statistics, across, channel_statistics_arguments, grad_sums, input_grad, normalize,
                          sums_and_input_grad)
-from .relu import _sum_relu
 from .threadpool import cpu_kernel, parallel_for
 
 
@@ -86,13 +85,25 @@ def _batch_normalize_scale_shift_relu(x, m, ratio, constants, gamma, beta, relu,
 @cpu_kernel(reassociate=False)
 def _batch_normalize_scale_shift_sum_relu(x, m, ratio, constants, gamma, beta, residual, negative_slope, lo, hi,
                                           shift, sums, mean64, var64, mean, var, inv_std, x_norm, out):
-    # a channel's BatchNorm + Scale, then its sum with the residual and the ReLU, each image's plane still in the
-    # core's cache
+    # a channel's statistics, then in one loop its x_norm, z = gamma x_norm + beta (into x) and the ReLU of z + the
+    # residual (kernels.relu._sum_relu's: NaN kept, -0.0 to +0.0 at slope 0), the channel in the core's cache
+    n, _, s = x.shape
     for c in range(lo, hi):
-        _batch_normalize_scale_shift_relu(x, m, ratio, constants, gamma, beta, False, negative_slope, c, c + 1, shift,
-                                          sums, mean64, var64, mean, var, inv_std, x_norm)
-        for i in range(x.shape[0]):
-            _sum_relu(x[i, c], residual[i, c], negative_slope, out[i, c])
+        _channel_statistics(x, m, ratio, c, c + 1, shift, sums, mean64, var64)
+        mean[c], var[c] = mean64[c], var64[c]
+        inv_std[c] = constants[1] / numpy.sqrt(var[c] + constants[0])
+        mu, r, a, b = mean[c], inv_std[c], gamma[c], beta[c]
+        for i in range(n):
+            for k in range(s):
+                v = (x[i, c, k] - mu) * r
+                x_norm[i, c, k] = v
+                z = a * v + b
+                x[i, c, k] = z
+                t = z + residual[i, c, k]
+                if negative_slope == 0:
+                    out[i, c, k] = t if t > 0 or t != t else 0.0
+                else:
+                    out[i, c, k] = t if t > 0 else t * negative_slope
 
 
 def batch_normalize_scale_shift_relu(x, eps, gamma, beta, negative_slope, x_norm, residual=None, out=None):
@@ -105,7 +116,7 @@ def batch_normalize_scale_shift_relu(x, eps, gamma, beta, negative_slope, x_norm
     With ``residual`` (N, C, S, contiguous): ``gamma x_norm + beta`` is written into x (no ReLU there), and ``out``
     (contiguous, apart from x and residual) = the ReLU of ``negative_slope`` of ``x + residual``, each channel's in
     the same sweep (kernels.relu.sum_relu's bits): ResNet's join (Eltwise SUM + ReLU) after the BatchNorm + Scale of
-    a block's last convolution, which then never reads x back from memory."""
+    a block's last convolution, which then never reads x back from memory (the three in one loop)."""
     c, dtype = x.shape[1], x.dtype
     statistics = channel_statistics_arguments(x)  # (m, ratio, shift, sums, mean, var), the last two float64
     mean, var, inv_std = numpy.empty((3, c), dtype)

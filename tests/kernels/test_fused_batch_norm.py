@@ -129,3 +129,27 @@ def test_statistics_and_forward_in_one_sweep_give_the_bits_of_the_two_steps(shap
     statistics = batch_normalize_scale_shift_relu(got, 1e-5, gamma, beta, slope, got_norm)
     for a, b in zip((got, got_norm) + statistics, (want, want_norm, mean, var)):
         assert a.dtype == dtype and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (4, 16, 77), (3, 6, 1)])
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+@pytest.mark.parametrize("slope", [0.0, 0.2])
+@pytest.mark.parametrize("offset", [0.0, "every other channel"])
+def test_the_residual_sum_and_relu_in_the_sweep_give_the_bits_of_the_join_after_it(shape, dtype, slope, offset):
+    # ResNet's block end (net/fusion.BatchNormScaleSumReLU): x = gamma x_norm + beta, out = relu(x + residual), one
+    # loop; a NaN and a -inf in the residual take sum_relu's values
+    from layerforge.kernels.fused_batch_norm import batch_normalize_scale_shift_relu
+    from layerforge.kernels.relu import sum_relu
+    r = numpy.random.default_rng(5)
+    x = r.standard_normal(shape) * 0.5 + (0 if offset == 0.0 else numpy.arange(shape[1])[:, None] % 2 * 3e3)
+    x, residual = x.astype(dtype), r.standard_normal(shape).astype(dtype)
+    residual.flat[0], residual.flat[-1] = numpy.nan, -numpy.inf
+    gamma, beta = r.uniform(-2, 2, shape[1]).astype(dtype), r.uniform(-1, 1, shape[1]).astype(dtype)
+    want, want_norm, want_out = x.copy(), numpy.empty_like(x), numpy.empty_like(x)
+    want_stats = batch_normalize_scale_shift_relu(want, 1e-5, gamma, beta, None, want_norm)
+    sum_relu(want, residual, slope, want_out)
+    got, got_norm, got_out = x.copy(), numpy.full_like(x, numpy.nan), numpy.full_like(x, numpy.nan)
+    got_stats = batch_normalize_scale_shift_relu(got, 1e-5, gamma, beta, slope, got_norm, residual, got_out)
+    for a, b in zip((got, got_norm, got_out) + got_stats, (want, want_norm, want_out) + want_stats):
+        assert a.dtype == dtype and a.tobytes() == b.tobytes()
+    assert numpy.isnan(got_out.flat[0]) and (got_out == 0).any() == (slope == 0)
