@@ -71,14 +71,19 @@ def _normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, relu, negative_sl
 
 
 @cpu_kernel(reassociate=False)  # inv_std as the BatchNorm layer's array expressions round it
+def _channel_mean_var_inv_std(x, m, ratio, constants, c, shift, sums, mean64, var64, mean, var, inv_std):
+    # channel c's batch statistics in x's dtype and 1 / sqrt(var + eps); constants: (eps, 1) in x's dtype
+    _channel_statistics(x, m, ratio, c, c + 1, shift, sums, mean64, var64)
+    mean[c], var[c] = mean64[c], var64[c]
+    inv_std[c] = constants[1] / numpy.sqrt(var[c] + constants[0])
+
+
+@cpu_kernel(reassociate=False)
 def _batch_normalize_scale_shift_relu(x, m, ratio, constants, gamma, beta, relu, negative_slope, lo, hi, shift, sums,
                                       mean64, var64, mean, var, inv_std, x_norm):
-    # a channel's statistics, then its normalised and fused output while it is in the core's cache; constants: (eps,
-    # 1) in x's dtype
+    # a channel's statistics, then its normalised and fused output while it is in the core's cache
     for c in range(lo, hi):
-        _channel_statistics(x, m, ratio, c, c + 1, shift, sums, mean64, var64)
-        mean[c], var[c] = mean64[c], var64[c]
-        inv_std[c] = constants[1] / numpy.sqrt(var[c] + constants[0])
+        _channel_mean_var_inv_std(x, m, ratio, constants, c, shift, sums, mean64, var64, mean, var, inv_std)
         _normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, relu, negative_slope, c, c + 1, x_norm)
 
 
@@ -89,9 +94,7 @@ def _batch_normalize_scale_shift_sum_relu(x, m, ratio, constants, gamma, beta, r
     # residual (kernels.relu._sum_relu's: NaN kept, -0.0 to +0.0 at slope 0), the channel in the core's cache
     n, _, s = x.shape
     for c in range(lo, hi):
-        _channel_statistics(x, m, ratio, c, c + 1, shift, sums, mean64, var64)
-        mean[c], var[c] = mean64[c], var64[c]
-        inv_std[c] = constants[1] / numpy.sqrt(var[c] + constants[0])
+        _channel_mean_var_inv_std(x, m, ratio, constants, c, shift, sums, mean64, var64, mean, var, inv_std)
         mu, r, a, b = mean[c], inv_std[c], gamma[c], beta[c]
         for i in range(n):
             for k in range(s):
