@@ -56,7 +56,9 @@ def scale_shift_relu(x_norm, gamma, beta, negative_slope, out):
 
 
 @cpu_kernel(reassociate=False)  # the bits of normalize, then scale_shift_relu: gamma (x - mean) inv_std as written
-def _normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, relu, negative_slope, lo, hi, x_norm):
+def _normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, relu, negative_slope, lo, hi, x_norm, residual, out):
+    # residual None (numba drops the branch): the ReLU's output into x; an array: z into x and into out the ReLU of
+    # z + residual (kernels.relu._sum_relu's: NaN kept, -0.0 to +0.0 at slope 0)
     n, _, s = x.shape
     for c in range(lo, hi):
         mu, r, a, b = mean[c], inv_std[c], gamma[c], beta[c]
@@ -65,9 +67,17 @@ def _normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, relu, negative_sl
                 v = (x[i, c, k] - mu) * r
                 x_norm[i, c, k] = v
                 z = a * v + b
-                if relu and not z > 0:
-                    z = z * negative_slope
-                x[i, c, k] = z
+                if residual is None:
+                    if relu and not z > 0:
+                        z = z * negative_slope
+                    x[i, c, k] = z
+                else:
+                    x[i, c, k] = z
+                    t = z + residual[i, c, k]
+                    if negative_slope == 0:
+                        out[i, c, k] = t if t > 0 or t != t else 0.0
+                    else:
+                        out[i, c, k] = t if t > 0 else t * negative_slope
 
 
 @cpu_kernel(reassociate=False)  # inv_std as the BatchNorm layer's array expressions round it
@@ -80,33 +90,12 @@ def _channel_mean_var_inv_std(x, m, ratio, constants, c, shift, sums, mean64, va
 
 @cpu_kernel(reassociate=False)
 def _batch_normalize_scale_shift_relu(x, m, ratio, constants, gamma, beta, relu, negative_slope, lo, hi, shift, sums,
-                                      mean64, var64, mean, var, inv_std, x_norm):
+                                      mean64, var64, mean, var, inv_std, x_norm, residual, out):
     # a channel's statistics, then its normalised and fused output while it is in the core's cache
     for c in range(lo, hi):
         _channel_mean_var_inv_std(x, m, ratio, constants, c, shift, sums, mean64, var64, mean, var, inv_std)
-        _normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, relu, negative_slope, c, c + 1, x_norm)
-
-
-@cpu_kernel(reassociate=False)
-def _batch_normalize_scale_shift_sum_relu(x, m, ratio, constants, gamma, beta, residual, negative_slope, lo, hi,
-                                          shift, sums, mean64, var64, mean, var, inv_std, x_norm, out):
-    # a channel's statistics, then in one loop its x_norm, z = gamma x_norm + beta (into x) and the ReLU of z + the
-    # residual (kernels.relu._sum_relu's: NaN kept, -0.0 to +0.0 at slope 0), the channel in the core's cache
-    n, _, s = x.shape
-    for c in range(lo, hi):
-        _channel_mean_var_inv_std(x, m, ratio, constants, c, shift, sums, mean64, var64, mean, var, inv_std)
-        mu, r, a, b = mean[c], inv_std[c], gamma[c], beta[c]
-        for i in range(n):
-            for k in range(s):
-                v = (x[i, c, k] - mu) * r
-                x_norm[i, c, k] = v
-                z = a * v + b
-                x[i, c, k] = z
-                t = z + residual[i, c, k]
-                if negative_slope == 0:
-                    out[i, c, k] = t if t > 0 or t != t else 0.0
-                else:
-                    out[i, c, k] = t if t > 0 else t * negative_slope
+        _normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, relu, negative_slope, c, c + 1, x_norm, residual,
+                                    out)
 
 
 def batch_normalize_scale_shift_relu(x, eps, gamma, beta, negative_slope, x_norm, residual=None, out=None):
@@ -125,16 +114,12 @@ def batch_normalize_scale_shift_relu(x, eps, gamma, beta, negative_slope, x_norm
     mean, var, inv_std = numpy.empty((3, c), dtype)
     constants = numpy.array([eps, 1], dtype)
     gamma, beta = (numpy.ascontiguousarray(v, dtype=dtype) for v in (gamma, beta))
-    if residual is not None:
-        slope = dtype.type(negative_slope)
-        parallel_for(c, lambda lo, hi: _batch_normalize_scale_shift_sum_relu(
-            x, *statistics[:2], constants, gamma, beta, residual, slope, lo, hi, *statistics[2:], mean, var, inv_std,
-            x_norm, out), work=x.size)
-        return mean, var
-    relu, slope = negative_slope is not None, float(negative_slope or 0.0)
+    relu = negative_slope is not None and residual is None
+    # (the sum's ReLU compares the slope with 0 in x's dtype, as sum_relu's loop)
+    slope = dtype.type(negative_slope) if residual is not None else float(negative_slope or 0.0)
     parallel_for(c, lambda lo, hi: _batch_normalize_scale_shift_relu(
-        x, *statistics[:2], constants, gamma, beta, relu, slope, lo, hi, *statistics[2:], mean, var, inv_std, x_norm),
-        work=x.size)
+        x, *statistics[:2], constants, gamma, beta, relu, slope, lo, hi, *statistics[2:], mean, var, inv_std, x_norm,
+        residual, out), work=x.size)
     return mean, var
 
 
@@ -152,7 +137,7 @@ def normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, negative_slope, x_
     mean, inv_std, gamma, beta = (numpy.ascontiguousarray(v, dtype=x.dtype) for v in (mean, inv_std, gamma, beta))
     relu, slope = negative_slope is not None, float(negative_slope or 0.0)
     parallel_for(x.shape[1], lambda lo, hi: _normalize_scale_shift_relu(x, mean, inv_std, gamma, beta, relu, slope,
-                                                                        lo, hi, x_norm), work=x.size)
+                                                                        lo, hi, x_norm, None, None), work=x.size)
     return x
 
 

@@ -56,15 +56,30 @@ class BatchNormScaleReLU:
     def negative_slope(self):
         return None if self.relu is None else self.relu.negative_slope
 
-    def forward(self):
+    @property
+    def one_sweep(self):
+        """Whether forward takes the statistics and writes the output in one sweep of the channels (the host, with the
+        batch's statistics of this process alone)."""
+        bn = self.batch_norm
+        return self.net.xp is numpy and not bn.use_global_stats and bn.batch_group is None
+
+    def forward(self, join=None):
+        """``join``: the EltwiseSumReLU after the group (BatchNormScaleSumReLU), whose sum and ReLU the one sweep
+        makes too (:attr:`one_sweep` only)."""
         self.scale.x = None  # a copy that unfuse() made is not needed
         blob, bn = self.net.bottom_blobs(self.first)[0], self.batch_norm
         x = _channels(blob.data, bn.channels)
         gamma, beta = (b.data for b in self.scale.blobs)
         x_norm = bn.x_norm_buffer(x.shape)
-        if self.net.xp is numpy and not bn.use_global_stats and bn.batch_group is None:  # one sweep of the channels
-            mean, var = batch_normalize_scale_shift_relu(x, bn.layer_param.batch_norm.eps, gamma, beta,
-                                                         self.negative_slope, x_norm)
+        if self.one_sweep:
+            slope, residual, out = self.negative_slope, None, None
+            if join is not None:
+                shortcut = next(b for b in self.net.bottom_blobs(join.first) if b is not blob)
+                slope, residual, out = join.relu.negative_slope, _channels(shortcut.data, bn.channels), _channels(
+                    self.net.top_blobs(join.first)[0].data, bn.channels)
+                join.ran_fused = True
+            mean, var = batch_normalize_scale_shift_relu(x, bn.layer_param.batch_norm.eps, gamma, beta, slope, x_norm,
+                                                         residual, out)
             bn.record_batch_statistics(x, mean, var)
         else:
             mean, inv_std = bn.statistics(blob.data)
@@ -188,8 +203,6 @@ class BatchNormScaleSumReLU:
     def __init__(self, net, batch_norm, join):
         self.net, self.batch_norm, self.join = net, batch_norm, join
         self.first, self.last = batch_norm.first, join.last
-        blob = net.bottom_blobs(batch_norm.first)[0]
-        self.shortcut = next(b for b in net.bottom_blobs(join.first) if b is not blob)
         self.ran_fused = False
 
     @property
@@ -197,22 +210,11 @@ class BatchNormScaleSumReLU:
         return range(self.first, self.last + 1)
 
     def forward(self):
-        net, group = self.net, self.batch_norm
-        bn = group.batch_norm
-        if net.xp is not numpy or bn.use_global_stats or bn.batch_group is not None:
-            group.forward()
-            self.join.forward()
+        if self.batch_norm.one_sweep:
+            self.batch_norm.forward(join=self.join)
         else:
-            group.scale.x = None
-            blob, top = net.bottom_blobs(self.first)[0], net.top_blobs(self.join.first)[0]
-            x = _channels(blob.data, bn.channels)
-            gamma, beta = (b.data for b in group.scale.blobs)
-            mean, var = batch_normalize_scale_shift_relu(
-                x, bn.layer_param.batch_norm.eps, gamma, beta, self.join.relu.negative_slope,
-                bn.x_norm_buffer(x.shape), _channels(self.shortcut.data, bn.channels), _channels(top.data, bn.channels))
-            bn.record_batch_statistics(x, mean, var)
-            group.affine = (gamma.copy(), beta.copy()) if group.output_kept else None
-            group.ran_fused = self.join.ran_fused = True
+            self.batch_norm.forward()
+            self.join.forward()
         self.ran_fused = True
 
     def unfuse(self):

@@ -80,8 +80,9 @@ def _units(net):
             if "bottom" in reads:
                 u.touch(bwd(i))
             if need and entry.bottom_need_backward[j]:
-                diff_unit(b).touch(bwd(i))
-                assigned.add(id(diff_alias.get(id(b), b)))
+                u = diff_unit(b)
+                u.touch(bwd(i))
+                assigned.add(id(u.blob))
         for j, t in enumerate(tops):
             u = data_unit(t)
             u.touch(fwd(i))
