@@ -16,10 +16,10 @@ def present(folder=FOLDER):
     return set(glob.glob(os.path.join(folder, PATTERN)))
 
 
-def held_open():
-    """The paths some process this user may read holds open (Linux: /proc/*/fd)."""
+def held_open(pids=None):
+    """The paths some process this user may read holds open (Linux: /proc/*/fd); ``pids``: those processes only."""
     held = set()
-    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
+    for fd_dir in glob.glob("/proc/[0-9]*/fd") if pids is None else [f"/proc/{pid}/fd" for pid in pids]:
         try:
             names = os.listdir(fd_dir)
         except OSError:  # the process ended, or is another user's

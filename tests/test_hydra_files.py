@@ -1,5 +1,4 @@
 """tests/hydra_files.py: the session removes the topology files of the MPI jobs the tests killed, and only those."""
-import fnmatch
 import glob
 import os
 import signal
@@ -29,7 +28,7 @@ def test_only_new_files_no_process_holds_open_are_removed(tmp_path):
 def _held_by_job(pid):
     """The topology files that process ``pid`` and its descendants hold open (hydra's proxy is mpiexec's child, in a
     session of its own): one job's files, whatever other jobs (another xdist worker's) run beside it."""
-    parents, fds = {}, {}
+    parents = {}
     for stat in glob.glob("/proc/[0-9]*/stat"):
         try:
             with open(stat) as f:
@@ -40,15 +39,7 @@ def _held_by_job(pid):
     while grown:
         children = {p for p, parent in parents.items() if parent in job} - job
         job, grown = job | children, bool(children)
-    held = set()
-    for p in job:
-        try:
-            fd_dir = f"/proc/{p}/fd"
-            held |= {os.readlink(os.path.join(fd_dir, name)) for name in os.listdir(fd_dir)}
-        except OSError:  # the process ended, or is another user's
-            continue
-    return {t for t in held if os.path.dirname(t) == hydra_files.FOLDER
-            and fnmatch.fnmatch(os.path.basename(t), hydra_files.PATTERN)}
+    return hydra_files.held_open(job) & hydra_files.present()
 
 
 @pytest.mark.mpi
