@@ -1,6 +1,9 @@
 """Adam (Kingma and Ba 2015), Caffe's adam_solver.cpp."""
 import math
 
+import numpy
+
+from ..kernels.update import adam_step
 from .solver import Solver, register_solver
 
 
@@ -24,11 +27,22 @@ class AdamSolver(Solver):
         if not sp.momentum2 < 1:
             raise sp.error(f"Adam's beta2 (momentum2) must be in [0, 1), got {sp.momentum2}", "momentum2")
 
+    def _correction(self):
+        t = self.iter + 1
+        return math.sqrt(1.0 - self.param.momentum2 ** t) / (1.0 - self.param.momentum ** t)
+
     def compute_update(self, param, state, rate):
         m, v = state
         beta1, beta2, g = self.param.momentum, self.param.momentum2, param.diff
-        t = self.iter + 1
-        correction = math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
+        correction = self._correction()
         m[...] = beta1 * m + (1.0 - beta1) * g
         v[...] = beta2 * v + (1.0 - beta2) * (g * g)
         param.diff[...] = (rate * correction) * m / (self.xp.sqrt(v) + self.param.delta)
+
+    def fused_update(self, param, state, rate, decay):
+        # on the host, one compiled pass (kernels/update.py) where the decay is L2 or none
+        if self.xp is not numpy or (decay and self.param.regularization_type != "L2"):
+            return False
+        m, v = state
+        return adam_step(param.data, param.diff, m, v, decay, self.param.momentum, self.param.momentum2,
+                         rate * self._correction(), self.param.delta)

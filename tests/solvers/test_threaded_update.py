@@ -48,30 +48,39 @@ def test_groups_balance_sizes():
     assert balanced_groups(sizes[:2], 5) == [[0], [1]]
 
 
+# the solvers with a compiled pass (kernels/update.py): their module and class, the pass, and where its decay argument is
+COMPILED_PASSES = {"SGD": ("sgd", "SGDSolver", "sgd_step", 3), "Adam": ("adam", "AdamSolver", "adam_step", 4)}
+
+
+@pytest.mark.parametrize("solver_type", sorted(COMPILED_PASSES))
 @pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
 @pytest.mark.parametrize("keys", [{"momentum": 0.9}, {"momentum": 0.0}, {"momentum": 0.9, "weight_decay": 0.0},
                                   {"momentum": 0.9, "regularization_type": "L1"}])
-def test_sgds_compiled_pass_gives_the_passes_bits(keys, dtype, tmp_path, monkeypatch):
+def test_compiled_pass_gives_the_passes_bits(solver_type, keys, dtype, tmp_path, monkeypatch):
     """The parameters, their diffs (the step, as Caffe leaves them) and the history after 4 iterations: the same bits
-    with SGD's one compiled pass (kernels/update.py) as with regularize, compute_update and the step one after the
-    other, for decay_mult 0, 1 and 2 and lr_mult 1 and 2; L1 decay takes the passes."""
-    from layerforge.kernels import update
-    from layerforge.solvers import sgd
+    with the solver's one compiled pass (kernels/update.py) as with regularize, compute_update and the step one after
+    the other, for decay_mult 0, 1 and 2 and lr_mult 1 and 2; L1 decay takes the passes."""
+    import importlib
 
+    from layerforge.kernels import update
+
+    module_name, class_name, step_name, decay_at = COMPILED_PASSES[solver_type]
+    module = importlib.import_module(f"layerforge.solvers.{module_name}")
     monkeypatch.setattr(parallel, "MIN_PARALLEL_ELEMENTS", 0)
     layers = [dict(layer) for layer in CONV_NET["layers"]]
     layers[1]["param"] = [{"lr_mult": 1, "decay_mult": 2}, {"lr_mult": 2, "decay_mult": 0}]  # conv1's weights, bias
     keys = dict(keys, dtype=numpy.dtype(dtype).name, net_param=dict(CONV_NET, layers=layers))
     calls = []
-    monkeypatch.setattr(sgd, "sgd_step", lambda *a: calls.append((a[0].dtype, a[3])) or update.sgd_step(*a))
-    fused = trained("SGD", 2, tmp_path, history=True, **keys)
+    step = getattr(update, step_name)
+    monkeypatch.setattr(module, step_name, lambda *a: calls.append((a[0].dtype, a[decay_at])) or step(*a))
+    fused = trained(solver_type, 2, tmp_path, history=True, **keys)
     assert {t for t, _ in calls} == {numpy.dtype(dtype)}
     if keys.get("regularization_type") == "L1":  # only conv1's bias, decay_mult 0, has the one pass
         assert {decay for _, decay in calls} == {0}
     else:
         assert len({decay for _, decay in calls}) == (1 if keys.get("weight_decay") == 0 else 3)
-    monkeypatch.setattr(sgd.SGDSolver, "fused_update", lambda *a: False)
-    assert trained("SGD", 2, tmp_path, history=True, **keys) == fused
+    monkeypatch.setattr(getattr(module, class_name), "fused_update", lambda *a: False)
+    assert trained(solver_type, 2, tmp_path, history=True, **keys) == fused
 
 
 def test_sgd_step_gives_numpys_passes_bits_in_float32():
@@ -94,3 +103,25 @@ def test_sgd_step_gives_numpys_passes_bits_in_float32():
     wide = numpy.zeros((3, 1000), numpy.float64)
     assert not sgd_step(data, diff, wide, decay, momentum, rate)  # another dtype: the passes do it
     assert not sgd_step(data[:, ::2], diff[:, ::2], history[:, ::2], decay, momentum, rate)
+
+
+def test_adam_step_gives_numpys_passes_bits_in_float32():
+    """Adam's pass: the float32 roundings of the passes (m, v, the step with sqrt and division), in place."""
+    from layerforge.kernels.update import adam_step
+
+    rs = numpy.random.RandomState(1)
+    data, diff, m = (rs.randn(3, 1000).astype(numpy.float32) * s for s in (1.0, 1e-3, 1e-4))
+    v = numpy.abs(rs.randn(3, 1000)).astype(numpy.float32) * 1e-6
+    decay, beta1, beta2, step, delta = 5e-4 * 1.3, 0.9, 0.999, 0.001 * 2 * 3.16, 1e-8
+    expected = [a.copy() for a in (data, diff, m, v)]
+    d, g, m1, v1 = expected
+    g += decay * d
+    m1[...] = beta1 * m1 + (1.0 - beta1) * g
+    v1[...] = beta2 * v1 + (1.0 - beta2) * (g * g)
+    g[...] = step * m1 / (numpy.sqrt(v1) + delta)
+    d -= g
+    assert adam_step(data, diff, m, v, decay, beta1, beta2, step, delta)
+    for got, want in zip((data, diff, m, v), expected):
+        numpy.testing.assert_array_equal(got, want)
+    assert not adam_step(data, diff, m, v.astype(numpy.float64), decay, beta1, beta2, step, delta)
+    assert not adam_step(data[:, ::2], diff[:, ::2], m[:, ::2], v[:, ::2], decay, beta1, beta2, step, delta)
