@@ -1,4 +1,5 @@
 """AdaDelta (Zeiler 2012), Caffe's adadelta_solver.cpp."""
+from ..kernels.update import adadelta_step
 from .solver import Solver, register_solver
 
 
@@ -23,3 +24,8 @@ class AdaDeltaSolver(Solver):
         u = g * self.xp.sqrt((update_sq + delta) / (grad_sq + delta))
         update_sq[...] = (1.0 - m) * (u * u) + m * update_sq
         param.diff[...] = rate * u
+
+    def compiled_step(self, param, state, rate, decay):
+        grad_sq, update_sq = state
+        return adadelta_step(param.data, param.diff, grad_sq, update_sq, decay, self.param.momentum, rate,
+                             self.param.delta)

@@ -1,4 +1,5 @@
 """AdaGrad (Duchi et al. 2011), Caffe's adagrad_solver.cpp, and the base it shares with RMSProp."""
+from ..kernels.update import squared_gradient_step
 from .solver import Solver, register_solver
 
 
@@ -19,16 +20,27 @@ class SquaredGradientSolver(Solver):
     def accumulate(self, h, g):
         raise NotImplementedError
 
+    @property
+    def accumulation(self):
+        """``(add, keep)``: :meth:`accumulate` as ``H = add * g^2 + keep * H``, for the compiled pass."""
+        raise NotImplementedError
+
     def compute_update(self, param, state, rate):
         (h,) = state
         g = param.diff
         self.accumulate(h, g)
         param.diff[...] = rate * g / (self.xp.sqrt(h) + self.param.delta)
 
+    def compiled_step(self, param, state, rate, decay):
+        add, keep = self.accumulation
+        return squared_gradient_step(param.data, param.diff, state[0], decay, add, keep, rate, self.param.delta)
+
 
 @register_solver("AdaGrad")
 class AdaGradSolver(SquaredGradientSolver):
     """AdaGrad: H = H + g^2 (the sum of all squared gradients so far)."""
+
+    accumulation = (1.0, 1.0)  # H + g^2 as 1 g^2 + 1 H: the same bits
 
     def accumulate(self, h, g):
         h += g * g

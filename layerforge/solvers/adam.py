@@ -1,8 +1,6 @@
 """Adam (Kingma and Ba 2015), Caffe's adam_solver.cpp."""
 import math
 
-import numpy
-
 from ..kernels.update import adam_step
 from .solver import Solver, register_solver
 
@@ -39,10 +37,7 @@ class AdamSolver(Solver):
         v[...] = beta2 * v + (1.0 - beta2) * (g * g)
         param.diff[...] = (rate * correction) * m / (self.xp.sqrt(v) + self.param.delta)
 
-    def fused_update(self, param, state, rate, decay):
-        # on the host, one compiled pass (kernels/update.py) where the decay is L2 or none
-        if self.xp is not numpy or (decay and self.param.regularization_type != "L2"):
-            return False
+    def compiled_step(self, param, state, rate, decay):
         m, v = state
         return adam_step(param.data, param.diff, m, v, decay, self.param.momentum, self.param.momentum2,
                          rate * self._correction(), self.param.delta)

@@ -10,3 +10,7 @@ class RMSPropSolver(SquaredGradientSolver):
     def accumulate(self, h, g):
         d = self.param.rms_decay
         h[...] = (1.0 - d) * (g * g) + d * h
+
+    @property
+    def accumulation(self):
+        return 1.0 - self.param.rms_decay, self.param.rms_decay

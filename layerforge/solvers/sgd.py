@@ -1,7 +1,5 @@
 """Stochastic gradient descent with momentum, and Nesterov's accelerated gradient (Caffe's formulas)."""
-import numpy
-
-from ..kernels.update import sgd_step
+from ..kernels.update import nesterov_step, sgd_step
 from .solver import Solver, register_solver
 
 
@@ -20,10 +18,7 @@ class SGDSolver(Solver):
         v += rate * param.diff
         param.diff[...] = v
 
-    def fused_update(self, param, state, rate, decay):
-        # on the host, one compiled pass (kernels/update.py) where the decay is L2 or none
-        if self.xp is not numpy or (decay and self.param.regularization_type != "L2"):
-            return False
+    def compiled_step(self, param, state, rate, decay):
         return sgd_step(param.data, param.diff, state[0], decay, self.param.momentum, rate)
 
 
@@ -43,3 +38,6 @@ class NesterovSolver(Solver):
         v *= m
         v += rate * param.diff
         param.diff[...] = (1.0 + m) * v - m * previous
+
+    def compiled_step(self, param, state, rate, decay):
+        return nesterov_step(param.data, param.diff, state[0], decay, self.param.momentum, rate)

@@ -35,6 +35,7 @@ iter_size and ``iter_size: k`` with batch b stays equivalent to batch k*b even w
 parameter whose gradient came as rows (Embed), see :meth:`Solver.update_rows`.
 """
 import collections
+import functools
 import logging
 import math
 import os
@@ -452,8 +453,16 @@ class Solver:
 
     def fused_update(self, param, state, rate, decay):
         """Regularise (``decay``), the rule (``rate``) and the step ``data -= diff`` of ``param`` in one pass, with the
-        bits of :meth:`regularize`, :meth:`compute_update` and the step, where the rule has such a pass for these
-        arrays; False (nothing done) where not, and the three run one after the other."""
+        bits of :meth:`regularize`, :meth:`compute_update` and the step: the rule's :meth:`compiled_step`, on the host
+        with L2 or no decay; False (nothing done) where not, and the three run one after the other."""
+        if self.xp is not numpy or (decay and self.param.regularization_type != "L2") or \
+                not _compiled_step_is_the_rule(type(self)):
+            return False
+        return self.compiled_step(param, state, rate, decay)
+
+    def compiled_step(self, param, state, rate, decay):
+        """The rule's one compiled pass (kernels/update.py) over host arrays; False where the rule has none or it does
+        not take these arrays."""
         return False
 
     def _decay_and_rate(self, i, rate):
@@ -680,6 +689,21 @@ def _parts(param, rows, block):
         return [None]
     step = block or stop - start
     return [(a, min(stop, a + step)) for a in range(start, stop, step)]
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_step_is_the_rule(solver_class):
+    """Whether the class's compiled_step computes its passes: False for a subclass (a user's) that redefines a pass
+    (regularize, compute_update, or accumulate without its accumulation) below the class the compiled step comes
+    from; that subclass's own passes run."""
+    for cls in solver_class.__mro__:
+        names = vars(cls)
+        if "compiled_step" in names:
+            return True
+        if "regularize" in names or "compute_update" in names or (
+                "accumulate" in names and "accumulation" not in names):
+            return False
+    return True
 
 
 def balanced_groups(sizes, count):

@@ -48,28 +48,36 @@ def test_groups_balance_sizes():
     assert balanced_groups(sizes[:2], 5) == [[0], [1]]
 
 
-# the solvers with a compiled pass (kernels/update.py): their module and class, the pass, and where its decay argument is
-COMPILED_PASSES = {"SGD": ("sgd", "SGDSolver", "sgd_step", 3), "Adam": ("adam", "AdamSolver", "adam_step", 4)}
+# the solvers' compiled passes (kernels/update.py): the module that calls it, the solver's class, the pass, where its
+# decay argument is, and the solver's keys
+COMPILED_PASSES = {"SGD": ("sgd", "sgd.SGDSolver", "sgd_step", 3, {"momentum": 0.9}),
+                   "Nesterov": ("sgd", "sgd.NesterovSolver", "nesterov_step", 3, {"momentum": 0.9}),
+                   "AdaGrad": ("adagrad", "adagrad.AdaGradSolver", "squared_gradient_step", 3, {"momentum": 0.0}),
+                   "RMSProp": ("adagrad", "rmsprop.RMSPropSolver", "squared_gradient_step", 3,
+                               {"momentum": 0.0, "rms_decay": 0.9}),
+                   "AdaDelta": ("adadelta", "adadelta.AdaDeltaSolver", "adadelta_step", 4,
+                                {"momentum": 0.95, "delta": 1e-6}),
+                   "Adam": ("adam", "adam.AdamSolver", "adam_step", 4, {"momentum": 0.9, "momentum2": 0.999})}
 
 
 @pytest.mark.parametrize("solver_type", sorted(COMPILED_PASSES))
 @pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
-@pytest.mark.parametrize("keys", [{"momentum": 0.9}, {"momentum": 0.0}, {"momentum": 0.9, "weight_decay": 0.0},
-                                  {"momentum": 0.9, "regularization_type": "L1"}])
+@pytest.mark.parametrize("keys", [{}, {"momentum": 0.0}, {"weight_decay": 0.0}, {"regularization_type": "L1"}])
 def test_compiled_pass_gives_the_passes_bits(solver_type, keys, dtype, tmp_path, monkeypatch):
     """The parameters, their diffs (the step, as Caffe leaves them) and the history after 4 iterations: the same bits
     with the solver's one compiled pass (kernels/update.py) as with regularize, compute_update and the step one after
-    the other, for decay_mult 0, 1 and 2 and lr_mult 1 and 2; L1 decay takes the passes."""
+    the other, for decay_mult 0, 1 and 2 and lr_mult 1 and 2, and momentum 0 (the decay of AdaDelta's means, Adam's
+    beta1); L1 decay takes the passes."""
     import importlib
 
     from layerforge.kernels import update
 
-    module_name, class_name, step_name, decay_at = COMPILED_PASSES[solver_type]
+    module_name, class_name, step_name, decay_at, solver_keys = COMPILED_PASSES[solver_type]
     module = importlib.import_module(f"layerforge.solvers.{module_name}")
     monkeypatch.setattr(parallel, "MIN_PARALLEL_ELEMENTS", 0)
     layers = [dict(layer) for layer in CONV_NET["layers"]]
     layers[1]["param"] = [{"lr_mult": 1, "decay_mult": 2}, {"lr_mult": 2, "decay_mult": 0}]  # conv1's weights, bias
-    keys = dict(keys, dtype=numpy.dtype(dtype).name, net_param=dict(CONV_NET, layers=layers))
+    keys = dict(solver_keys, **keys, dtype=numpy.dtype(dtype).name, net_param=dict(CONV_NET, layers=layers))
     calls = []
     step = getattr(update, step_name)
     monkeypatch.setattr(module, step_name, lambda *a: calls.append((a[0].dtype, a[decay_at])) or step(*a))
@@ -79,7 +87,9 @@ def test_compiled_pass_gives_the_passes_bits(solver_type, keys, dtype, tmp_path,
         assert {decay for _, decay in calls} == {0}
     else:
         assert len({decay for _, decay in calls}) == (1 if keys.get("weight_decay") == 0 else 3)
-    monkeypatch.setattr(getattr(module, class_name), "fused_update", lambda *a: False)
+    class_module, class_name = class_name.split(".")
+    solver_class = getattr(importlib.import_module(f"layerforge.solvers.{class_module}"), class_name)
+    monkeypatch.setattr(solver_class, "fused_update", lambda *a: False)
     assert trained(solver_type, 2, tmp_path, history=True, **keys) == fused
 
 
@@ -125,3 +135,38 @@ def test_adam_step_gives_numpys_passes_bits_in_float32():
         numpy.testing.assert_array_equal(got, want)
     assert not adam_step(data, diff, m, v.astype(numpy.float64), decay, beta1, beta2, step, delta)
     assert not adam_step(data[:, ::2], diff[:, ::2], m[:, ::2], v[:, ::2], decay, beta1, beta2, step, delta)
+
+
+def test_a_subclass_that_redefines_a_pass_runs_its_own_passes(tmp_path):
+    """A user's solver class that changes a rule's pass (here Adam's compute_update, RMSProp's accumulate) below the
+    class with the compiled pass gets its own passes; one that changes nothing, or a rule's accumulate together with
+    its accumulation (RMSProp's), keeps the compiled pass."""
+    from layerforge.solvers.adam import AdamSolver
+    from layerforge.solvers.param import load_solver_param
+    from layerforge.solvers.rmsprop import RMSPropSolver
+    from layerforge.solvers.solver import SOLVER_REGISTRY
+
+    calls = []
+
+    class ClippedAdam(AdamSolver):
+        def compute_update(self, param, state, rate):
+            calls.append(param.diff.size)
+            super().compute_update(param, state, rate)
+
+    class SlowerRMSProp(RMSPropSolver):
+        def accumulate(self, h, g):
+            calls.append(g.size)
+            super().accumulate(h, g)
+
+    class SameAdam(AdamSolver):
+        pass
+
+    for cls, keys, own in ((ClippedAdam, {"type": "Adam"}, True), (SlowerRMSProp, {"type": "RMSProp"}, True),
+                           (SameAdam, {"type": "Adam"}, False), (RMSPropSolver, {"type": "RMSProp"}, False)):
+        calls.clear()
+        sp = load_solver_param(dict(net_param=CONV_NET, base_lr=0.01, max_iter=2, random_seed=3, display=0,
+                                    snapshot_after_train=False, snapshot_prefix=str(tmp_path / "s"), **keys),
+                               SOLVER_REGISTRY)
+        solver = cls(sp)
+        solver.step(2)
+        assert (sum(calls) == 2 * sum(p.count for p in solver.net.learnable_params)) if own else not calls
