@@ -292,17 +292,19 @@ def _sum_into(out, *arrays):
         out += a
 
 
-def cpu_kernel(fn=None, *, reassociate=True):
+def cpu_kernel(fn=None, *, reassociate=True, ieee_division=False):
     """Compile a CPU kernel body with numba: nopython, releasing the GIL (so :func:`parallel_for`'s threads run
     it side by side), cached on disk. Used where numpy would need several passes or a pass per window
     position for what one loop does; each body computes its slice in a fixed order, so results stay
     bit-identical for any thread count. Floating-point reductions may be reassociated (vectorised), always
     the same way for the same lengths; ``@cpu_kernel(reassociate=False)`` forbids that, for a body that must give
-    the bits of the separate passes it fuses (reassociation would fold one pass's factor into the next's). numba
+    the bits of the separate passes it fuses (reassociation would fold one pass's factor into the next's).
+    ``ieee_division=True``: a float division by zero gives inf or nan, as numpy's does, where numba would raise; the
+    check numba makes before each division otherwise keeps a loop with one from being vectorised. numba
     is imported at the first call (it takes a quarter of a second, which commands that run no kernel, and every
     rank's start, would pay)."""
     if fn is None:
-        return functools.partial(cpu_kernel, reassociate=reassociate)
+        return functools.partial(cpu_kernel, reassociate=reassociate, ieee_division=ieee_division)
     compiled = []
     lock = threading.Lock()
 
@@ -313,7 +315,9 @@ def cpu_kernel(fn=None, *, reassociate=True):
                     import numba
 
                     fastmath = {"reassoc"} if reassociate else False
-                    compiled.append(numba.njit(nogil=True, cache=True, fastmath=fastmath)(_calling_kernels(fn)))
+                    errors = "numpy" if ieee_division else "python"
+                    compiled.append(numba.njit(nogil=True, cache=True, fastmath=fastmath, error_model=errors)(
+                        _calling_kernels(fn)))
         return compiled[0]
 
     @functools.wraps(fn)

@@ -170,3 +170,23 @@ def test_a_subclass_that_redefines_a_pass_runs_its_own_passes(tmp_path):
         solver = cls(sp)
         solver.step(2)
         assert (sum(calls) == 2 * sum(p.count for p in solver.net.learnable_params)) if own else not calls
+
+
+def test_a_division_by_zero_in_a_pass_gives_numpys_values():
+    """AdaGrad with delta 0 on a zero gradient divides 0 by 0: the compiled pass gives the passes' nan, no
+    exception (numba's own division would raise)."""
+    from layerforge.kernels.update import squared_gradient_step
+
+    data = numpy.ones(40, numpy.float32)
+    diff = numpy.where(numpy.arange(40) % 2, 0.0, 0.5).astype(numpy.float32)
+    h = numpy.zeros(40, numpy.float32)
+    expected = [a.copy() for a in (data, diff, h)]
+    d, g, h1 = expected
+    h1 += g * g
+    with numpy.errstate(divide="ignore", invalid="ignore"):
+        g[...] = 0.1 * g / (numpy.sqrt(h1) + 0.0)
+    d -= g
+    assert squared_gradient_step(data, diff, h, 0.0, 1.0, 1.0, 0.1, 0.0)
+    assert numpy.isnan(diff[1::2]).all() and numpy.isfinite(diff[::2]).all()
+    for got, want in zip((data, diff, h), expected):
+        numpy.testing.assert_array_equal(got, want)
