@@ -69,7 +69,7 @@ def lrn_across_forward(x, size, alpha_n, k, beta, out=None):
 _ROOT_POWERS = {0.75: 0, 0.5: 1, 1: 2}
 
 
-@cpu_kernel(reassociate=False)
+@cpu_kernel(reassociate=False, ieee_division=True)
 def _compiled_forward(x, size, alpha_n, k, power, one, lo, hi, y, scale):
     # images [lo, hi) of x (N, C, P): each channel's window summed in window_sum's order (the channel, then the
     # neighbours at distance 1, 2 ... below before above), the power as negative_power computes it
@@ -124,7 +124,7 @@ def lrn_across_backward(x, scale, gy, size, alpha_n, beta, gx):
     return gx
 
 
-@cpu_kernel(reassociate=False)
+@cpu_kernel(reassociate=False, ieee_division=True)
 def _compiled_backward(x, scale, gy, size, factor, power, one, lo, hi, gx):
     # images [lo, hi): t = gy x scale^-beta / scale for every channel of the image first (the window reads five
     # channels of it), then gx = gy scale^-beta - factor x (window sum of t), in _across_backward's order
