@@ -12,8 +12,8 @@ nesterov_solver.cpp, adagrad_solver.cpp, rmsprop_solver.cpp, adadelta_solver.cpp
 The solver's general path makes these as numpy passes over a block of the parameter at a time (regularise, the rule,
 the step: a temporary and a Python call each), which leaves the update at a third of the memory's speed; here one
 compiled loop reads data, diff and the state once and writes them once (Adam's general path made ten passes, each
-with a temporary: 2.3 of LeNet's 27 ms an iteration; the pass 0.4). Each value takes the same float operations in the same
-order as the passes (the scalars in the arrays' dtype, no fused multiply-add), so the same bits.
+with a temporary: 2.3 of LeNet's 27 ms an iteration; the pass 0.4). Each value takes the same float operations in the
+same order as the passes (the scalars in the arrays' dtype, no fused multiply-add), so the same bits.
 """
 import numpy
 
