@@ -6,7 +6,7 @@ from .solver import Solver, register_solver
 class SquaredGradientSolver(Solver):
     """Rules that divide by the root of an accumulated squared gradient H (the state)::
 
-        H = accumulate(H, g^2)                          (the rule's :meth:`accumulate`)
+        H = add * g^2 + keep * H                        (the rule's :attr:`accumulation`: (add, keep))
         W = W - rate * lr_mult * g / (sqrt(H) + delta)
 
     Momentum must be 0, as in Caffe.
@@ -17,13 +17,14 @@ class SquaredGradientSolver(Solver):
         if sp.momentum != 0:
             raise sp.error(f"momentum cannot be used with {cls.type} (set it to 0)", "momentum")
 
-    def accumulate(self, h, g):
-        raise NotImplementedError
-
     @property
     def accumulation(self):
-        """``(add, keep)``: :meth:`accumulate` as ``H = add * g^2 + keep * H``, for the compiled pass."""
+        """``(add, keep)``: the rule's ``H = add * g^2 + keep * H``, in the passes and in the compiled pass."""
         raise NotImplementedError
+
+    def accumulate(self, h, g):
+        add, keep = self.accumulation
+        h[...] = add * (g * g) + keep * h
 
     def compute_update(self, param, state, rate):
         (h,) = state
@@ -41,6 +42,3 @@ class AdaGradSolver(SquaredGradientSolver):
     """AdaGrad: H = H + g^2 (the sum of all squared gradients so far)."""
 
     accumulation = (1.0, 1.0)  # H + g^2 as 1 g^2 + 1 H: the same bits
-
-    def accumulate(self, h, g):
-        h += g * g

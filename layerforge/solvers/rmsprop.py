@@ -7,10 +7,6 @@ from .solver import register_solver
 class RMSPropSolver(SquaredGradientSolver):
     """RMSProp: H = (1 - d) * g^2 + d * H, a running mean of squared gradients (d = rms_decay)."""
 
-    def accumulate(self, h, g):
-        d = self.param.rms_decay
-        h[...] = (1.0 - d) * (g * g) + d * h
-
     @property
     def accumulation(self):
         return 1.0 - self.param.rms_decay, self.param.rms_decay

@@ -694,14 +694,13 @@ def _parts(param, rows, block):
 @functools.lru_cache(maxsize=None)
 def _compiled_step_is_the_rule(solver_class):
     """Whether the class's compiled_step computes its passes: False for a subclass (a user's) that redefines a pass
-    (regularize, compute_update, or accumulate without its accumulation) below the class the compiled step comes
-    from; that subclass's own passes run."""
+    (regularize, compute_update, accumulate) below the class the compiled step comes from; that subclass's own passes
+    run."""
     for cls in solver_class.__mro__:
         names = vars(cls)
         if "compiled_step" in names:
             return True
-        if "regularize" in names or "compute_update" in names or (
-                "accumulate" in names and "accumulation" not in names):
+        if "regularize" in names or "compute_update" in names or "accumulate" in names:
             return False
     return True
 

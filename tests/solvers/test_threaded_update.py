@@ -48,16 +48,14 @@ def test_groups_balance_sizes():
     assert balanced_groups(sizes[:2], 5) == [[0], [1]]
 
 
-# the solvers' compiled passes (kernels/update.py): the module that calls it, the solver's class, the pass, where its
-# decay argument is, and the solver's keys
-COMPILED_PASSES = {"SGD": ("sgd", "sgd.SGDSolver", "sgd_step", 3, {"momentum": 0.9}),
-                   "Nesterov": ("sgd", "sgd.NesterovSolver", "nesterov_step", 3, {"momentum": 0.9}),
-                   "AdaGrad": ("adagrad", "adagrad.AdaGradSolver", "squared_gradient_step", 3, {"momentum": 0.0}),
-                   "RMSProp": ("adagrad", "rmsprop.RMSPropSolver", "squared_gradient_step", 3,
-                               {"momentum": 0.0, "rms_decay": 0.9}),
-                   "AdaDelta": ("adadelta", "adadelta.AdaDeltaSolver", "adadelta_step", 4,
-                                {"momentum": 0.95, "delta": 1e-6}),
-                   "Adam": ("adam", "adam.AdamSolver", "adam_step", 4, {"momentum": 0.9, "momentum2": 0.999})}
+# the solvers' compiled passes (kernels/update.py): the module that calls it, the pass, where its decay argument is,
+# and the solver's keys
+COMPILED_PASSES = {"SGD": ("sgd", "sgd_step", 3, {"momentum": 0.9}),
+                   "Nesterov": ("sgd", "nesterov_step", 3, {"momentum": 0.9}),
+                   "AdaGrad": ("adagrad", "squared_gradient_step", 3, {"momentum": 0.0}),
+                   "RMSProp": ("adagrad", "squared_gradient_step", 3, {"momentum": 0.0, "rms_decay": 0.9}),
+                   "AdaDelta": ("adadelta", "adadelta_step", 4, {"momentum": 0.95, "delta": 1e-6}),
+                   "Adam": ("adam", "adam_step", 4, {"momentum": 0.9, "momentum2": 0.999})}
 
 
 @pytest.mark.parametrize("solver_type", sorted(COMPILED_PASSES))
@@ -71,8 +69,9 @@ def test_compiled_pass_gives_the_passes_bits(solver_type, keys, dtype, tmp_path,
     import importlib
 
     from layerforge.kernels import update
+    from layerforge.solvers import SOLVER_REGISTRY
 
-    module_name, class_name, step_name, decay_at, solver_keys = COMPILED_PASSES[solver_type]
+    module_name, step_name, decay_at, solver_keys = COMPILED_PASSES[solver_type]
     module = importlib.import_module(f"layerforge.solvers.{module_name}")
     monkeypatch.setattr(parallel, "MIN_PARALLEL_ELEMENTS", 0)
     layers = [dict(layer) for layer in CONV_NET["layers"]]
@@ -87,9 +86,7 @@ def test_compiled_pass_gives_the_passes_bits(solver_type, keys, dtype, tmp_path,
         assert {decay for _, decay in calls} == {0}
     else:
         assert len({decay for _, decay in calls}) == (1 if keys.get("weight_decay") == 0 else 3)
-    class_module, class_name = class_name.split(".")
-    solver_class = getattr(importlib.import_module(f"layerforge.solvers.{class_module}"), class_name)
-    monkeypatch.setattr(solver_class, "fused_update", lambda *a: False)
+    monkeypatch.setattr(SOLVER_REGISTRY[solver_type], "fused_update", lambda *a: False)
     assert trained(solver_type, 2, tmp_path, history=True, **keys) == fused
 
 
@@ -139,8 +136,8 @@ def test_adam_step_gives_numpys_passes_bits_in_float32():
 
 def test_a_subclass_that_redefines_a_pass_runs_its_own_passes(tmp_path):
     """A user's solver class that changes a rule's pass (here Adam's compute_update, RMSProp's accumulate) below the
-    class with the compiled pass gets its own passes; one that changes nothing, or a rule's accumulate together with
-    its accumulation (RMSProp's), keeps the compiled pass."""
+    class with the compiled pass gets its own passes; one that changes nothing, and RMSProp itself (its accumulation,
+    from which the passes' accumulate comes), keep the compiled pass."""
     from layerforge.solvers.adam import AdamSolver
     from layerforge.solvers.param import load_solver_param
     from layerforge.solvers.rmsprop import RMSPropSolver
