@@ -179,9 +179,17 @@ chain_nt, chain_nt_row = _chain_nt(ROWS), _chain_nt(1)
 
 
 jit = numba.njit(nogil=True, cache=True, fastmath={"contract"})
+# Where a kernel reaches its arrays' elements through addresses, it is compiled for one signature of these, whatever
+# the arrays' layouts, read-only flags and literal arguments (numba compiles a kernel again for each: a second or two
+# apiece, up to eight of them for one kernel in ResNet-50's first step). Not for loops over the elements themselves:
+# over an "A" array numba's loops are not vectorised (thin_gemm's stream() took 2.7x as long).
+INPUT2, INPUT3 = types.Array(types.float32, 2, "A", readonly=True), types.Array(types.float32, 3, "A", readonly=True)
+OUTPUT2, OUTPUT3 = types.Array(types.float32, 2, "A"), types.Array(types.float32, 3, "A")
+BLOCKS = types.Array(types.int64, 2, "A", readonly=True)
 
 
-@jit
+@numba.njit(types.void(INPUT2, INPUT2, types.Array(types.float32, 2, "C"), BLOCKS, types.int64, types.int64,
+                       types.boolean, types.int64), nogil=True, cache=True, fastmath={"contract"})
 def gemm(a, b, c, blocks, j0, j1, transposed, width):
     """c[:, j0:j1] = a @ b[:, j0:j1] (a (M, K), b (K, N) or, ``transposed``, bt (N, K), c (M, N), all C-contiguous;
     j1 - j0 a multiple of ``width``, 64 or 16, but transposed, where the last group of 16 may be short)."""
