@@ -201,18 +201,36 @@ def execute(job):
         _thin_jit.stream(a, b, c, cuts, job[LO], job[HI])
 
 
+@numba.cfunc(types.void(types.CPointer(types.int64)), cache=True)
+def execute_job(job):
+    """:func:`execute` on the job at the address ``job``, as a C function: the loops below call it through its
+    address (``execute_job.address``, an argument of theirs), so that each of them does not compile execute's code,
+    and the kernels it calls, again (numba optimises a callee's code anew inside each caller: 1.4-3 s apiece)."""
+    execute(numba.carray(job, (FIELDS,)))
+
+
+@intrinsic
+def _call_job(typingctx, function, job):
+    # execute_job at the address `function` on the job at the address `job`
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.VoidType(), [i64.as_pointer()])
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [builder.inttoptr(args[1], i64.as_pointer())])
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64), codegen
+
+
 @jit
-def serve(box, budget, syscall):
-    """A product thread's loop, for ever: run each job posted to ``box`` (an int64 array); after ``budget`` cycles
-    without one, or when asked to (``box[PARK]``), sleep on a futex on ``box[STATE]`` until the next post (``syscall``:
-    the address of libc's ``syscall``)."""
+def serve(box, budget, syscall, function):
+    """A product thread's loop, for ever: run each job posted to ``box`` (an int64 array) by the execute_job at
+    ``function``; after ``budget`` cycles without one, or when asked to (``box[PARK]``), sleep on a futex on
+    ``box[STATE]`` until the next post (``syscall``: the address of libc's ``syscall``)."""
     base = box.ctypes.data
     start, idle = _cycles(), 0
     while True:
         posted = _load(base + 8 * POSTED)
         if posted != _load(base + 8 * DONE):
             if _claim(base + 8 * CLAIMED, posted - 1, posted):
-                execute(box[JOB:])
+                _call_job(function, base + 8 * JOB)
                 _store(base + 8 * DONE, posted)
             start = _cycles()
         elif _load(base + 8 * PARK) != 0 or _cycles() - start > budget:
@@ -256,13 +274,14 @@ def wake(box, syscall):
 
 
 @jit
-def wait(box, budget):
-    """Wait, spinning, until the product thread of ``box`` has done its job, or do the job here if the thread has not
-    started it (asleep, or not yet scheduled); False if ``budget`` cycles passed first."""
+def wait(box, budget, function):
+    """Wait, spinning, until the product thread of ``box`` has done its job, or do the job here (the execute_job at
+    ``function``) if the thread has not started it (asleep, or not yet scheduled); False if ``budget`` cycles passed
+    first."""
     base = box.ctypes.data
     posted = _load(base + 8 * POSTED)
     if _claim(base + 8 * CLAIMED, posted - 1, posted):
-        execute(box[JOB:])
+        _call_job(function, base + 8 * JOB)
         _store(base + 8 * DONE, posted)
         return True
     start = _cycles()
@@ -274,20 +293,22 @@ def wait(box, budget):
 
 
 @jit
-def run(boxes, jobs, syscall, budget):
+def run(boxes, jobs, syscall, budget, function):
     """Compute the pieces ``jobs`` (an int64 array, a job per row) describe: ``jobs[1:len(boxes) + 1]`` posted to the
     product threads whose boxes are at the addresses ``boxes``, the first and those left over on this thread, then
     each thread's waited for (or its job taken back), giving up the core between looks after ``budget`` cycles (a
-    descheduled thread: a loaded machine). One compiled call, so that sharing a product costs Python one call."""
+    descheduled thread: a loaded machine); this thread's jobs by the execute_job at ``function`` (``jobs``
+    C-contiguous). One compiled call, so that sharing a product costs Python one call."""
     posted = min(len(boxes), len(jobs) - 1)
     for t in range(posted):
         post(_box(boxes[t]), jobs[1 + t], syscall)
-    execute(jobs[0])
+    at = jobs.ctypes.data
+    _call_job(function, at)
     for j in range(1 + posted, len(jobs)):
-        execute(jobs[j])
+        _call_job(function, at + 8 * FIELDS * j)
     for t in range(posted):
         box = _box(boxes[t])
-        while not wait(box, budget):
+        while not wait(box, budget, function):
             _syscall0(syscall, SYS_SCHED_YIELD)
 
 

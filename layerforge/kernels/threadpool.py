@@ -163,11 +163,11 @@ class _ProductThread:
         # compiled (or loaded from numba's cache) here, not in the thread: a daemon thread still compiling when the
         # interpreter exits crashes it (a short first run under the switch)
         import numba
-        jit.serve.compile((numba.typeof(self.box), numba.int64, numba.int64))
+        jit.serve.compile((numba.typeof(self.box), numba.int64, numba.int64, numba.int64))
         threading.Thread(target=self._serve, name="layerforge-product", daemon=True).start()
 
     def _serve(self):
-        self.jit.serve(self.box, SPIN_CYCLES, _syscall())
+        self.jit.serve(self.box, SPIN_CYCLES, _syscall(), self.jit.execute_job.address)
 
 
 @functools.cache
@@ -197,7 +197,7 @@ def run_jobs(jobs):
     product thread (on the calling thread too where none is free: another thread is sharing a product, or the kernels
     use one thread). One compiled call posts, computes and waits (_product_jit.run)."""
     jit = product_jit()
-    jobs = numpy.asarray(jobs, numpy.int64)
+    jobs = numpy.ascontiguousarray(jobs, numpy.int64)  # rows of FIELDS words, as _product_jit.run reads them
     lock = _products["lock"]
     wanted = min(len(jobs), num_threads()) - 1 if _syscall() else 0
     if wanted > 0 and not within_parallel_for() and lock.acquire(blocking=False):
@@ -208,11 +208,11 @@ def run_jobs(jobs):
                     started.extend(_ProductThread(jit) for _ in range(wanted - len(started)))
                 finally:  # the mailboxes of the threads started, every one of which is serving
                     _products["boxes"] = numpy.array([t.box.ctypes.data for t in started], numpy.int64)
-            jit.run(_products["boxes"][:wanted], jobs, _syscall(), WAIT_CYCLES)
+            jit.run(_products["boxes"][:wanted], jobs, _syscall(), WAIT_CYCLES, jit.execute_job.address)
         finally:
             lock.release()
     else:
-        jit.run(_NO_BOXES, jobs, 0, WAIT_CYCLES)
+        jit.run(_NO_BOXES, jobs, 0, WAIT_CYCLES, jit.execute_job.address)
 
 
 _NO_BOXES = numpy.zeros(0, numpy.int64)
