@@ -329,6 +329,36 @@ def test_run_jobs_on_product_threads_awake_asleep_or_never_scheduled(monkeypatch
     numpy.testing.assert_allclose(expected, a.astype(numpy.float64) @ bt.T, rtol=1e-4, atol=1e-3)
 
 
+def test_the_kernels_reached_through_addresses_compile_once_for_every_layout():
+    """The product jobs' builders and thin_gemm's gemm read their arrays through addresses: each is compiled for the
+    one signature given in the code, whatever the arrays' layouts and read-only flags (numba compiled one per
+    layout), and gemm's products have the same bits from writable and read-only operands."""
+    from layerforge.kernels import _thin_jit, thin_gemm
+
+    pj = threadpool.product_jit()
+    rs = numpy.random.RandomState(3)
+    a, b = rs.randn(2, 8, 40).astype(numpy.float32), rs.randn(2, 40, 64).astype(numpy.float32)
+    c = numpy.empty((2, 8, 64), numpy.float32)
+    strided = numpy.empty((2, 8, 80), numpy.float32)[:, :, ::2]
+    strided[...] = a
+    blocks = thin_gemm._blocks(40, False)
+    for x in (a, numpy.asfortranarray(a), strided, numpy.broadcast_to(a[:1], a.shape)):
+        for y in (b, numpy.asfortranarray(b), numpy.broadcast_to(b[:1], b.shape)):
+            assert len(pj.sgemm_jobs(x, y, c, False, 0, False, 2, pj.MATRICES, 0)) == 0  # no BLAS given: no jobs
+            assert len(pj.stack_jobs(x, y, c, blocks, 2)) == 2
+        assert len(pj.stack_jobs(x[0], b, c, blocks, 1)) == 1
+    assert len(pj.sgemm_jobs.signatures) == 1 and len(pj.stack_jobs.signatures) == 2
+
+    results = []
+    for x, y in ((a[0], b[0]), (numpy.broadcast_to(a[0], a.shape)[1], numpy.broadcast_to(b[0], b.shape)[1])):
+        out = numpy.full((8, 64), numpy.nan, numpy.float32)
+        _thin_jit.gemm(x, y, out, blocks, 0, 64, False, 64)
+        results.append(out)
+    numpy.testing.assert_array_equal(results[0], results[1])
+    numpy.testing.assert_allclose(results[0], a[0].astype(numpy.float64) @ b[0], rtol=1e-4, atol=1e-4)
+    assert len(_thin_jit.gemm.signatures) == 1
+
+
 def test_parallel_for_asks_spinning_product_threads_to_sleep_and_wakes_them_after(monkeypatch):
     """A product thread spinning for its next job would take a core from parallel_for's threads: parallel_for asks
     it to sleep while its pieces run, and wakes it when its own piece is done, so that the thread spins again by the
