@@ -8,6 +8,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import compile_lock
+
 MR, NR = 12, 32  # the micro-tile of c: 12 rows x 32 columns (2 zmm registers per row)
 KC = 384  # k values per block: a B panel of KC x NR bfloat16 is 24 KiB (the L1 cache)
 MC = 192  # rows of A per block: 144 KiB of bfloat16 panels (the L2 cache)
@@ -72,7 +74,7 @@ def micro(typingctx, a_addr, b_addr, pairs, c_addr, ldc):
     return sig, codegen
 
 
-jit = numba.njit(nogil=True, cache=True)
+jit = compile_lock.njit(nogil=True)
 
 
 @jit

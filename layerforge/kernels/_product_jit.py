@@ -25,7 +25,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from . import _thin_jit
+from . import _thin_jit, compile_lock
 
 i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
@@ -147,7 +147,7 @@ def _pointer_intrinsic(numba_type):
 
 _floats, _integers = _pointer_intrinsic(types.float32), _pointer_intrinsic(types.int64)
 
-jit = numba.njit(nogil=True, cache=True)
+jit = compile_lock.njit(nogil=True)
 # the job builders read their arrays' addresses, shapes and strides only: one signature each (_thin_jit.INPUT2...)
 _JOBS = types.Array(types.int64, 2, "C")
 _FIELD = {name: globals()[name] for name in ("A", "B", "C", "M", "N", "K", "LDA", "LDB", "LDC", "SA", "SB", "SC",
@@ -201,7 +201,7 @@ def execute(job):
         _thin_jit.stream(a, b, c, cuts, job[LO], job[HI])
 
 
-@numba.cfunc(types.void(types.CPointer(types.int64)), cache=True)
+@compile_lock.cfunc(types.void(types.CPointer(types.int64)))
 def execute_job(job):
     """:func:`execute` on the job at the address ``job``, as a C function: the loops below call it through its
     address (``execute_job.address``, an argument of theirs), so that each of them does not compile execute's code,
@@ -359,8 +359,8 @@ def _blas_layout(rows, columns, across, along):
 MATRICES, ROWS, COLUMNS = 0, 1, 2  # the axis of the output sgemm_jobs cuts
 
 
-@numba.njit(_JOBS(_thin_jit.INPUT3, _thin_jit.INPUT3, _thin_jit.OUTPUT3, types.boolean, types.int64, types.boolean,
-                   types.int64, types.int64, types.int64), nogil=True, cache=True)
+@compile_lock.njit(_JOBS(_thin_jit.INPUT3, _thin_jit.INPUT3, _thin_jit.OUTPUT3, types.boolean, types.int64,
+                          types.boolean, types.int64, types.int64, types.int64), nogil=True)
 def sgemm_jobs(a, b, c, beta, function, ilp64, pieces, axis, small):
     """``SGEMM`` jobs for ``c[i] (+)= a[i] @ b[i]`` (float32 stacks (count, M, K), (count, K, N), (count, M, N), a
     stride of 0 for a broadcast one; ``beta`` 1: accumulate) by the cblas_sgemm at ``function`` (``ilp64``: of 64-bit
@@ -421,8 +421,8 @@ def _matrix_job(kind, a, b, c, blocks):
     return job
 
 
-@numba.njit(_JOBS(types.int64, _thin_jit.INPUT2, _thin_jit.INPUT2, _thin_jit.OUTPUT2, _thin_jit.BLOCKS, types.boolean,
-                   types.int64, types.int64, types.int64), nogil=True, cache=True)
+@compile_lock.njit(_JOBS(types.int64, _thin_jit.INPUT2, _thin_jit.INPUT2, _thin_jit.OUTPUT2, _thin_jit.BLOCKS,
+                          types.boolean, types.int64, types.int64, types.int64), nogil=True)
 def matrix_jobs(kind, a, b, c, blocks, transposed, width, stop, threads):
     """thin_gemm's ``GEMM`` or ``STREAM`` jobs for ``c[:, :stop] = a @ b[:, :stop]`` (a (M, K), b (K, N) or,
     ``transposed``, bt (N, K), c (M, N), all C-contiguous; ``stop`` a multiple of ``width`` but transposed) shared by
@@ -438,8 +438,8 @@ def matrix_jobs(kind, a, b, c, blocks, transposed, width, stop, threads):
     return cut_jobs(job, M, _cuts(row_units, min(threads, row_units), _thin_jit.ROWS, a.shape[0], 0), steps)
 
 
-@numba.njit([_JOBS(a, _thin_jit.INPUT3, _thin_jit.OUTPUT3, _thin_jit.BLOCKS, types.int64)
-              for a in (_thin_jit.INPUT2, _thin_jit.INPUT3)], nogil=True, cache=True)
+@compile_lock.njit(*[_JOBS(a, _thin_jit.INPUT3, _thin_jit.OUTPUT3, _thin_jit.BLOCKS, types.int64)
+                     for a in (_thin_jit.INPUT2, _thin_jit.INPUT3)], nogil=True)
 def stack_jobs(a, b, c, blocks, pieces):
     """thin_gemm's ``PRODUCT`` jobs for ``c[i] = a[i] @ b[i]`` (stacks (count, M, K), (count, K, N), (count, M, N) of
     C-contiguous matrices, a stride of 0 between them for a broadcast one; ``a`` (M, K): one for all) in ``pieces``

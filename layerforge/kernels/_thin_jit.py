@@ -24,6 +24,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import compile_lock
+
 f32 = ir.FloatType()
 f32x16, i32, i64 = ir.VectorType(f32, 16), ir.IntType(32), ir.IntType(64)
 PREFETCH = 1024  # bytes ahead in each row of bt that chain_nt asks the cache for
@@ -178,7 +180,7 @@ def _chain_nt(rows_a):
 chain_nt, chain_nt_row = _chain_nt(ROWS), _chain_nt(1)
 
 
-jit = numba.njit(nogil=True, cache=True, fastmath={"contract"})
+jit = compile_lock.njit(nogil=True, fastmath={"contract"})
 # Where a kernel reaches its arrays' elements through addresses, it is compiled for one signature of these, whatever
 # the arrays' layouts, read-only flags and literal arguments (numba compiles a kernel again for each: a second or two
 # apiece, up to eight of them for one kernel in ResNet-50's first step). Not for loops over the elements themselves:
@@ -188,8 +190,8 @@ OUTPUT2, OUTPUT3 = types.Array(types.float32, 2, "A"), types.Array(types.float32
 BLOCKS = types.Array(types.int64, 2, "A", readonly=True)
 
 
-@numba.njit(types.void(INPUT2, INPUT2, types.Array(types.float32, 2, "C"), BLOCKS, types.int64, types.int64,
-                       types.boolean, types.int64), nogil=True, cache=True, fastmath={"contract"})
+@compile_lock.njit(types.void(INPUT2, INPUT2, types.Array(types.float32, 2, "C"), BLOCKS, types.int64, types.int64,
+                              types.boolean, types.int64), nogil=True, fastmath={"contract"})
 def gemm(a, b, c, blocks, j0, j1, transposed, width):
     """c[:, j0:j1] = a @ b[:, j0:j1] (a (M, K), b (K, N) or, ``transposed``, bt (N, K), c (M, N), all C-contiguous;
     j1 - j0 a multiple of ``width``, 64 or 16, but transposed, where the last group of 16 may be short)."""

@@ -19,20 +19,18 @@ the file, and is replaced by the next store; an unwritable cache directory costs
 Other choices timed once per machine keep their own file beside it through :class:`ChoiceCache` (the training
 configuration of a CPU, layerforge/dataparallel/cpu_parallel.py).
 """
-import contextlib
-import fcntl
 import functools
 import json
 import logging
 import os
 import platform
-import time
 
 import numpy
 
 from ..errors import LayerforgeError
 from ..npz import write_atomic
 from .blas import gemm_precision
+from .file_lock import locked_file
 
 logger = logging.getLogger("layerforge")
 
@@ -101,7 +99,7 @@ class ChoiceCache:
         path = self.path()
         if path is None:
             return
-        with _locked(path + ".lock") as locked:
+        with locked_file(path + ".lock", LOCK_WAIT) as locked:
             if not locked:  # a process stopped while it held the lock (SIGSTOP, a debugger) must not stop this one
                 self._warn_once(path, f"locked by another process for over {LOCK_WAIT:g} s; this choice is not kept")
                 return
@@ -117,30 +115,6 @@ class ChoiceCache:
 
 
 LOCK_WAIT = 2.0  # seconds a store waits for the cache's lock before it gives up keeping its choice
-
-
-@contextlib.contextmanager
-def _locked(path, wait=LOCK_WAIT):
-    """An exclusive flock of ``path`` (made, with its folder, if need be) for the block, which is told True; or
-    False after ``wait`` seconds of another process holding it. A folder that takes no lock file: True, unlocked."""
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        handle = open(path, "a")
-    except OSError:
-        yield True
-        return
-    with handle:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    yield False
-                    return
-                time.sleep(0.01)
-        yield True
 
 
 ENGINES = ChoiceCache(FILE_NAME, "engine cache")

@@ -294,7 +294,8 @@ def _sum_into(out, *arrays):
 
 def cpu_kernel(fn=None, *, reassociate=True, ieee_division=False):
     """Compile a CPU kernel body with numba: nopython, releasing the GIL (so :func:`parallel_for`'s threads run
-    it side by side), cached on disk. Used where numpy would need several passes or a pass per window
+    it side by side), cached on disk (each function compiled by one process of the machine at a time:
+    kernels/compile_lock.py). Used where numpy would need several passes or a pass per window
     position for what one loop does; each body computes its slice in a fixed order, so results stay
     bit-identical for any thread count. Floating-point reductions may be reassociated (vectorised), always
     the same way for the same lengths; ``@cpu_kernel(reassociate=False)`` forbids that, for a body that must give
@@ -312,11 +313,11 @@ def cpu_kernel(fn=None, *, reassociate=True, ieee_division=False):
         if not compiled:
             with lock:
                 if not compiled:
-                    import numba
+                    from . import compile_lock
 
                     fastmath = {"reassoc"} if reassociate else False
                     errors = "numpy" if ieee_division else "python"
-                    compiled.append(numba.njit(nogil=True, cache=True, fastmath=fastmath, error_model=errors)(
+                    compiled.append(compile_lock.njit(nogil=True, fastmath=fastmath, error_model=errors)(
                         _calling_kernels(fn)))
         return compiled[0]
 

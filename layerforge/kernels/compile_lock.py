@@ -1,0 +1,88 @@
+"""numba's compiling, one process of a machine at a time for each function: ``mpiexec -n 8`` on a cold cache
+compiles each kernel once and the other ranks load it, where all eight compiled it side by side.
+
+numba's on-disk cache (``cache=True``) is written without a lock: processes that compile the same function at the
+same moment each compile it, and each rewrites the function's index (``.nbi``), so one process's entry can be lost
+or point at another's data file (numba issue #10128: a file lock is the maintainers' suggested fix). Here a
+function's compiles take an exclusive ``flock`` on a file beside its cache entries (``<name>-<line>.lock``), numba's
+own compile (look in the cache, else compile and save) runs under it, and the next process to take it finds the
+entry saved. The kernel modules compile through :func:`njit` and :func:`cfunc` below instead of numba's decorators.
+
+A lock not had within :data:`WAIT_SECONDS` (its holder stopped by a signal, a cache on a file system without
+``flock``) is done without: numba compiles as it would alone. Nested compiles (a kernel that calls another) take
+their callees' locks in call order, under numba's process-wide compiler lock, so two processes never wait on each
+other in a circle.
+"""
+import contextlib
+import os
+
+import numba
+from numba.core import sigutils
+from numba.core.caching import FunctionCache
+from numba.core.compiler_lock import global_compiler_lock
+
+from .file_lock import locked_file
+
+WAIT_SECONDS = 60.0  # longest wait for another process's compile of one function (seconds)
+_held = set()  # the lock paths this process holds (a function compiled again within its own compile: recursion)
+
+
+def lock_path(py_func):
+    """The lock file of ``py_func``'s compiles: in the folder numba caches it in (beside the checkout's sources, or
+    ``NUMBA_CACHE_DIR``); None where numba finds no cache folder for it."""
+    try:
+        folder = FunctionCache(py_func).cache_path
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return None
+    return os.path.join(folder, f"{py_func.__qualname__}-{py_func.__code__.co_firstlineno}.lock")
+
+
+@contextlib.contextmanager
+def compiling(path):
+    """Hold the machine-wide lock at ``path`` (None: none) for a compile; re-entrant within this process."""
+    with global_compiler_lock:
+        if path is None or path in _held:  # no lock, or this process's own (its outermost hold lets it go)
+            yield
+            return
+        with locked_file(path, WAIT_SECONDS):  # not had in time: compiled without it, as numba alone would
+            _held.add(path)
+            try:
+                yield
+            finally:
+                _held.discard(path)
+
+
+def locked(dispatcher):
+    """``dispatcher`` (a numba Dispatcher with ``cache=True``), its compiles of signatures it lacks taken under its
+    machine-wide lock: numba calls ``compile`` for a call with new argument types and when a caller is typed."""
+    path, compile_unlocked = lock_path(dispatcher.py_func), dispatcher.compile
+
+    def compile(sig):
+        args, _ = sigutils.normalize_signature(sig)
+        if tuple(args) in dispatcher.overloads:
+            return compile_unlocked(sig)
+        with compiling(path):
+            return compile_unlocked(sig)
+    dispatcher.compile = compile
+    return dispatcher
+
+
+def njit(*signatures, **options):
+    """``numba.njit(**options, cache=True)`` whose compiles take the function's machine-wide lock; with
+    ``signatures``, compiled for those now and for no others (as ``numba.njit(signatures)``)."""
+    def decorate(fn):
+        dispatcher = locked(numba.njit(cache=True, **options)(fn))
+        for sig in signatures:
+            dispatcher.compile(sig)
+        if signatures:
+            dispatcher.disable_compile()
+        return dispatcher
+    return decorate
+
+
+def cfunc(signature, **options):
+    """``numba.cfunc(signature, **options, cache=True)``, compiled (now) under the function's machine-wide lock."""
+    def decorate(fn):
+        with compiling(lock_path(fn)):
+            return numba.cfunc(signature, cache=True, **options)(fn)
+    return decorate

@@ -1,0 +1,88 @@
+"""kernels.compile_lock: processes of one machine compile a kernel one at a time, and those that waited load what the
+first saved to numba's cache; a lock held too long is done without."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from layerforge.kernels import compile_lock
+from tests.test_cli import ROOT
+
+# a process that compiles relu's _sum_relu for float32 (numba's cache in NUMBA_CACHE_DIR), optionally first holding
+# the function's lock until a line comes on stdin, and prints the dispatcher's cache hits and misses
+CHILD = """
+import json, sys
+import numpy
+from layerforge.kernels import compile_lock, relu
+compile_lock.WAIT_SECONDS = float(sys.argv[2])
+dispatcher = relu._sum_relu.dispatcher()
+a = numpy.ones(4, numpy.float32)
+
+def compile():
+    relu._sum_relu(a, a, 0.0, numpy.empty_like(a))
+
+if sys.argv[1] == "hold":
+    with compile_lock.compiling(compile_lock.lock_path(dispatcher.py_func)):
+        print("holding", flush=True)
+        sys.stdin.readline()
+        compile()
+else:
+    compile()
+print(json.dumps({"hits": sum(dispatcher.stats.cache_hits.values()),
+                  "misses": sum(dispatcher.stats.cache_misses.values())}), flush=True)
+"""
+
+
+def start(tmp_path, role, wait_seconds):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-c", CHILD, role, str(wait_seconds)], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def counts(proc):
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.splitlines()[-1])
+
+
+def test_a_process_waits_for_anothers_compile_and_loads_it(tmp_path):
+    holder = start(tmp_path, "hold", 60)
+    assert holder.stdout.readline() == "holding\n"
+    waiter = start(tmp_path, "compile", 60)
+    time.sleep(3.0)  # far longer than the waiter takes to start and compile the loop alone
+    assert waiter.poll() is None, waiter.communicate()
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+    assert counts(holder) == {"hits": 0, "misses": 1}
+    assert counts(waiter) == {"hits": 1, "misses": 0}
+
+
+def test_a_lock_held_past_the_wait_is_done_without(tmp_path):
+    holder = start(tmp_path, "hold", 60)
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        started = time.monotonic()
+        waiter = start(tmp_path, "compile", 0.5)
+        assert counts(waiter) == {"hits": 0, "misses": 1}
+        assert time.monotonic() - started < 60
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
+@pytest.mark.parametrize("module", ["_product_jit", "_thin_jit", "_bf16_jit"])
+def test_the_compiled_modules_compile_under_the_lock(module):
+    """Every dispatcher of the kernel modules goes through compile_lock (numba's own decorators would not lock)."""
+    import importlib
+
+    from numba.core.dispatcher import Dispatcher
+
+    loaded = importlib.import_module(f"layerforge.kernels.{module}")
+    dispatchers = [v for v in vars(loaded).values() if isinstance(v, Dispatcher)]
+    assert dispatchers
+    for dispatcher in dispatchers:
+        assert "compile" in vars(dispatcher), dispatcher.py_func.__qualname__
+    assert compile_lock.lock_path(dispatchers[0].py_func).endswith(".lock")
