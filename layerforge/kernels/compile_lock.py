@@ -23,7 +23,9 @@ from numba.core.compiler_lock import global_compiler_lock
 
 from .file_lock import locked_file
 
-WAIT_SECONDS = 60.0  # longest wait for another process's compile of one function (seconds)
+# longest wait for another process's compile of one function, in seconds: one takes 0.1-3 s here, a few times that
+# on a loaded machine; a holder stopped mid-compile (a rank the deadline tests stop) costs the others this much
+WAIT_SECONDS = 10.0
 _held = set()  # the lock paths this process holds (a function compiled again within its own compile: recursion)
 
 
