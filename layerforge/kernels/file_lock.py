@@ -9,7 +9,8 @@ import time
 @contextlib.contextmanager
 def locked_file(path, wait):
     """An exclusive flock of ``path`` (made, with its folder, if need be) for the block, which is told True; or
-    False after ``wait`` seconds of another process holding it. A folder that takes no lock file, or a file system without flock: True, unlocked."""
+    False after ``wait`` seconds of another process holding it. A folder that takes no lock file, or a file system
+    without flock: True, unlocked."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         handle = open(path, "a")
