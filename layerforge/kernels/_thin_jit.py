@@ -1,11 +1,13 @@
 """The compiled part of kernels/thin_gemm.py (imported at its first product, as kernels/_bf16_jit.py): two
-micro-kernels in LLVM IR that keep 16 or 64 FMA chains in zmm registers, and the numba loops around them.
+micro-kernels in LLVM IR that keep 16 or 64 FMA chains in vector registers, and the numba loops around them.
 
 Every chain is ``acc = fma(a[k], b[k, j], acc)`` from zero over one block of k, in the order of k (``llvm.fma``:
 one rounding per step, as OpenBLAS's kernels); the loops add each block's chains to the sum of the blocks before.
 
 - ``chain_nn64`` / ``chain_nn16``: 64 or 16 columns of a C-contiguous b, four rows of a (one: ``_row``): 16 zmm
-  chains (or fewer), each k step a broadcast of each row's a[k] times the vector loads of b's row k.
+  chains (or fewer), each k step a broadcast of each row's a[k] times the vector loads of b's row k. Where numba
+  compiles for a CPU without AVX-512 (AVX2: 16 ymm registers of 8 floats), the columns go in groups of at most 12
+  ymm chains, each group its own pass over k (:data:`LANES`).
 - ``chain_nt`` / ``chain_nt_row``: 16 rows of a C-contiguous bt (b = bt.T: InnerProduct's ``x @ W.T``; fewer at
   its end, the last row read again in their place), four rows of a or one. The chains run across rows of bt while
   its rows are contiguous along k, so each 16 x 16 block of bt is loaded as 16 vectors and transposed in registers
@@ -15,11 +17,12 @@ one rounding per step, as OpenBLAS's kernels); the loops add each block's chains
   vector of 16 loaded values at a time.
 
 Each kernel writes its chains straight into c (the first block) or adds them to c (the later ones), so no Python or
-numba loop copies results element by element.
+numba loop copies results element by element. An element's chain is the same whatever the vector width, so the bits
+are too.
 """
 import numba
 import numpy
-from llvmlite import ir
+from llvmlite import binding, ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -31,13 +34,25 @@ f32x16, i32, i64 = ir.VectorType(f32, 16), ir.IntType(32), ir.IntType(64)
 PREFETCH = 1024  # bytes ahead in each row of bt that chain_nt asks the cache for
 
 
-def _fma(builder):
-    return builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(f32x16, [f32x16] * 3))
+def _lanes():
+    # the floats of a vector register of the CPU numba compiles for (its features as numba takes them)
+    features = numba.core.config.CPU_FEATURES
+    features = binding.get_host_cpu_features().flatten() if features is None else features
+    return 16 if "+avx512f" in features.split(",") else 8
 
 
-def _splat(builder, value):
-    one = builder.insert_element(ir.Constant(f32x16, None), value, ir.Constant(i32, 0))
-    return builder.shuffle_vector(one, ir.Constant(f32x16, None), ir.Constant(ir.VectorType(i32, 16), None))
+LANES = _lanes()
+CHAINS = 12  # ymm chains of one pass of chain_nn where LANES is 8: 4 of the 16 registers left for b's rows and a[k]
+
+
+def _fma(builder, kind=f32x16):
+    name = f"llvm.fma.v{kind.count}f32"
+    return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(kind, [kind] * 3))
+
+
+def _splat(builder, value, kind=f32x16):
+    one = builder.insert_element(ir.Constant(kind, None), value, ir.Constant(i32, 0))
+    return builder.shuffle_vector(one, ir.Constant(kind, None), ir.Constant(ir.VectorType(i32, kind.count), None))
 
 
 def _pointer(builder, address, offset_bytes, kind):
@@ -47,7 +62,7 @@ def _pointer(builder, address, offset_bytes, kind):
 def _store(builder, chains, add):
     # each (acc, address) of chains: c = acc where the block is the first (add 0), else c = c + acc (the blocks'
     # sums added in order); one branch for all, so that a first block does not read c
-    targets = [(acc, builder.inttoptr(address, f32x16.as_pointer())) for acc, address in chains]
+    targets = [(acc, builder.inttoptr(address, acc.type.as_pointer())) for acc, address in chains]
     with builder.if_else(builder.icmp_unsigned("!=", add, ir.Constant(i64, 0))) as (later, first):
         with later:
             for acc, target in targets:
@@ -57,43 +72,51 @@ def _store(builder, chains, add):
                 builder.store(acc, target, align=4)
 
 
-def _chain_nn(vectors, rows):
+def _chain_nn(vectors, rows, lanes=LANES):
     """The intrinsic ``chain(a_addr, lda, b_addr, ldb, k0, count, c_addr, ldc, add)``: chains over k in
     [k0, k0 + count) of a[r, k] * b[k, 0:16 vectors] for ``rows`` rows of a (float32, rows lda floats apart, at
     a_addr), b's first column at b_addr (rows ldb floats apart), written (``add`` 0) or added (else) to c's rows
-    ldc floats apart from c_addr. rows x vectors independent chains, so that the FMA latency is hidden."""
+    ldc floats apart from c_addr. rows x vectors independent chains, so that the FMA latency is hidden; in vectors of
+    ``lanes`` floats, 8 in passes over k of at most :data:`CHAINS` chains each."""
+    kind = ir.VectorType(f32, lanes)
+    per_row = vectors * 16 // lanes  # vectors of `lanes` floats in a row of the columns
+    width = per_row if lanes == 16 else max(1, CHAINS // rows)
+    passes = [range(v, min(v + width, per_row)) for v in range(0, per_row, width)]
+
     @intrinsic
     def chain(typingctx, a_addr, lda, b_addr, ldb, k0, count, c_addr, ldc, add):
         sig = types.void(*[types.intp] * 9)
 
         def codegen(context, builder, signature, args):
             a_base, la, b_base, ld, start, n, out, ldc, add = args
-            fma = _fma(builder)
+            fma = _fma(builder, kind)
             four = ir.Constant(i64, 4)
-            zero = ir.Constant(f32x16, [0.0] * 16)
-            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(vectors)] for _ in range(rows)]
-            for r in range(rows):
-                for h in range(vectors):
-                    builder.store(zero, acc[r][h])
+            zero = ir.Constant(kind, [0.0] * lanes)
             a_rows = [builder.add(a_base, builder.mul(builder.mul(la, four), ir.Constant(i64, r))) for r in range(rows)]
-            with cgutils.for_range(builder, n) as loop:
-                k = builder.add(start, loop.index)
-                row = builder.add(b_base, builder.mul(builder.mul(k, ld), four))
-                b = [builder.load(_pointer(builder, row, ir.Constant(i64, 64 * h), f32x16), align=4)
-                     for h in range(vectors)]
-                for r in range(rows):
-                    x = _splat(builder, builder.load(_pointer(builder, a_rows[r], builder.mul(k, four), f32)))
-                    for h in range(vectors):
-                        builder.store(builder.call(fma, [x, b[h], builder.load(acc[r][h])]), acc[r][h])
             c_rows = [builder.add(out, builder.mul(builder.mul(ldc, four), ir.Constant(i64, r))) for r in range(rows)]
-            _store(builder, [(builder.load(acc[r][h]), builder.add(c_rows[r], ir.Constant(i64, 64 * h)))
-                             for r in range(rows) for h in range(vectors)], add)
+            for columns in passes:
+                acc = {(r, h): cgutils.alloca_once_value(builder, zero) for r in range(rows) for h in columns}
+                for cell in acc.values():
+                    builder.store(zero, cell)
+                with cgutils.for_range(builder, n) as loop:
+                    k = builder.add(start, loop.index)
+                    row = builder.add(b_base, builder.mul(builder.mul(k, ld), four))
+                    b = {h: builder.load(_pointer(builder, row, ir.Constant(i64, 4 * lanes * h), kind), align=4)
+                         for h in columns}
+                    for r in range(rows):
+                        x = _splat(builder, builder.load(_pointer(builder, a_rows[r], builder.mul(k, four), f32)), kind)
+                        for h in columns:
+                            builder.store(builder.call(fma, [x, b[h], builder.load(acc[r, h])]), acc[r, h])
+                _store(builder, [(builder.load(acc[r, h]), builder.add(c_rows[r], ir.Constant(i64, 4 * lanes * h)))
+                                 for r in range(rows) for h in columns], add)
             return context.get_dummy_value()
         return sig, codegen
     return chain
 
 
 ROWS = 4  # rows of a per call of the chain_nn kernels
+PANEL_BYTES = 256 << 10  # of b's rows in a block of k, which every row of a then reads from the cache
+PACK_ROWS = 256  # rows of a from which a panel is copied first: fewer read it too few times to repay the copy
 chain_nn64, chain_nn16 = _chain_nn(4, ROWS), _chain_nn(1, ROWS)
 chain_nn64_row, chain_nn16_row = _chain_nn(4, 1), _chain_nn(1, 1)
 
@@ -195,31 +218,60 @@ BLOCKS = types.Array(types.int64, 2, "A", readonly=True)
 def gemm(a, b, c, blocks, j0, j1, transposed, width):
     """c[:, j0:j1] = a @ b[:, j0:j1] (a (M, K), b (K, N) or, ``transposed``, bt (N, K), c (M, N), all C-contiguous;
     j1 - j0 a multiple of ``width``, 64 or 16, but transposed, where the last group of 16 may be short)."""
-    part = numpy.empty((ROWS, 16), numpy.float32)  # a short group's chains, whose last lanes are dropped
     ld, lda, ldc, m = b.shape[1], a.shape[1], c.shape[1], a.shape[0]
+    if not transposed:
+        # where the columns take more than one panel (PANEL_BYTES of b's rows in a block of k), block by block of k
+        # and panel by panel, so that every row of a reads a panel from the cache (from PACK_ROWS rows of a, a
+        # contiguous copy of it); an element's blocks are still added in order, so the same bits. Otherwise row by
+        # row, each row's blocks in turn (a long a read in order)
+        panel = max(width, PANEL_BYTES // (4 * max(1, blocks[0, 1] - blocks[0, 0])) // width * width)
+        outer = blocks.shape[0] if panel < j1 - j0 else 1
+        pack = outer > 1 and m >= PACK_ROWS
+        packed = numpy.empty((blocks[0, 1] - blocks[0, 0], panel) if pack else (0, 0), numpy.float32)
+        for qo in range(outer):
+            q0, q1 = (qo, qo + 1) if outer > 1 else (0, blocks.shape[0])
+            for p0 in range(j0, j1, panel):
+                p1 = min(j1, p0 + panel)
+                if pack:
+                    k0, k1 = blocks[qo, 0], blocks[qo, 1]
+                    packed[:k1 - k0, :p1 - p0] = b[k0:k1, p0:p1]
+                i = 0
+                while i < m:
+                    rows = ROWS if i + ROWS <= m else 1
+                    a_row = a[i].ctypes.data
+                    for jb in range(p0, p1, width):
+                        out = c[i, jb:].ctypes.data
+                        for q in range(q0, q1):
+                            k0, count, add = blocks[q, 0], blocks[q, 1] - blocks[q, 0], 1 if q else 0
+                            at, start, ld = a_row, b[0, jb:].ctypes.data, b.shape[1]
+                            if pack:  # the block's k counted from its first: a's columns from there
+                                at, start, ld, k0 = a_row + 4 * k0, packed[0, jb - p0:].ctypes.data, p1 - p0, 0
+                            if rows == ROWS:
+                                if width == 64:
+                                    chain_nn64(at, lda, start, ld, k0, count, out, ldc, add)
+                                else:
+                                    chain_nn16(at, lda, start, ld, k0, count, out, ldc, add)
+                            elif width == 64:
+                                chain_nn64_row(at, lda, start, ld, k0, count, out, ldc, add)
+                            else:
+                                chain_nn16_row(at, lda, start, ld, k0, count, out, ldc, add)
+                    i += rows
+        return
+    part = numpy.empty((ROWS, 16), numpy.float32)  # a short group's chains, whose last lanes are dropped
     i = 0
     while i < m:
         rows = ROWS if i + ROWS <= m else 1
         a_row = a[i].ctypes.data
         for jb in range(j0, j1, width):
             lanes = min(width, j1 - jb)
-            start = b[jb].ctypes.data if transposed else b[0, jb:].ctypes.data
+            start = b[jb].ctypes.data
             out, ld_out = (c[i, jb:].ctypes.data, ldc) if lanes == width else (part.ctypes.data, 16)
             for q in range(blocks.shape[0]):
                 k0, count, add = blocks[q, 0], blocks[q, 1] - blocks[q, 0], 1 if q else 0
-                if transposed and rows == ROWS:
+                if rows == ROWS:
                     chain_nt(a_row, lda, start, ld, lanes, k0, count, out, ld_out, add)
-                elif transposed:
-                    chain_nt_row(a_row, lda, start, ld, lanes, k0, count, out, ld_out, add)
-                elif rows == ROWS:
-                    if width == 64:
-                        chain_nn64(a_row, lda, start, ld, k0, count, out, ldc, add)
-                    else:
-                        chain_nn16(a_row, lda, start, ld, k0, count, out, ldc, add)
-                elif width == 64:
-                    chain_nn64_row(a_row, lda, start, ld, k0, count, out, ldc, add)
                 else:
-                    chain_nn16_row(a_row, lda, start, ld, k0, count, out, ldc, add)
+                    chain_nt_row(a_row, lda, start, ld, lanes, k0, count, out, ld_out, add)
             if lanes < width:
                 for r in range(rows):
                     for t in range(lanes):

@@ -288,11 +288,11 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
     above :data:`AUTO_WINOGRAD_F4_MAX_CHANNELS` (beyond their tested error bound); and IM2COL where its column buffer
     would (like cuDNN's workspace limit: a huge column buffer is never allocated just to try it). Under
     :func:`blas.batch_invariant <layerforge.kernels.blas.batch_invariant>` AUTO times only engines that give an
-    image the same bits in any batch: with a BLAS that passes :func:`blas.canonical_blas
-    <layerforge.kernels.blas.canonical_blas>` all of them on the CPU (IM2COL and IMPLICIT the same sums, each
-    computed as one blocked FMA chain, each Winograd engine its own sums, the same for an image in any batch;
-    which of these arithmetics a layer's forward computes is then chosen once per per-image problem,
-    :class:`ConvEngines`); on a GPU, or with another BLAS, those that declare ``batch_invariant`` (on a GPU
+    image the same bits in any batch: on the CPU all of them (every float32 product computes each element as one
+    blocked FMA chain, by OpenBLAS's large path or by kernels/thin_gemm.py: IM2COL and IMPLICIT the same sums, each
+    Winograd engine its own sums, the same for an image in any batch; which of these arithmetics a layer's forward
+    computes is then chosen once per per-image problem, :class:`ConvEngines`); on a GPU those that declare
+    ``batch_invariant`` (on a GPU
     IMPLICIT's tiled kernel, whose chains over K do not depend on the batch: IM2COL's GEMM is cuBLAS's, which chooses
     its kernels by the shapes, and its results differ from IMPLICIT's in the last bits; Winograd's tile transforms
     are products over the whole batch).
@@ -311,7 +311,7 @@ def candidate_engines(engine, geometry, group, x_shape, y_shape, itemsize, compi
                                             compiled=compiled) <= AUTO_WORKSPACE_LIMIT))
     if len(names) > 1 and im2col_bytes(x_shape, y_shape, geometry[:2], itemsize) > AUTO_WORKSPACE_LIMIT:
         names = tuple(k for k in names if k != "IM2COL")
-    if len(names) > 1 and blas.batch_invariant() and (not compiled or not blas.canonical_blas()):
+    if len(names) > 1 and blas.batch_invariant() and not compiled:
         names = tuple(k for k in names if ENGINES[k].batch_invariant)
     return names
 

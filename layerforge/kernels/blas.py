@@ -38,9 +38,9 @@ convolution's forward arithmetic once per per-image problem, for every batch). E
 on one OpenBLAS thread (:func:`one_blas_thread`; a Net holds it for each pass), so the summed axis is always cut as
 one thread cuts it, and the large products split themselves over the kernel threads (:func:`_large_product`: pieces
 that threadpool.run_jobs hands to product threads waiting in compiled code), which then have the cores to themselves.
-With another BLAS (MKL, another OpenBLAS core) it falls back to one product of the same shape per sample
-(:func:`matmul_rows`) and the engines that declare ``batch_invariant`` (docs/performance.md, "Batch-invariant
-results").
+With another BLAS (OpenBLAS's Haswell and Zen cores of AVX2 machines, whose micro-kernels sum some elements in two
+chains by the element's place in a tile; MKL) thin_gemm computes every float32 product, with the same arithmetic
+(docs/performance.md, "Batch-invariant results"); a weight gradient, a sum over the batch, still goes to the BLAS.
 """
 import functools
 import math
@@ -131,22 +131,16 @@ def batch_invariant():
 
 
 def matmul_rows(a, b, out):
-    """``out = a @ b`` for a (m, k), b (k, n): one product for the whole of ``a``, or, under :func:`batch_invariant`
-    with a BLAS that fails :func:`canonical_blas`, one product of the same (1, k) x (k, n) shape per row, so that a
-    row's result is the same in any batch. A float32 host product of at least :data:`SWAP_MIN_ROWS` rows by a
-    transposed array (an InnerProduct's ``x W^T``) runs as ``(b^T a^T)^T``, the weights the left operand of OpenBLAS's
-    large path: under the switch with a canonical BLAS every element is the same FMA chain either way, so the same
-    bits, and still a row's own."""
+    """``out = a @ b`` for a (m, k), b (k, n) whose rows are samples (an InnerProduct's ``x W^T``). A float32 host
+    product of at least :data:`SWAP_MIN_ROWS` rows by a transposed array runs as ``(b^T a^T)^T``, the weights the
+    left operand (of OpenBLAS's large path, or of thin_gemm, which then reads them once rather than once for every
+    four rows): under :func:`batch_invariant` every element is the same FMA chain either way, so the same bits, a
+    row's own in any batch."""
     if type(a) is numpy.ndarray and type(b) is numpy.ndarray and a.dtype is _FLOAT32 and b.dtype is _FLOAT32 and \
-            a.ndim == 2 and a.shape[0] >= SWAP_MIN_ROWS and b.T.flags.c_contiguous and gemm_precision() == "fp32" \
-            and (not batch_invariant() or canonical_blas()):
+            a.ndim == 2 and a.shape[0] >= SWAP_MIN_ROWS and b.T.flags.c_contiguous and gemm_precision() == "fp32":
         out[...] = matmul(b.T, a.T).T
         return out
-    if not batch_invariant() or canonical_blas():
-        return matmul(a, b, out=out)
-    for i in range(a.shape[0]):
-        matmul(a[i:i + 1], b, out=out[i:i + 1])
-    return out
+    return matmul(a, b, out=out)
 
 
 # OpenBLAS's large path streams a big row-major left operand faster than the same array transposed on the right, and
@@ -315,9 +309,10 @@ def _count(a, b):
 def _invariant_matmul(a, b, out):
     """``a @ b`` of float32 arrays with every element computed as OpenBLAS's large path does on one thread: by
     thin_gemm where OpenBLAS leaves that path, where a has few rows (:data:`FEW_ROWS`) or where it is one product of
-    at most :data:`THIN_MULTIPLY_ADDS`, else by numpy's BLAS on one thread (:func:`_large_product`)."""
+    at most :data:`THIN_MULTIPLY_ADDS`, else by numpy's BLAS on one thread (:func:`_large_product`); with a BLAS that
+    fails :func:`canonical_blas`, by thin_gemm always."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    if thin_gemm.is_thin(m, n, k) or m < FEW_ROWS[b.strides[-2] == b.itemsize and n > 1] or \
+    if not canonical_blas() or thin_gemm.is_thin(m, n, k) or m < FEW_ROWS[b.strides[-2] == b.itemsize and n > 1] or \
             m * n * k <= THIN_MULTIPLY_ADDS and _count(a, b) == 1:
         return thin_gemm.matmul(a, b, out, threaded=False)
     return _large_product(_blasable(a), _blasable(b), out)
@@ -461,7 +456,7 @@ def _operands(a, b):
 
 _FLOAT32 = numpy.dtype(numpy.float32)
 # where matmul sends a product of two float32 numpy matrices (or stacks of them), by the switches' state (batch
-# invariance, canonical_blas's verdict, precision): "thin" (_invariant_matmul), "numpy" (numpy.matmul) or "other"
+# invariance, precision): "thin" (_invariant_matmul), "numpy" (numpy.matmul) or "other"
 # (the general path: fp16 / bf16 rounding, the bf16 kernel). One look-up where the general path's checks cost
 # microseconds: LeNet's products at batch 1 take 1 to 30 us
 _ROUTES = {}
@@ -471,8 +466,8 @@ def _float32_route():
     if gemm_precision() in ("fp16", "bf16"):
         route = "other"
     else:
-        route = "thin" if batch_invariant() and canonical_blas() else "numpy"
-    _ROUTES[_BATCH_INVARIANT["on"], _CANONICAL["checked"], _PRECISION["gemm"]] = route
+        route = "thin" if batch_invariant() else "numpy"
+    _ROUTES[_BATCH_INVARIANT["on"], _PRECISION["gemm"]] = route
     return route
 
 
@@ -481,7 +476,7 @@ def matmul(a, b, out=None):
     switch; into ``out`` when given. cupy arrays go to cuBLAS (``kernels/cuda/gemm.py``)."""
     if type(a) is numpy.ndarray and type(b) is numpy.ndarray and a.dtype is _FLOAT32 and b.dtype is _FLOAT32 and \
             a.ndim >= 2 and b.ndim >= 2:
-        route = _ROUTES.get((_BATCH_INVARIANT["on"], _CANONICAL["checked"], _PRECISION["gemm"])) or _float32_route()
+        route = _ROUTES.get((_BATCH_INVARIANT["on"], _PRECISION["gemm"])) or _float32_route()
         if route == "thin":
             return _invariant_matmul(a, b, out)
         if route == "numpy":
@@ -492,8 +487,7 @@ def matmul(a, b, out=None):
     if _bf16_kernel(a, b):
         return bf16_gemm.matmul(a, b, out)
     a, b = _operands(a, b)
-    if a.dtype == numpy.float32 and b.dtype == numpy.float32 and a.ndim >= 2 and b.ndim >= 2 and \
-            batch_invariant() and canonical_blas():
+    if a.dtype == numpy.float32 and b.dtype == numpy.float32 and a.ndim >= 2 and b.ndim >= 2 and batch_invariant():
         return _invariant_matmul(a, b, out)
     return numpy.matmul(a, b, out=out)
 
@@ -513,7 +507,7 @@ def add_matmul(c, a, b, overwrite=False):
     # to one thread); it sums over the batch, so it need not be computed as the large path does. A smaller one (conv1's
     # per-image gradients, an outer product at batch 1) takes the plain path below, in one call
     if c.dtype == a.dtype == b.dtype == numpy.float32 and a.ndim >= 2 and b.ndim >= 2 and batch_invariant() and \
-            canonical_blas() and c.size * a.shape[-1] >= 2 * SPLIT_MULTIPLY_ADDS and \
+            c.size * a.shape[-1] >= 2 * SPLIT_MULTIPLY_ADDS and \
             c.shape == numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]):
         return _large_product(_blasable(a), _blasable(b), c, accumulate=not overwrite, invariant=False)
     gemm = None

@@ -1,7 +1,8 @@
 """float32 products whose every element is OpenBLAS's blocked FMA chain, for the shapes OpenBLAS computes otherwise.
 
-OpenBLAS's large-product SGEMM (the SkylakeX / Haswell cores of this project's machines) computes each element
-``c[i, j]`` the same way whatever the matrix sizes, the element's place or the thread count: the summed axis is cut
+OpenBLAS's large-product SGEMM (its SkylakeX core, that of this project's AVX-512 machines; not its Haswell core, whose
+edge tiles sum in two chains) computes each element ``c[i, j]`` the same way whatever the matrix sizes, the element's
+place or the thread count: the summed axis is cut
 into blocks (:func:`k_blocks`: 448 long; a remainder between 448 and 896 split in two halves: rounded up to 16 where
 OpenBLAS runs the product on one thread, ``(rest + 1) // 2`` where on several: level3.c and level3_thread.c), each
 block is one FMA chain ``acc = a[i, k] * b[k, j] + acc`` from zero in the order of k, and the blocks' sums are added
@@ -9,7 +10,7 @@ in order. Only where OpenBLAS leaves that path does an element's value depend on
 :data:`SMALL_MNK` multiply-adds go to its small-matrix kernel, and a product with one row or one column to GEMV
 (:func:`is_thin`). :func:`matmul` computes such products with that same per-element arithmetic (numba, FMA
 contraction only, no reassociation), so that with kernels/blas.py routing them here every float32 product gives each
-element the same bits in any batch (blas.batch_invariant).
+element the same bits in any batch (blas.batch_invariant); with another BLAS, blas routes every float32 product here.
 
 Two layouts run without a copy (kernels/_thin_jit.py: FMA chains in zmm registers): ``b`` C-contiguous (K, N) (a
 convolution's columns; 64 columns at a time) and ``b`` the transpose of a C-contiguous (N, K) (InnerProduct's
@@ -81,6 +82,15 @@ def _matrix(a, b, c, threaded):
     n = b.shape[1]
     if k == 0:
         c[...] = 0
+        return
+    if n * (k + m) < m * k and not a.flags.c_contiguous and a.flags.f_contiguous and b.flags.c_contiguous:
+        # a transposed (a convolution's data gradient W^T gy) and larger than b and c together: c^T = b^T a^T reads a
+        # as it lies, where a copy of it would take as long as a narrow product (a 7 x 7 layer's: 49 columns), and
+        # makes its rows the strips of 64 columns. Each element is the same chain over k of the same products, so the
+        # same bits
+        transposed_c = numpy.empty((n, m), numpy.float32)
+        _matrix(numpy.ascontiguousarray(b.T), a.T, transposed_c, threaded)
+        c[...] = transposed_c.T
         return
     a = a if a.flags.c_contiguous else numpy.ascontiguousarray(a)
     blocks = _blocks(k, threaded)

@@ -98,10 +98,10 @@ class WinogradConv:
     """The engine: ``forward`` / ``backward`` as the GEMM engines of kernels.implicit_gemm (same arguments).
 
     An image's result is computed from its own tiles alone, each tile position's sum over channels one BLAS
-    product over the tiles of the call: with a BLAS that gives every column the same bits whatever the others
-    (``blas.canonical_blas`` under ``blas.batch_invariant``) the result of an image is the same in any batch and
-    any chunk; with another BLAS it is not (``batch_invariant = False``, the flag of an engine that is invariant
-    with any BLAS). A batch whose tiles exceed :data:`CHUNK_BYTES` runs in chunks of images.
+    product over the tiles of the call: where every column gets the same bits whatever the others (numpy under
+    ``blas.batch_invariant``: OpenBLAS's large path or kernels/thin_gemm.py) the result of an image is the same in
+    any batch and any chunk; with cuBLAS it is not (``batch_invariant = False``, the flag of an engine that is
+    invariant with any BLAS). A batch whose tiles exceed :data:`CHUNK_BYTES` runs in chunks of images.
 
     Args:
         geometry: ``(kh, kw, sy, sx, ph, pw, dy, dx)``, which must be :func:`eligible` for ``tile``; a strided one

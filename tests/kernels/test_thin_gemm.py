@@ -18,7 +18,7 @@ def test_thin_products_are_the_ones_openblas_computes_otherwise():
     assert not thin_gemm.is_thin(101, 100, 100)
 
 
-@pytest.mark.skipif(not blas.canonical_blas(), reason="numpy's BLAS is not OpenBLAS's SkylakeX / Haswell SGEMM")
+@pytest.mark.skipif(not blas.canonical_blas(), reason="numpy's BLAS is not OpenBLAS's SkylakeX SGEMM")
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m, n, k", [(64, 70, 600), (7, 300, 1000), (2, 1000, 4096), (40, 33, 2001), (5, 1400, 147)])
 def test_elements_equal_openblas_large_path_bit_for_bit(threads, m, n, k):
@@ -40,7 +40,7 @@ def test_batched_and_broadcast_operands_and_out():
     numpy.testing.assert_array_equal(thin_gemm.matmul(a[:, :, :0], b[:0]), numpy.zeros((3, 4, 9), numpy.float32))
 
 
-@pytest.mark.skipif(not blas.canonical_blas(), reason="numpy's BLAS is not OpenBLAS's SkylakeX / Haswell SGEMM")
+@pytest.mark.skipif(not blas.canonical_blas(), reason="numpy's BLAS is not OpenBLAS's SkylakeX SGEMM")
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("images, m, k, n", [(1, 20, 25, 576), (10, 20, 25, 576), (3, 50, 500, 36), (5, 2, 300, 90),
                                              (4, 16, 1000, 20)])
@@ -105,3 +105,61 @@ def test_products_shared_with_product_threads_equal_one_thread(monkeypatch, thre
     finally:
         threadpool.set_num_threads(None)
     numpy.testing.assert_allclose(alone, numpy.matmul(a.astype(numpy.float64), b), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("vectors, rows", [(4, 4), (1, 4), (4, 1), (1, 1)])
+def test_the_chains_are_the_same_bits_in_vectors_of_8_and_of_16(vectors, rows):
+    """chain_nn as compiled for AVX2 (vectors of 8, the 64 columns in passes of 12 chains) and for AVX-512 (16): each
+    element is one FMA chain over a block of k either way, added to c for a later block (both compiled here: a CPU
+    compiles either, the one that is not its own slower)."""
+    import numba
+
+    from layerforge.kernels import _thin_jit
+
+    columns, k = 16 * vectors, 300
+    rs = numpy.random.RandomState(vectors * 10 + rows)
+    a, b = rs.randn(rows, k).astype(numpy.float32), rs.randn(k, columns + 5).astype(numpy.float32)
+    results = {}
+    for lanes in (8, 16):
+        chain = _thin_jit._chain_nn(vectors, rows, lanes)
+
+        @numba.njit
+        def run(a, b, c):
+            chain(a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], 0, 120, c.ctypes.data, c.shape[1], 0)
+            chain(a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], 120, 180, c.ctypes.data, c.shape[1], 1)
+        c = numpy.full((rows, columns + 3), 7.0, numpy.float32)
+        run(a, b, c)
+        results[lanes] = c
+    numpy.testing.assert_array_equal(results[8], results[16])
+    numpy.testing.assert_array_equal(results[8][:, columns:], 7.0)  # nothing written past the chains' columns
+    exact = a.astype(numpy.float64) @ b[:, :columns].astype(numpy.float64)
+    numpy.testing.assert_allclose(results[8][:, :columns], exact, rtol=1e-4, atol=1e-3)
+    assert _thin_jit.LANES in (8, 16)
+
+
+@pytest.mark.parametrize("m, k, n", [(9, 1000, 700), (64, 64, 3000), (5, 2001, 320)])
+def test_a_wide_product_in_panels_gives_each_column_the_bits_it_has_alone(m, k, n):
+    """Columns beyond one panel of b (_thin_jit.PANEL_BYTES of a block of k) go block of k by block: each element's
+    blocks are still added in order, so a column has the bits of the product of its strip of 64 columns alone."""
+    from layerforge.kernels import _thin_jit
+
+    assert n * 4 * min(k, thin_gemm.BLOCK_K) > _thin_jit.PANEL_BYTES  # several panels
+    rs = numpy.random.RandomState(m + k)
+    a, b = rs.randn(m, k).astype(numpy.float32), rs.randn(k, n).astype(numpy.float32)
+    whole = thin_gemm.matmul(a, b, threaded=False)
+    for j in (0, 64 * 3, n // 64 * 64 - 64):
+        numpy.testing.assert_array_equal(whole[:, j:j + 64],
+                                         thin_gemm.matmul(a, numpy.ascontiguousarray(b[:, j:j + 64]), threaded=False))
+    numpy.testing.assert_allclose(whole, a.astype(numpy.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("m, k, n", [(4608, 512, 49), (1024, 256, 196), (300, 70, 9)])
+def test_a_transposed_a_with_few_columns_gives_the_bits_of_its_copy(m, k, n):
+    """W^T gy with W^T a transposed view and few columns (a 7 x 7 layer's data gradient) is computed as (gy^T W)^T,
+    which reads W as it lies: every element is the same chain over k of the same products."""
+    rs = numpy.random.RandomState(n)
+    w, gy = rs.randn(k, m).astype(numpy.float32), rs.randn(k, n).astype(numpy.float32)
+    assert n * (k + m) < m * k
+    swapped = thin_gemm.matmul(w.T, gy, threaded=False)
+    numpy.testing.assert_array_equal(swapped, thin_gemm.matmul(numpy.ascontiguousarray(w.T), gy, threaded=False))
+    numpy.testing.assert_allclose(swapped, w.T.astype(numpy.float64) @ gy, rtol=1e-4, atol=1e-3)
