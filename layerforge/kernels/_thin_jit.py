@@ -245,7 +245,7 @@ def gemm(a, b, c, blocks, j0, j1, transposed, width):
                             k0, count, add = blocks[q, 0], blocks[q, 1] - blocks[q, 0], 1 if q else 0
                             at, start, ld = a_row, b[0, jb:].ctypes.data, b.shape[1]
                             if pack:  # the block's k counted from its first: a's columns from there
-                                at, start, ld, k0 = a_row + 4 * k0, packed[0, jb - p0:].ctypes.data, p1 - p0, 0
+                                at, start, ld, k0 = a_row + 4 * k0, packed[0, jb - p0:].ctypes.data, panel, 0
                             if rows == ROWS:
                                 if width == 64:
                                     chain_nn64(at, lda, start, ld, k0, count, out, ldc, add)

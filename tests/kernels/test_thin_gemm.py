@@ -137,10 +137,12 @@ def test_the_chains_are_the_same_bits_in_vectors_of_8_and_of_16(vectors, rows):
     assert _thin_jit.LANES in (8, 16)
 
 
-@pytest.mark.parametrize("m, k, n", [(9, 1000, 700), (64, 64, 3000), (5, 2001, 320)])
+@pytest.mark.parametrize("m, k, n", [(9, 1000, 700), (64, 64, 3000), (5, 2001, 320), (256, 2304, 1000),
+                                     (300, 500, 1040)])
 def test_a_wide_product_in_panels_gives_each_column_the_bits_it_has_alone(m, k, n):
     """Columns beyond one panel of b (_thin_jit.PANEL_BYTES of a block of k) go block of k by block: each element's
-    blocks are still added in order, so a column has the bits of the product of its strip of 64 columns alone."""
+    blocks are still added in order, so a column has the bits of the product of its strip of 64 columns alone. From
+    _thin_jit.PACK_ROWS rows of a each panel is copied first (the last panel narrower than the others)."""
     from layerforge.kernels import _thin_jit
 
     assert n * 4 * min(k, thin_gemm.BLOCK_K) > _thin_jit.PANEL_BYTES  # several panels
