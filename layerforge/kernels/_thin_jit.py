@@ -22,7 +22,7 @@ are too.
 """
 import numba
 import numpy
-from llvmlite import binding, ir
+from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -34,14 +34,7 @@ f32x16, i32, i64 = ir.VectorType(f32, 16), ir.IntType(32), ir.IntType(64)
 PREFETCH = 1024  # bytes ahead in each row of bt that chain_nt asks the cache for
 
 
-def _lanes():
-    # the floats of a vector register of the CPU numba compiles for (its features as numba takes them)
-    features = numba.core.config.CPU_FEATURES
-    features = binding.get_host_cpu_features().flatten() if features is None else features
-    return 16 if "+avx512f" in features.split(",") else 8
-
-
-LANES = _lanes()
+LANES = 16 if "avx512f" in compile_lock.target_features() else 8  # floats of a vector register numba compiles for
 CHAINS = 12  # ymm chains of one pass of chain_nn where LANES is 8: 4 of the 16 registers left for b's rows and a[k]
 
 

@@ -39,6 +39,9 @@ def available():
         return False
     if "avx512_bf16" not in flags:
         return False
+    from .compile_lock import target_features
+    if "avx512bf16" not in target_features():  # numba told to compile for a CPU without it (NUMBA_CPU_FEATURES)
+        return False
     try:
         _kernels()
     except Exception:  # noqa: BLE001 - numba or LLVM cannot build it: the emulated path stays

@@ -14,6 +14,7 @@ their callees' locks in call order, under numba's process-wide compiler lock, so
 other in a circle.
 """
 import contextlib
+import functools
 import os
 
 import numba
@@ -27,6 +28,19 @@ from .file_lock import locked_file
 # on a loaded machine; a holder stopped mid-compile (a rank the deadline tests stop) costs the others this much
 WAIT_SECONDS = 10.0
 _held = set()  # the lock paths this process holds (a function compiled again within its own compile: recursion)
+
+
+@functools.cache
+def target_features():
+    """The CPU features numba compiles for, as LLVM names them (``avx512f``, ``avx512bf16``...): those of
+    ``NUMBA_CPU_FEATURES`` where it is set, else the host's, as numba takes them. A kernel written for a feature
+    checks it here rather than in /proc/cpuinfo: ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=`` compiles for AVX2 on
+    any CPU."""
+    features = numba.core.config.CPU_FEATURES
+    if features is None:
+        from llvmlite import binding
+        features = binding.get_host_cpu_features().flatten()
+    return frozenset(f[1:] for f in features.split(",") if f.startswith("+"))
 
 
 def lock_path(py_func):

@@ -86,3 +86,14 @@ def test_the_compiled_modules_compile_under_the_lock(module):
     for dispatcher in dispatchers:
         assert "compile" in vars(dispatcher), dispatcher.py_func.__qualname__
     assert compile_lock.lock_path(dispatchers[0].py_func).endswith(".lock")
+
+
+def test_the_kernels_follow_the_features_numba_is_told_to_compile_for():
+    """``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=+avx,+avx2,+fma`` on any CPU: thin_gemm's chains in vectors of 8,
+    and no bfloat16 kernel (its instruction is AVX512_BF16's), whatever /proc/cpuinfo lists."""
+    script = ("from layerforge.kernels import _thin_jit, bf16_gemm, compile_lock\n"
+              "print(sorted(compile_lock.target_features()), _thin_jit.LANES, bf16_gemm.available())")
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="+avx,+avx2,+fma", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["['avx',", "'avx2',", "'fma']", "8", "False"]
