@@ -234,20 +234,22 @@ def gemm(a, b, c, blocks, j0, j1, transposed, width):
                     a_row = a[i].ctypes.data
                     for jb in range(p0, p1, width):
                         out = c[i, jb:].ctypes.data
+                        at, start, ld_b = a_row, b[0, jb:].ctypes.data, ld
+                        if pack:
+                            start, ld_b = packed[0, jb - p0:].ctypes.data, panel
                         for q in range(q0, q1):
                             k0, count, add = blocks[q, 0], blocks[q, 1] - blocks[q, 0], 1 if q else 0
-                            at, start, ld = a_row, b[0, jb:].ctypes.data, b.shape[1]
                             if pack:  # the block's k counted from its first: a's columns from there
-                                at, start, ld, k0 = a_row + 4 * k0, packed[0, jb - p0:].ctypes.data, panel, 0
+                                at, k0 = a_row + 4 * k0, 0
                             if rows == ROWS:
                                 if width == 64:
-                                    chain_nn64(at, lda, start, ld, k0, count, out, ldc, add)
+                                    chain_nn64(at, lda, start, ld_b, k0, count, out, ldc, add)
                                 else:
-                                    chain_nn16(at, lda, start, ld, k0, count, out, ldc, add)
+                                    chain_nn16(at, lda, start, ld_b, k0, count, out, ldc, add)
                             elif width == 64:
-                                chain_nn64_row(at, lda, start, ld, k0, count, out, ldc, add)
+                                chain_nn64_row(at, lda, start, ld_b, k0, count, out, ldc, add)
                             else:
-                                chain_nn16_row(at, lda, start, ld, k0, count, out, ldc, add)
+                                chain_nn16_row(at, lda, start, ld_b, k0, count, out, ldc, add)
                     i += rows
         return
     part = numpy.empty((ROWS, 16), numpy.float32)  # a short group's chains, whose last lanes are dropped
