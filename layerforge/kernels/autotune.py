@@ -49,6 +49,9 @@ class AutoChoice:
         self.names, self.warmup, self.trials, self.prune = tuple(names), warmup, trials, prune
         self.calls, self.choice = 0, (self.names[0] if len(self.names) == 1 else None)
         self.times = {name: [] for name in self.names}
+        # an engine's timed calls less what each derived again that its own forward would have kept for it
+        # (Winograd's backward: ConvEngines._backward_after_own_forward), where the engine tells
+        self.kept_times = {}
 
     def _rounds(self):
         """The engines of each round, as far as the times so far decide them (a round not yet decided: the engines
@@ -77,6 +80,12 @@ class AutoChoice:
     def calls_left(self):
         """Calls until the choice (0 once made); at most this many: an engine may leave the later rounds."""
         return 0 if self.choice else sum(map(len, self._rounds())) - self.calls
+
+    def record_kept(self, name, seconds):
+        """Note, before :meth:`record` notes the call, what it would have taken with what its engine's forward keeps
+        for it (a timed call only, as the times)."""
+        if self.choice is None and self.calls >= self.warmup * len(self.names):
+            self.kept_times.setdefault(name, []).append(seconds)
 
     def record(self, name, seconds):
         """Note one call's time; returns True when this call settled the choice."""
@@ -337,10 +346,12 @@ class ConvEngines(Mapping):
 
     The layer calls :meth:`choose` from ``reshape`` (again only when the input shape changes) and :meth:`run` from
     ``forward`` / ``backward``. Until a direction has settled, :meth:`run` goes round-robin over the candidates
-    (:class:`AutoChoice`), timing each call with a :class:`~layerforge.backend.Stopwatch` (CUDA events on a GPU);
-    a settled choice is logged, frees the other engines' workspaces and is stored in the engine cache
-    (engine_cache.py), each direction once it has chosen (a TEST net's forward is remembered alone), which
-    :meth:`choose` reads first. :meth:`get_state` / :meth:`set_state` are what a snapshot
+    (:class:`AutoChoice`), timing each call with a :class:`~layerforge.backend.Stopwatch` (CUDA events on a GPU),
+    and each direction keeps its fastest, except where a forward keeps its tiles for its own backward (Winograd's,
+    on the host): there the two choose together (:meth:`_forward_for_its_backward`,
+    :meth:`_backward_after_own_forward`); a settled choice is logged, frees the other engines' workspaces and is
+    stored in the engine cache (engine_cache.py), each direction once it has chosen (a TEST net's forward is
+    remembered alone), which :meth:`choose` reads first. :meth:`get_state` / :meth:`set_state` are what a snapshot
     keeps of it.
     """
 
@@ -426,14 +437,21 @@ class ConvEngines(Mapping):
             return getattr(engine, method or direction)(*args)
         SUMMARY.timed(self)
         name = tune.next()
+        engine = self._by_name[name]
         with trace.span(direction, self.layer_name, trial=name):  # AUTO's trial of one engine, in the layer's span
             self._stopwatch.start()
-            getattr(self._by_name[name], method or direction)(*args)
+            getattr(engine, method or direction)(*args)
             seconds = self._stopwatch.stop()
+        rederived = getattr(engine, "rederived_seconds", None) if direction == "backward" and method is None else None
+        if rederived is not None:
+            tune.record_kept(name, seconds - rederived)
         if tune.record(name, seconds):
+            if direction == "forward":
+                self._forward_for_its_backward()
             times = ", ".join(f"{k} {1000 * min(v):.3f} ms" for k, v in tune.times.items())
             logger.info("%s '%s': %s engine %s (%s)", self.layer_type, self.layer_name, direction, tune.choice, times,
                         extra=DETAIL)
+            self._backward_after_own_forward()
             self._release_unchosen()
             if direction == "forward":
                 self._share_forward(tune.choice)
@@ -459,7 +477,8 @@ class ConvEngines(Mapping):
         if not self.tuning or self.shape is None:
             return None
         return {"shape": list(self.shape), "choice": self.choice,
-                "timing": {d: {"calls": t.calls, "times": t.times} for d, t in self.tuning.items() if not t.choice}}
+                "timing": {d: {"calls": t.calls, "times": t.times, "kept_times": t.kept_times}
+                           for d, t in self.tuning.items() if not t.choice}}
 
     def set_state(self, state):
         """Take the engine choices of :meth:`get_state` when they were made for the current shape."""
@@ -476,6 +495,7 @@ class ConvEngines(Mapping):
                 # the saved run was still timing: go on with its round-robin, even where the cache knows better
                 tune.choice, tune.calls = None, int(progress["calls"])
                 tune.times = {k: list(v) for k, v in progress["times"].items()}
+                tune.kept_times = {k: list(v) for k, v in progress.get("kept_times", {}).items()}
         self._release_unchosen()
 
     def _follow_shared_forward(self, cached=None):
@@ -497,6 +517,47 @@ class ConvEngines(Mapping):
         if self.image_key and self.image_key not in _SHARED_FORWARD:
             _SHARED_FORWARD[self.image_key] = arithmetic(name)
             engine_cache.store(*self.image_key, {"forward": arithmetic(name)})
+
+    def _forward_for_its_backward(self):
+        """Forward, having settled from its timed calls, takes the engine whose forward time less what its backward
+        saves on the fastest backward, handed what this forward keeps (Winograd's tiles and transformed filters),
+        is least, where backward's timed calls so far tell (in training a call behind forward's; none in a net that
+        never runs backward). ResNet-50's 14 x 14 layers: F(2,3)'s forward a little faster than F(4,3)'s, but F(4,3)'s
+        backward, handed its tiles, faster than F(2,3)'s by more (docs/performance.md)."""
+        forward, backward = self.tuning["forward"], self.tuning["backward"]
+        timed = [min(v) for v in backward.times.values() if v]
+        if not timed or not backward.kept_times:
+            return
+        fastest = min(timed)
+
+        def cost(name):
+            kept = backward.kept_times.get(name) if getattr(self._by_name[name], "keeps_input_tiles", False) else None
+            return min(forward.times[name]) - (max(0.0, fastest - min(kept)) if kept else 0.0)
+        best = min((k for k in forward.names if forward.times[k]), key=cost)
+        if best != forward.choice:
+            logger.info("%s '%s': forward engine %s rather than %s, for the tiles it keeps for its backward (%.3f ms "
+                        "less what its backward then saves, against %.3f ms)", self.layer_type, self.layer_name, best,
+                        forward.choice, 1000 * cost(best), 1000 * cost(forward.choice), extra=DETAIL)
+            forward.choice = best
+
+    def _backward_after_own_forward(self):
+        """Once both directions have settled from their timed calls: where forward's engine keeps what it derives
+        from the input for its own backward (``keeps_input_tiles``: Winograd's tiles and transformed filters) and
+        backward settled on another, backward takes forward's engine if its timed calls, less what each derived
+        again (what a kept forward hands it), were faster. Each direction is timed alone, where no backward has a
+        forward's tiles: ResNet-50's 14 x 14 layers chose F(2,3) forward and F(4,3) backward, which then transformed
+        the input and the filters again every pass (docs/performance.md)."""
+        forward, backward = self.tuning["forward"].choice, self.tuning["backward"]
+        if not forward or not backward.choice or forward == backward.choice or \
+                not getattr(self._by_name.get(forward), "keeps_input_tiles", False):
+            return
+        kept = backward.kept_times.get(forward)
+        fastest = min(backward.times[backward.choice], default=None)
+        if kept and fastest is not None and min(kept) < fastest:
+            logger.info("%s '%s': backward engine %s, forward's (%.3f ms with the tiles its forward keeps, against "
+                        "%s %.3f ms)", self.layer_type, self.layer_name, forward, 1000 * min(kept), backward.choice,
+                        1000 * fastest, extra=DETAIL)
+            backward.choice = forward
 
     def _release_unchosen(self):
         """Once both directions are settled, free the other engines' workspaces."""

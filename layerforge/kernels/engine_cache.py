@@ -10,7 +10,8 @@ The cache is one JSON file, ``$LAYERFORGE_CACHE_DIR/conv_engines.json`` (default
   CPU halve SGEMM's rate, and so change which engine wins), the GEMM precision where it is not fp32 (bf16 runs
   other kernels: kernels/bf16_gemm.py), and the numpy, BLAS and cupy/CUDA versions.
 - The layer key names the convolution: layer type, input and output shapes, weight shape, kernel, stride, pad,
-  dilation, groups, dtype, and the engine set AUTO chose among (a new engine in the set times them all again).
+  dilation, groups, dtype, the engine set AUTO chose among (a new engine in the set times them all again), and the
+  revision of AUTO's rule of choice (:data:`CHOICE_RULE`: choices made by an earlier rule are timed again).
 
 A cache that cannot be read (corrupt JSON, wrong layout, no permission) is ignored with one warning line naming
 the file, and is replaced by the next store; an unwritable cache directory costs only the timing next time.
@@ -160,11 +161,17 @@ def _gpu(device_id):
             f"cuda-{cupy.cuda.runtime.runtimeGetVersion()}")
 
 
+# the revision of AUTO's rule of choice (kernels/autotune.py) in the layer key: 2, the two directions choose together
+# where a forward keeps its tiles for its backward (ConvEngines._forward_for_its_backward); 1 (none in the key),
+# each direction its fastest alone
+CHOICE_RULE = 2
+
+
 def layer_key(layer_type, x_shape, y_shape, w_shape, geometry, group, dtype, engines):
     """The convolution a choice was timed for, as one string."""
     return (f"{layer_type}|x={'x'.join(map(str, x_shape))}|y={'x'.join(map(str, y_shape))}"
             f"|w={'x'.join(map(str, w_shape))}|geometry={','.join(map(str, geometry))}|group={group}"
-            f"|{dtype}|engines={','.join(engines)}")
+            f"|{dtype}|engines={','.join(engines)}|rule={CHOICE_RULE}")
 
 
 def lookup(machine, layer):

@@ -26,6 +26,7 @@ float32 error of each against a float64 direct convolution (F(4,3)'s is 10-20x d
 the same as direct's).
 """
 import math
+import time
 
 import numpy
 
@@ -127,6 +128,9 @@ class WinogradConv:
         self._bytes = 0
         # (the identities of x and W, the input tiles V, the transformed filters U) that forward kept for backward
         self.kept = None
+        # seconds the last backward on the host spent deriving again what a kept forward would have handed it (the
+        # input tiles and the transformed filters); autotune's choice weighs a backward after its own forward by it
+        self.rederived_seconds = None
         self._own_tiles = None  # the array forward keeps them in, reused pass after pass
 
     @property
@@ -351,11 +355,15 @@ class WinogradConv:
         compiled = self._compiled(xp)
         dU = xp.empty((alpha, alpha, k, cg), dtype=gy.dtype) if gW is not None else None
         part = None  # a later chunk's dU, added to the first's (U: the transformed filters, made once for gx)
-        for i, (lo, hi) in enumerate(self._chunks(x, k, compiled)):
+        chunks = self._chunks(x, k, compiled)
+        rederived = 0.0  # (timed on the host only, where the clock times the transforms themselves)
+        for i, (lo, hi) in enumerate(chunks):
             dM = self._gradient_transform(gy[lo:hi], at, th, tw, compiled)  # (a, a, K, P)
             if gW is not None:
                 if V is None or i:  # (forward keeps the tiles of a batch of one chunk only)
+                    start = time.perf_counter()
                     V = self._input_transform(x[lo:hi], bt, compiled)
+                    rederived += time.perf_counter() - start
                 if i and part is None:
                     part = xp.empty_like(dU)
                 into = part if i else dU
@@ -367,7 +375,9 @@ class WinogradConv:
             if gx is None:
                 continue
             if U is None:
+                start = time.perf_counter()
                 U = self._filter_transform(W, g, compiled)
+                rederived += time.perf_counter() - start
             dV = self._scratch(xp, "col", (alpha, alpha, c, dM.shape[-1]), gy.dtype, compiled)  # V's place
             for q in range(groups):
                 _position_products(U[:, :, q * kg:(q + 1) * kg].swapaxes(2, 3), dM[:, :, q * kg:(q + 1) * kg],
@@ -375,6 +385,7 @@ class WinogradConv:
             self._scatter_input_gradient(dV, gx[lo:hi], th, tw, bt, compiled, add_gx)
         if gW is not None:
             self._add_filter_gradient(dU, g, gW, compiled)
+        self.rederived_seconds = (rederived if len(chunks) == 1 else 0.0) if compiled else None
 
     def _scatter_input_gradient(self, dV, gx, th, tw, bt, compiled, add=False):
         """Write gx (``add``: add to gx) the sum of B dV B^T over the overlapping input tiles (dV: (a, a, C, N th

@@ -22,8 +22,10 @@ class Convolution(Layer):
     group for the whole minibatch over a full column buffer; IMPLICIT lowers bounded tiles; AUTO times
     both over the first calls, separately for forward and backward, and keeps the faster
     (``engine_choice``; logged on the "layerforge" logger), except that it does not try IM2COL where
-    the full column buffer would exceed ``AUTO_WORKSPACE_LIMIT``. Snapshots and the on-disk engine cache
-    (``layerforge.kernels.engine_cache``) keep AUTO's choices, so a resumed run or a second start does not time again.
+    the full column buffer would exceed ``AUTO_WORKSPACE_LIMIT``, and that a Winograd engine whose forward
+    keeps its tiles and transformed filters for its backward runs both ways where that is faster. Snapshots and
+    the on-disk engine cache (``layerforge.kernels.engine_cache``) keep AUTO's choices, so a resumed run or a second
+    start does not time again.
     The layer holds its engines, their timing and AUTO's choice in ``engines`` (``kernels.autotune.ConvEngines``).
 
     N-d (Caffe's N-d path): with ``axis`` the channel axis, the axes before it are batch axes and the D
@@ -53,7 +55,8 @@ class Convolution(Layer):
                             "stride 1, or a kernel spanning 3x3 strides such as 11x11 at stride 4, over space-to-depth "
                             "blocks) or WINOGRAD_F2 (F(2x2,3x3) or F(2x2,5x5): 3x3 or 5x5, or spanning as many "
                             "strides), or AUTO/DEFAULT (time IM2COL, "
-                            "IMPLICIT and, where they apply, both WINOGRAD engines; keep the fastest per direction)"),
+                            "IMPLICIT and, where they apply, both WINOGRAD engines; keep the fastest per direction, "
+                            "or a WINOGRAD engine both ways where the tiles its forward keeps make that faster)"),
         "axis": Field("int", 1, doc="the channel axis; axes before it are batch axes, the axes after it spatial"),
         "force_nd_im2col": Field("bool", False, doc="use the N-d column path even for 2 spatial axes"),
     }}

@@ -195,6 +195,14 @@ def test_the_layer_key_tells_apart_everything_that_affects_the_choice(change):
     assert engine_cache.layer_key(**dict(BASE, **change)) != engine_cache.layer_key(**BASE)
 
 
+def test_the_layer_key_names_the_rule_of_choice(monkeypatch):
+    """Choices an earlier rule of AUTO made (each direction its fastest alone) are timed again, not read."""
+    now = engine_cache.layer_key(**BASE)
+    assert now.endswith(f"|rule={engine_cache.CHOICE_RULE}") and engine_cache.CHOICE_RULE >= 2
+    monkeypatch.setattr(engine_cache, "CHOICE_RULE", engine_cache.CHOICE_RULE + 1)
+    assert engine_cache.layer_key(**BASE) != now
+
+
 def test_the_machine_key_follows_the_thread_setting(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     one = engine_cache.machine_key(numpy)

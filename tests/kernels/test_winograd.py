@@ -557,9 +557,20 @@ def test_tiles_kept_from_forward_give_backward_the_same_bits(monkeypatch, xp, ti
         for _ in range(2):  # the second pass reuses the engine's array for the tiles
             y, gW, gb, gx = xp.empty(gy.shape), xp.zeros(W.shape), xp.zeros(b.shape), xp.empty(x.shape)
             engine.forward(x, W, b, y, keep=keep)
-            assert (engine.kept is not None) == (keep and chunks == 1)
+            kept = keep and chunks == 1
+            assert (engine.kept is not None) == kept
             engine.backward(backward_x, backward_W, gy, gW, gb, gx)
             assert engine.kept is None
+            # on the host, the seconds spent transforming again what a kept forward hands backward (autotune weighs
+            # a backward after its own forward by them): none where it was handed them, none with chunks (a forward
+            # keeps nothing there), some otherwise
+            rederived = engine.rederived_seconds
+            if xp is not numpy:
+                assert rederived is None
+            elif kept and backward_x is x and backward_W is W or chunks > 1:
+                assert rederived == 0.0
+            else:
+                assert rederived > 0.0
             results.append([to_numpy(a) for a in (y, gW, gb, gx)])
         return results
     for backward_x, backward_W in ((x, W), (other, W), (x, other_W)):  # other arrays: transformed again
