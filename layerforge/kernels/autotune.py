@@ -87,6 +87,13 @@ class AutoChoice:
         if self.choice is None and self.calls >= self.warmup * len(self.names):
             self.kept_times.setdefault(name, []).append(seconds)
 
+    def kept_saving(self, name):
+        """Seconds by which ``name``'s best timed call, less what its engine's forward would have kept for it
+        (:meth:`record_kept`), beats the fastest engine's best timed call; 0.0 where it does not or nothing tells."""
+        timed = [min(v) for v in self.times.values() if v]
+        kept = self.kept_times.get(name)
+        return max(0.0, min(timed) - min(kept)) if timed and kept else 0.0
+
     def record(self, name, seconds):
         """Note one call's time; returns True when this call settled the choice."""
         if self.choice is not None:
@@ -525,14 +532,11 @@ class ConvEngines(Mapping):
         never runs backward). ResNet-50's 14 x 14 layers: F(2,3)'s forward a little faster than F(4,3)'s, but F(4,3)'s
         backward, handed its tiles, faster than F(2,3)'s by more (docs/performance.md)."""
         forward, backward = self.tuning["forward"], self.tuning["backward"]
-        timed = [min(v) for v in backward.times.values() if v]
-        if not timed or not backward.kept_times:
+        if not backward.kept_times:
             return
-        fastest = min(timed)
 
         def cost(name):
-            kept = backward.kept_times.get(name) if getattr(self._by_name[name], "keeps_input_tiles", False) else None
-            return min(forward.times[name]) - (max(0.0, fastest - min(kept)) if kept else 0.0)
+            return min(forward.times[name]) - (backward.kept_saving(name) if self._keeps_tiles(name) else 0.0)
         best = min((k for k in forward.names if forward.times[k]), key=cost)
         if best != forward.choice:
             logger.info("%s '%s': forward engine %s rather than %s, for the tiles it keeps for its backward (%.3f ms "
@@ -548,16 +552,18 @@ class ConvEngines(Mapping):
         forward's tiles: ResNet-50's 14 x 14 layers chose F(2,3) forward and F(4,3) backward, which then transformed
         the input and the filters again every pass (docs/performance.md)."""
         forward, backward = self.tuning["forward"].choice, self.tuning["backward"]
-        if not forward or not backward.choice or forward == backward.choice or \
-                not getattr(self._by_name.get(forward), "keeps_input_tiles", False):
+        if not forward or not backward.choice or forward == backward.choice or not self._keeps_tiles(forward):
             return
-        kept = backward.kept_times.get(forward)
-        fastest = min(backward.times[backward.choice], default=None)
-        if kept and fastest is not None and min(kept) < fastest:
-            logger.info("%s '%s': backward engine %s, forward's (%.3f ms with the tiles its forward keeps, against "
-                        "%s %.3f ms)", self.layer_type, self.layer_name, forward, 1000 * min(kept), backward.choice,
-                        1000 * fastest, extra=DETAIL)
+        saving = backward.kept_saving(forward)
+        if saving > 0.0:
+            logger.info("%s '%s': backward engine %s, forward's (%.3f ms less than %s's with the tiles its forward "
+                        "keeps)", self.layer_type, self.layer_name, forward, 1000 * saving, backward.choice,
+                        extra=DETAIL)
             backward.choice = forward
+
+    def _keeps_tiles(self, name):
+        # whether engine ``name``'s forward keeps what it derives from the input for its own backward (Winograd's)
+        return getattr(self._by_name.get(name), "keeps_input_tiles", False)
 
     def _release_unchosen(self):
         """Once both directions are settled, free the other engines' workspaces."""
