@@ -196,6 +196,14 @@ def deferring_interrupts():
             _interrupt(signum, None)
 
 
+def raise_if_ending():
+    """On a thread other than the main one (which a signal never interrupts), raise Interrupted where a signal is
+    ending the command (:func:`interrupting` raised it on the main thread): for a wait that is then moot, and that
+    the main thread may be waiting for. Nothing on the main thread, or while no signal came."""
+    if _ending and threading.current_thread() is not threading.main_thread():
+        raise Interrupted(_ending[0])
+
+
 @contextlib.contextmanager
 def interrupting():
     """Within the block, SIGINT and SIGTERM raise :class:`Interrupted` (the previous handlers are back after it,

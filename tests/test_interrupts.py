@@ -48,7 +48,10 @@ class Command:
     def __init__(self, tmp_path, *args):
         self.cache = tmp_path / "cache"
         path = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-        env = dict(os.environ, LAYERFORGE_CACHE_DIR=str(self.cache), PYTHONUNBUFFERED="1", PYTHONPATH=path)
+        # PYTHONFAULTHANDLER: a command still running after its signal is ended with SIGABRT (stuck()), on which
+        # Python prints every thread's stack: the failure says where it waited
+        env = dict(os.environ, LAYERFORGE_CACHE_DIR=str(self.cache), PYTHONUNBUFFERED="1", PYTHONPATH=path,
+                   PYTHONFAULTHANDLER="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "layerforge", *map(str, args)], cwd=tmp_path, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
@@ -75,8 +78,31 @@ class Command:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.02)
-        self.proc.kill()
-        pytest.fail(f"no {pattern!r} (exit {self.proc.poll()}):\n{self.log[-3000:]}")
+        pytest.fail(f"no {pattern!r} (exit {self.proc.poll()}):\n{self.stuck()}")
+
+    def stuck(self):
+        """End the command, which did not end in time: its signal masks (SigBlk of its main thread: a signal
+        blocked there waits for ever), then SIGABRT, on which it prints every thread's stack; the log's end."""
+        masks = ""
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                masks = " ".join(line.strip() for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+        except OSError:
+            pass
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGABRT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for reader in self._readers:
+            reader.join(10)
+        return f"{masks}\n{self.log[-6000:]}"
+
 
     def signal(self, signum, group):
         """Send ``signum`` to the process group (a terminal's Ctrl-C) or to the process (``kill PID``); returns the
@@ -89,8 +115,7 @@ class Command:
         try:
             code = self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            pytest.fail(f"still running 60 s after {signal.Signals(signum).name}:\n{self.log[-3000:]}")
+            pytest.fail(f"still running 60 s after {signal.Signals(signum).name}:\n{self.stuck()}")
         took = time.monotonic() - sent
         for reader in self._readers:
             reader.join(10)

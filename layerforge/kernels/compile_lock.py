@@ -12,16 +12,25 @@ A lock not had within :data:`WAIT_SECONDS` (its holder stopped by a signal, a ca
 ``flock``) is done without: numba compiles as it would alone. Nested compiles (a kernel that calls another) take
 their callees' locks in call order, under numba's process-wide compiler lock, so two processes never wait on each
 other in a circle.
+
+numba takes its compiler lock in Python-level ``__enter__`` methods: an Interrupted (errors.interrupting: a Ctrl-C)
+raised on the main thread between the acquire and the block's start leaves it held, and the next kernel thread to
+compile waited for it for ever, as did the interrupted thread, which waits for its kernel threads (``layerforge
+train`` silent after a Ctrl-C in AUTO's first timing). So an exception leaving the main thread's outermost compile
+lets the lock go; and a kernel thread waiting for another process's compile stops waiting once a signal ends the
+command.
 """
 import contextlib
 import functools
 import os
+import threading
 
 import numba
 from numba.core import sigutils
 from numba.core.caching import FunctionCache
 from numba.core.compiler_lock import global_compiler_lock
 
+from ..errors import raise_if_ending
 from .file_lock import locked_file
 
 # longest wait for another process's compile of one function, in seconds: one takes 0.1-3 s here, a few times that
@@ -56,16 +65,23 @@ def lock_path(py_func):
 @contextlib.contextmanager
 def compiling(path):
     """Hold the machine-wide lock at ``path`` (None: none) for a compile; re-entrant within this process."""
-    with global_compiler_lock:
-        if path is None or path in _held:  # no lock, or this process's own (its outermost hold lets it go)
-            yield
-            return
-        with locked_file(path, WAIT_SECONDS):  # not had in time: compiled without it, as numba alone would
-            _held.add(path)
-            try:
+    outermost = threading.current_thread() is threading.main_thread() and not global_compiler_lock.is_locked()
+    try:
+        with global_compiler_lock:
+            if path is None or path in _held:  # no lock, or this process's own (its outermost hold lets it go)
                 yield
-            finally:
-                _held.discard(path)
+                return
+            # not had in time: compiled without it, as numba alone would
+            with locked_file(path, WAIT_SECONDS, polled=raise_if_ending):
+                _held.add(path)
+                try:
+                    yield
+                finally:
+                    _held.discard(path)
+    except BaseException:
+        if outermost and global_compiler_lock.is_locked():  # a take of it whose block never began (see above)
+            global_compiler_lock._lock._release_save()  # every take: what threading.Condition.wait does
+        raise
 
 
 def locked(dispatcher):
@@ -87,7 +103,8 @@ def njit(*signatures, **options):
     """``numba.njit(**options, cache=True)`` whose compiles take the function's machine-wide lock; with
     ``signatures``, compiled for those now and for no others (as ``numba.njit(signatures)``)."""
     def decorate(fn):
-        dispatcher = locked(numba.njit(cache=True, **options)(fn))
+        with compiling(None):  # the process's first dispatcher sets numba's target up, under its compiler lock
+            dispatcher = locked(numba.njit(cache=True, **options)(fn))
         for sig in signatures:
             dispatcher.compile(sig)
         if signatures:

@@ -7,10 +7,10 @@ import time
 
 
 @contextlib.contextmanager
-def locked_file(path, wait):
+def locked_file(path, wait, polled=None):
     """An exclusive flock of ``path`` (made, with its folder, if need be) for the block, which is told True; or
     False after ``wait`` seconds of another process holding it. A folder that takes no lock file, or a file system
-    without flock: True, unlocked."""
+    without flock: True, unlocked. ``polled()``, if given, is called between two tries."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         handle = open(path, "a")
@@ -27,6 +27,8 @@ def locked_file(path, wait):
                 if time.monotonic() > deadline:
                     yield False
                     return
+                if polled is not None:
+                    polled()
                 time.sleep(0.01)
             except OSError:  # a file system without flock
                 yield True

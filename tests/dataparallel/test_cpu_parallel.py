@@ -247,6 +247,22 @@ def test_the_trial_measures_each_configurations_peak_memory(source, cache):
     assert rate > 0 and peak - before > 100 << 20  # two more processes, each with numpy and the net
 
 
+def test_the_peak_memory_sees_a_child_that_lives_half_a_second():
+    """The tree of processes is looked at every sample: looked at once a second, a replica that lived between two
+    looks went unseen (a REPLICAS trial's peak 13 MB over its process's)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from layerforge.dataparallel.peak_memory import PeakMemory, resident
+    before = sum(resident(os.getpid()))
+    memory = PeakMemory(os.getpid())
+    time.sleep(0.3)  # the sampler has looked at the tree before the child starts
+    subprocess.run([sys.executable, "-c", "import time; a = bytearray(300 << 20); time.sleep(0.5)"], check=True)
+    peak = memory.stop()
+    assert peak - before > 250 << 20, (peak - before) >> 20
+
+
 def test_a_failing_replicas_trial_leaves_one_process_and_no_choice(source, cache, caplog):
     def measure(mode, replicas):
         if mode == "REPLICAS":

@@ -2,6 +2,7 @@
 first saved to numba's cache; a lock held too long is done without."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -97,3 +98,86 @@ def test_the_kernels_follow_the_features_numba_is_told_to_compile_for():
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["['avx',", "'avx2',", "'fma']", "8", "False"]
+
+
+# a process that compiles relu's _sum_relu on two kernel threads within errors.interrupting (as a command does),
+# the main thread first (about 290 takes of numba's compiler lock, on a cold cache), that lock patched to signal the
+# process (SIGINT) just after its FIRE-th take on the main thread: the Interrupted comes where numba's own __enter__
+# has the lock and its block has not begun. Prints how the compile ended and whether another thread can then take
+# the lock
+INTERRUPTED_COMPILE = """
+import os, signal, sys, threading, time
+import numpy
+from numba.core import compiler_lock
+from layerforge.errors import Interrupted, interrupting
+from layerforge.kernels import compile_lock, relu, threadpool
+
+fire, takes = int(sys.argv[1]), []
+compile_lock.WAIT_SECONDS = 60.0
+original = compiler_lock._CompilerLock.acquire
+
+def acquire(self):
+    original(self)
+    if threading.current_thread() is threading.main_thread():
+        takes.append(1)
+        if len(takes) == fire:
+            os.kill(os.getpid(), signal.SIGINT)
+compiler_lock._CompilerLock.acquire = acquire
+
+threadpool.set_num_threads(2)
+a = numpy.ones(1 << 20, numpy.float32)
+out = numpy.empty_like(a)
+
+def body(lo, hi):
+    if threading.current_thread() is not threading.main_thread():
+        time.sleep(0.2)  # the main thread compiles, the kernel thread asks for the kernel meanwhile
+    relu._sum_relu(a[lo:hi], a[lo:hi], 0.0, out[lo:hi])
+
+if sys.argv[2] == "wait":  # another process holds the function's compile: wait for it, signalled meanwhile
+    threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    print("waiting", flush=True)
+started = time.monotonic()
+try:
+    with interrupting():
+        threadpool.parallel_for(len(a), body, work=len(a))
+    print("compiled")
+except Interrupted as e:
+    free = []
+    taker = threading.Thread(target=lambda: free.append(compiler_lock.global_compiler_lock._lock.acquire(timeout=10)))
+    taker.start()
+    taker.join()
+    print(f"interrupted by {e} after {time.monotonic() - started:.1f} s; the lock free to another thread: {free[0]}")
+"""
+
+
+@pytest.mark.parametrize("fire", [1, 3, 40, 250])
+def test_a_signal_as_numba_takes_its_compiler_lock_ends_the_compile_and_frees_the_lock(tmp_path, fire):
+    """Before, the Interrupted left numba's lock held: the kernel thread compiling next waited for it for ever, and
+    the interrupted thread waited for that one (``layerforge train`` silent after a Ctrl-C in AUTO's first timing)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(ROOT))
+    child = subprocess.Popen([sys.executable, "-c", INTERRUPTED_COMPILE, str(fire), "alone"], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        pytest.fail(f"still compiling 120 s after the signal: {child.communicate()}")
+    assert child.returncode == 0, err[-3000:]
+    assert "interrupted by SIGINT" in out and out.strip().endswith("the lock free to another thread: True"), out
+
+
+def test_a_signal_while_waiting_for_another_process_s_compile_ends_it_at_once(tmp_path):
+    holder = start(tmp_path, "hold", 60)
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(ROOT))
+        waiter = subprocess.Popen([sys.executable, "-c", INTERRUPTED_COMPILE, "0", "wait"], env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = waiter.communicate(timeout=120)
+        assert waiter.returncode == 0, err[-3000:]
+        took = float(re.search(r"after ([\d.]+) s", out).group(1))
+        assert 2.0 <= took < 30.0, out  # signalled 2 s in; the lock would have been waited for 60 s
+        assert out.strip().endswith("the lock free to another thread: True"), out
+    finally:
+        holder.kill()
+        holder.communicate()
