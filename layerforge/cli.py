@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from .errors import LayerforgeError, interrupting, out_of_memory
+from .errors import LayerforgeError, exit_within, interrupting, out_of_memory
 
 # command name -> module under layerforge.commands; names are Caffe's tools' style, words joined by "_"
 COMMANDS = {
@@ -203,6 +203,7 @@ def main(argv=None):
     except KeyboardInterrupt as e:  # Python's own, or errors.Interrupted
         status = getattr(e, "exit_status", 128 + signal.SIGINT)
         print(f"interrupted by {signal.Signals(status - 128).name}", file=sys.stderr)
+        exit_within(status)
         return status
 
 

@@ -196,6 +196,24 @@ def deferring_interrupts():
             _interrupt(signum, None)
 
 
+# seconds a process that a signal ended (its line printed) may take to exit before it is made to
+EXIT_WITHIN = 10.0
+
+
+def exit_within(status, seconds=None):
+    """Once a signal has ended the command (its line printed): if the process has not exited ``seconds``
+    (:data:`EXIT_WITHIN`) from now, end it at once with ``status`` (os._exit, what stdout holds written first). Its
+    exit waits for every thread that is not a daemon's, and one may wait for a lock the signal left held where it
+    came (a lock taken in a Python-level ``__enter__`` is held from the acquire to the block's start): before, the
+    line printed, and no exit. Only in the ``layerforge`` command: a program that called its ``main`` goes on."""
+    if not _started_as_the_command():
+        return
+    sys.stdout.flush()
+    timer = threading.Timer(EXIT_WITHIN if seconds is None else seconds, os._exit, (status,))
+    timer.daemon = True
+    timer.start()
+
+
 def raise_if_ending():
     """On a thread other than the main one (which a signal never interrupts), raise Interrupted where a signal is
     ending the command (:func:`interrupting` raised it on the main thread): for a wait that is then moot, and that

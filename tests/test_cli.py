@@ -1,5 +1,6 @@
 """Command-line tools: summary, time, layers (check is covered in test_netdef.py)."""
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -24,6 +25,20 @@ layers:
 def layerforge(*args):
     return subprocess.run([sys.executable, "-m", "layerforge", *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT)
+
+
+def run_python(source, *args, timeout=120, **env):
+    """``python -c source args`` with this checkout on its path and ``env`` added to its environment: its stdout,
+    once it has exited 0; the test fails where it still runs ``timeout`` seconds on."""
+    child = subprocess.Popen([sys.executable, "-c", source, *map(str, args)], text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT), **env))
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        pytest.fail(f"still running {timeout} s on: {child.communicate()}")
+    assert child.returncode == 0, err[-3000:]
+    return out
 
 
 @pytest.fixture

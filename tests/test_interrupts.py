@@ -321,3 +321,36 @@ def test_a_signal_python_could_not_raise_where_it_came_is_raised_again_unprinted
     assert raised.value.signum == signal.SIGTERM and ref() is None
     assert time.monotonic() - sent < 1.0 and printed == []
     assert sys.unraisablehook == printed.append
+
+
+# the layerforge command (a script of that name: errors._started_as_the_command), whose `layers` command starts a
+# thread that never ends (as one waiting for a lock the signal left held where it came) and is then interrupted
+STUCK_EXIT = """
+import signal, sys, threading
+from layerforge import cli, errors
+from layerforge.commands import layers
+
+errors.EXIT_WITHIN = 2.0
+
+def run(args):
+    threading.Thread(target=threading.Event().wait, name="stuck").start()  # not a daemon: the exit waits for it
+    raise errors.Interrupted(signal.SIGINT)
+layers.run = run
+sys.exit(cli.main(["layers"]))
+"""
+
+
+def test_a_command_a_signal_ended_exits_though_a_thread_is_stuck(tmp_path):
+    script = tmp_path / "layerforge"
+    script.write_text(STUCK_EXIT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    started = time.monotonic()
+    child = subprocess.Popen([sys.executable, str(script)], env=env, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    try:
+        out, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        pytest.fail(f"still running 60 s after its line: {child.communicate()}")
+    assert child.returncode == 130 and err.strip() == "interrupted by SIGINT", (child.returncode, err[-3000:])
+    assert 2.0 <= time.monotonic() - started < FEW_SECONDS

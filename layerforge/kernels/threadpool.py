@@ -20,6 +20,7 @@ import functools
 import os
 import sys
 import threading
+import time
 import types
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,6 +34,10 @@ from ..backend import get_array_module
 # 11 us, so with a body's several passes this is where the second core starts to win (a global 7x7 average
 # pool of ResNet-50, 16K outputs per pass, ran slower on 2 threads; im2col of 400K per tap, 1.3x faster).
 MIN_PARALLEL_ELEMENTS = 1 << 16
+
+# seconds parallel_for waits for its other pieces once a signal has cut the calling thread short: a piece takes
+# milliseconds (a first call's compile, seconds); one still running after this may wait for what the signal left held
+INTERRUPTED_PIECES_WAIT = 2.0
 
 _state = {"threads": None, "pool": None}
 _inside = threading.local()
@@ -84,15 +89,54 @@ def _started_pool(workers):
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="layerforge-kernel")
     go = threading.Event()
     try:
-        started = [pool.submit(go.wait) for _ in range(workers)]  # none is idle before go: a thread per submit
+        started = [_submitted(pool, go.wait) for _ in range(workers)]  # none is idle before go: a thread per submit
     except BaseException:
         go.set()
         pool.shutdown(wait=False)
         raise
     go.set()
-    for f in started:
-        f.result()
+    _join(started)
     return pool
+
+
+def _submitted(pool, fn, *args):
+    """``fn(*args)`` on a thread of ``pool``: ``(lock, failures)``, the lock held until it has run (its end waited
+    for by taking it again: :func:`_join`) and the list its exception goes to. A future is not waited on:
+    Future.result takes the future's condition in Python (threading.Condition.__enter__), where an Interrupted
+    raised just after the take left it held; the kernel thread then waited for ever to post the result, and the
+    command's exit for that thread (``interrupted by SIGINT``, and no exit). Taking a lock holds nothing if a signal
+    cuts it short."""
+    finished, failures = threading.Lock(), []
+    finished.acquire()
+
+    def job():
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 - raised by _join, on the thread that waits
+            failures.append(e)
+        finally:
+            finished.release()
+    pool.submit(job)
+    return finished, failures
+
+
+def _join(pieces, interrupted=False):
+    """Wait for ``pieces`` (:func:`_submitted`'s) to end, then raise the first one's exception. Once a signal has
+    cut the caller short (``interrupted``, or a KeyboardInterrupt during this wait), each is waited for a while only
+    (:data:`INTERRUPTED_PIECES_WAIT` in all), since one may wait for a lock the signal left held where it came."""
+    deadline = time.monotonic() + INTERRUPTED_PIECES_WAIT
+    for k, (finished, _) in enumerate(pieces):
+        try:
+            if interrupted:
+                finished.acquire(timeout=max(0.0, deadline - time.monotonic()))
+            else:
+                finished.acquire()
+        except KeyboardInterrupt:
+            _join(pieces[k:], interrupted=True)
+            raise
+    for _, failures in pieces:
+        if failures and not interrupted:
+            raise failures[0]
 
 
 def within_parallel_for():
@@ -127,14 +171,16 @@ def parallel_for(n, body, work):
         finally:
             _inside.active = False
 
-    futures = [_pool(threads - 1).submit(run, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    pieces = [_submitted(_pool(threads - 1), run, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
     try:
         run(bounds[0], bounds[1])
+    except BaseException as e:  # this piece's error wins, once the others have ended
+        _join(pieces, interrupted=isinstance(e, KeyboardInterrupt))
+        raise
     finally:
         if parked:  # spinning again by the next product: a futex wake-up takes it tens of microseconds
             _wake_product_threads()
-        for f in futures:
-            f.result()
+    _join(pieces)
 
 
 # cycles a product thread waits for its next job before it sleeps (about 1.6 ms at 2.6 GHz: LeNet's layers between

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from layerforge.kernels import compile_lock
-from tests.test_cli import ROOT
+from tests.test_cli import ROOT, run_python
 
 # a process that compiles relu's _sum_relu for float32 (numba's cache in NUMBA_CACHE_DIR), optionally first holding
 # the function's lock until a line comes on stdin, and prints the dispatcher's cache hits and misses
@@ -154,15 +154,7 @@ except Interrupted as e:
 def test_a_signal_as_numba_takes_its_compiler_lock_ends_the_compile_and_frees_the_lock(tmp_path, fire):
     """Before, the Interrupted left numba's lock held: the kernel thread compiling next waited for it for ever, and
     the interrupted thread waited for that one (``layerforge train`` silent after a Ctrl-C in AUTO's first timing)."""
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(ROOT))
-    child = subprocess.Popen([sys.executable, "-c", INTERRUPTED_COMPILE, str(fire), "alone"], env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        out, err = child.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        pytest.fail(f"still compiling 120 s after the signal: {child.communicate()}")
-    assert child.returncode == 0, err[-3000:]
+    out = run_python(INTERRUPTED_COMPILE, fire, "alone", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     assert "interrupted by SIGINT" in out and out.strip().endswith("the lock free to another thread: True"), out
 
 
@@ -170,11 +162,7 @@ def test_a_signal_while_waiting_for_another_process_s_compile_ends_it_at_once(tm
     holder = start(tmp_path, "hold", 60)
     try:
         assert holder.stdout.readline() == "holding\n"
-        env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(ROOT))
-        waiter = subprocess.Popen([sys.executable, "-c", INTERRUPTED_COMPILE, "0", "wait"], env=env, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out, err = waiter.communicate(timeout=120)
-        assert waiter.returncode == 0, err[-3000:]
+        out = run_python(INTERRUPTED_COMPILE, 0, "wait", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
         took = float(re.search(r"after ([\d.]+) s", out).group(1))
         assert 2.0 <= took < 30.0, out  # signalled 2 s in; the lock would have been waited for 60 s
         assert out.strip().endswith("the lock free to another thread: True"), out

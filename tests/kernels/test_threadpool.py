@@ -431,3 +431,61 @@ def test_fill_zeros_zeroes_every_array_whole_on_any_number_of_threads(monkeypatc
     threadpool.fill_zeros(arrays)
     assert all((a == 0).all() for a in arrays)
     assert (room[:2] == 7).all() and (room[8:] == 7).all()
+
+
+# a process whose main thread runs parallel_for within errors.interrupting (as a command does) and is signalled
+# (SIGINT) while its other piece still runs: "window", every future's condition patched to signal just after the
+# main thread takes it in Future.result (threading.Condition.__enter__ is Python: an Interrupted raised there left
+# the condition held, the kernel thread waited on it for ever to post its result, and the exit waited for that
+# thread); "stuck", the other piece runs for 60 s (as one waiting for a lock the signal left held would). Prints
+# how parallel_for ended; the process must then exit
+INTERRUPTED_PIECES = """
+import os, signal, sys, threading, time
+import concurrent.futures._base as futures
+import numpy
+from layerforge.errors import Interrupted, interrupting
+from layerforge.kernels import threadpool
+
+class Signalling(threading.Condition):
+    def __enter__(self):
+        taken = super().__enter__()
+        if threading.current_thread() is threading.main_thread() and sys._getframe(1).f_code.co_name == "result":
+            os.kill(os.getpid(), signal.SIGINT)
+        return taken
+
+if sys.argv[1] == "window":
+    make = futures.Future.__init__
+    def patched(self):
+        make(self)
+        self._condition = Signalling()
+    futures.Future.__init__ = patched
+else:
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+threadpool.set_num_threads(2)
+x = numpy.ones(1 << 20, numpy.float32)
+
+def body(lo, hi):
+    if threading.current_thread() is not threading.main_thread():
+        time.sleep(60.0 if sys.argv[1] == "stuck" else 0.3)
+    x[lo:hi] *= 2
+
+started = time.monotonic()
+try:
+    with interrupting():
+        threadpool.parallel_for(len(x), body, work=len(x))
+    print("ended", flush=True)
+except Interrupted as e:
+    print(f"interrupted by {e} after {time.monotonic() - started:.1f} s", flush=True)
+os._exit(0) if sys.argv[1] == "stuck" else None  # the piece sleeping 60 s is a thread the exit would wait for
+"""
+
+
+@pytest.mark.parametrize("case", ["window", "stuck"])
+def test_a_signal_while_parallel_for_waits_for_a_piece_ends_it_and_the_process(case):
+    from tests.test_cli import run_python
+    out = run_python(INTERRUPTED_PIECES, case, timeout=60)
+    if case == "window":  # the main thread takes no future's condition, so the patch never signals
+        assert out.strip() == "ended", out
+    else:  # signalled 0.5 s in, the other piece waited for INTERRUPTED_PIECES_WAIT, not its 60 s
+        took = float(out.split(" after ")[1].split()[0])
+        assert 0.5 + threadpool.INTERRUPTED_PIECES_WAIT - 0.2 <= took < 20.0, out
