@@ -113,7 +113,10 @@ def _started_as_the_command():
     if sys.argv[:1] == ["-m"]:  # python -m PACKAGE while the package is imported (runpy names the file later)
         argv = getattr(sys, "orig_argv", [])
         return "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "layerforge"
-    return os.path.splitext(os.path.basename(sys.argv[0] if sys.argv else ""))[0] == "layerforge"
+    program = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if program == os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py"):  # python -m, once run
+        return True
+    return os.path.splitext(os.path.basename(program))[0] == "layerforge"
 
 
 def interrupting_start_up():
@@ -139,6 +142,7 @@ _depth = [0]
 _unraisable_hook = [None]  # sys.unraisablehook before the outermost interrupting()
 _again = {"in_hook": False, "signum": None, "timer": None}  # _interrupt_again's state
 _deferred = {"depth": 0, "signum": None}  # deferring_interrupts's state
+_after_interrupt = []  # after_interrupt's callbacks
 AGAIN_AFTER = 0.01  # seconds after which a swallowed Interrupted is delivered again (the hook has long returned)
 
 
@@ -194,6 +198,12 @@ def deferring_interrupts():
         if not _deferred["depth"] and signum is not None:
             _deferred["signum"] = None
             _interrupt(signum, None)
+
+
+def after_interrupt(fn):
+    """Have ``fn()`` called on the main thread when a signal ends the command, as its Interrupted leaves the
+    outermost :func:`interrupting` block (kernels/compile_lock.py lets go there of the locks a signal left held)."""
+    _after_interrupt.append(fn)
 
 
 # seconds a process that a signal ended (its line printed) may take to exit before it is made to
@@ -255,6 +265,9 @@ def interrupting():
                 signal.signal(s, h)
         _depth[0] -= 1
         if not _depth[0]:
+            if _ending:  # the block raises Interrupted (a signal wins over whatever it did)
+                for fn in _after_interrupt:
+                    fn()
             _ending.clear()
             sys.unraisablehook = _unraisable_hook[0]
             if _again["timer"] is not None:  # the block raised it already

@@ -13,12 +13,13 @@ A lock not had within :data:`WAIT_SECONDS` (its holder stopped by a signal, a ca
 their callees' locks in call order, under numba's process-wide compiler lock, so two processes never wait on each
 other in a circle.
 
-numba takes its compiler lock in Python-level ``__enter__`` methods: an Interrupted (errors.interrupting: a Ctrl-C)
-raised on the main thread between the acquire and the block's start leaves it held, and the next kernel thread to
-compile waited for it for ever, as did the interrupted thread, which waits for its kernel threads (``layerforge
-train`` silent after a Ctrl-C in AUTO's first timing). So an exception leaving the main thread's outermost compile
-lets the lock go; and a kernel thread waiting for another process's compile stops waiting once a signal ends the
-command.
+numba takes its compiler lock, and llvmlite its lock around every call into LLVM, in Python-level ``__enter__``
+methods: an Interrupted (errors.interrupting: a Ctrl-C) raised on the main thread between the acquire and the
+block's start leaves it held, and the next kernel thread to compile waited for it for ever, as did the interrupted
+thread, which waits for its kernel threads, or the command's exit (``layerforge train`` silent after a Ctrl-C in
+AUTO's first timing). So an exception leaving the main thread's outermost compile, and a signal ending the command,
+let both go (:func:`let_go_of_held_locks`); and a kernel thread waiting for another process's compile stops
+waiting once a signal ends the command.
 """
 import contextlib
 import functools
@@ -30,7 +31,7 @@ from numba.core import sigutils
 from numba.core.caching import FunctionCache
 from numba.core.compiler_lock import global_compiler_lock
 
-from ..errors import raise_if_ending
+from ..errors import after_interrupt, raise_if_ending
 from .file_lock import locked_file
 
 # longest wait for another process's compile of one function, in seconds: one takes 0.1-3 s here, a few times that
@@ -79,9 +80,22 @@ def compiling(path):
                 finally:
                     _held.discard(path)
     except BaseException:
-        if outermost and global_compiler_lock.is_locked():  # a take of it whose block never began (see above)
-            global_compiler_lock._lock._release_save()  # every take: what threading.Condition.wait does
+        if outermost:
+            let_go_of_held_locks()
         raise
+
+
+def let_go_of_held_locks():
+    """Let go of numba's compiler lock and llvmlite's LLVM lock where the calling thread holds them, however many
+    times: for a thread that holds them only where a signal cut a take short (see above), outside any compile."""
+    from llvmlite.binding import ffi
+
+    for lock in (global_compiler_lock._lock, ffi.lib._lock._lock):
+        if lock._is_owned():
+            lock._release_save()  # every take at once, as threading.Condition.wait does
+
+
+after_interrupt(let_go_of_held_locks)
 
 
 def locked(dispatcher):
