@@ -210,16 +210,16 @@ def after_interrupt(fn):
 EXIT_WITHIN = 10.0
 
 
-def exit_within(status, seconds=None):
-    """Once a signal has ended the command (its line printed): if the process has not exited ``seconds``
-    (:data:`EXIT_WITHIN`) from now, end it at once with ``status`` (os._exit, what stdout holds written first). Its
-    exit waits for every thread that is not a daemon's, and one may wait for a lock the signal left held where it
-    came (a lock taken in a Python-level ``__enter__`` is held from the acquire to the block's start): before, the
-    line printed, and no exit. Only in the ``layerforge`` command: a program that called its ``main`` goes on."""
+def exit_within(status):
+    """Once a signal has ended the command (its line printed): if the process has not exited :data:`EXIT_WITHIN`
+    seconds from now, end it at once with ``status`` (os._exit, what stdout holds written first). Its exit waits for
+    every thread that is not a daemon's, and one may wait for a lock the signal left held where it came (a lock taken
+    in a Python-level ``__enter__`` is held from the acquire to the block's start): before, the line printed, and no
+    exit. Only in the ``layerforge`` command: a program that called its ``main`` goes on."""
     if not _started_as_the_command():
         return
     sys.stdout.flush()
-    timer = threading.Timer(EXIT_WITHIN if seconds is None else seconds, os._exit, (status,))
+    timer = threading.Timer(EXIT_WITHIN, os._exit, (status,))
     timer.daemon = True
     timer.start()
 

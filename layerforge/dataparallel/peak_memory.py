@@ -16,9 +16,9 @@ def process_tree(root, parents=None):
         entries = {int(e) for e in os.listdir("/proc") if e.isdigit()}
     except OSError:  # no /proc: the process alone, whose memory then reads 0
         return [root]
-    for pid in set(parents) - entries:  # ended
+    for pid in parents.keys() - entries:  # ended
         del parents[pid]
-    for pid in entries - set(parents):
+    for pid in entries - parents.keys():
         try:
             with open(f"/proc/{pid}/stat") as f:
                 parents[pid] = int(f.read().rsplit(")", 1)[1].split()[1])
