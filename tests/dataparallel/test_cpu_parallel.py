@@ -7,6 +7,7 @@ import pytest
 
 from layerforge.dataparallel import cpu_parallel
 from layerforge.dataparallel.cgdp import train_parallel
+from layerforge.dataparallel.cgdp.chunks import WHOLE
 from layerforge.errors import ConfigError, LayerforgeError
 from layerforge.kernels import engine_cache
 from layerforge.solvers import get_solver
@@ -67,6 +68,8 @@ def test_replicas_train_as_one_process_with_the_whole_batch(source, replicas, it
     # the replicas make the mean of their shares in their update, unless the update needs all of it
     host_mean = any(name.startswith("accumulate:") for name in result.stats["chunks_ms"])
     assert host_mean == (iter_size > 1 or clip > 0)
+    # and then post their gradients as one chunk when backward ends: the host has nothing to overlap with it
+    assert (result.stats["chunk_size"] == WHOLE) == (not host_mean), result.stats["chunk_size"]
     expected = flat_params(one)
     assert not numpy.allclose(expected, flat_params(get_solver(d)))  # training moved the weights
     for row in result.params:  # one shared copy of the parameters: every replica ends with it

@@ -7,7 +7,9 @@ contiguously in one flat buffer, so a chunk of consecutive units is one contiguo
 
 ``make_chunks`` groups units ``chunk_size`` at a time, except the last ``tail`` units of backward (the first
 layers of the net), which stay alone: whatever is in flight when backward ends is exposed, so the end of
-backward ships small pieces. ``ChunkSearch`` is the run-time search for ``chunk_size: auto``.
+backward ships small pieces. ``ChunkSearch`` is the run-time search for ``chunk_size: auto``. :data:`WHOLE` puts
+every unit in one chunk, posted when backward ends: the replicas of one split batch that make the mean in their
+update (cgdp/host.py) have nothing to overlap with backward.
 """
 import logging
 import math
@@ -15,6 +17,7 @@ import math
 log = logging.getLogger("layerforge")
 
 TAIL = 2  # units at the end of backward that always form chunks of size 1
+WHOLE = "whole"  # the chunk size of one chunk of every unit (not a user's setting: parse_chunk_size refuses it)
 
 
 class Unit:
@@ -78,8 +81,11 @@ def units_from_sizes(sizes):
 def make_chunks(units, chunk_size, tail=TAIL):
     """Group ``units`` (backward order) into chunks of ``chunk_size``; the last ``tail`` units alone.
 
-    Returns a list of :class:`Chunk` (empty when there are no units).
+    Returns a list of :class:`Chunk` (empty when there are no units); one of every unit where ``chunk_size`` is
+    :data:`WHOLE`.
     """
+    if chunk_size == WHOLE:
+        return [Chunk(0, list(units))] if units else []
     chunk_size = max(1, int(chunk_size))
     n = len(units)
     head = max(0, n - tail)

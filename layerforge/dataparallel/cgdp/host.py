@@ -16,13 +16,16 @@ mean of the G slots into every slot, block by block so that each value is read a
 (:func:`mean_into_slots`), and publishes the chunk. The replicas of one split batch (cpu_parallel's REPLICAS),
 which share one copy of the parameters, need the mean only where they update (their share); unless the update
 needs every value of it (gradient clipping takes its global norm; ``iter_size`` > 1 scales whole slots) or the
-nodes combine theirs, they make it themselves (:func:`combines_in_update`): the host publishes a chunk as soon as
-every replica has posted it, and each replica adds up the slots' rows of its share a block at a time inside its
-update (:meth:`SharedUpdate.combine_gradient`), while the update has the block in the cache. That reads the G
-slots once and writes nothing more (the host's mean wrote all G slots, and the update read the mean back), and
-no host thread competes with the replicas for the cores. With MPI across nodes the host thread sums the slots
-into ``acc``, chunks pass through the communicator's mean in chunk order (local aggregation first), and
-the node-wide mean is then written into the slots.
+nodes combine theirs, they make it themselves (:func:`combines_in_update`): each replica adds up the slots' rows
+of its share a block at a time inside its update (:meth:`SharedUpdate.combine_gradient`), while the update has
+the block in the cache. That reads the G slots once and writes nothing more (the host's mean wrote all G slots,
+and the update read the mean back), and no host thread competes with the replicas for the cores. Nor do the
+messages: with nothing for the host to do during backward, such replicas post their gradients as one chunk
+(chunks.WHOLE) when backward ends, and the host publishes it once every replica has (a chunk a layer woke the
+host and each replica's message thread some hundred times an iteration, on the cores the replicas compute on:
+20-28 ms of a ResNet-50 replica's backward went to posting them, docs/performance.md). With MPI across nodes
+the host thread sums the slots into ``acc``, chunks pass through the communicator's mean in chunk order (local
+aggregation first), and the node-wide mean is then written into the slots.
 """
 import concurrent.futures
 import os
@@ -236,7 +239,7 @@ class HostAccumulator:
     Args:
         slots: (G, P) shared array of the workers' partial gradients; acc: (P,) shared accumulated gradient.
         unit_sizes: the units' ``(layer, name, size)`` in backward order (from worker 0).
-        chunk_size: an int or ``"auto"``; search: ``(interval, step, range)`` for auto.
+        chunk_size: an int, ``"auto"`` or chunks.WHOLE; search: ``(interval, step, range)`` for auto.
         send: ``send(g, message)`` to worker g. comm: a Communicator across nodes, or None.
         threads: host threads that accumulate chunks concurrently.
         combine: False where the replicas make the mean themselves (:func:`combines_in_update`): a chunk is

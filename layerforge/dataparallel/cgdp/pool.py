@@ -12,6 +12,7 @@ from ... import trace
 from ...errors import LayerforgeError, deferring_interrupts, describe_exit
 from ...kernels.threadpool import num_threads
 from . import shm
+from .chunks import WHOLE
 from .host import HostAccumulator
 from .waits import POLL, Watch
 from .workers import WORKER_THREADS_ENV, Shared, worker_main
@@ -209,9 +210,11 @@ class WorkerPool:
             self.comm.bcast(self.buffers["params"], root=0)
         self._posted = 0
         if self.options.sync == "HOST":
+            replicas_combine = hellos[0][5]  # the replicas make the mean in their update: one chunk (as theirs)
             self.accumulator = HostAccumulator(self.buffers["slots"], self.buffers["acc"], units,
-                                               self.options.chunk_size, self.send, self.search, self.comm,
-                                               self.host_threads, start_iter, combine=not hellos[0][5])
+                                               WHOLE if replicas_combine else self.options.chunk_size, self.send,
+                                               self.search, self.comm, self.host_threads, start_iter,
+                                               combine=not replicas_combine)
         for g in range(self.G):
             self.send(g, ("start", start_iter))
         self.watch = Watch(self.shared.waits, self.procs, self.options.solver_param.collective_timeout,

@@ -157,7 +157,7 @@ def _run_worker(g, G, options, link, shared):
     import logging
 
     from ...logs import setup_logging
-    from .chunks import param_units, unit_sizes
+    from .chunks import WHOLE, param_units, unit_sizes
     from .host import HostSync, _param_offsets, combines_in_update, share_state
     from .replica_sum import ReplicaSum, share_batch_statistics
     from .shm import attach
@@ -195,8 +195,8 @@ def _run_worker(g, G, options, link, shared):
     if one_copy:  # attached at once, so that their own copies (and diffs) are let go before the others are made
         solver.add_seam(share_state(solver, mover, params, buffers["history"], g, G, shared.barrier, timer,
                                     *((slots, offsets) if combine else ())))
-    if options.sync == "HOST":
-        solver.add_seam(HostSync(solver, link, slots[g], options.chunk_size, mover, timer))
+    if options.sync == "HOST":  # (one chunk where the replicas make the mean: the host has nothing to overlap)
+        solver.add_seam(HostSync(solver, link, slots[g], WHOLE if combine else options.chunk_size, mover, timer))
     else:
         solver.add_seam(TreeSync(solver, link, g, slots, params, mover, timer))
     solver.add_seam(Worker(solver, g, rank, link, shared, mover, params, one_copy))
