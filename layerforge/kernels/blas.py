@@ -76,11 +76,16 @@ def add_matmul_nt(c, a, b):
     K = 9 Cin >= Cout: 156 -> 217 GFLOP/s), and slower the other way (a 1x1 filter that widens 64 -> 256
     channels); the transposed add of the (K, Cout) result costs more than that saves where the summed axis is
     short (14 x 14 images). Both orders sum the same products; only the rounding of the sums over P may differ.
+    The product goes into a temporary laid out (K, Cout): a GEMM into ``c^T``, a view of ``c``, runs in the order
+    ``c`` lies in memory, the slow one (one thread, ResNet-50's 64 x 256 filter gradient of 56 x 56 images:
+    71-76 GFLOP/s into the view, 86-90 through the temporary; docs/performance.md).
     """
     rows, summed = b.shape[-2], b.shape[-1]
     if get_array_module(c, a, b) is numpy and a.shape[-2] < rows and summed >= 2 * rows:
-        # c^T (a view) += b @ a^T: through add_matmul, so the precision switch and the in-place GEMM apply alike
-        add_matmul(c.swapaxes(-1, -2), b, a.swapaxes(-1, -2))
+        # through add_matmul, so the precision switch and the large path's threads apply alike
+        product = numpy.empty(numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (rows, a.shape[-2]), c.dtype)
+        add_matmul(product, b, a.swapaxes(-1, -2), overwrite=True)
+        c += product.swapaxes(-1, -2)
         return c
     return add_matmul(c, a, b.swapaxes(-1, -2))
 

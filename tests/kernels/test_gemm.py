@@ -79,6 +79,29 @@ def test_add_matmul_nt_is_c_plus_a_times_b_transposed(precision, shapes, name):
     numpy.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-3)
 
 
+@pytest.mark.parametrize("shapes, product", [
+    (((64, 3000), (576, 3000)), (576, 64)),  # formed as (col gy^T)^T: the GEMM's output (K, Cout) in C order
+    (((256, 3000), (64, 3000)), (256, 64)),  # as written, into c
+    (((64, 196), (576, 196)), (64, 576)),
+    (((2, 8, 300), (2, 40, 300)), (2, 40, 8)),
+])
+def test_add_matmul_nt_lays_the_product_out_longer_side_first(monkeypatch, shapes, product):
+    """A GEMM runs in the order its output lies in memory: the transposed product goes into a C-ordered temporary of
+    (K, Cout), not into a transposed view of c, which OpenBLAS computes in c's order (the slow one)."""
+    outputs, add_matmul = [], blas.add_matmul
+
+    def spy(c, a, b, overwrite=False):
+        outputs.append((c.shape, c.flags.c_contiguous))
+        return add_matmul(c, a, b, overwrite)
+    monkeypatch.setattr(blas, "add_matmul", spy)
+    a, b = rand(shapes[0], 1), rand(shapes[1], 2)
+    c = rand(a.shape[:-1] + (b.shape[-2],), 3)
+    want = c.astype(numpy.float64) + a.astype(numpy.float64) @ b.astype(numpy.float64).swapaxes(-1, -2)
+    blas.add_matmul_nt(c, a, b)
+    assert outputs == [(product, True)]
+    numpy.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-3)
+
+
 def test_float64_is_never_rounded(precision):
     precision("bf16")
     a, b = rand((5, 6), 1, numpy.float64), rand((6, 7), 2, numpy.float64)
