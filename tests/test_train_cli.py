@@ -127,6 +127,54 @@ def test_a_diverging_run_stops_with_one_processs_line_under_replicas(tmp_path):
     assert said["THREADS"].endswith(f"(the last good snapshot is {tmp_path}/snap/lenet_iter_1.solverstate.npz)")
 
 
+def residual_net(batch=8):
+    """A ReLU's output read by two convolutions (a Split the two make the sum of under shared storage)."""
+    conv = {"num_output": 6, "kernel_size": 3, "pad": 1, "weight_filler": {"type": "msra"}}
+    return {"name": "residual", "layers": [
+        {"name": "data", "type": "DummyData", "top": ["data", "label"],
+         "dummy_data": {"shape": [[batch, 3, 12, 12], [batch]],
+                        "data_filler": [{"type": "gaussian", "std": 1.0}, {"type": "constant", "value": 1}]}},
+        {"name": "conv1", "type": "Convolution", "bottom": "data", "top": "conv1", "convolution": conv},
+        {"name": "relu1", "type": "ReLU", "bottom": "conv1", "top": "conv1"},
+        {"name": "conv2a", "type": "Convolution", "bottom": "conv1", "top": "conv2a", "convolution": conv},
+        {"name": "conv2b", "type": "Convolution", "bottom": "conv1", "top": "conv2b", "convolution": conv},
+        {"name": "sum", "type": "Eltwise", "bottom": ["conv2a", "conv2b"], "top": "sum"},
+        {"name": "ip", "type": "InnerProduct", "bottom": "sum", "top": "ip",
+         "inner_product": {"num_output": 4, "weight_filler": {"type": "xavier"}}},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip", "label"], "top": "loss"}]}
+
+
+def mebibytes(text):
+    value, unit = text.split()
+    return float(value.replace(",", "")) * {"B": 2 ** -20, "KiB": 2 ** -10, "MiB": 1, "GiB": 2 ** 10}[unit]
+
+
+@pytest.mark.parametrize("mode", ["THREADS", "REPLICAS"])
+def test_train_shares_activation_storage_unless_told_not_to(tmp_path, mode):
+    """layerforge train's net shares its activations' storage (as layerforge time's): the log says how much against
+    each in its own, and the run, in which the Split's consumers make its sum, is --no-reuse's to float rounding."""
+    import json
+
+    (tmp_path / "net.yaml").write_text(json.dumps(residual_net()))
+    runs = {}
+    for name, flags in (("shared", ()), ("own", ("--no-reuse",))):
+        solver = tmp_path / f"{name}.yaml"
+        solver.write_text(SOLVER.format(net=tmp_path / "net.yaml", max_iter=4, snapshot=0,
+                                        prefix=tmp_path / name / "residual"))
+        runs[name] = layerforge("train", "--solver", solver, "--cpu-parallel", mode, *flags)
+        assert runs[name].returncode == 0, runs[name].stderr
+    said = re.search(r"residual: activations (\S+ \S+) in shared storage \((\S+ \S+) each in its own\)",
+                     runs["shared"].stderr)
+    assert said and mebibytes(said.group(1)) < mebibytes(said.group(2)), runs["shared"].stderr
+    assert "in shared storage" not in runs["own"].stderr
+    shared, own = (losses(runs[k].stderr) for k in ("shared", "own"))
+    assert len(shared) == 4 and shared[0] > shared[-1]
+    numpy.testing.assert_allclose(shared, own, rtol=1e-5)
+    weights = [numpy.load(tmp_path / k / "residual_iter_4.npz") for k in ("shared", "own")]
+    for key in weights[1].files:
+        numpy.testing.assert_allclose(weights[0][key], weights[1][key], rtol=1e-4, atol=1e-6, err_msg=key)
+
+
 def test_missing_weights_file_is_one_line(tmp_path):
     proc = layerforge("test", "--model", "configs/lenet.yaml", "--weights", tmp_path / "none.npz")
     assert proc.returncode == 2

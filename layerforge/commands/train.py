@@ -31,6 +31,9 @@ def add_arguments(parser):
                         help="what SIGHUP does (default: snapshot and go on)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar on a terminal and no status lines otherwise")
+    parser.add_argument("--no-reuse", action="store_true",
+                        help="give every activation of the train net its own storage (by default they share it, as "
+                             "layerforge time's do: intermediate blobs hold other blobs' values after a pass)")
     parser.add_argument("--status-interval", type=float, default=60.0, metavar="SECONDS",
                         help="when stderr is not a terminal, log a progress line with rate and ETA this often")
     parser.add_argument("--allreduce", choices=("auto", "recursive", "topology", "ring", "doubling", "hierarchical",
@@ -131,7 +134,8 @@ def train_run(args):
     from ..dataparallel.runners import TrainRun
 
     given = {name: getattr(args, name) for name in RUN_OPTIONS if getattr(args, name, None) is not None}
-    return TrainRun(**given, progress=None if args.no_progress else args.status_interval, report=report)
+    return TrainRun(**given, progress=None if args.no_progress else args.status_interval, report=report,
+                    reuse=not args.no_reuse)
 
 
 def report(stats, replicas):

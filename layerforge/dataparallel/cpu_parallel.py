@@ -173,8 +173,9 @@ def resume_refusal(path, replicas):
 
 
 # the replicas' revision in a choice's key: choices timed against earlier replicas are timed again. 2: replicas that
-# make the mean in their update post one chunk when backward ends (cgdp/chunks.WHOLE), 3-4% faster on ResNet-50
-REPLICAS_REVISION = 2
+# make the mean in their update post one chunk when backward ends (cgdp/chunks.WHOLE), 3-4% faster on ResNet-50;
+# 3: the trial's nets share their activations' storage, as layerforge train's now do (Solver.share_activations)
+REPLICAS_REVISION = 3
 
 
 def choice_key(sp, layers, replicas):
@@ -381,12 +382,13 @@ def trial(sp, mode, replicas, iterations=TRIAL_ITERATIONS, batch=None):
     from ..solvers import SOLVER_REGISTRY, load_solver_param
 
     quiet = load_solver_param(sp, SOLVER_REGISTRY, **QUIET)
-    if mode == "REPLICAS":
-        return replicas_rate(quiet, replicas, iterations, batch=batch)
+    if mode == "REPLICAS":  # the nets share their activations' storage, as layerforge train's do
+        return replicas_rate(quiet, replicas, iterations, batch=batch, setup=plan_and_warm_up_replica)
     from .cgdp.workers import build_solver
 
     solver = build_solver(quiet, {}, batch)
     try:
+        solver.net.optimize_memory()
         solver.check_memory()
         return threads_rate(solver, iterations, announce=announce_trial)
     finally:

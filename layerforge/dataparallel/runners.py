@@ -44,13 +44,14 @@ class TrainRun:
         sigint_effect, sighup_effect: what Ctrl-C / SIGTERM and SIGHUP do.
         progress: seconds between status lines of the progress display, or None for none.
         trace, trace_iterations, tensorboard: the telemetry asked for (None: the solver's keys).
+        reuse: the train net's activations share storage (``Solver.share_activations``; ``--no-reuse``: False).
         report: ``report(stats, replicas)`` prints a job of workers' phases (replicas: a split batch's, to the log).
     """
 
     def __init__(self, snapshot=None, weights=None, argv=None, ranks=None, hostfile=None, mpiexec=None,
                  max_restarts=None, min_ranks=None, workers=None, devices=None, cpu_parallel=None,
                  sigint_effect="stop", sighup_effect="snapshot", progress=None, trace=None, trace_iterations=None,
-                 tensorboard=None, report=None):
+                 tensorboard=None, report=None, reuse=True):
         self.snapshot, self.weights, self.argv = snapshot, weights, argv
         self.ranks, self.hostfile, self.mpiexec = ranks, hostfile, mpiexec
         self.max_restarts, self.min_ranks = max_restarts, min_ranks
@@ -58,6 +59,7 @@ class TrainRun:
         self.sigint_effect, self.sighup_effect, self.progress = sigint_effect, sighup_effect, progress
         self.trace, self.trace_iterations, self.tensorboard = trace, trace_iterations, tensorboard
         self.report = report or (lambda stats, replicas: None)
+        self.reuse = reuse
 
     @property
     def parallel(self):
@@ -129,7 +131,7 @@ def train_workers(sp, run, rank=None):
     comm = Communicator(rank.comm, timeout=sp.collective_timeout) if rank is not None else None
     with host_telemetry(run, sp, comm) as wanted:
         result = train_parallel(sp, workers=run.workers, devices=run.devices, comm=comm, resume=run.snapshot,
-                                **wanted)
+                                share_activations=run.reuse, **wanted)
     run.report(result.stats, False)
     return 0
 
@@ -146,7 +148,7 @@ def train_replicas(sp, run, rank=None, *, replicas):
         with host_telemetry(run, sp, None) as wanted:
             result = train_parallel(sp, workers=replicas, sync="host", split=True, resume=run.snapshot,
                                     progress=run.progress, signal_effects=(run.sigint_effect, run.sighup_effect),
-                                    **wanted)
+                                    share_activations=run.reuse, **wanted)
     except (LayerforgeError, KeyboardInterrupt):
         if run.progress is not None:  # worker 0's bar, when another replica's error ended the job
             clear_cut_bar()
@@ -190,6 +192,8 @@ def solve(solver, run, mpi_comm=None, requests=()):
     ``requests``: what signals asked before the loop's own handlers were in place."""
     from .telemetry import start_telemetry
 
+    if run.reuse:
+        solver.share_activations()
     solver.check_memory()
     recording = start_telemetry(run, solver, mpi_comm)
     close_progress = solver.show_progress(run.progress) if solver.root and run.progress is not None else None

@@ -222,20 +222,22 @@ def test_auto_times_both_once_and_remembers_the_faster(source, cache):
 
 
 def test_a_choice_timed_against_earlier_replicas_is_timed_again(source, cache):
-    """A choice stored before the replicas' revision (cpu_parallel.REPLICAS_REVISION; 2: one chunk) is not used."""
+    """A choice stored before the replicas' revision (cpu_parallel.REPLICAS_REVISION; 2: one chunk, 3: the trial's
+    nets share their activations' storage) is not used."""
     d = solver(source, 12)
     choose(d, timer=Timer(threads=10.0, replicas=14.0))
     stored = json.loads(cache.read_text())
     machine = engine_cache.machine_key(numpy)
     (key, entry), = stored[machine].items()
-    assert key.endswith(f"|revision={cpu_parallel.REPLICAS_REVISION}") and cpu_parallel.REPLICAS_REVISION == 2
-    # as the revision before wrote it: no revision in the key, and another mode
-    stored[machine] = {key.replace(f"|revision={cpu_parallel.REPLICAS_REVISION}", ""): dict(entry, mode="THREADS")}
-    cache.write_text(json.dumps(stored))
-    timer = Timer(threads=10.0, replicas=14.0)
-    choice = choose(d, timer=timer)
-    assert choice.mode == "REPLICAS" and timer.calls == [("THREADS", 1), ("REPLICAS", 2)]
-    assert choice.why.startswith("trial: 14.00 img/s")
+    assert key.endswith(f"|revision={cpu_parallel.REPLICAS_REVISION}") and cpu_parallel.REPLICAS_REVISION == 3
+    # as a revision before wrote it (2; none before that), with another mode
+    for earlier in ("|revision=2", ""):
+        stored[machine] = {key.replace("|revision=3", earlier): dict(entry, mode="THREADS")}
+        cache.write_text(json.dumps(stored))
+        timer = Timer(threads=10.0, replicas=14.0)
+        choice = choose(d, timer=timer)
+        assert choice.mode == "REPLICAS" and timer.calls == [("THREADS", 1), ("REPLICAS", 2)]
+        assert choice.why.startswith("trial: 14.00 img/s")
 
 
 @pytest.mark.parametrize("peaks,mode", [((1000, 1600), "REPLICAS"), ((1000, 1601), "THREADS"), ((1000, 1700), "THREADS"),

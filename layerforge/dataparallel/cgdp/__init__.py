@@ -22,7 +22,7 @@ __all__ = ["ChunkSearch", "Result", "WorkerOptions", "WorkerPool", "host_comm", 
 
 def train_parallel(source, workers=None, devices=None, sync=None, chunk_size=None, comm=None, iterations=None,
                    batch=None, resume=None, log=True, split=False, setup=None, progress=None, signal_effects=None,
-                   trace=None, tensorboard=None, **overrides):
+                   trace=None, tensorboard=None, share_activations=False, **overrides):
     """Train the solver of ``source`` (a YAML path, a dict or a SolverParameter) on several workers; returns a
     :class:`Result`. The solver file is read here, once: the workers get the SolverParameter.
 
@@ -39,6 +39,7 @@ def train_parallel(source, workers=None, devices=None, sync=None, chunk_size=Non
         trace: the window (text, as ``--trace-iterations``) the workers record; their parts are absorbed into this
             process's trace, which the caller started (``trace.start(..., host=True)``) and finishes. None: none.
         tensorboard: a folder where worker 0 writes the job's TensorBoard scalars, or None.
+        share_activations: each worker's train net shares its activations' storage (``Solver.share_activations``).
         overrides: other solver keys (``max_iter=10``).
     """
     from ...solvers.param import load_solver_param
@@ -58,7 +59,8 @@ def train_parallel(source, workers=None, devices=None, sync=None, chunk_size=Non
         raise LayerforgeError("give the number of workers (--workers N) or the devices (--devices 0,1)")
     nodes, node = (comm.size, comm.rank) if comm is not None else (1, 0)
     options = WorkerOptions(sp, None, sp.sync, sp.chunk_size, devices, batch, node, nodes,
-                            iterations, resume, log and node == 0, setup, split, progress, trace, tensorboard)
+                            iterations, resume, log and node == 0, setup, split, progress, trace, tensorboard,
+                            share_activations)
     search = (sp.chunk_search_interval, sp.chunk_search_step, sp.chunk_search_range)
     return run_parallel(int(workers), options, search=search, comm=comm, signal_effects=signal_effects)
 

@@ -56,11 +56,12 @@ class WorkerOptions:
         trace: the iteration window (text, as ``--trace-iterations``) each worker records and hands to the parent
             with its "done" (docs/trace.md); None: no trace.
         tensorboard: worker 0 writes TensorBoard scalars of the whole job to this folder; None: not.
+        share_activations: the worker's train net shares its activations' storage (``Solver.share_activations``).
     """
 
     def __init__(self, source, overrides=None, sync="HOST", chunk_size=1, devices=None, batch=None,
                  node=0, nodes=1, iterations=None, resume=None, log=True, setup=None, split=False, progress=None,
-                 trace=None, tensorboard=None):
+                 trace=None, tensorboard=None, share_activations=False):
         from ...solvers import SOLVER_REGISTRY, load_solver_param
 
         self.solver_param = load_solver_param(source, SOLVER_REGISTRY, **dict(overrides or {}))
@@ -68,7 +69,7 @@ class WorkerOptions:
         self.devices, self.batch, self.node, self.nodes = devices, batch, node, nodes
         self.iterations, self.resume, self.log, self.setup = iterations, resume, log, setup
         self.split, self.progress = split, progress
-        self.trace, self.tensorboard = trace, tensorboard
+        self.trace, self.tensorboard, self.share_activations = trace, tensorboard, share_activations
 
 
 class Link:
@@ -173,6 +174,8 @@ def _run_worker(g, G, options, link, shared):
     rank, world = options.node * G + g, options.nodes * G
     split = (g, G) if options.split else None
     solver = build_solver(options.solver_param, device, options.batch, shard=(rank, world), split=split)
+    if options.share_activations:
+        solver.share_activations()
     solver.check_memory(G)  # the G replicas of this host together, as one process checks its own
     if options.setup is not None:
         options.setup(g, solver)
