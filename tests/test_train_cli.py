@@ -151,8 +151,9 @@ def mebibytes(text):
 
 @pytest.mark.parametrize("mode", ["THREADS", "REPLICAS"])
 def test_train_shares_activation_storage_unless_told_not_to(tmp_path, mode):
-    """layerforge train's net shares its activations' storage (as layerforge time's): the log says how much against
-    each in its own, and the run, in which the Split's consumers make its sum, is --no-reuse's to float rounding."""
+    """layerforge train's nets share their activations' storage (as layerforge time's): the log says how much
+    against each in its own, and the run (the Split's consumers make its sum), its tests included, is --no-reuse's
+    to float rounding."""
     import json
 
     (tmp_path / "net.yaml").write_text(json.dumps(residual_net()))
@@ -160,16 +161,22 @@ def test_train_shares_activation_storage_unless_told_not_to(tmp_path, mode):
     for name, flags in (("shared", ()), ("own", ("--no-reuse",))):
         solver = tmp_path / f"{name}.yaml"
         solver.write_text(SOLVER.format(net=tmp_path / "net.yaml", max_iter=4, snapshot=0,
-                                        prefix=tmp_path / name / "residual"))
+                                        prefix=tmp_path / name / "residual").replace("test_interval: 1000",
+                                                                                      "test_interval: 2"))
         runs[name] = layerforge("train", "--solver", solver, "--cpu-parallel", mode, *flags)
         assert runs[name].returncode == 0, runs[name].stderr
-    said = re.search(r"residual: activations (\S+ \S+) in shared storage \((\S+ \S+) each in its own\)",
+    said = re.search(r"residual TRAIN: activations (\S+ \S+) in shared storage \((\S+ \S+) each in its own\)",
                      runs["shared"].stderr)
+    assert "residual TEST: activations" in runs["shared"].stderr
     assert said and mebibytes(said.group(1)) < mebibytes(said.group(2)), runs["shared"].stderr
     assert "in shared storage" not in runs["own"].stderr
     shared, own = (losses(runs[k].stderr) for k in ("shared", "own"))
     assert len(shared) == 4 and shared[0] > shared[-1]
     numpy.testing.assert_allclose(shared, own, rtol=1e-5)
+    tested = [[float(v) for v in re.findall(r"Test net output #0: loss = ([-\d.e+]+)", runs[k].stderr)]
+              for k in ("shared", "own")]
+    assert len(tested[0]) == 2  # at iterations 2 and 4
+    numpy.testing.assert_allclose(*tested, rtol=1e-5)
     weights = [numpy.load(tmp_path / k / "residual_iter_4.npz") for k in ("shared", "own")]
     for key in weights[1].files:
         numpy.testing.assert_allclose(weights[0][key], weights[1][key], rtol=1e-4, atol=1e-6, err_msg=key)
