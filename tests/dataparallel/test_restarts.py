@@ -37,9 +37,10 @@ def run(argv, env=None, timeout=120):
 
 
 def test_a_killed_rank_restarts_the_job_from_its_last_snapshot_bit_for_bit(tmp_path, cpu_hog):
-    solver = write_solver(tmp_path, max_iter=40, snapshot=10, engine="IM2COL")
+    # 160 iterations: the kill after iteration 12 lands before the job's end (with 40, a fast run had ended once)
+    solver = write_solver(tmp_path, max_iter=160, snapshot=10, engine="IM2COL")
     run(under_mpiexec(2, train(solver)))
-    expected = weights(tmp_path, 40)
+    expected = weights(tmp_path, 160)
     shutil.rmtree(tmp_path / "snap")
     with Job(train(solver, "--ranks", 2, "--max-restarts", 1)) as job:
         job.wait_for(r"Snapshotting solver state to \S+_iter_10\.")
@@ -53,7 +54,7 @@ def test_a_killed_rank_restarts_the_job_from_its_last_snapshot_bit_for_bit(tmp_p
     assert re.fullmatch(rf"rank 1 \(host \S+, pid {victim}\) killed by signal 9 \(SIGKILL\)", restart[2]), restart
     assert int(restart[3]) >= 10 and int(restart[3]) % 10 == 0
     assert job.log.count("Optimization Done.") == 1
-    got = weights(tmp_path, 40)
+    got = weights(tmp_path, 160)
     assert all(numpy.array_equal(got[k], expected[k]) for k in expected)
 
 

@@ -111,28 +111,6 @@ def test_planning_shares_storage_and_reports_bytes():
     assert b.blobs["pool"].data.base is not None
 
 
-def test_a_planned_test_net_gives_the_same_outputs_in_less_storage():
-    """A TEST net (forward only: BatchNorm's stored statistics, Dropout passing input through, an Accuracy) planned
-    as layerforge train plans its test nets (Solver.share_activations): the same outputs, bit for bit, over two
-    batches, in less storage."""
-    spec = small_net()
-    spec["force_backward"] = False
-    spec["layers"].append({"name": "accuracy", "type": "Accuracy", "bottom": ["ip2", "label"], "top": "accuracy"})
-    a = layerforge.Net(spec, phase="TEST", dtype="float64")
-    g = numpy.random.default_rng(5)
-    mean, var, factor = a.layer_dict["bn1"].blobs
-    mean.data[...], var.data[...], factor.data[...] = g.standard_normal(6), g.uniform(0.5, 2.0, 6), 1.0
-    b = layerforge.Net(spec, phase="TEST", dtype="float64")
-    b.copy_from(a.state_arrays())
-    b.optimize_memory()
-    for f in feeds():
-        got, want = b.forward(**f), a.forward(**f)
-        assert sorted(got) == ["accuracy", "loss"]
-        for k in want:
-            assert got[k].tobytes() == want[k].tobytes() and numpy.isfinite(want[k]).all(), k
-    assert memory_report(b)["activation_bytes"] < 0.8 * memory_report(a)["activation_bytes"]
-
-
 def test_inputs_and_outputs_stay_readable():
     a, b = twin_nets()
     f = feeds(count=1)[0]
