@@ -151,7 +151,7 @@ def mebibytes(text):
 
 @pytest.mark.parametrize("mode", ["THREADS", "REPLICAS"])
 def test_train_shares_activation_storage_unless_told_not_to(tmp_path, mode):
-    """layerforge train's train net shares its activations' storage (as layerforge time's): the log says how much
+    """layerforge train's nets share their activations' storage (as layerforge time's): the log says how much
     against each in its own, and the run (the Split's consumers make its sum), its tests included, is --no-reuse's
     to float rounding."""
     import json
@@ -165,8 +165,9 @@ def test_train_shares_activation_storage_unless_told_not_to(tmp_path, mode):
                                                                                       "test_interval: 2"))
         runs[name] = layerforge("train", "--solver", solver, "--cpu-parallel", mode, *flags)
         assert runs[name].returncode == 0, runs[name].stderr
-    said = re.search(r"residual: activations (\S+ \S+) in shared storage \((\S+ \S+) each in its own\)",
+    said = re.search(r"residual TRAIN: activations (\S+ \S+) in shared storage \((\S+ \S+) each in its own\)",
                      runs["shared"].stderr)
+    assert "residual TEST: activations" in runs["shared"].stderr
     assert said and mebibytes(said.group(1)) < mebibytes(said.group(2)), runs["shared"].stderr
     assert "in shared storage" not in runs["own"].stderr
     shared, own = (losses(runs[k].stderr) for k in ("shared", "own"))

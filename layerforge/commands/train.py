@@ -32,8 +32,9 @@ def add_arguments(parser):
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar on a terminal and no status lines otherwise")
     parser.add_argument("--no-reuse", action="store_true",
-                        help="give every activation of the train net its own storage (by default they share it, as "
-                             "layerforge time's do: intermediate blobs hold other blobs' values after a pass)")
+                        help="give every activation of the train and test nets its own storage (by default they "
+                             "share it, as layerforge time's do: intermediate blobs hold other blobs' values after a "
+                             "pass)")
     parser.add_argument("--status-interval", type=float, default=60.0, metavar="SECONDS",
                         help="when stderr is not a terminal, log a progress line with rate and ETA this often")
     parser.add_argument("--allreduce", choices=("auto", "recursive", "topology", "ring", "doubling", "hierarchical",

@@ -44,7 +44,7 @@ class TrainRun:
         sigint_effect, sighup_effect: what Ctrl-C / SIGTERM and SIGHUP do.
         progress: seconds between status lines of the progress display, or None for none.
         trace, trace_iterations, tensorboard: the telemetry asked for (None: the solver's keys).
-        reuse: the train net's activations share storage (``Solver.share_activations``; ``--no-reuse``: False).
+        reuse: the nets' activations share storage (``Solver.share_activations``; ``--no-reuse``: False).
         report: ``report(stats, replicas)`` prints a job of workers' phases (replicas: a split batch's, to the log).
     """
 

@@ -111,9 +111,15 @@ def _units(net):
     return list(data.values()) + list(diff.values())
 
 
-def plan(net):
-    """Assign storage to ``net``'s blobs for reuse; returns ``{"slots": [...], "units": [...]}``."""
+def plan(net, forward_through=None):
+    """Assign storage to ``net``'s blobs for reuse; returns ``{"slots": [...], "units": [...]}``.
+    ``forward_through``: the pass has run the forwards of layers 0 .. that index (a top's shape changed there: an SSD
+    detection output's count, a Filter's): the data that later layers still read keeps its values in the new
+    storage."""
     units = [u for u in _units(net) if u.count > 0]
+    alive = {} if forward_through is None else {
+        id(u): u.blob.data for u in units
+        if u.kind == "data" and u.birth <= forward_through < u.death and not u.pinned}
     slots = []  # [size (elements), free-from step]
     for u in sorted((u for u in units if not u.pinned), key=lambda u: (u.birth, -u.count)):
         free = [k for k, (size, until) in enumerate(slots) if until < u.birth]
@@ -134,6 +140,8 @@ def plan(net):
         if u.slot is None:
             continue
         view = arrays[u.slot][:u.count].reshape(u.blob.shape)
+        if id(u) in alive and alive[id(u)].shape == view.shape:
+            view[...] = alive[id(u)]  # the old slots are apart from the new: no value is overwritten first
         setattr(u.blob, u.kind, view)
     _reshare_splits(net)
     return {"slots": arrays, "units": units}

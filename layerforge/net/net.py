@@ -490,7 +490,7 @@ class Net:
             for later in self.entries[i + 1:]:
                 later.layer.reshape(later.bottom_blobs, later.top_blobs)
             if self._memory_plan is not None:
-                self._memory_plan = memory.plan(self)
+                self._memory_plan = memory.plan(self, forward_through=i)
         loss = 0.0
         for j, w in enumerate(entry.loss_weights):
             if w:

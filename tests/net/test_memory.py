@@ -111,6 +111,68 @@ def test_planning_shares_storage_and_reports_bytes():
     assert b.blobs["pool"].data.base is not None
 
 
+def test_a_planned_test_net_gives_the_same_outputs_in_less_storage():
+    """A TEST net (forward only: BatchNorm's stored statistics, Dropout passing input through, an Accuracy) planned
+    as layerforge train plans its test nets (Solver.share_activations): the same outputs, bit for bit, over two
+    batches, in less storage."""
+    spec = small_net()
+    spec["force_backward"] = False
+    spec["layers"].append({"name": "accuracy", "type": "Accuracy", "bottom": ["ip2", "label"], "top": "accuracy"})
+    a = layerforge.Net(spec, phase="TEST", dtype="float64")
+    g = numpy.random.default_rng(5)
+    mean, var, factor = a.layer_dict["bn1"].blobs
+    mean.data[...], var.data[...], factor.data[...] = g.standard_normal(6), g.uniform(0.5, 2.0, 6), 1.0
+    b = layerforge.Net(spec, phase="TEST", dtype="float64")
+    b.copy_from(a.state_arrays())
+    b.optimize_memory()
+    for f in feeds():
+        got, want = b.forward(**f), a.forward(**f)
+        assert sorted(got) == ["accuracy", "loss"]
+        for k in want:
+            assert got[k].tobytes() == want[k].tobytes() and numpy.isfinite(want[k]).all(), k
+    assert memory_report(b)["activation_bytes"] < 0.8 * memory_report(a)["activation_bytes"]
+
+
+def filter_net():
+    """A Filter's top changes size with the selector's values, in the middle of a pass; ``early`` (computed before the
+    Filter) is read after it."""
+    ip = {"num_output": 5, "weight_filler": GAUSS, "bias_filler": GAUSS}
+    layers = [
+        {"name": "input", "type": "Input", "top": ["x", "sel"], "input": {"shape": [[6, 3], [6]]}},
+        {"name": "ip1", "type": "InnerProduct", "bottom": "x", "top": "ip1", "inner_product": ip},
+        {"name": "tanh", "type": "TanH", "bottom": "ip1", "top": "tanh"},
+        {"name": "early", "type": "Reduction", "bottom": "tanh", "top": "early", "reduction": {"operation": "SUMSQ"}},
+        {"name": "filter", "type": "Filter", "bottom": ["tanh", "sel"], "top": "kept"},
+        {"name": "ip2", "type": "InnerProduct", "bottom": "kept", "top": "ip2", "inner_product": ip},
+        {"name": "late", "type": "Reduction", "bottom": "ip2", "top": "late", "reduction": {"operation": "SUMSQ"}},
+        {"name": "total", "type": "Eltwise", "bottom": ["early", "late"], "top": "total", "loss_weight": 1},
+    ]
+    return {"name": "filter", "force_backward": True, "layers": layers}
+
+
+@pytest.mark.parametrize("phase", ["TRAIN", "TEST"])
+def test_a_top_that_changes_size_in_a_pass_keeps_what_came_before(phase):
+    """A Filter's top changes size with the selector, so the net plans its storage again in the middle of the pass
+    (as an SSD net's detection output does): the values computed before it that later layers read (``early``) come
+    along into the new storage. The same outputs and gradients as the plain net's, pass after pass."""
+    a = layerforge.Net(filter_net(), phase=phase, dtype="float64")
+    b = layerforge.Net(filter_net(), phase=phase, dtype="float64")
+    b.copy_from(a.state_arrays())
+    b.optimize_memory()
+    g = numpy.random.default_rng(2)
+    for sel in ([1, 0, 1, 0, 0, 0], [1, 1, 0, 1, 1, 0], [0, 1, 0, 0, 0, 0]):  # 2, 4, then 1 items kept
+        feed = {"x": g.standard_normal((6, 3)), "sel": numpy.array(sel, dtype=float)}
+        for net in (a, b):
+            net.clear_param_diffs()
+            net.forward(**feed)
+            if phase == "TRAIN":
+                net.backward()
+        assert b.blobs["total"].data.tobytes() == a.blobs["total"].data.tobytes()
+        assert float(a.blobs["early"].data) > 0
+        for pa, pb in zip(a.learnable_params, b.learnable_params):
+            assert pb.diff.tobytes() == pa.diff.tobytes()
+
+
 def test_inputs_and_outputs_stay_readable():
     a, b = twin_nets()
     f = feeds(count=1)[0]

@@ -39,7 +39,7 @@ def train_parallel(source, workers=None, devices=None, sync=None, chunk_size=Non
         trace: the window (text, as ``--trace-iterations``) the workers record; their parts are absorbed into this
             process's trace, which the caller started (``trace.start(..., host=True)``) and finishes. None: none.
         tensorboard: a folder where worker 0 writes the job's TensorBoard scalars, or None.
-        share_activations: each worker's train net shares its activations' storage (``Solver.share_activations``).
+        share_activations: each worker's nets share their activations' storage (``Solver.share_activations``).
         overrides: other solver keys (``max_iter=10``).
     """
     from ...solvers.param import load_solver_param

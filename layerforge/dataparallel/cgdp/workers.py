@@ -56,7 +56,7 @@ class WorkerOptions:
         trace: the iteration window (text, as ``--trace-iterations``) each worker records and hands to the parent
             with its "done" (docs/trace.md); None: no trace.
         tensorboard: worker 0 writes TensorBoard scalars of the whole job to this folder; None: not.
-        share_activations: the worker's train net shares its activations' storage (``Solver.share_activations``).
+        share_activations: the worker's nets share their activations' storage (``Solver.share_activations``).
     """
 
     def __init__(self, source, overrides=None, sync="HOST", chunk_size=1, devices=None, batch=None,
