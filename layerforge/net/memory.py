@@ -140,8 +140,8 @@ def plan(net, forward_through=None):
         if u.slot is None:
             continue
         view = arrays[u.slot][:u.count].reshape(u.blob.shape)
-        if id(u) in alive and alive[id(u)].shape == view.shape:
-            view[...] = alive[id(u)]  # the old slots are apart from the new: no value is overwritten first
+        if id(u) in alive:  # (born by layer i, so of the shape it has now; old and new slots never overlap)
+            view[...] = alive[id(u)]
         setattr(u.blob, u.kind, view)
     _reshare_splits(net)
     return {"slots": arrays, "units": units}
