@@ -240,16 +240,21 @@ WARM_UP_LIMIT = 20
 
 
 def warm_up(net, limit=WARM_UP_LIMIT, iterations=None):
-    """Forward-backward passes until every AUTO convolution has chosen its engines (at least one pass); the first
-    pass's time and what is left are logged when it took more than a second.
+    """Forward-backward passes until every AUTO convolution has chosen its engines (at least one pass), and then one
+    more where a pass chose; the first pass's time and what is left are logged when it took more than a second.
 
+    The passes are training passes, as the timed ones are (``Net.training_pass``), so a timed pass never makes the
+    first of what a training pass alone holds (Winograd's kept input tiles: with the choices from the engine cache
+    and one warm-up pass outside a training pass, the first timed pass of ResNet-50 at batch 4 took about 10 ms more
+    in each Winograd layer's forward, and 4 timed passes' rows of those layers 2.5-3.6 ms more; docs/performance.md).
     Returns the number of passes; timings taken before then would include AUTO's trials of both engines.
     """
     def one_pass(k):
         trace.iteration(k)
         t0 = time.perf_counter()
-        net.forward()
-        net.backward()
+        with net.training_pass():
+            net.forward()
+            net.backward()
         seconds = time.perf_counter() - t0
         if k == 0 and seconds > 1.0:
             left = min(passes_to_settle(net), limit - 1)
@@ -257,7 +262,11 @@ def warm_up(net, limit=WARM_UP_LIMIT, iterations=None):
                      seconds, left, "" if iterations is None else
                      f", then {2 * iterations} timed: about {(left + 2 * iterations) * seconds:.0f} s to go")
 
-    return settle_engines(net, one_pass, limit)
+    passes = settle_engines(net, one_pass, limit)
+    if passes > 1:  # the last pass chose: its engines' first training pass with their choice is this one
+        one_pass(passes)
+        passes += 1
+    return passes
 
 
 def engine_choice(layer):

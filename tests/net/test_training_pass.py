@@ -94,3 +94,22 @@ def test_a_forward_and_backward_apart_keep_nothing_and_see_a_changed_bottom():
     net.clear_param_diffs()
     net.backward()
     numpy.testing.assert_allclose(changed, 2.0 * net.params["conv2"][0].diff, rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.parametrize("engine", ["WINOGRAD", "AUTO"])
+def test_layerforge_time_warms_up_in_training_passes_and_once_after_the_choice(engine):
+    from layerforge.commands.time import warm_up
+    from layerforge.kernels.autotune import engines_settled
+
+    net = Net(net_def(engine=engine), phase="train")
+    passes = warm_up(net)
+    assert engines_settled(net)
+    # a given engine has nothing to choose: one pass; AUTO's choosing passes, then one with every choice made
+    assert passes == 1 if engine == "WINOGRAD" else passes >= 3
+    for name in ("conv1", "conv2"):
+        layer = net.layers[net._layer_index[name]]
+        chosen = layer.engines[layer.engine_choice["forward"]]
+        if isinstance(chosen, WinogradConv) and layer.engine_choice["backward"] == layer.engine_choice["forward"]:
+            # the warm-up made the tiles a training pass keeps, so the first timed pass does not
+            assert chosen.kept_bytes == chosen._own_tiles.nbytes > 0
+        assert all(getattr(e, "kept", None) is None for e in layer.engines.values())  # dropped after the pass
