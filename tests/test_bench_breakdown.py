@@ -23,7 +23,8 @@ def test_interference_prints_each_kind_alone_and_together(tmp_path):
     for kind in convolutions + ["Pooling", "InnerProduct"]:
         alone_fwd, alone_bwd, together_fwd, together_bwd, loss, _ = rows[kind]
         assert alone_fwd > 0 and alone_bwd > 0 and together_fwd > 0 and together_bwd > 0, (kind, rows[kind])
-        assert abs(loss - (together_fwd + together_bwd - alone_fwd - alone_bwd)) < 0.15, (kind, rows[kind])
+        # the table's five figures are each rounded to 0.1 ms: the printed loss is within 5 x 0.05 of the sum
+        assert abs(loss - (together_fwd + together_bwd - alone_fwd - alone_bwd)) <= 0.25 + 1e-9, (kind, rows[kind])
     total = rows["layers"]
     for column in range(4):
         assert abs(total[column] - sum(v[column] for k, v in rows.items() if k != "layers")) < 0.1 * len(rows)
