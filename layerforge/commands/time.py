@@ -84,8 +84,9 @@ def time_net(net, iterations):
     """
     n = len(net.layers)
     fwd, bwd = [0.0] * n, [0.0] * n
-    log.info("Timing net '%s': forward-backward passes until AUTO has chosen the convolution engines (at most %d), "
-             "then %d passes timed layer by layer and %d timed whole", net.name, WARM_UP_LIMIT, iterations, iterations)
+    log.info("Timing net '%s': forward-backward passes until AUTO has chosen the convolution engines (at most %d, and "
+             "one more where a pass chose), then %d passes timed layer by layer and %d timed whole", net.name,
+             WARM_UP_LIMIT, iterations, iterations)
     warmups = warm_up(net, iterations=iterations)
     watch = Stopwatch(net.xp)
     for k in range(iterations):  # each a training pass, as the solver's (Net.training_pass)
@@ -258,7 +259,8 @@ def warm_up(net, limit=WARM_UP_LIMIT, iterations=None):
         seconds = time.perf_counter() - t0
         if k == 0 and seconds > 1.0:
             left = min(passes_to_settle(net), limit - 1)
-            log.info("Timing net '%s': the first pass took %.1f s; %d more until the engines are chosen%s", net.name,
+            left += left > 0  # the pass after the choice
+            log.info("Timing net '%s': the first pass took %.1f s; %d more warm-up pass(es)%s", net.name,
                      seconds, left, "" if iterations is None else
                      f", then {2 * iterations} timed: about {(left + 2 * iterations) * seconds:.0f} s to go")
 
