@@ -247,7 +247,7 @@ def warm_up(net, limit=WARM_UP_LIMIT, iterations=None):
     The passes are training passes, as the timed ones are (``Net.training_pass``), so a timed pass never makes the
     first of what a training pass alone holds (Winograd's kept input tiles: with the choices from the engine cache
     and one warm-up pass outside a training pass, the first timed pass of ResNet-50 at batch 4 took about 10 ms more
-    in each Winograd layer's forward, and 4 timed passes' rows of those layers 2.5-3.6 ms more; docs/performance.md).
+    in each Winograd layer's forward, and 4 timed passes' rows of those layers 0.6-3.6 ms more; docs/performance.md).
     Returns the number of passes; timings taken before then would include AUTO's trials of both engines.
     """
     def one_pass(k):
