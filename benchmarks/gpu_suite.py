@@ -1,4 +1,4 @@
-"""The whole GPU check in one device call of under 10 minutes: install, GPU tests, LeNet, nets, data, convs.
+"""The whole GPU check in one device call of under 10 minutes: install, GPU tests, LeNet, nets, kernels, data, convs.
 
     python benchmarks/gpu_suite.py                  # on the device machine (one call; see docs/gpu.md)
     python benchmarks/gpu_suite.py --emulated       # here: the device code of every phase, small, on the emulated GPU
@@ -19,11 +19,20 @@ seconds, 570 by default):
    short; ``lenet_iterations`` says how far it got); test accuracy and seconds. Iterations 10-14 are traced
    (layerforge.trace) with NVTX ranges and device spans: ``trace_spans``, ``trace_nvtx``, ``trace_device_spans``.
 5. ``nets``: ResNet-50 b64, AlexNet b256, VGG-16 b32 training iterations (forward, backward, momentum
-   SGD) in layerforge (cupy) and PyTorch (CUDA), strict fp32 and TF32: images/s and peak device memory
+   SGD) in layerforge (cupy) and PyTorch (CUDA), strict fp32 and TF32, and ResNet-50 in bf16 (layerforge's
+   bf16 products, ``gemm_precision``; PyTorch's bf16 autocast): images/s and peak device memory
    (cupy's memory pool after the run; torch.cuda.max_memory_allocated); and layerforge in fp32 with its
    body replayed from CUDA graphs (precision ``fp32-graph``, layerforge.solvers.cuda_graph). Warm-up runs
    until every AUTO convolution has settled.
-6. ``data``: the input pipeline feeding the GPU. Makes (once, under ``--scratch``, default data/gpu_suite/)
+6. ``kernels``: every CUDA kernel and the GEMM in each precision on benchmarks/gpu_kernels.py's fixed inputs, the
+   outputs saved beside the results (``kernels-<device>-<yyyymmdd>.npz``) for ``gpu_kernels.py --against`` to
+   compare with the emulated device's here.
+7. ``sanitize``: compute-sanitizer's memcheck and racecheck over the CUDA kernels' GPU tests
+   (``SANITIZE_TARGETS``, cupy's memory pool off so that memcheck sees each array's end): errors, hazards,
+   pytest's line and the first report lines of each.
+8. ``ncu``: one Nsight Compute report (clocks left as found) of the implicit-GEMM forward kernel on ResNet-50's
+   res3 3x3 convolution, batch 32 (``gpu_kernels.py --profile``), written beside the results; its metrics in them.
+9. ``data``: the input pipeline feeding the GPU. Makes (once, under ``--scratch``, default data/gpu_suite/)
    1,024 ImageNet-like 500 x 375 JPEGs in an encoded Datum LMDB (bench_data.py's ``make_set``); checks that a
    Data layer on the device (uint8 crops copied over, mean and scale applied there) gives the tops numpy gives
    on the host (3 batches, mean_value with scale and mean_file); then trains the zoo's ResNet-50
@@ -31,7 +40,7 @@ seconds, 570 by default):
    mirror, mean values, one decode worker per core) and by its synthetic default: images/s of each, the data
    wait per iteration and the verdict ``input_bound`` (the Data layer's InputStats), and the decode workers'
    rate with the net idle (the data layer's forwards alone).
-7. ``convs``: every distinct ResNet-50 / VGG-16 convolution shape, forward GFLOP/s of layerforge's
+10. ``convs``: every distinct ResNet-50 / VGG-16 convolution shape, forward GFLOP/s of layerforge's
    engines (IM2COL, IMPLICIT, Winograd where eligible), of a Convolution layer with ``engine: AUTO`` once
    it has settled (``AUTO_engine``; the target: never 5% below the better engine) and of
    torch.nn.functional.conv2d, timed with CUDA events.
@@ -39,9 +48,12 @@ seconds, 570 by default):
 Writes ``benchmarks/results/gpu-<device>-<yyyymmdd>.json`` (``--out`` folder) with ``device``, ``cupy``,
 ``torch``, ``tests_passed``, ``tests_failed``, ``lenet_accuracy``, ``lenet_seconds``, ``nets`` (one
 ``{net, batch, precision, layerforge_img_s, torch_img_s, layerforge_peak_mib, torch_peak_mib}`` per run),
-``data_pipeline`` (``lmdb_img_s``, ``synthetic_img_s``, ``wait_ms_per_iteration``, ``input_bound``,
-``pipeline_img_s``, ``feed_matches``, ...; docs/gpu.md), ``convs`` and ``phases`` (seconds and error of each),
-and prints a summary line last.
+``kernels_file``, ``kernels_outputs``, ``sanitizer`` (``memcheck`` and ``racecheck``: ``errors``, ``hazards``,
+``pytest``, ``report``, ...), ``ncu_report``, ``ncu_launch``, ``ncu_summary``, ``ncu_metrics``, ``data_pipeline``
+(``lmdb_img_s``, ``synthetic_img_s``, ``wait_ms_per_iteration``, ``input_bound``, ``pipeline_img_s``,
+``feed_matches``, ...; docs/gpu.md), ``convs`` and ``phases`` (seconds and error of each), and prints a summary
+line last. Where compute-sanitizer or ncu is missing, their phases record an error on a device and nothing in the
+small modes.
 ``--cpu-smoke`` runs every phase small on numpy / torch CPU (no install), to test the orchestration; its data
 phase: 32 JPEGs of 64 x 48 and CIFAR-10 quick at batch 8, crop 32, two iterations. ``--emulated`` runs the same small
 settings through every phase's device code (cupy, CUDA events, graphs, the device data feed) on layerforge's emulated
@@ -54,6 +66,8 @@ import glob
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,15 +80,33 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 MODES = ("device", "cpu-smoke", "emulated")
 # phase -> time box in seconds in each of MODES
-BOXES = {"install": (40, 5, 5), "info": (20, 30, 30), "tests": (150, 60, 90), "lenet": (50, 60, 120),
-         "nets": (170, 60, 180), "data": (75, 90, 150), "convs": (55, 60, 90)}
+BOXES = {"install": (30, 5, 5), "info": (15, 30, 30), "tests": (120, 60, 90), "lenet": (40, 60, 120),
+         "nets": (160, 60, 180), "kernels": (15, 30, 60), "sanitize": (80, 60, 120), "ncu": (25, 30, 60),
+         "data": (45, 90, 150), "convs": (30, 60, 90)}
 NET_RUNS = [("resnet50", 64), ("alexnet", 256), ("vgg16", 32)]
 SMOKE_NET_RUNS = [("lenet", 8)]
+# bf16 runs (layerforge's bf16 products against PyTorch's bf16 autocast): the net of the issue's target only
+BF16_NET_RUNS, SMOKE_BF16_NET_RUNS = [("resnet50", 64)], [("lenet", 8)]
+# the CUDA kernels' GPU tests that compute-sanitizer's memcheck and racecheck run (small: one test of each file)
+SANITIZE_TARGETS = ["tests/kernels/test_gpu_kernels.py", "tests/kernels/test_fused_batch_norm.py"]
+SMOKE_SANITIZE_TARGETS = ["tests/kernels/test_gpu_kernels.py::test_lrn",
+                          "tests/kernels/test_fused_batch_norm.py::test_only_what_is_asked_for_is_written"]
+SANITIZER_TOOLS = ("memcheck", "racecheck")
+SANITIZER_ERRORS = 99  # compute-sanitizer's exit status when it reports an error (pytest's own stay below 6)
+# pytest in a process whose cupy allocates every array with its own cudaMalloc: memcheck sees the end of each array
+# (cupy's pool hands out pieces of larger blocks, inside which an access past an array's end is not reported)
+SANITIZED_PYTEST = ("import sys, layerforge, cupy; cupy.cuda.set_allocator(None); "
+                    "import pytest; sys.exit(pytest.main(sys.argv[1:]))")
+# Nsight Compute on the implicit-GEMM forward (benchmarks/gpu_kernels.py --profile): its sections, and the metrics of
+# the report that go into the results' summary
+NCU_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis")
+NCU_SUMMARY = ("Duration", "Compute (SM) Throughput", "Memory Throughput", "DRAM Throughput", "Achieved Occupancy",
+               "Registers Per Thread", "Theoretical Occupancy")
 # the data phase: (images, width, height, classes) of its JPEG set, and (zoo net, batch, crop) it trains
 DATA_SET, SMOKE_DATA_SET = (1024, 500, 375, 1000), (32, 64, 48, 10)
 DATA_NET, SMOKE_DATA_NET = ("resnet50", 64, 224), ("cifar10_quick", 8, 32)
 DATA_FEEDS = ("lmdb", "synthetic")
-PRECISIONS = ("fp32", "tf32")
+PRECISIONS = ("fp32", "tf32")  # every net; bf16: BF16_NET_RUNS
 RESERVE = 10  # seconds kept for writing the results
 STARTED = time.perf_counter()  # this process's start (phase boxes count from the child's start)
 EMULATOR_ENV = "LAYERFORGE_EMULATED_GPU"  # what turns the emulated device on (layerforge_emulator)
@@ -277,9 +309,15 @@ def _torch_run(net_name, batch, precision, iterations, mode):
     x = torch.randn(batch, shape[0], shape[1], shape[1], generator=gen).to(device)
     y = torch.randint(0, shape[2], (batch,), generator=gen).to(device)
 
+    # bf16: PyTorch's way to it, autocast (bf16 activations in its convolutions and products, fp32 weights and loss);
+    # layerforge's bf16 rounds the products' operands and keeps float32 activations (kernels.blas)
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
+
     def step():
         opt.zero_grad(set_to_none=False)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        with autocast:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
         opt.step()
 
     for _ in range(2):
@@ -387,6 +425,145 @@ def auto_forward(xp, x, conv, flops, timed):
             break
         layer.forward(bottom, top)
     return layer.engine_choice["forward"], flops / timed(lambda: layer.forward(bottom, top)) / 1e9
+
+
+# --------------------------------------------------------------------------------------------------
+# the kernels on silicon: their outputs for the comparison with the emulated device, the sanitizer, Nsight Compute
+
+SANITIZER_PLACES = ("/usr/local/cuda/bin/compute-sanitizer", "/usr/local/cuda/compute-sanitizer/compute-sanitizer",
+                    "/opt/nvidia/compute-sanitizer/compute-sanitizer")
+NCU_PLACES = ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu")
+
+
+def today():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
+
+
+def find_tool(name, places):
+    """The path of the program ``name``: on the PATH, else the last match of ``places`` (glob patterns); or None."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for pattern in places:
+        matches = sorted(glob.glob(pattern))
+        if matches:
+            return matches[-1]
+    return None
+
+
+def run_capturing(cmd, seconds, env):
+    """``(output, exit status)`` of ``cmd`` (stdout and stderr together); a run past ``seconds`` is killed with every
+    process it started (its status None, its output so far kept)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
+                            start_new_session=True)
+    try:
+        return proc.communicate(timeout=max(1.0, seconds))[0], proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate()[0], None
+
+
+def phase_kernels(mode, out_dir):
+    """Every CUDA kernel, and the GEMM in each precision, on benchmarks/gpu_kernels.py's fixed inputs: the outputs go
+    to ``kernels-<device>-<yyyymmdd>.npz`` in ``out_dir``, for ``gpu_kernels.py --against`` to compare with the
+    emulated device's (docs/gpu.md). On numpy in cpu-smoke."""
+    import numpy
+    import gpu_kernels
+
+    if mode.gpu:
+        from layerforge.backend import gpu_name  # first: layerforge puts the emulated device in cupy's place
+
+        import cupy as xp
+        device = gpu_name(0)
+    else:
+        xp, device = numpy, "cpu-smoke"
+    t0 = time.perf_counter()
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"kernels-{slug(device)}-{today()}.npz")
+    count = gpu_kernels.save(path, xp, device)
+    return {"kernels_file": os.path.basename(path), "kernels_outputs": count,
+            "kernels_seconds": time.perf_counter() - t0}
+
+
+def sanitizer_report(output, status):
+    """What one compute-sanitizer run of pytest says: its errors (ERROR SUMMARY, summed over processes), racecheck's
+    hazards, pytest's last line, and the sanitizer's own report lines (the first 40)."""
+    errors = [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) error", output)]
+    hazards = [int(n) for n in re.findall(r"RACECHECK SUMMARY: (\d+) hazard", output)]
+    results = re.findall(r"^=*\s*(\d+ (?:passed|failed|errors?|skipped|deselected)\b.*?)\s*=*$", output, re.M)
+    report = [line for line in output.splitlines() if line.startswith("=========")][:40]
+    return {"exit": status, "timed_out": status is None, "errors": sum(errors) if errors else None,
+            "hazards": sum(hazards) if hazards else None, "pytest": results[-1] if results else None,
+            "report": report, "reported_error": status == SANITIZER_ERRORS or bool(sum(errors) + sum(hazards))}
+
+
+def phase_sanitize(mode, seconds):
+    """compute-sanitizer's memcheck and racecheck over the CUDA kernels' GPU tests (``SANITIZE_TARGETS``), each with
+    half of what is left of the box; cupy's memory pool is off in them (``SANITIZED_PYTEST``). Where there is no
+    compute-sanitizer: an error on a device, nothing in the small modes."""
+    tool = find_tool("compute-sanitizer", SANITIZER_PLACES)
+    if tool is None:
+        if mode.small:
+            return {"sanitizer": None}
+        raise RuntimeError("no compute-sanitizer on the PATH or in " + ", ".join(SANITIZER_PLACES))
+    targets = SMOKE_SANITIZE_TARGETS if mode.small else SANITIZE_TARGETS
+    out = {"sanitizer": tool}
+    for i, name in enumerate(SANITIZER_TOOLS):
+        left = (STARTED + seconds - 3 - time.perf_counter()) / (len(SANITIZER_TOOLS) - i)
+        cmd = [tool, "--tool", name, "--target-processes", "all", "--error-exitcode", str(SANITIZER_ERRORS),
+               "--print-limit", "20", sys.executable, "-c", SANITIZED_PYTEST, "-q", "-p", "no:cacheprovider",
+               "-p", "no:xdist", "-m", "gpu", *targets]
+        out[name] = sanitizer_report(*run_capturing(cmd, left, mode.env()))
+    return out
+
+
+def ncu_metrics(csv_text):
+    """``{"Section: Metric (unit)": value}`` from ``ncu --import R --csv --page details`` (one kernel launch), the
+    kernel's name, block and grid, and the metrics of ``NCU_SUMMARY`` alone (keyed alike)."""
+    import csv
+
+    rows = list(csv.DictReader(line for line in csv_text.splitlines() if line.startswith('"')))
+    metrics, summary = {}, {}
+    for row in rows:
+        if not row.get("Metric Name"):  # a rule's advice, not a metric
+            continue
+        unit = f" ({row['Metric Unit']})" if row.get("Metric Unit") else ""
+        key = f"{row['Section Name']}: {row['Metric Name']}{unit}"
+        metrics[key] = row["Metric Value"]
+        if row["Metric Name"] in NCU_SUMMARY:
+            summary[key] = row["Metric Value"]
+    launch = {k: rows[0].get(k) for k in ("Kernel Name", "Block Size", "Grid Size", "Device")} if rows else {}
+    return metrics, launch, summary
+
+
+def phase_ncu(mode, out_dir, seconds):
+    """One Nsight Compute report (``NCU_SECTIONS``, clocks left as found) of the implicit-GEMM forward kernel on
+    ResNet-50's res3 3x3 convolution (gpu_kernels.py --profile), written to ``out_dir``; its metrics in the
+    results. Where there is no ncu: an error on a device, nothing in the small modes."""
+    from gpu_kernels import PROFILE_BATCH
+
+    tool = find_tool("ncu", NCU_PLACES)
+    if tool is None:
+        if mode.small:
+            return {"ncu": None}
+        raise RuntimeError("no ncu on the PATH or in " + ", ".join(NCU_PLACES))
+    os.makedirs(out_dir, exist_ok=True)
+    report = os.path.join(out_dir, f"ncu-implicit-gemm-forward-{today()}")
+    sections = [a for name in NCU_SECTIONS for a in ("--section", name)]
+    cmd = [tool, "--clock-control", "none", "--target-processes", "all", "--kernel-name", "conv_forward",
+           "--launch-skip", "1", "--launch-count", "1", *sections, "--export", report, "--force-overwrite",
+           sys.executable, os.path.join(ROOT, "benchmarks", "gpu_kernels.py"), "--profile",
+           "--batch", str(1 if mode.small else PROFILE_BATCH)]
+    output, status = run_capturing(cmd, STARTED + 0.8 * seconds - time.perf_counter(), mode.env())
+    if status != 0 or not os.path.exists(report + ".ncu-rep"):
+        raise RuntimeError(f"ncu: exit {status}: {output.strip()[-1500:]}")
+    csv_text, status = run_capturing([tool, "--import", report + ".ncu-rep", "--csv", "--page", "details"],
+                                     STARTED + seconds - 2 - time.perf_counter(), mode.env())
+    if status != 0:
+        raise RuntimeError(f"ncu --import: exit {status}: {csv_text.strip()[-1500:]}")
+    metrics, launch, summary = ncu_metrics(csv_text)
+    return {"ncu": tool, "ncu_report": os.path.basename(report) + ".ncu-rep", "ncu_launch": launch,
+            "ncu_summary": summary, "ncu_metrics": metrics}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -593,7 +770,8 @@ def child(args):
     phase_args = json.loads(args.phase_args or "[]")
     fn = {"install": phase_install, "info": phase_info, "tests": phase_tests, "lenet": phase_lenet,
           "net": phase_net, "data_set": phase_data_set, "data_check": phase_data_check,
-          "data_train": phase_data_train, "convs": phase_convs}[args.phase]
+          "data_train": phase_data_train, "convs": phase_convs, "kernels": phase_kernels,
+          "sanitize": phase_sanitize, "ncu": phase_ncu}[args.phase]
     result = fn(Mode(args.mode), *phase_args)
     with open(args.result, "w") as f:
         json.dump(result, f)
@@ -641,6 +819,8 @@ def suite(out_dir, budget, mode="device", log=print, scratch=None):
     frameworks = ("layerforge", "torch") if mode.torch else ("layerforge",)
     runs = [(net, batch, precision, framework) for net, batch in (SMOKE_NET_RUNS if mode.small else NET_RUNS)
             for precision in PRECISIONS for framework in frameworks]
+    runs += [(net, batch, "bf16", framework) for net, batch in (SMOKE_BF16_NET_RUNS if mode.small else BF16_NET_RUNS)
+             for framework in frameworks]
     # with and without CUDA graphs: layerforge's fp32 iteration with its body replayed from a recorded graph
     runs += [(net, batch, "fp32-graph", "layerforge") for net, batch in (SMOKE_NET_RUNS if mode.small else NET_RUNS)]
     rows = {}
@@ -651,19 +831,45 @@ def suite(out_dir, budget, mode="device", log=print, scratch=None):
         row[f"{framework}_img_s"] = r.get("img_s")
         row[f"{framework}_peak_mib"] = r.get("peak_mib")
     results["nets"] = list(rows.values())
+    results.update(phase("kernels", args=(out_dir,)))
+    results["sanitizer"] = phase("sanitize", args=(box("sanitize"),))
+    results.update(phase("ncu", args=(out_dir, box("ncu"))))
     results["data_pipeline"] = data_phases(phase, time.monotonic() + box("data"), mode, scratch)
     results.update(phase("convs"))
     os.makedirs(out_dir, exist_ok=True)
-    day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
-    path = os.path.join(out_dir, f"gpu-{slug(results['device'])}-{day}.json")
+    path = os.path.join(out_dir, f"gpu-{slug(results['device'])}-{today()}.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     errors = sum(1 for p in results["phases"].values() if p["error"])
     log(f"gpu suite: device {results['device']}, tests {results['tests_passed']} passed "
         f"{results['tests_failed']} failed, lenet accuracy {results['lenet_accuracy']}, "
-        f"{len(results['nets'])} net rows, {data_summary(results['data_pipeline'])}, "
+        f"{len(results['nets'])} net rows, {results.get('kernels_outputs')} kernel outputs saved, "
+        f"{sanitizer_summary(results['sanitizer'])}, {ncu_duration(results)}, "
+        f"{data_summary(results['data_pipeline'])}, "
         f"{len(results['convs'])} conv shapes, {errors} phase errors -> {path}")
     return results, path
+
+
+def sanitizer_summary(sanitizer):
+    """The sanitizer phase in a few words for the summary line."""
+    if not sanitizer.get("sanitizer"):
+        return "no sanitizer run"
+    words = []
+    for name in SANITIZER_TOOLS:
+        run = sanitizer.get(name) or {}
+        found = "timed out" if run.get("timed_out") else f"{run.get('errors')} errors"
+        if name == "racecheck" and not run.get("timed_out"):
+            found += f", {run.get('hazards')} hazards"
+        words.append(f"{name} {found} ({run.get('pytest')})")
+    return "; ".join(words)
+
+
+def ncu_duration(results):
+    """The profiled kernel's duration from the ncu phase's summary, in a few words."""
+    for key, value in (results.get("ncu_summary") or {}).items():
+        if ": Duration" in key:
+            return f"ncu conv_forward {value} {key.rsplit('(', 1)[-1].rstrip(')')}"
+    return "no ncu report"
 
 
 def data_summary(data):

@@ -65,7 +65,14 @@ def test_suite_writes_every_key_and_goes_on_past_failures(tmp_path, monkeypatch)
                   "data_check": {"feed_matches": True},
                   "data_train": {"img_s": 900.0, "wait_ms": 2.5, "input": {"wait_share": 0.02, "workers": 16},
                                  "input_bound": False, "decode_capacity_img_s": 9000.0, "pipeline_img_s": 8000.0}
-                  if args[:1] == ["lmdb"] else {"img_s": 950.0}}
+                  if args[:1] == ["lmdb"] else {"img_s": 950.0},
+                  "kernels": {"kernels_file": "kernels-fake-gpu-80gb-20261201.npz", "kernels_outputs": 89},
+                  "sanitize": {"sanitizer": "/usr/local/cuda/bin/compute-sanitizer",
+                               "memcheck": {"errors": 0, "pytest": "7 passed in 9s", "timed_out": False},
+                               "racecheck": {"errors": 0, "hazards": 2, "pytest": "7 passed in 12s",
+                                             "timed_out": False}},
+                  "ncu": {"ncu_report": "ncu-implicit-gemm-forward-20261201.ncu-rep",
+                          "ncu_summary": {"GPU Speed Of Light Throughput: Duration (us)": "412.35"}}}
         return canned[name], None
 
     monkeypatch.setattr(gpu_suite, "run_phase", fake)
@@ -77,9 +84,11 @@ def test_suite_writes_every_key_and_goes_on_past_failures(tmp_path, monkeypatch)
     assert written["device"] == "Fake GPU 80GB" and written["tests_failed"] == 1
     assert written["lenet_accuracy"] is None and "boom" in written["phases"]["lenet"]["error"]
     assert [(r["net"], r["batch"], r["precision"]) for r in written["nets"]] == \
-        [(n, b, p) for n, b in gpu_suite.NET_RUNS for p in gpu_suite.PRECISIONS] + \
+        [(n, b, p) for n, b in gpu_suite.NET_RUNS for p in gpu_suite.PRECISIONS] + [("resnet50", 64, "bf16")] + \
         [(n, b, "fp32-graph") for n, b in gpu_suite.NET_RUNS]  # layerforge with CUDA graphs: no torch figure
     assert all(set(r) == NET_KEYS and r["torch_img_s"] == 125.0 for r in written["nets"][:-3])
+    assert written["kernels_outputs"] == 89 and written["ncu_report"].endswith(".ncu-rep")
+    assert written["sanitizer"]["racecheck"]["hazards"] == 2
     assert all(r["layerforge_img_s"] and "torch_img_s" not in r for r in written["nets"][-3:])
     assert written["convs"] and written["phases"]["convs"]["error"] is None
     data = written["data_pipeline"]
@@ -92,6 +101,8 @@ def test_suite_writes_every_key_and_goes_on_past_failures(tmp_path, monkeypatch)
     assert [(a[1], a[2]) for n, a, _ in calls if n == "data_train"] == [("/scratch/lmdb", t) for n, _, t in calls
                                                                          if n == "data_train"]
     assert "data pipeline resnet50 900 img/s from the LMDB against 950 img/s synthetic, waited 2.5 ms" in lines[-1]
+    assert ("89 kernel outputs saved, memcheck 0 errors (7 passed in 9s); racecheck 0 errors, 2 hazards (7 passed "
+            "in 12s), ncu conv_forward 412.35 us") in lines[-1]
     # no phase is given more than what is left of the budget, less the reserve for writing the results
     assert max(t for _, _, t in calls) <= 100 - gpu_suite.RESERVE
 
@@ -119,9 +130,143 @@ def test_the_emulated_suite_runs_every_phase_through_its_device_code(tmp_path):
     assert results["lenet_iterations"] == 6 and results["lenet_accuracy"] is not None
     assert results["trace_nvtx"] and results["trace_device_spans"] > 0  # CUDA events around the traced layers
     assert [(r["precision"], r["layerforge_img_s"] > 0) for r in results["nets"]] == [
-        ("fp32", True), ("tf32", True), ("fp32-graph", True)]
+        ("fp32", True), ("tf32", True), ("bf16", True), ("fp32-graph", True)]
+    assert results["kernels_outputs"] == 89 and os.path.exists(tmp_path / results["kernels_file"])
+    assert results["sanitizer"] == {"sanitizer": None} and results["ncu"] is None  # no such tools here
     data = results["data_pipeline"]
     assert data["feed_matches"] and data["lmdb_img_s"] > 0 and data["synthetic_img_s"] > 0
     assert data["pipeline_img_s"] > 0 and data["input_bound"] in (True, False)
     [conv] = results["convs"]
     assert conv["IM2COL_gflop_s"] > 0 and conv["IMPLICIT_gflop_s"] > 0 and conv["AUTO_engine"] in ("IM2COL", "IMPLICIT")
+
+
+GPU_KERNELS_SPEC = importlib.util.spec_from_file_location("gpu_kernels",
+                                                          os.path.join(ROOT, "benchmarks", "gpu_kernels.py"))
+gpu_kernels = importlib.util.module_from_spec(GPU_KERNELS_SPEC)
+GPU_KERNELS_SPEC.loader.exec_module(gpu_kernels)
+
+
+def test_the_emulated_kernels_agree_with_the_host_bodies_and_a_changed_output_is_listed(tmp_path):
+    """gpu_kernels.py: every .cu entry point and each GEMM precision on the emulated device against the numpy bodies
+    on the same inputs, within the tolerances that the comparison with silicon uses; then a saved file with one output
+    changed by 1e-4 of its norm, one removed and an argmax moved: ``--against`` lists those three and exits 1."""
+    import numpy
+    import cupy
+
+    host, device = gpu_kernels.all_outputs(numpy), gpu_kernels.all_outputs(cupy)
+    assert sorted(host) == sorted(device) and len(host) == 89
+    assert {"float32/implicit_gemm/k3s2g1/1", "float64/lrn/backward", "bf16/gemm", "tf32/gemm"} <= set(host)
+    rows = gpu_kernels.compare(device, host)
+    assert [r[0] for r in rows if r[4]] == []
+    assert dict((r[0], r[3]) for r in rows)["float32/max_pooling/forward/1"] == 1.0  # the argmax: equal
+    # the CUDA kernels sum in another order than the host's: not every bit is equal, and the table shows it
+    relative = dict((r[0], r[1]) for r in rows)
+    assert 0 < relative["float32/implicit_gemm/k3s1g1/1"] < gpu_kernels.TOLERANCE["float32"]
+    assert 0 < relative["tf32/gemm"] < gpu_kernels.TOLERANCE["tf32"]  # the emulated cuBLAS rounds to TF32; numpy not
+
+    saved = dict(device)
+    y = saved["float32/implicit_gemm/k3s1g1/0"]
+    y[0, 0, 0, 0] += 1e-4 * numpy.linalg.norm(y)
+    del saved["float64/lrn/backward"]
+    saved["float64/max_pooling/forward/1"] = saved["float64/max_pooling/forward/1"] + 1
+    path = tmp_path / "silicon.npz"
+    numpy.savez_compressed(path, device=numpy.array("Fake GPU"), **saved)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_kernels.py"), "--against", str(path)],
+                          capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, LAYERFORGE_EMULATED_GPU="1"),
+                          timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "against Fake GPU" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == ("88 outputs, 2 differ: float32/implicit_gemm/k3s1g1/0, "
+                                                    "float64/max_pooling/forward/1")
+    assert "| float32/implicit_gemm/k3s1g1/0 | 1.00e-04 |" in proc.stdout
+
+
+FAKE_SANITIZER = """#!/bin/sh
+# compute-sanitizer's options (each with its value) end at the program, which runs as it would under the tool
+tool=memcheck
+while [ "${1#--}" != "$1" ]; do [ "$1" = --tool ] && tool=$2; shift 2; done
+"$@"
+status=$?
+echo "========= ERROR SUMMARY: 0 errors"
+[ "$tool" = racecheck ] && echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+exit $status
+"""
+
+FAKE_NCU = """#!/bin/sh
+if [ "$1" = --import ]; then
+  echo '==PROF== Disconnected'
+  echo '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",\
+"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value","Rule Name"'
+  echo '"0","9","python3","127.0.0.1","conv_forward","1","7","(16, 16, 1)","(3136, 8, 1)","0","9.0",\
+"GPU Speed Of Light Throughput","Duration","us","412.35",""'
+  echo '"0","9","python3","127.0.0.1","conv_forward","1","7","(16, 16, 1)","(3136, 8, 1)","0","9.0",\
+"GPU Speed Of Light Throughput","Compute (SM) Throughput","%","61.2",""'
+  echo '"0","9","python3","127.0.0.1","conv_forward","1","7","(16, 16, 1)","(3136, 8, 1)","0","9.0",\
+"Occupancy","Achieved Occupancy","%","88.1",""'
+  echo '"0","9","python3","127.0.0.1","conv_forward","1","7","(16, 16, 1)","(3136, 8, 1)","0","9.0",\
+"Launch Statistics","Registers Per Thread","register/thread","40",""'
+  echo '"0","9","python3","127.0.0.1","conv_forward","1","7","(16, 16, 1)","(3136, 8, 1)","0","9.0",\
+"Occupancy","","","","AchievedOccupancy"'
+  exit 0
+fi
+while [ "${1#--}" != "$1" ]; do
+  case "$1" in --force-overwrite) shift;; --export) out=$2; shift 2;; *) shift 2;; esac
+done
+"$@" || exit $?
+echo report > "$out.ncu-rep"
+"""
+
+
+def fake_tools(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("compute-sanitizer", FAKE_SANITIZER), ("ncu", FAKE_NCU)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_the_sanitizer_phase_runs_the_kernels_tests_under_each_tool(tmp_path, monkeypatch):
+    """The sanitize phase's command lines, through a stand-in compute-sanitizer that runs the program it is given:
+    pytest of the CUDA kernels' GPU tests (cupy's pool off) under memcheck and racecheck, each report read."""
+    fake_tools(tmp_path, monkeypatch)
+    result, error = gpu_suite.run_phase("sanitize", [120], 120, mode="emulated")
+    assert error is None and result["sanitizer"] == str(tmp_path / "bin" / "compute-sanitizer")
+    for tool in gpu_suite.SANITIZER_TOOLS:
+        run = result[tool]
+        assert (run["exit"], run["errors"], run["timed_out"], run["reported_error"]) == (0, 0, False, False)
+        assert run["pytest"].startswith("7 passed, 1 deselected"), run  # test_lrn's 6 cases; the other on cupy
+    assert result["racecheck"]["hazards"] == 0 and result["memcheck"]["hazards"] is None
+
+
+def test_a_sanitizer_report_is_read():
+    output = "\n".join([
+        "========= COMPUTE-SANITIZER",
+        "........",
+        "========= Invalid __global__ read of size 4 bytes",
+        "=========     at conv_forward+0x1a0",
+        "=========     by thread (3,0,0) in block (12,0,0)",
+        "1 failed, 20 passed, 4 deselected in 31.20s",
+        "========= ERROR SUMMARY: 3 errors"])
+    report = gpu_suite.sanitizer_report(output, gpu_suite.SANITIZER_ERRORS)
+    assert (report["errors"], report["hazards"], report["reported_error"]) == (3, None, True)
+    assert report["pytest"] == "1 failed, 20 passed, 4 deselected in 31.20s"
+    assert report["report"][1] == "========= Invalid __global__ read of size 4 bytes" and len(report["report"]) == 5
+    timed_out = gpu_suite.sanitizer_report("========= COMPUTE-SANITIZER\n..", None)
+    assert timed_out["timed_out"] and timed_out["errors"] is None and not timed_out["reported_error"]
+
+
+def test_the_ncu_phase_profiles_the_implicit_gemm_forward_and_reads_its_report(tmp_path, monkeypatch):
+    """The ncu phase's command lines, through a stand-in ncu that runs the program it is given (gpu_kernels.py
+    --profile, one image, on the emulated device) and answers the report's import with ncu's CSV."""
+    fake_tools(tmp_path, monkeypatch)
+    result, error = gpu_suite.run_phase("ncu", [str(tmp_path / "out"), 120], 120, mode="emulated")
+    assert error is None, error
+    assert os.path.exists(tmp_path / "out" / result["ncu_report"])
+    assert result["ncu_launch"] == {"Kernel Name": "conv_forward", "Block Size": "(16, 16, 1)",
+                                    "Grid Size": "(3136, 8, 1)", "Device": "0"}
+    assert result["ncu_summary"] == {"GPU Speed Of Light Throughput: Duration (us)": "412.35",
+                                     "GPU Speed Of Light Throughput: Compute (SM) Throughput (%)": "61.2",
+                                     "Occupancy: Achieved Occupancy (%)": "88.1",
+                                     "Launch Statistics: Registers Per Thread (register/thread)": "40"}
+    assert len(result["ncu_metrics"]) == 4  # the rule's row is advice, not a metric
