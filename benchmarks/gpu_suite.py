@@ -1,6 +1,6 @@
 """The whole GPU check in one device call of under 10 minutes: install, GPU tests, LeNet, nets, kernels, data, convs.
 
-    python benchmarks/gpu_suite.py                  # on the device machine (one call; see docs/gpu.md)
+    python benchmarks/gpu_suite.py                  # on the device machine (docs/gpu.md: in two calls, --phases)
     python benchmarks/gpu_suite.py --emulated       # here: the device code of every phase, small, on the emulated GPU
     python benchmarks/gpu_suite.py --cpu-smoke      # here: the same orchestration on numpy, in seconds
 
@@ -11,13 +11,16 @@ seconds, 570 by default):
 1. ``install``: the wheels carried in ``.whl/`` (lmdb, mlxtend: the device image lacks them) with
    ``pip install --no-deps``, then ``pip install --no-deps -e .``.
 2. ``info``: device name, cupy and torch versions.
-3. ``tests``: the GPU test subset under pytest: tests/kernels and tests/layers (conftest's ``xp`` fixture
-   adds cupy where a device is present, so every layer test runs on numpy and on cupy; test_gpu_net.py
-   trains LeNet and a small ResNet 20 iterations on both and runs ``layerforge time --gpu 0``), the
-   device feed, the Stopwatch, and CGDP with two workers sharing the GPU (``--devices 0,0``, host and tree).
-4. ``lenet``: configs/lenet_solver.yaml with ``solver_mode: GPU`` (stopping early if its box runs
-   short; ``lenet_iterations`` says how far it got); test accuracy and seconds. Iterations 10-14 are traced
-   (layerforge.trace) with NVTX ranges and device spans: ``trace_spans``, ``trace_nvtx``, ``trace_device_spans``.
+3. ``tests``: the GPU tests under pytest, ``-m "gpu and not mpi"`` (conftest marks every test that touches the
+   device; the ``xp`` fixture's cupy cases run on the GPU; test_gpu_net.py trains LeNet and a small ResNet 20
+   iterations on both and runs ``layerforge time --gpu 0``; the device feed, the Stopwatch, CGDP with two workers
+   sharing the GPU, CUDA graphs, ...), without the emulator's own tests and this suite's emulated run; one device
+   and no mpiexec in the device image, so no MPI test. A run stopped at its box counts what its -v lines show.
+4. ``lenet``: configs/lenet_solver.yaml with ``solver_mode: GPU`` (stopping early if under half of its box is
+   left; ``lenet_iterations`` says how far it got); test accuracy and seconds; then the same on the CPU (numpy, one
+   process) for as many iterations, in the rest of the box: ``lenet_cpu_accuracy``, ``lenet_cpu_iterations``.
+   Iterations 10-14 are traced (layerforge.trace) with NVTX ranges and device spans: ``trace_spans``,
+   ``trace_nvtx``, ``trace_device_spans``.
 5. ``nets``: ResNet-50 b64, AlexNet b256, VGG-16 b32 training iterations (forward, backward, momentum
    SGD) in layerforge (cupy) and PyTorch (CUDA), strict fp32 and TF32, and ResNet-50 in bf16 (layerforge's
    bf16 products, ``gemm_precision``; PyTorch's bf16 autocast): images/s and peak device memory
@@ -80,9 +83,9 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 MODES = ("device", "cpu-smoke", "emulated")
 # phase -> time box in seconds in each of MODES
-BOXES = {"install": (30, 5, 5), "info": (15, 30, 30), "tests": (120, 60, 90), "lenet": (40, 60, 120),
+BOXES = {"install": (30, 5, 5), "info": (15, 30, 30), "tests": (120, 60, 90), "lenet": (50, 60, 120),
          "nets": (160, 60, 180), "kernels": (15, 30, 60), "sanitize": (80, 60, 120), "ncu": (25, 30, 60),
-         "data": (45, 90, 150), "convs": (30, 60, 90)}
+         "data": (40, 90, 150), "convs": (25, 60, 90)}
 NET_RUNS = [("resnet50", 64), ("alexnet", 256), ("vgg16", 32)]
 SMOKE_NET_RUNS = [("lenet", 8)]
 # bf16 runs (layerforge's bf16 products against PyTorch's bf16 autocast): the net of the issue's target only
@@ -164,11 +167,25 @@ def phase_info(mode):
     return info
 
 
-def phase_tests(mode):
+def outcomes_of_tests(output):
+    """``{test id: outcome}`` from pytest's ``-v`` lines (with or without xdist), the last outcome of each id winning
+    (an ERROR in teardown after PASSED): what a run stopped before its end had done."""
+    outcomes = {}
+    for line in output.splitlines():
+        outcome = re.search(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", line)
+        test = re.search(r"(tests/\S+::\S+)", line)
+        if outcome and test:
+            outcomes[test.group(1)] = outcome.group(1)
+    return outcomes
+
+
+def phase_tests(mode, seconds):
+    """The GPU tests (``-m "gpu and not mpi"``: one device, no mpiexec in the device image; the emulator's own tests
+    and the suite's emulated run left out), 8 at a time. A run past the box is stopped a few seconds before it, and
+    the tests it finished are counted (``tests_timed_out``)."""
     small = {"cpu-smoke": ["tests/kernels/test_lrn.py"], "emulated": ["tests/data/test_device_feed.py"]}
     targets = small[mode.name] if mode.small else [
-        "tests/kernels", "tests/layers", "tests/data/test_device_feed.py", "tests/test_backend.py",
-        "tests/dataparallel/cgdp/test_host_tree.py::test_two_gpu_workers_match_one_cpu_worker_with_the_whole_batch"]
+        "tests", "--ignore=tests/emulator", "--ignore=tests/kernels/test_gpu_suite.py", "-m", "gpu and not mpi"]
     import importlib.util
     if not mode.small and importlib.util.find_spec("xdist"):  # the device image has pytest-xdist: 16 cores
         targets += ["-n", "8"]
@@ -176,9 +193,10 @@ def phase_tests(mode):
         targets += ["--timeout", "60"]
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "junit.xml")
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                               *targets], capture_output=True, text=True, cwd=ROOT, env=mode.env())
-        counts = {"tests_passed": 0, "tests_failed": 0, "tests_skipped": 0}
+        output, status = run_capturing([sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider",
+                                        f"--junitxml={report}", *targets], STARTED + seconds - 5 - time.perf_counter(),
+                                       mode.env())
+        counts = {"tests_passed": 0, "tests_failed": 0, "tests_skipped": 0, "tests_timed_out": status is None}
         if os.path.exists(report):
             for suite in ET.parse(report).getroot().iter("testsuite"):
                 total, failed = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
@@ -186,19 +204,24 @@ def phase_tests(mode):
                 counts["tests_passed"] += total - failed - skipped
                 counts["tests_failed"] += failed
                 counts["tests_skipped"] += skipped
-    failed_ids = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, re.M)
+    outcomes = outcomes_of_tests(output)
+    if status is None:  # no report: what the lines say
+        counts.update(tests_passed=sum(o in ("PASSED", "XFAIL") for o in outcomes.values()),
+                      tests_failed=sum(o in ("FAILED", "ERROR", "XPASS") for o in outcomes.values()),
+                      tests_skipped=sum(o == "SKIPPED" for o in outcomes.values()))
+    failed_ids = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.M)
+    failed_ids += [t for t, o in outcomes.items() if o in ("FAILED", "ERROR") and t not in failed_ids]
     counts["failed_tests"] = failed_ids[:50]
-    counts["summary"] = (proc.stdout.strip().splitlines() or [""])[-1]
+    counts["summary"] = (output.strip().splitlines() or [""])[-1]
     return counts
 
 
-def phase_lenet(mode, seconds_left):
-    """LeNet's solver on the GPU in chunks of 50 iterations, stopping early when its time box runs short (small:
-    6 iterations of batch 8, one test batch of 8)."""
+def lenet_solver(mode, gpu):
+    """configs/lenet_solver.yaml's solver, on the GPU or the CPU (small: 6 iterations of batch 8, one test batch)."""
     import layerforge
     import yaml
     overrides = dict(snapshot_after_train=False, test_interval=0, display=0)
-    if mode.gpu:
+    if gpu:
         overrides.update(solver_mode="GPU", device_id=0)
     source = os.path.join(ROOT, "configs", "lenet_solver.yaml")
     if mode.small:
@@ -210,24 +233,35 @@ def phase_lenet(mode, seconds_left):
             if layer["type"] == "Data":
                 layer["data"]["batch_size"] = 8
         overrides.update(max_iter=6, test_iter=[1])
-    solver = layerforge.get_solver(source, **overrides)
+    return layerforge.get_solver(source, **overrides)
+
+
+def phase_lenet(mode, seconds_left):
+    """LeNet's solver on the GPU in chunks of 50 iterations, stopping early when under half of its time box is left,
+    then on the CPU (numpy, one process) for as many iterations, in what is left: the test accuracy of each."""
+    solver = lenet_solver(mode, mode.gpu)
     from layerforge import trace
     trace_path = os.path.join(tempfile.mkdtemp(), "lenet-trace.json")
     # iterations 10-14 (3-4 when small) traced: NVTX ranges (Nsight) and device spans (CUDA events) on a GPU
     trace.start(trace_path, (3, 5) if mode.small else (10, 15), xp=solver.xp, device_spans=mode.gpu)
     t0 = time.perf_counter()
-    stop = STARTED + 0.75 * seconds_left  # the box counts from process start; leave time for the test pass
+    stop = STARTED + 0.45 * seconds_left  # the box counts from process start; leave time for the CPU run
     while solver.iter < solver.param.max_iter and time.perf_counter() < stop:
         solver.step(min(50, solver.param.max_iter - solver.iter))
     seconds = time.perf_counter() - t0
     rec = trace.current_recorder()
     trace.finish()
     scores = solver.test(0)
+    cpu, t0 = lenet_solver(mode, False), time.perf_counter()
+    while cpu.iter < solver.iter and time.perf_counter() < STARTED + 0.9 * seconds_left:
+        cpu.step(min(50, solver.iter - cpu.iter))
+    cpu_seconds, cpu_scores = time.perf_counter() - t0, cpu.test(0)
     doc = trace.load_trace(trace_path)
     rows = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"}
     spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     return {"lenet_accuracy": float(scores["accuracy"]), "lenet_seconds": seconds, "lenet_iterations": solver.iter,
-            "trace_spans": len(spans), "trace_nvtx": rec.nvtx is not None,
+            "lenet_cpu_accuracy": float(cpu_scores["accuracy"]), "lenet_cpu_seconds": cpu_seconds,
+            "lenet_cpu_iterations": cpu.iter, "trace_spans": len(spans), "trace_nvtx": rec.nvtx is not None,
             "trace_device_spans": sum(rows.get((e["pid"], e["tid"])) == "device" for e in spans)}
 
 
@@ -781,10 +815,13 @@ def slug(text):
     return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "unknown"
 
 
-def suite(out_dir, budget, mode="device", log=print, scratch=None):
-    """Run every phase within ``budget`` seconds in ``mode`` (one of MODES); write and return the results dict and
-    its path. The data phase makes its JPEG set under ``scratch`` (None: ``gpu_suite`` in layerforge's data folder,
-    gitignored)."""
+def suite(out_dir, budget, mode="device", log=print, scratch=None, phases=None):
+    """Run every phase (or those of BOXES named in ``phases``) within ``budget`` seconds in ``mode`` (one of MODES);
+    write and return the results dict and its path. The data phase makes its JPEG set under ``scratch`` (None:
+    ``gpu_suite`` in layerforge's data folder, gitignored)."""
+    unknown = set(phases or ()) - set(BOXES)
+    if unknown:
+        raise ValueError(f"phases {', '.join(sorted(unknown))}: the suite's are {', '.join(BOXES)}")
     mode = Mode(mode)
     deadline = time.monotonic() + budget
     results = {"device": None, "cupy": None, "torch": None, "tests_passed": 0, "tests_failed": 0,
@@ -799,6 +836,9 @@ def suite(out_dir, budget, mode="device", log=print, scratch=None):
         """Run child phase ``child`` (default ``name``) in ``timeout`` seconds (default: ``name``'s box), recorded
         under ``key`` (default ``name``)."""
         t0 = time.monotonic()
+        if phases and name not in phases:
+            results["phases"][key or name] = {"seconds": 0, "error": None, "skipped": True}
+            return {}
         timeout = box(name) if timeout is None else min(timeout, box(name))
         if timeout <= 1:
             result, error = None, "no time left"
@@ -811,9 +851,9 @@ def suite(out_dir, budget, mode="device", log=print, scratch=None):
 
     phase("install")
     results.update({k: v for k, v in phase("info").items() if k in ("device", "cupy", "torch")})
-    tests = phase("tests")
-    results.update({k: tests[k] for k in ("tests_passed", "tests_failed", "tests_skipped", "failed_tests",
-                                          "summary") if k in tests})
+    tests = phase("tests", args=(box("tests"),))
+    results.update({k: tests[k] for k in ("tests_passed", "tests_failed", "tests_skipped", "tests_timed_out",
+                                          "failed_tests", "summary") if k in tests})
     results.update(phase("lenet", args=(box("lenet"),)))
     nets_end = time.monotonic() + box("nets")
     frameworks = ("layerforge", "torch") if mode.torch else ("layerforge",)
@@ -823,6 +863,8 @@ def suite(out_dir, budget, mode="device", log=print, scratch=None):
              for framework in frameworks]
     # with and without CUDA graphs: layerforge's fp32 iteration with its body replayed from a recorded graph
     runs += [(net, batch, "fp32-graph", "layerforge") for net, batch in (SMOKE_NET_RUNS if mode.small else NET_RUNS)]
+    if phases and "nets" not in phases:
+        runs = []
     rows = {}
     for i, (net, batch, precision, framework) in enumerate(runs):
         share = (nets_end - time.monotonic()) / (len(runs) - i)  # what is left, shared by the runs to go
@@ -842,7 +884,9 @@ def suite(out_dir, budget, mode="device", log=print, scratch=None):
         json.dump(results, f, indent=1)
     errors = sum(1 for p in results["phases"].values() if p["error"])
     log(f"gpu suite: device {results['device']}, tests {results['tests_passed']} passed "
-        f"{results['tests_failed']} failed, lenet accuracy {results['lenet_accuracy']}, "
+        f"{results['tests_failed']} failed, lenet accuracy {results['lenet_accuracy']} after "
+        f"{results.get('lenet_iterations')} iterations (CPU {results.get('lenet_cpu_accuracy')} after "
+        f"{results.get('lenet_cpu_iterations')}), "
         f"{len(results['nets'])} net rows, {results.get('kernels_outputs')} kernel outputs saved, "
         f"{sanitizer_summary(results['sanitizer'])}, {ncu_duration(results)}, "
         f"{data_summary(results['data_pipeline'])}, "
@@ -884,8 +928,17 @@ def data_summary(data):
             f"device feed matches the host {data.get('feed_matches')}")
 
 
+def phase_names(text):
+    """``--phases``' value: comma-separated names of BOXES."""
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in BOXES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: name phases of {', '.join(BOXES)}")
+    return names
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=os.path.basename(__file__), description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"), help="folder for the JSON")
     parser.add_argument("--budget", type=float, default=570, help="seconds for the whole suite")
     parser.add_argument("--scratch", default=None,
@@ -896,6 +949,8 @@ def main(argv=None):
     small.add_argument("--emulated", action="store_true",
                        help="every phase small, through its device code on layerforge's emulated GPU (torch on its "
                             "CPU), no install: checks that the code runs; its figures mean nothing")
+    parser.add_argument("--phases", type=phase_names, default=None,
+                        help=f"run these phases alone, comma-separated (of {', '.join(BOXES)}); the others are skipped")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, default="device", help=argparse.SUPPRESS)
     parser.add_argument("--phase-args", help=argparse.SUPPRESS)
@@ -906,7 +961,8 @@ def main(argv=None):
         return 0
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     mode = "cpu-smoke" if args.cpu_smoke else "emulated" if args.emulated else "device"
-    suite(args.out, args.budget, mode, log=lambda line: print(line, flush=True), scratch=args.scratch)
+    suite(args.out, args.budget, mode, log=lambda line: print(line, flush=True), scratch=args.scratch,
+          phases=args.phases)
     return 0
 
 

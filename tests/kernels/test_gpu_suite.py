@@ -46,8 +46,27 @@ def test_the_data_phases_run_small_in_child_processes(tmp_path):
 
 
 def test_a_phase_past_its_box_is_stopped():
-    result, error = gpu_suite.run_phase("tests", [], 0.5, mode="cpu-smoke")
+    result, error = gpu_suite.run_phase("tests", [0.5], 0.5, mode="cpu-smoke")
     assert result is None and error.startswith("timed out after")
+
+
+def test_a_stopped_test_run_counts_what_it_finished():
+    """The tests phase's reading of pytest's -v lines, with xdist's and without, where a run stopped before its
+    report: each test's last outcome (a teardown ERROR after PASSED is a failure)."""
+    output = "\n".join([
+        "============================= test session starts ==============================",
+        "[gw0] [  1%] PASSED tests/kernels/test_lrn.py::test_lrn_forward[cupy-float32]",
+        "[gw1] [  2%] FAILED tests/layers/test_conv.py::test_conv[cupy-3x3]",
+        "[gw0] [  3%] SKIPPED tests/test_backend.py::test_two_devices[cupy]",
+        "[gw2] [  4%] PASSED tests/layers/test_pool.py::test_max[cupy]",
+        "[gw2] [  4%] ERROR tests/layers/test_pool.py::test_max[cupy]",
+        "tests/net/test_fusion.py::test_fused[cupy] PASSED                        [  5%]"])
+    assert gpu_suite.outcomes_of_tests(output) == {
+        "tests/kernels/test_lrn.py::test_lrn_forward[cupy-float32]": "PASSED",
+        "tests/layers/test_conv.py::test_conv[cupy-3x3]": "FAILED",
+        "tests/test_backend.py::test_two_devices[cupy]": "SKIPPED",
+        "tests/layers/test_pool.py::test_max[cupy]": "ERROR",
+        "tests/net/test_fusion.py::test_fused[cupy]": "PASSED"}
 
 
 def test_suite_writes_every_key_and_goes_on_past_failures(tmp_path, monkeypatch):
@@ -107,6 +126,25 @@ def test_suite_writes_every_key_and_goes_on_past_failures(tmp_path, monkeypatch)
     assert max(t for _, _, t in calls) <= 100 - gpu_suite.RESERVE
 
 
+def test_phases_named_run_alone(tmp_path, monkeypatch, capsys):
+    """``--phases install,info,kernels``: a first short device call that checks the install, the device and every
+    kernel's compilation; the other phases are recorded as skipped, none run. A name that is no phase: one line."""
+    calls = []
+    monkeypatch.setattr(gpu_suite, "run_phase", lambda name, args, timeout, mode: (calls.append(name) or (
+        {"device": "Fake GPU"} if name == "info" else {"kernels_outputs": 89} if name == "kernels" else {}, None)))
+    results, _ = gpu_suite.suite(str(tmp_path), budget=100, mode="device", log=lambda line: None,
+                                 phases=["install", "info", "kernels"])
+    assert calls == ["install", "info", "kernels"] and results["nets"] == [] and results["kernels_outputs"] == 89
+    skipped = {k for k, p in results["phases"].items() if p.get("skipped")}
+    assert {"tests", "lenet", "sanitize", "ncu", "data/set", "data/lmdb", "convs"} <= skipped
+    assert not skipped & {"install", "info", "kernels"}
+    with pytest.raises(SystemExit) as stop:
+        gpu_suite.main(["--cpu-smoke", "--phases", "install,bogus"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gpu_suite.py: error: argument --phases: 'install,bogus': name phases of " + ", ".join(gpu_suite.BOXES))
+
+
 def test_no_time_left_is_recorded_not_run(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_suite, "run_phase", lambda *a: pytest.fail("ran a phase with no time left"))
     results, _ = gpu_suite.suite(str(tmp_path), budget=5, mode="device", log=lambda line: None)
@@ -128,6 +166,7 @@ def test_the_emulated_suite_runs_every_phase_through_its_device_code(tmp_path):
     assert results["cupy"].endswith("+layerforge.emulator") and results["torch"] is None  # no PyTorch CUDA here
     assert results["tests_failed"] == 0 and results["tests_passed"] > 0
     assert results["lenet_iterations"] == 6 and results["lenet_accuracy"] is not None
+    assert results["lenet_cpu_iterations"] == 6 and results["lenet_cpu_accuracy"] is not None
     assert results["trace_nvtx"] and results["trace_device_spans"] > 0  # CUDA events around the traced layers
     assert [(r["precision"], r["layerforge_img_s"] > 0) for r in results["nets"]] == [
         ("fp32", True), ("tf32", True), ("bf16", True), ("fp32-graph", True)]
