@@ -50,7 +50,8 @@ seconds, 570 by default):
 
 Writes ``benchmarks/results/gpu-<device>-<yyyymmdd>.json`` (``--out`` folder) with ``device``, ``cupy``,
 ``torch``, ``tests_passed``, ``tests_failed``, ``lenet_accuracy``, ``lenet_seconds``, ``nets`` (one
-``{net, batch, precision, layerforge_img_s, torch_img_s, layerforge_peak_mib, torch_peak_mib}`` per run),
+``{net, batch, precision, layerforge_img_s, torch_img_s, layerforge_peak_mib, torch_peak_mib, layerforge_iterations,
+torch_iterations, layerforge_settled}`` per run),
 ``kernels_file``, ``kernels_outputs``, ``sanitizer`` (``memcheck`` and ``racecheck``: ``errors``, ``hazards``,
 ``pytest``, ``report``, ...), ``ncu_report``, ``ncu_launch``, ``ncu_summary``, ``ncu_metrics``, ``data_pipeline``
 (``lmdb_img_s``, ``synthetic_img_s``, ``wait_ms_per_iteration``, ``input_bound``, ``pipeline_img_s``,
@@ -110,6 +111,7 @@ DATA_SET, SMOKE_DATA_SET = (1024, 500, 375, 1000), (32, 64, 48, 10)
 DATA_NET, SMOKE_DATA_NET = ("resnet50", 64, 224), ("cifar10_quick", 8, 32)
 DATA_FEEDS = ("lmdb", "synthetic")
 PRECISIONS = ("fp32", "tf32")  # every net; bf16: BF16_NET_RUNS
+NET_WEIGHTS = {"resnet50": 2}  # the nets phase's time shared by weight: ResNet-50 (the issue's target) twice
 RESERVE = 10  # seconds kept for writing the results
 STARTED = time.perf_counter()  # this process's start (phase boxes count from the child's start)
 EMULATOR_ENV = "LAYERFORGE_EMULATED_GPU"  # what turns the emulated device on (layerforge_emulator)
@@ -270,7 +272,7 @@ def _sync(xp):
         xp.cuda.Device().synchronize()
 
 
-def _layerforge_run(net_name, batch, precision, iterations, mode):
+def _layerforge_run(net_name, batch, precision, iterations, mode, stops):
     import numpy
     from bench_train import NETS, layerforge_def
     from layerforge.net import Net
@@ -309,26 +311,36 @@ def _layerforge_run(net_name, batch, precision, iterations, mode):
             v -= (1e-3 * lr_mult) * (b.diff + 5e-4 * b.data)
             b.data += v
 
+    warm_up_end, end = stops
     for k in range(12):  # warm-up: kernel compilation, AUTO's engine trials, memory pool growth
         step()
-        if k >= 1 and engines_settled(net):
+        if k >= 1 and engines_settled(net) or time.perf_counter() > warm_up_end:
             break
     if graph:  # recorded at the first step (a stand-in recorder on numpy), replayed by the timed ones
         graphs = IterationGraphs(net, record=None if mode.gpu else (lambda fn: fn))
         step()
-    _sync(xp)
-    t0 = time.perf_counter()
-    for _ in range(iterations):
-        step()
-    _sync(xp)
-    seconds = (time.perf_counter() - t0) / iterations
+    settled = engines_settled(net)
+    seconds, done = timed_steps(step, lambda: _sync(xp), iterations, end)
     if graphs is not None and graphs.failed:
         raise RuntimeError(f"cuda_graph: {graphs.failed}")
     peak = xp.get_default_memory_pool().total_bytes() if xp is not numpy else 0
-    return batch / seconds, peak / 2 ** 20
+    return {"img_s": batch / seconds, "peak_mib": peak / 2 ** 20, "iterations": done, "warm_up": k + 1,
+            "settled": settled}
 
 
-def _torch_run(net_name, batch, precision, iterations, mode):
+def timed_steps(step, sync, iterations, end):
+    """``(seconds per step, steps)``: up to ``iterations`` calls of ``step``, synchronised at both ends, fewer where
+    the host clock passes ``end`` (at least one)."""
+    sync()
+    t0, done = time.perf_counter(), 0
+    while done < iterations and (done == 0 or time.perf_counter() < end):
+        step()
+        done += 1
+    sync()
+    return (time.perf_counter() - t0) / done, done
+
+
+def _torch_run(net_name, batch, precision, iterations, mode, stops):
     import torch
     from bench_train import NETS, torch_module
 
@@ -357,22 +369,19 @@ def _torch_run(net_name, batch, precision, iterations, mode):
     for _ in range(2):
         step()
     sync = torch.cuda.synchronize if mode.cuda else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(iterations):
-        step()
-    sync()
-    seconds = (time.perf_counter() - t0) / iterations
+    seconds, done = timed_steps(step, sync, iterations, stops[1])
     peak = torch.cuda.max_memory_allocated() if mode.cuda else 0
-    return batch / seconds, peak / 2 ** 20
+    return {"img_s": batch / seconds, "peak_mib": peak / 2 ** 20, "iterations": done, "warm_up": 2}
 
 
-def phase_net(mode, framework, net, batch, precision):
-    """One (framework, net, precision) run, in its own process so that device memory starts empty."""
+def phase_net(mode, framework, net, batch, precision, seconds=None):
+    """One (framework, net, precision) run, in its own process so that device memory starts empty: 5 timed
+    iterations (1 when small), fewer where its ``seconds`` (counted from the process's start) run short: the
+    warm-up stops at 60% of them (``settled``: whether AUTO had chosen every engine), the timed steps at 90%."""
     iterations = 1 if mode.small else 5
     run = _layerforge_run if framework == "layerforge" else _torch_run
-    img_s, peak_mib = run(net, batch, precision, iterations, mode)
-    return {"img_s": img_s, "peak_mib": peak_mib}
+    seconds = seconds or 600
+    return run(net, batch, precision, iterations, mode, (STARTED + 0.6 * seconds, STARTED + 0.9 * seconds))
 
 
 def phase_convs(mode):
@@ -866,12 +875,18 @@ def suite(out_dir, budget, mode="device", log=print, scratch=None, phases=None):
     if phases and "nets" not in phases:
         runs = []
     rows = {}
+    weights = [NET_WEIGHTS.get(net, 1) for net, *_ in runs]
     for i, (net, batch, precision, framework) in enumerate(runs):
-        share = (nets_end - time.monotonic()) / (len(runs) - i)  # what is left, shared by the runs to go
-        r = phase("nets", f"nets/{framework}/{net}/{precision}", (framework, net, batch, precision), share, "net")
+        # what is left, shared by the runs to go by their weights
+        share = (nets_end - time.monotonic()) * weights[i] / sum(weights[i:])
+        r = phase("nets", f"nets/{framework}/{net}/{precision}", (framework, net, batch, precision, share), share,
+                  "net")
         row = rows.setdefault((net, precision), {"net": net, "batch": batch, "precision": precision})
         row[f"{framework}_img_s"] = r.get("img_s")
         row[f"{framework}_peak_mib"] = r.get("peak_mib")
+        row[f"{framework}_iterations"] = r.get("iterations")  # timed; fewer than 5 where the run's share ran short
+        if framework == "layerforge":
+            row["layerforge_settled"] = r.get("settled")  # AUTO had chosen every engine before the timed steps
     results["nets"] = list(rows.values())
     results.update(phase("kernels", args=(out_dir,)))
     results["sanitizer"] = phase("sanitize", args=(box("sanitize"),))

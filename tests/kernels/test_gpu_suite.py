@@ -23,12 +23,13 @@ KEYS = {"device", "cupy", "torch", "tests_passed", "tests_failed", "lenet_accura
 DATA_KEYS = {"images", "image_size", "net", "batch", "crop", "feed_matches", "lmdb_img_s", "synthetic_img_s",
              "wait_ms_per_iteration", "wait_share", "decode_workers", "decode_capacity_img_s", "pipeline_img_s",
              "input_bound", "runs"}
-NET_KEYS = {"net", "batch", "precision", "layerforge_img_s", "torch_img_s", "layerforge_peak_mib", "torch_peak_mib"}
+NET_KEYS = {"net", "batch", "precision", "layerforge_img_s", "torch_img_s", "layerforge_peak_mib", "torch_peak_mib",
+            "layerforge_iterations", "torch_iterations", "layerforge_settled"}
 
 
 def test_a_real_phase_runs_in_a_child_process():
-    result, error = gpu_suite.run_phase("net", ["layerforge", "lenet", 4, "fp32"], 60, mode="cpu-smoke")
-    assert error is None and result["img_s"] > 0
+    result, error = gpu_suite.run_phase("net", ["layerforge", "lenet", 4, "fp32", 60], 60, mode="cpu-smoke")
+    assert error is None and result["img_s"] > 0 and result["iterations"] == 1 and result["settled"]
 
 
 def test_the_data_phases_run_small_in_child_processes(tmp_path):
@@ -107,6 +108,12 @@ def test_suite_writes_every_key_and_goes_on_past_failures(tmp_path, monkeypatch)
         [(n, b, "fp32-graph") for n, b in gpu_suite.NET_RUNS]  # layerforge with CUDA graphs: no torch figure
     assert all(set(r) == NET_KEYS and r["torch_img_s"] == 125.0 for r in written["nets"][:-3])
     assert written["kernels_outputs"] == 89 and written["ncu_report"].endswith(".ncu-rep")
+    # the nets phase's time is shared by weight, ResNet-50's runs 2 (17 runs: 7 of ResNet-50), each told its share:
+    # the first run 2/24 of it, AlexNet's first (after ResNet-50's four) 1/16
+    nets = [(a, t) for n, a, t in calls if n == "net"]
+    assert len(nets) == 17 and all(a[-1] == pytest.approx(t, abs=0.01) for a, t in nets)
+    assert nets[0][0][1] == "resnet50" and nets[4][0][1] == "alexnet"
+    assert nets[0][1] / nets[4][1] == pytest.approx((2 / 24) / (1 / 16), rel=1e-3)
     assert written["sanitizer"]["racecheck"]["hazards"] == 2
     assert all(r["layerforge_img_s"] and "torch_img_s" not in r for r in written["nets"][-3:])
     assert written["convs"] and written["phases"]["convs"]["error"] is None
