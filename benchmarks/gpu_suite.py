@@ -384,7 +384,9 @@ def phase_net(mode, framework, net, batch, precision, seconds=None):
     return run(net, batch, precision, iterations, mode, (STARTED + 0.6 * seconds, STARTED + 0.9 * seconds))
 
 
-def phase_convs(mode):
+def phase_convs(mode, seconds=None):
+    """Forward GFLOP/s of each engine, AUTO's choice and PyTorch for every distinct ResNet-50 / VGG-16 convolution
+    shape, until 85% of ``seconds`` (counted from the process's start) has passed: ``convs_left`` shapes untimed."""
     import numpy
     from bench_conv import conv_shapes
     from layerforge.kernels.output_size import conv_output_size
@@ -425,6 +427,8 @@ def phase_convs(mode):
     rows = []
     rng = numpy.random.default_rng(0)
     for (cin, s, cout, k, stride, pad, group), count in shapes.items():
+        if seconds and time.perf_counter() > STARTED + 0.85 * seconds:
+            break
         o = conv_output_size(s, k, stride, pad)
         x = xp.asarray(rng.standard_normal((batch, cin, s, s), dtype=numpy.float32))
         W = xp.asarray(rng.standard_normal((cout, cin // group, k, k), dtype=numpy.float32) * 0.05)
@@ -446,7 +450,7 @@ def phase_convs(mode):
                 row["torch_gflop_s"] = flops / timed(
                     lambda: torch.nn.functional.conv2d(xt, Wt, bt, stride, pad, 1, group)) / 1e9
         rows.append(row)
-    return {"convs": rows}
+    return {"convs": rows, "convs_left": len(shapes) - len(rows)}
 
 
 def auto_forward(xp, x, conv, flops, timed):
@@ -892,7 +896,7 @@ def suite(out_dir, budget, mode="device", log=print, scratch=None, phases=None):
     results["sanitizer"] = phase("sanitize", args=(box("sanitize"),))
     results.update(phase("ncu", args=(out_dir, box("ncu"))))
     results["data_pipeline"] = data_phases(phase, time.monotonic() + box("data"), mode, scratch)
-    results.update(phase("convs"))
+    results.update(phase("convs", args=(box("convs"),)))
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"gpu-{slug(results['device'])}-{today()}.json")
     with open(path, "w") as f:

@@ -316,3 +316,13 @@ def test_the_ncu_phase_profiles_the_implicit_gemm_forward_and_reads_its_report(t
                                      "Occupancy: Achieved Occupancy (%)": "88.1",
                                      "Launch Statistics: Registers Per Thread (register/thread)": "40"}
     assert len(result["ncu_metrics"]) == 4  # the rule's row is advice, not a metric
+
+
+def test_the_convs_phase_stops_timing_shapes_at_its_box(monkeypatch):
+    """A box already spent: no shape is timed, and the results say how many were left (a run killed at its box
+    would give none of the shapes it had timed)."""
+    monkeypatch.setattr(gpu_suite, "STARTED", gpu_suite.time.perf_counter() - 100)
+    assert gpu_suite.phase_convs(gpu_suite.Mode("cpu-smoke"), 10) == {"convs": [], "convs_left": 1}
+    monkeypatch.setattr(gpu_suite, "STARTED", gpu_suite.time.perf_counter())
+    timed = gpu_suite.phase_convs(gpu_suite.Mode("cpu-smoke"), 600)
+    assert timed["convs_left"] == 0 and timed["convs"][0]["IM2COL_gflop_s"] > 0
