@@ -32,7 +32,7 @@ INTERNAL = {"builtins", "inspect", "NUMPY_ONLY", "CUPY_PARAMETERS", "ufunc", "nu
 
 # parameters of numpy's functions that cupy's functions of the same name do not take (tests/emulator/
 # test_conformance.py compares every signature here with the real cupy's)
-NUMPY_ONLY = {"initial", "where", "like", "device", "correction", "mean", "stable", "subok", "ndmin"}
+NUMPY_ONLY = {"initial", "where", "like", "device", "correction", "mean", "stable", "descending", "subok", "ndmin"}
 
 
 # where cupy's parameters differ from numpy's of the same function: (dropped, renamed)

@@ -37,8 +37,9 @@ def lm_configs(tmp_path, tag, embed=32, hidden=64, layers=1, time_steps=10, batc
 @pytest.mark.slow
 def test_a_small_lstm_beats_the_unigram_baseline(tmp_path):
     _, meta = pycorpus.load("heldout", 10000)
-    # 300 iterations: held-out perplexity 25.6 against a bound of 34.0 (400 gave 26.0; 200, 42.4)
-    solver = get_solver(str(lm_configs(tmp_path, "small", base_lr=0.01, max_iter=300, test_interval=300,
+    # the corpus is the running Python's standard library, so it differs by version. 500 iterations: held-out
+    # perplexity 17.3 against a bound of 34.0 on Python 3.11, 27.1 against 34.0 on 3.12 (300 gave 25.6 and 41.6)
+    solver = get_solver(str(lm_configs(tmp_path, "small", base_lr=0.01, max_iter=500, test_interval=500,
                                         test_iter=20, display=0, snapshot_after_train=False)))
     solver.solve()
     perplexity = solver.test_scores[0]["loss_perplexity"]

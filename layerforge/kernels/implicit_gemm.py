@@ -336,9 +336,12 @@ def _column_role(slot):
 def _view(a, shape):
     """``a`` reshaped to ``shape`` without a copy, for an output (an image tile's rows of every channel: rows apart by
     the plane); raises where a view cannot be."""
-    v = a.view()
-    v.shape = shape
-    return v
+    try:
+        return numpy.reshape(a, shape, copy=False)
+    except TypeError:  # numpy before 2.1 has no copy argument; setting the shape is deprecated from 2.5 on
+        v = a.view()
+        v.shape = shape
+        return v
 
 
 class NdIm2colConv:
