@@ -155,13 +155,13 @@ def save(path, xp, device):
 
 def compare(got, saved):
     """Rows ``(name, relative norm of the difference, largest difference, share of equal elements, differs)``,
-    one per output of ``saved`` (an output missing from ``got``: ``differs`` with no figures)."""
+    one per output of either (an output one of them lacks, or of another shape: ``differs`` with no figures)."""
     rows = []
-    for name in sorted(saved):
-        ref = numpy.asarray(saved[name])
-        if name not in got or got[name].shape != ref.shape:
+    for name in sorted(set(saved) | set(got)):
+        if name not in got or name not in saved or got[name].shape != numpy.shape(saved[name]):
             rows.append((name, None, None, None, True))
             continue
+        ref = numpy.asarray(saved[name])
         a = numpy.asarray(got[name])
         if ref.dtype.kind in "iub":
             equal = float(numpy.mean(a == ref)) if ref.size else 1.0
@@ -183,7 +183,7 @@ def table(rows):
     lines = ["| output | rel. norm of difference | largest difference | equal bits | |", "|---|---|---|---|---|"]
     for name, relative, largest, equal, differs in rows:
         if relative is None:
-            lines.append(f"| {name} | missing | | | differs |")
+            lines.append(f"| {name} | missing on one side, or shapes differ | | | differs |")
             continue
         lines.append(f"| {name} | {relative:.2e} | {largest:.2e} | {100 * equal:.1f}% | "
                      f"{'differs' if differs else ''} |")
