@@ -486,8 +486,9 @@ def today():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
 
 
-def find_tool(name, places):
-    """The path of the program ``name``: on the PATH, else the last match of ``places`` (glob patterns); or None."""
+def find_tool(name, places, mode):
+    """The path of the program ``name``: on the PATH, else the last match of ``places`` (glob patterns). Where there
+    is none: an error on a device, None in the small modes (this machine has neither compute-sanitizer nor ncu)."""
     found = shutil.which(name)
     if found:
         return found
@@ -495,7 +496,9 @@ def find_tool(name, places):
         matches = sorted(glob.glob(pattern))
         if matches:
             return matches[-1]
-    return None
+    if mode.small:
+        return None
+    raise RuntimeError(f"no {name} on the PATH or in " + ", ".join(places))
 
 
 def run_capturing(cmd, seconds, env):
@@ -548,11 +551,9 @@ def phase_sanitize(mode, seconds):
     """compute-sanitizer's memcheck and racecheck over the CUDA kernels' GPU tests (``SANITIZE_TARGETS``), each with
     half of what is left of the box; cupy's memory pool is off in them (``SANITIZED_PYTEST``). Where there is no
     compute-sanitizer: an error on a device, nothing in the small modes."""
-    tool = find_tool("compute-sanitizer", SANITIZER_PLACES)
+    tool = find_tool("compute-sanitizer", SANITIZER_PLACES, mode)
     if tool is None:
-        if mode.small:
-            return {"sanitizer": None}
-        raise RuntimeError("no compute-sanitizer on the PATH or in " + ", ".join(SANITIZER_PLACES))
+        return {"sanitizer": None}
     targets = SMOKE_SANITIZE_TARGETS if mode.small else SANITIZE_TARGETS
     out = {"sanitizer": tool}
     for i, name in enumerate(SANITIZER_TOOLS):
@@ -589,11 +590,9 @@ def phase_ncu(mode, out_dir, seconds):
     results. Where there is no ncu: an error on a device, nothing in the small modes."""
     from gpu_kernels import PROFILE_BATCH
 
-    tool = find_tool("ncu", NCU_PLACES)
+    tool = find_tool("ncu", NCU_PLACES, mode)
     if tool is None:
-        if mode.small:
-            return {"ncu": None}
-        raise RuntimeError("no ncu on the PATH or in " + ", ".join(NCU_PLACES))
+        return {"ncu": None}
     os.makedirs(out_dir, exist_ok=True)
     report = os.path.join(out_dir, f"ncu-implicit-gemm-forward-{today()}")
     sections = [a for name in NCU_SECTIONS for a in ("--section", name)]
@@ -801,14 +800,12 @@ def run_phase(name, args, timeout, mode):
         result_file = os.path.join(tmp, "result.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--phase", name, "--phase-args", json.dumps(args),
                "--result", result_file, "--mode", mode.name]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1, timeout), cwd=ROOT,
-                                  env=mode.env())
-        except subprocess.TimeoutExpired:
+        # a phase past its box is stopped with every process it started (pytest's workers, compute-sanitizer, ...)
+        output, status = run_capturing(cmd, timeout, mode.env())
+        if status is None:
             return None, f"timed out after {timeout:.0f} s"
-        if proc.returncode or not os.path.exists(result_file):
-            tail = (proc.stderr.strip() or proc.stdout.strip())[-2000:]
-            return None, f"exit {proc.returncode}: {tail}"
+        if status or not os.path.exists(result_file):
+            return None, f"exit {status}: {output.strip()[-2000:]}"
         with open(result_file) as f:
             return json.load(f), None
 
@@ -832,9 +829,8 @@ def suite(out_dir, budget, mode="device", log=print, scratch=None, phases=None):
     """Run every phase (or those of BOXES named in ``phases``) within ``budget`` seconds in ``mode`` (one of MODES);
     write and return the results dict and its path. The data phase makes its JPEG set under ``scratch`` (None:
     ``gpu_suite`` in layerforge's data folder, gitignored)."""
-    unknown = set(phases or ()) - set(BOXES)
-    if unknown:
-        raise ValueError(f"phases {', '.join(sorted(unknown))}: the suite's are {', '.join(BOXES)}")
+    if phases is not None:
+        check_phases(phases)
     mode = Mode(mode)
     deadline = time.monotonic() + budget
     results = {"device": None, "cupy": None, "torch": None, "tests_passed": 0, "tests_failed": 0,
@@ -947,13 +943,19 @@ def data_summary(data):
             f"device feed matches the host {data.get('feed_matches')}")
 
 
+def check_phases(names):
+    """``names`` when they are phases of BOXES (at least one), else ValueError."""
+    if not names or any(name not in BOXES for name in names):
+        raise ValueError(f"name phases of {', '.join(BOXES)}")
+    return names
+
+
 def phase_names(text):
     """``--phases``' value: comma-separated names of BOXES."""
-    names = [name for name in text.split(",") if name]
-    unknown = [name for name in names if name not in BOXES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"{text!r}: name phases of {', '.join(BOXES)}")
-    return names
+    try:
+        return check_phases([name for name in text.split(",") if name])
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
 
 
 def main(argv=None):

@@ -333,15 +333,18 @@ def _column_role(slot):
     return "col" if slot == 0 else f"col{slot}"
 
 
+# numpy 2.1 gave reshape its copy argument; setting an array's shape, the way before it, is deprecated from 2.5 on
+_RESHAPE_HAS_COPY = numpy.lib.NumpyVersion(numpy.__version__) >= "2.1.0"
+
+
 def _view(a, shape):
     """``a`` reshaped to ``shape`` without a copy, for an output (an image tile's rows of every channel: rows apart by
     the plane); raises where a view cannot be."""
-    try:
+    if _RESHAPE_HAS_COPY:
         return numpy.reshape(a, shape, copy=False)
-    except TypeError:  # numpy before 2.1 has no copy argument; setting the shape is deprecated from 2.5 on
-        v = a.view()
-        v.shape = shape
-        return v
+    v = a.view()
+    v.shape = shape
+    return v
 
 
 class NdIm2colConv:
